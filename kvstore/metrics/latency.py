@@ -6,7 +6,7 @@ The children are resolved once per operation at start, so observing costs one lo
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
 
 from ..protocol.wire import Op
 from .definitions import metric
@@ -14,6 +14,7 @@ from .definitions import metric
 
 class RequestLatency:
     def __init__(self, registry: CollectorRegistry) -> None:
+        disable_created_metrics()  # no *_created series: they are not in the definitions and rarely useful
         d = metric("request_duration_seconds")
         self.histogram = Histogram(d.name, d.help, d.labels, registry=registry, buckets=d.buckets)
         self._children = {op: self.histogram.labels(op=op_label(op)) for op in Op}
