@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
     p.add_argument("--watch", action="store_true", help="refresh in place with rates until interrupted")
     p.add_argument("--interval", type=_positive, default=1.0, metavar="SECONDS", help="--watch refresh period")
-    p.add_argument("--count", type=int, default=0, metavar="N", help="--watch: stop after N refreshes (0: never)")
+    p.add_argument("--count", type=_count, default=0, metavar="N", help="--watch: stop after N refreshes (0: never)")
     p.set_defaults(run=run)
 
 
@@ -32,6 +32,12 @@ def _positive(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
     return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of refreshes (0: until interrupted), got {text!r}")
+    return int(text)
 
 
 def address_of(args: argparse.Namespace) -> str:

@@ -69,7 +69,8 @@ def _pct(num: float, den: float) -> str:
 
 def render(stats: dict[str, Any], prev: Sample | None, cur: Sample, address: str) -> Group:
     r = rates(prev, cur)
-    tiers = Table(title=f"kvstore {stats.get('version', '')} at {address} — up {stats.get('uptime_s', 0):.0f}s")
+    tiers = Table(title=f"kvstore {stats.get('version', '')} — up {stats.get('uptime_s', 0):.0f}s",
+                  caption=address)
     for col in ("tier", "capacity", "used", "use %", "chunks"):
         tiers.add_column(col, justify="left" if col == "tier" else "right")
     for name, t in stats.get("tiers", {}).items():
@@ -109,4 +110,6 @@ def watch(client: Any, address: str, interval: float, count: int) -> int:
                 time.sleep(interval)
         except KeyboardInterrupt:
             pass
+    if not live.console.is_terminal:
+        live.console.line()  # end the last frame's line when writing to a file or pipe
     return 0

@@ -199,7 +199,8 @@ class Daemon:
         for fut in self._pending_recv.values():
             if not fut.done():
                 fut.cancel()  # a receive not yet completed leaves its message queued in the socket
-        await asyncio.wait(receivers, timeout=max(0.0, deadline - loop.time()))
+        if receivers:
+            await asyncio.wait(receivers, timeout=max(0.0, deadline - loop.time()))
         answered = await self._answer_queued(deadline)
         unfinished = len(self.store.reservations)
         self._flush_store()
