@@ -8,6 +8,7 @@ and an unknown key is an error that names it. Precedence: flag > config file > d
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 from dataclasses import dataclass, fields
@@ -83,6 +84,15 @@ def _read_port(value: Any, name: str) -> int:
     return port
 
 
+def _read_host(value: Any, name: str) -> str:
+    host = _read_str(value, name)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"{name}: expected an IP address such as 127.0.0.1 or ::1, got {value!r}") from None
+    return host
+
+
 def _read_gpu_device(value: Any, name: str) -> int:
     try:
         index = int(value)
@@ -115,6 +125,10 @@ SETTINGS: tuple[Setting, ...] = (
             "how long reserved space waits for its commit", "SECONDS"),
     Setting("log_level", _read_log_level, lambda: "info", "debug, info, warning or error", "LEVEL"),
     Setting("metrics_port", _read_port, lambda: 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
+    Setting("metrics_host", _read_host, lambda: "127.0.0.1",
+            "address /metrics listens on (loopback unless you mean it)", "HOST"),
+    Setting("shutdown_timeout", lambda v, n: parse_seconds(v, n), lambda: 10.0,
+            "on SIGTERM, how long to let in-flight requests and puts finish before exiting", "SECONDS"),
     Setting("gpu_mem", lambda v, n: parse_size(v, n), lambda: 0,
             "size of the GPU HBM tier (0: none); needs a CUDA GPU", "SIZE"),
     Setting("gpu_device", _read_gpu_device, lambda: 0, "CUDA device index of the GPU tier", "N"),
@@ -132,6 +146,8 @@ class ServerConfig:
     reserve_ttl: float
     log_level: str
     metrics_port: int
+    metrics_host: str
+    shutdown_timeout: float
     gpu_mem: int
     gpu_device: int
 
