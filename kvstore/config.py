@@ -93,6 +93,16 @@ def _read_host(value: Any, name: str) -> str:
     return host
 
 
+def _read_gpu_device(value: Any, name: str) -> int:
+    try:
+        index = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected a CUDA device index such as 0, got {value!r}") from None
+    if index < 0:
+        raise ConfigError(f"{name}: device index must be 0 or more, got {index}")
+    return index
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -119,6 +129,9 @@ SETTINGS: tuple[Setting, ...] = (
             "address /metrics listens on (loopback unless you mean it)", "HOST"),
     Setting("shutdown_timeout", lambda v, n: parse_seconds(v, n), lambda: 10.0,
             "on SIGTERM, how long to let in-flight requests and puts finish before exiting", "SECONDS"),
+    Setting("gpu_mem", lambda v, n: parse_size(v, n), lambda: 0,
+            "size of the GPU HBM tier (0: none); needs a CUDA GPU", "SIZE"),
+    Setting("gpu_device", _read_gpu_device, lambda: 0, "CUDA device index of the GPU tier", "N"),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -135,6 +148,8 @@ class ServerConfig:
     metrics_port: int
     metrics_host: str
     shutdown_timeout: float
+    gpu_mem: int
+    gpu_device: int
 
     @property
     def chunk_limit(self) -> int:
@@ -145,7 +160,7 @@ class ServerConfig:
 
     def _show(self, name: str) -> str:
         value = getattr(self, name)
-        return format_size(value).replace(" ", "") if name in ("host_mem", "max_chunk") else str(value)
+        return format_size(value).replace(" ", "") if name in ("host_mem", "max_chunk", "gpu_mem") else str(value)
 
 
 assert {f.name for f in fields(ServerConfig)} == set(_BY_NAME), "every setting needs a ServerConfig field"
@@ -205,3 +220,7 @@ def check_config(config: ServerConfig) -> None:
     if config.chunk_limit > config.host_mem:
         raise ConfigError(f"--max-chunk: {format_size(config.max_chunk)} is larger than the host tier "
                           f"({format_size(config.host_mem)}); lower --max-chunk or raise --host-mem")
+    if config.gpu_mem:
+        from .gpu.settings import check_gpu_settings  # imports torch: only when a GPU tier is asked for
+
+        check_gpu_settings(config.gpu_mem, config.gpu_device)
