@@ -168,7 +168,13 @@ class TierManager:
         fut = self.pool.submit(self._remove_job, key, quarantine, before)
         self._removing[key] = fut
         if self._loop is not None:
-            fut.add_done_callback(lambda f: self._loop.call_soon_threadsafe(self._removed, key, f))
+            fut.add_done_callback(lambda f: self._call_soon(self._removed, key, f))
+
+    def _call_soon(self, fn, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass  # the loop has closed: shutting down, the removal itself is done
 
     def _remove_job(self, key: bytes, quarantine: str | None, before: concurrent.futures.Future | None) -> None:
         if before is not None:
