@@ -8,6 +8,7 @@ and an unknown key is an error that names it. Precedence: flag > config file > d
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 from dataclasses import dataclass, fields
@@ -112,6 +113,15 @@ def default_disk_dir() -> str:
     return os.path.join(base, "kvstore")
 
 
+def _read_host(value: Any, name: str) -> str:
+    host = _read_str(value, name)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"{name}: expected an IP address such as 127.0.0.1 or ::1, got {value!r}") from None
+    return host
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -142,6 +152,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("disk_io_depth", _read_io_depth, lambda: 4, "disk writes in flight (reads get as many again)", "N"),
     Setting("log_level", _read_log_level, lambda: "info", "debug, info, warning or error", "LEVEL"),
     Setting("metrics_port", _read_port, lambda: 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
+    Setting("metrics_host", _read_host, lambda: "127.0.0.1",
+            "address /metrics listens on (loopback unless you mean it)", "HOST"),
+    Setting("shutdown_timeout", lambda v, n: parse_seconds(v, n), lambda: 10.0,
+            "on SIGTERM, how long to let in-flight requests and puts finish before exiting", "SECONDS"),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -161,6 +175,8 @@ class ServerConfig:
     disk_io_depth: int
     log_level: str
     metrics_port: int
+    metrics_host: str
+    shutdown_timeout: float
 
     @property
     def chunk_limit(self) -> int:

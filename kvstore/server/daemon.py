@@ -7,15 +7,16 @@ loop: every operation is an in-memory index update of a few microseconds, and by
 daemon on the ipc:// path (clients copy them straight into or out of the arena). A sweeper expires leases and
 reservations and reclaims the pins of local clients whose process died.
 
-Most handlers finish synchronously. A handler that must wait — a get of chunks still being read from disk, a
-put held back while disk writes catch up — returns a coroutine instead; the dispatcher runs it as a task and
-sends its reply when it is done, while the loop keeps serving other requests.
+Stop (SIGTERM or SIGINT), bounded by ``shutdown_timeout``: tell the service manager (``STOPPING=1``), remove
+the socket file so that no new local client can connect, and refuse requests that start new work (hello,
+lookup, reserve, put, get) with ``UnavailableError`` while still answering those that finish work (commit,
+abort, release, ...), until no reservation is outstanding: a put that was being written completes. Then stop
+the receivers without losing a received message, answer what is still queued, flush the store where it has
+something to persist, close the sockets, remove the arena and exit 0. Should any step hang, a timer ends the
+process (exit 1) at twice the timeout.
 
-With a disk tier, start also locks the disk directory, rebuilds the index from the chunk headers found there
-(see ``tiers/disk.py``) and starts the tier manager; stop first flushes the write-back queue to disk.
-
-Stop (SIGTERM or SIGINT): stop receiving, flush the write-back queue (bounded), answer what was already
-received, close the sockets, remove the socket file and the arena, exit 0.
+Metrics: every request's time is observed per operation in ``handle_message``; the store's gauges and counters
+are read from a ``stats()`` snapshot taken on the event loop when Prometheus scrapes (``kvstore/metrics/``).
 """
 
 from __future__ import annotations
@@ -24,26 +25,35 @@ import asyncio
 import fcntl
 import os
 import signal
+import threading
 import time
 from typing import Any
 
 import zmq
 import zmq.asyncio
+from prometheus_client import CollectorRegistry
 
 from .. import logs
 from .._version import __version__
 from ..config import ServerConfig
-from ..errors import ConfigError, InternalError, RequestError, VersionError
+from ..errors import ConfigError, InternalError, RequestError, UnavailableError, VersionError
+from ..metrics.collector import StatsCollector
+from ..metrics.exporter import MetricsExporter
+from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, op_of, request_id_of
 from ..store.manager import TierManager
 from ..store.store import Store
-from ..tiers.arena import SharedArena, arena_path_for
 from ..tiers.disk import DiskTier, auto_disk_size
+from ..tiers.arena import SharedArena, arena_path_for
 from ..tiers.host import HostTier
 from .handlers import HANDLERS, hello_reply
+from .notify import notify, watchdog_interval
 from .session import Session
 
 SWEEP_INTERVAL = 0.25
+SNAPSHOT_TIMEOUT = 5.0
+# While stopping, requests that would start new work are refused; these finish work already started.
+FINISHING_OPS = frozenset({Op.PING, Op.COMMIT, Op.ABORT, Op.RELEASE, Op.EXTEND, Op.DELETE, Op.CLEAR, Op.STATS})
 
 
 class Daemon:
@@ -58,10 +68,18 @@ class Daemon:
         self._lock_fd: int | None = None
         self._ctx = zmq.asyncio.Context()
         self._sockets: list[tuple[str, zmq.asyncio.Socket]] = []
+        self._pending_recv: dict[str, asyncio.Future] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.stopping = False      # refuse new work (see FINISHING_OPS)
+        self._receiving = True     # receive loops run while this is set
+        self.store: Store  # set in open()
+        self.registry = CollectorRegistry()
+        self.latency = RequestLatency(self.registry)
+        self.registry.register(StatsCollector(self.stats_snapshot))
+        self._exporter: MetricsExporter | None = None
         self._tasks: set[asyncio.Task] = set()
         self._disk_lock_fd: int | None = None
         self.manager: TierManager | None = None
-        self.store: Store  # set in open()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -155,15 +173,15 @@ class Daemon:
         self._sockets.append((transport, sock))
 
     def close(self) -> None:
+        if self._exporter is not None:
+            self._exporter.stop()
+            self._exporter = None
         for _, sock in self._sockets:
             sock.close(linger=0)
         self._sockets.clear()
         self._ctx.term()
         if self._lock_fd is not None:  # only the lock holder owns the socket file
-            try:
-                os.unlink(self.config.socket)
-            except FileNotFoundError:
-                pass
+            self._remove_socket_file()
         if self.manager is not None:
             self.manager.close()
         if getattr(self, "store", None) is not None:
@@ -175,37 +193,125 @@ class Daemon:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    def _remove_socket_file(self) -> None:
+        try:
+            os.unlink(self.config.socket)
+        except FileNotFoundError:
+            pass
+
+    def _start_metrics(self) -> None:
+        if self.config.metrics_port:
+            self._exporter = MetricsExporter(self.registry, self.config.metrics_host, self.config.metrics_port)
+            self._exporter.start()
+            logs.info("metrics_listening", url=self._exporter.url)
+
     async def serve(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         if self.manager is not None:
             self.manager.start(loop)
+        self._start_metrics()
         receivers = [asyncio.create_task(self._receive_loop(t, s)) for t, s in self._sockets]
-        sweeper = asyncio.create_task(self._sweep_loop())
+        background = [asyncio.create_task(self._sweep_loop())]
+        interval = watchdog_interval()
+        if interval is not None:
+            background.append(asyncio.create_task(self._watchdog_loop(interval)))
         logs.info("ready", pid=os.getpid(), config=self.config.describe())
         self.on_ready()
         await stop.wait()
-        logs.info("stopping", sessions=len(self.sessions), leases=len(self.store.leases))
-        for task in receivers:
+        await self.shutdown(receivers)
+        for task in background:
             task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+
+    def on_ready(self) -> None:
+        """The sockets accept requests: tell the service manager (a no-op without NOTIFY_SOCKET)."""
+        notify("READY=1", f"MAINPID={os.getpid()}", f"STATUS=serving on {self.config.socket}")
+
+    async def _watchdog_loop(self, interval: float) -> None:
+        while True:
+            notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def shutdown(self, receivers: list[asyncio.Task]) -> None:
+        """The bounded stop sequence described in the module docstring."""
+        loop = asyncio.get_running_loop()
+        timeout = self.config.shutdown_timeout
+        deadline = loop.time() + timeout
+        _arm_hard_stop(2 * timeout + 1)
+        self.stopping = True
+        notify("STOPPING=1", "STATUS=stopping")
+        self._remove_socket_file()  # no new local client can connect from here on
+        logs.info("stopping", sessions=len(self.sessions), leases=len(self.store.leases),
+                  reservations=len(self.store.reservations), timeout=timeout)
+        while len(self.store.reservations) and loop.time() < deadline:
+            await asyncio.sleep(0.01)  # puts being written get until the deadline to commit or abort
+        self._receiving = False
+        for fut in self._pending_recv.values():
+            if not fut.done():
+                fut.cancel()  # a receive not yet completed leaves its message queued in the socket
+        if receivers:
+            await asyncio.wait(receivers, timeout=max(0.0, deadline - loop.time()))
+        answered = await self._answer_queued(deadline)
+        unfinished = len(self.store.reservations)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=max(0.0, deadline - loop.time()))
         if self.manager is not None:
             started = time.monotonic()
             queued = self.store.dirty_bytes
             flushed = await self.manager.flush()
             logs.info("disk_flushed", complete=flushed, bytes=queued, seconds=round(time.monotonic() - started, 3))
-        for task in [sweeper, *self._tasks]:
-            task.cancel()
-        await asyncio.gather(*receivers, sweeper, *self._tasks, return_exceptions=True)
+        self._flush_store()
+        logs.info("drained", answered=answered, unfinished_reservations=unfinished,
+                  took_s=round(timeout - (deadline - loop.time()), 3))
 
-    def on_ready(self) -> None:
-        """Hook for readiness notification (overridden by the service manager integration)."""
+    async def _answer_queued(self, deadline: float) -> int:
+        """Answer the messages already queued in the sockets (without waiting for more)."""
+        loop = asyncio.get_running_loop()
+        answered = 0
+        for transport, sock in self._sockets:
+            while loop.time() < deadline:
+                try:
+                    msg = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False).result()
+                except zmq.Again:
+                    break
+                reply = self.handle_message(transport, msg)
+                if asyncio.iscoroutine(reply):
+                    reply = await reply
+                if reply is not None:
+                    await sock.send_multipart(reply, copy=len(reply) == 2)
+                answered += 1
+        return answered
+
+    def _flush_store(self) -> None:
+        """Persist what the store's guarantee needs before exit, where the store has such a step."""
+        flush = getattr(self.store, "flush", None)
+        if callable(flush):
+            flush()
+
+    def stats_snapshot(self) -> dict[str, Any]:
+        """``stats()`` taken on the event loop, callable from any thread (the metrics exporter's)."""
+        loop = self._loop
+        if loop is None or not loop.is_running() or _on_loop_thread(loop):
+            return self.stats()
+
+        async def take() -> dict[str, Any]:
+            return self.stats()
+
+        return asyncio.run_coroutine_threadsafe(take(), loop).result(SNAPSHOT_TIMEOUT)
 
     # -- requests -------------------------------------------------------------------------------------------
     async def _receive_loop(self, transport: str, sock: zmq.asyncio.Socket) -> None:
-        while True:
-            msg = await sock.recv_multipart(copy=False)
+        while self._receiving:
+            fut = self._pending_recv[transport] = sock.recv_multipart(copy=False)
+            try:
+                msg = await fut
+            except asyncio.CancelledError:
+                if fut.cancelled() and not self._receiving:
+                    return  # stopped while waiting: nothing was received
+                raise
             reply = self.handle_message(transport, msg)
             if asyncio.iscoroutine(reply):
                 task = asyncio.create_task(self._reply_later(sock, reply))
@@ -219,35 +325,36 @@ class Daemon:
         await sock.send_multipart(reply, copy=len(reply) == 2)
 
     async def _finish(self, routing_id: bytes, rid: int | None, pending: Any) -> list[Any]:
-        """Await a handler that had to wait, mapping its errors as the synchronous path does."""
+        """Await a handler that had to wait (disk reads, write-back back-pressure), mapping errors as below."""
         try:
             reply = await pending
-        except Exception as exc:
-            reply = self._error_frames(rid, exc)
+        except RequestError as exc:
+            self.errors += 1
+            reply = [error_reply(rid, exc)]
+        except Exception as exc:  # a bug: answer, log, keep serving
+            self.errors += 1
+            logs.error("internal_error", error=repr(exc))
+            reply = [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
         return [routing_id] + reply
-
-    def _error_frames(self, rid: int | None, exc: Exception) -> list[Any]:
-        self.errors += 1
-        if isinstance(exc, RequestError):
-            logs.debug("request_error", error=type(exc).__name__, msg=exc.message)
-            return [error_reply(rid, exc)]
-        logs.error("internal_error", error=repr(exc))  # a bug: answer, log, keep serving
-        return [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
 
     def handle_message(self, transport: str, msg: list[Any]) -> Any:
         """Handle one received multipart message; return the reply frames (routing id first), or a coroutine
-        that returns them when the handler has to wait."""
+        returning them when the handler has to wait (it runs as a task; the loop keeps serving)."""
         if len(msg) < 2:
             return None  # nothing to answer: no routing id and header
         routing_id = msg[0].bytes
         owner = transport[0].encode() + routing_id
         rid: int | None = None
+        op: Op | None = None
         self.requests += 1
+        started = time.perf_counter()
         try:
             header = decode_header(msg[1].buffer)
             rid = request_id_of(header)
             op = op_of(header)
             payload = msg[2:]
+            if self.stopping and op not in FINISHING_OPS:
+                raise UnavailableError("the daemon is shutting down; retry once it is back")
             if op is Op.HELLO:
                 session, reply = hello_reply(self, owner, transport, header)
                 self._add_session(session)
@@ -258,8 +365,16 @@ class Daemon:
                 reply = HANDLERS[op](self, session, header, payload)
                 if asyncio.iscoroutine(reply):
                     return self._finish(routing_id, rid, reply)
-        except Exception as exc:
-            reply = self._error_frames(rid, exc)
+        except RequestError as exc:
+            self.errors += 1
+            logs.debug("request_error", error=type(exc).__name__, msg=exc.message)
+            reply = [error_reply(rid, exc)]
+        except Exception as exc:  # a bug: answer, log, keep serving
+            self.errors += 1
+            logs.error("internal_error", error=repr(exc))
+            reply = [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
+        if op is not None:
+            self.latency.observe(op, time.perf_counter() - started)
         return [routing_id] + reply
 
     def _add_session(self, session: Session) -> None:
@@ -294,11 +409,12 @@ class Daemon:
                           leases=leases, reservations=reservations)
 
     def stats(self) -> dict[str, Any]:
+        usage = self.store.host.usage()
         counters = self.store.counters
         return {
             "version": __version__,
             "uptime_s": round(time.time() - self.started, 3),
-            "tiers": self._tier_stats(),
+            "tiers": self._tier_stats(usage),
             "chunks": self.store.committed_chunks(),
             "lookup_tokens": self.lookup_tokens,
             "hit_tokens": self.hit_tokens,
@@ -312,8 +428,7 @@ class Daemon:
         }
 
 
-    def _tier_stats(self) -> dict[str, dict[str, int]]:
-        usage = self.store.host.usage()
+    def _tier_stats(self, usage: Any) -> dict[str, dict[str, int]]:
         tiers = {"host": {"capacity_bytes": usage.capacity_bytes, "used_bytes": usage.used_bytes,
                           "chunks": usage.chunks}}
         disk = self.store.disk
@@ -321,6 +436,24 @@ class Daemon:
             tiers["disk"] = {"capacity_bytes": disk.capacity_bytes, "used_bytes": disk.used_bytes,
                              "chunks": disk.chunks}
         return tiers
+
+
+def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _arm_hard_stop(seconds: float) -> None:
+    """End the process if the graceful stop has not finished after ``seconds`` (a hung step must not pin it)."""
+    def overrun() -> None:
+        logs.error("shutdown_overrun", after_s=seconds)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, overrun)
+    timer.daemon = True
+    timer.start()
 
 
 def run_daemon(config: ServerConfig) -> int:
