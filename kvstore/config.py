@@ -84,6 +84,35 @@ def _read_port(value: Any, name: str) -> int:
     return port
 
 
+def _read_disk_size(value: Any, name: str) -> int:
+    """A size, 0 to turn the disk tier off, or "auto" (-1: resolved against --disk-dir at start)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return -1
+    return parse_size(value, name)
+
+
+def _read_compression(value: Any, name: str) -> str:
+    text = _read_str(value, name).lower()
+    if text not in ("none", "lz4"):
+        raise ConfigError(f"{name}: must be none or lz4; got {value!r}")
+    return text
+
+
+def _read_io_depth(value: Any, name: str) -> int:
+    try:
+        depth = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected a whole number of requests, got {value!r}") from None
+    if not 1 <= depth <= 64:
+        raise ConfigError(f"{name}: must be in 1..64, got {depth}")
+    return depth
+
+
+def default_disk_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kvstore")
+
+
 def _read_host(value: Any, name: str) -> str:
     host = _read_str(value, name)
     try:
@@ -123,6 +152,14 @@ SETTINGS: tuple[Setting, ...] = (
             "how long a get pins its chunks unless released or extended", "SECONDS"),
     Setting("reserve_ttl", lambda v, n: parse_seconds(v, n), lambda: 30.0,
             "how long reserved space waits for its commit", "SECONDS"),
+    Setting("disk_dir", _read_str, default_disk_dir, "directory of the disk tier (default: the user's cache dir)",
+            "DIR"),
+    Setting("disk_size", _read_disk_size, lambda: -1,
+            "disk tier cap: a size, 0 to turn the tier off, or auto (10 % of free space, at most 64GiB)", "SIZE"),
+    Setting("disk_compression", _read_compression, lambda: "none", "none or lz4 for chunks on disk", "ALGO"),
+    Setting("disk_queue", lambda v, n: parse_size(v, n), lambda: 0,
+            "bytes waiting for write-back before puts wait (0: a quarter of the host tier)", "SIZE"),
+    Setting("disk_io_depth", _read_io_depth, lambda: 4, "disk writes in flight (reads get as many again)", "N"),
     Setting("log_level", _read_log_level, lambda: "info", "debug, info, warning or error", "LEVEL"),
     Setting("metrics_port", _read_port, lambda: 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
     Setting("metrics_host", _read_host, lambda: "127.0.0.1",
@@ -144,6 +181,11 @@ class ServerConfig:
     max_chunk: int
     lease_ttl: float
     reserve_ttl: float
+    disk_dir: str
+    disk_size: int
+    disk_compression: str
+    disk_queue: int
+    disk_io_depth: int
     log_level: str
     metrics_port: int
     metrics_host: str
@@ -160,7 +202,18 @@ class ServerConfig:
 
     def _show(self, name: str) -> str:
         value = getattr(self, name)
-        return format_size(value).replace(" ", "") if name in ("host_mem", "max_chunk", "gpu_mem") else str(value)
+        if name == "disk_size" and value < 0:
+            return "auto"
+        sized = ("host_mem", "max_chunk", "gpu_mem", "disk_size", "disk_queue")
+        return format_size(value).replace(" ", "") if name in sized else str(value)
+
+    @property
+    def disk_enabled(self) -> bool:
+        return self.disk_size != 0
+
+    @property
+    def disk_queue_limit(self) -> int:
+        return self.disk_queue or max(self.host_mem // 4, 1 << 20)
 
 
 assert {f.name for f in fields(ServerConfig)} == set(_BY_NAME), "every setting needs a ServerConfig field"

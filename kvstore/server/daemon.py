@@ -41,7 +41,9 @@ from ..metrics.collector import StatsCollector
 from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, op_of, request_id_of
+from ..store.manager import TierManager
 from ..store.store import Store
+from ..tiers.disk import DiskTier, auto_disk_size
 from ..tiers.arena import SharedArena, arena_path_for
 from ..tiers.host import HostTier
 from .handlers import HANDLERS, hello_reply
@@ -75,6 +77,9 @@ class Daemon:
         self.latency = RequestLatency(self.registry)
         self.registry.register(StatsCollector(self.stats_snapshot))
         self._exporter: MetricsExporter | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._disk_lock_fd: int | None = None
+        self.manager: TierManager | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -82,10 +87,51 @@ class Daemon:
         self._prepare_socket_dir()
         self._take_lock()
         arena = SharedArena.create(arena_path_for(self.config.socket), self.config.host_mem)
-        self.store = Store(HostTier(arena), self.config.lease_ttl, self.config.reserve_ttl)
+        self.store = Store(HostTier(arena), self.config.lease_ttl, self.config.reserve_ttl, disk=self._open_disk())
+        if self.store.disk is not None:
+            self._rebuild_index(self.store.disk)
+            self.manager = TierManager(self.store, self.store.disk, self.config.disk_io_depth,
+                                       self.config.disk_queue_limit)
         self._bind("ipc", "ipc://" + self.config.socket)
         if self.config.tcp:
             self._bind("tcp", "tcp://" + self.config.tcp)
+
+    def _open_disk(self) -> DiskTier | None:
+        if not self.config.disk_enabled:
+            return None
+        directory = self.config.disk_dir
+        size = self.config.disk_size if self.config.disk_size > 0 else auto_disk_size(directory)
+        disk = DiskTier(directory, size, compress=self.config.disk_compression == "lz4")
+        fd = os.open(os.path.join(disk.directory, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"--disk-dir: another kvstore daemon uses {disk.directory}; "
+                              f"give each daemon its own --disk-dir") from None
+        self._disk_lock_fd = fd
+        return disk
+
+    def _rebuild_index(self, disk: DiskTier) -> None:
+        """Index every valid chunk file, oldest first (so the disk LRU order survives a restart)."""
+        started = time.monotonic()
+        found = disk.scan()
+        adopted = 0
+        for header, _mtime in sorted(found.chunks, key=lambda c: c[1]):
+            if self.store.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len)):
+                adopted += 1
+            else:
+                disk.remove(header.key)  # over a lowered cap, or a duplicate
+        elapsed = time.monotonic() - started
+        for name, reason in found.quarantined:
+            logs.warning("disk_file_quarantined", file=name, reason=reason)
+        if found.foreign:
+            logs.warning("disk_foreign_files_ignored", count=len(found.foreign), first=found.foreign[0])
+        self.store.tier_counters.quarantined += len(found.quarantined)
+        logs.info("disk_index_rebuilt", directory=disk.directory, chunks=adopted, dropped=len(found.chunks) - adopted,
+                  quarantined=len(found.quarantined), foreign=len(found.foreign), temps_removed=found.temps_removed,
+                  seconds=round(elapsed, 3), chunks_per_s=round(len(found.chunks) / elapsed) if elapsed else 0,
+                  direct_io=disk.direct, capacity_bytes=disk.capacity_bytes, used_bytes=disk.used_bytes)
 
     def _prepare_socket_dir(self) -> None:
         directory = os.path.dirname(os.path.abspath(self.config.socket))
@@ -136,8 +182,13 @@ class Daemon:
         self._ctx.term()
         if self._lock_fd is not None:  # only the lock holder owns the socket file
             self._remove_socket_file()
+        if self.manager is not None:
+            self.manager.close()
         if getattr(self, "store", None) is not None:
             self.store.host.close()
+        if self._disk_lock_fd is not None:
+            os.close(self._disk_lock_fd)
+            self._disk_lock_fd = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -159,6 +210,8 @@ class Daemon:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if self.manager is not None:
+            self.manager.start(loop)
         self._start_metrics()
         receivers = [asyncio.create_task(self._receive_loop(t, s)) for t, s in self._sockets]
         background = [asyncio.create_task(self._sweep_loop())]
@@ -203,6 +256,13 @@ class Daemon:
             await asyncio.wait(receivers, timeout=max(0.0, deadline - loop.time()))
         answered = await self._answer_queued(deadline)
         unfinished = len(self.store.reservations)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=max(0.0, deadline - loop.time()))
+        if self.manager is not None:
+            started = time.monotonic()
+            queued = self.store.dirty_bytes
+            flushed = await self.manager.flush()
+            logs.info("disk_flushed", complete=flushed, bytes=queued, seconds=round(time.monotonic() - started, 3))
         self._flush_store()
         logs.info("drained", answered=answered, unfinished_reservations=unfinished,
                   took_s=round(timeout - (deadline - loop.time()), 3))
@@ -218,6 +278,8 @@ class Daemon:
                 except zmq.Again:
                     break
                 reply = self.handle_message(transport, msg)
+                if asyncio.iscoroutine(reply):
+                    reply = await reply
                 if reply is not None:
                     await sock.send_multipart(reply, copy=len(reply) == 2)
                 answered += 1
@@ -251,11 +313,33 @@ class Daemon:
                     return  # stopped while waiting: nothing was received
                 raise
             reply = self.handle_message(transport, msg)
-            if reply is not None:
+            if asyncio.iscoroutine(reply):
+                task = asyncio.create_task(self._reply_later(sock, reply))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            elif reply is not None:
                 await sock.send_multipart(reply, copy=len(reply) == 2)
 
-    def handle_message(self, transport: str, msg: list[Any]) -> list[Any] | None:
-        """Handle one received multipart message; return the reply frames (routing id first)."""
+    async def _reply_later(self, sock: zmq.asyncio.Socket, pending: Any) -> None:
+        reply = await pending
+        await sock.send_multipart(reply, copy=len(reply) == 2)
+
+    async def _finish(self, routing_id: bytes, rid: int | None, pending: Any) -> list[Any]:
+        """Await a handler that had to wait (disk reads, write-back back-pressure), mapping errors as below."""
+        try:
+            reply = await pending
+        except RequestError as exc:
+            self.errors += 1
+            reply = [error_reply(rid, exc)]
+        except Exception as exc:  # a bug: answer, log, keep serving
+            self.errors += 1
+            logs.error("internal_error", error=repr(exc))
+            reply = [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
+        return [routing_id] + reply
+
+    def handle_message(self, transport: str, msg: list[Any]) -> Any:
+        """Handle one received multipart message; return the reply frames (routing id first), or a coroutine
+        returning them when the handler has to wait (it runs as a task; the loop keeps serving)."""
         if len(msg) < 2:
             return None  # nothing to answer: no routing id and header
         routing_id = msg[0].bytes
@@ -279,6 +363,8 @@ class Daemon:
                 if session is None:
                     raise VersionError("send HELLO (protocol version and namespace) before any other request")
                 reply = HANDLERS[op](self, session, header, payload)
+                if asyncio.iscoroutine(reply):
+                    return self._finish(routing_id, rid, reply)
         except RequestError as exc:
             self.errors += 1
             logs.debug("request_error", error=type(exc).__name__, msg=exc.message)
@@ -309,6 +395,9 @@ class Daemon:
             self.sweep()
 
     def sweep(self) -> None:
+        if self.manager is not None:
+            self.store.rebalance()
+            self.manager.check_space()
         leases, reservations = self.store.expire()
         if leases or reservations:
             logs.info("expired", leases=leases, reservations=reservations)
@@ -325,18 +414,28 @@ class Daemon:
         return {
             "version": __version__,
             "uptime_s": round(time.time() - self.started, 3),
-            "tiers": {"host": {"capacity_bytes": usage.capacity_bytes, "used_bytes": usage.used_bytes,
-                               "chunks": usage.chunks}},
+            "tiers": self._tier_stats(usage),
             "chunks": self.store.committed_chunks(),
             "lookup_tokens": self.lookup_tokens,
             "hit_tokens": self.hit_tokens,
-            "counters": dict(counters.__dict__),
+            "counters": {**counters.__dict__, **self.store.tier_counters.__dict__},
+            "disk": self.manager.stats() if self.manager is not None else None,
             "leases": len(self.store.leases),
             "reservations": len(self.store.reservations),
             "sessions": len(self.sessions),
             "requests": self.requests,
             "errors": self.errors,
         }
+
+
+    def _tier_stats(self, usage: Any) -> dict[str, dict[str, int]]:
+        tiers = {"host": {"capacity_bytes": usage.capacity_bytes, "used_bytes": usage.used_bytes,
+                          "chunks": usage.chunks}}
+        disk = self.store.disk
+        if disk is not None:
+            tiers["disk"] = {"capacity_bytes": disk.capacity_bytes, "used_bytes": disk.used_bytes,
+                             "chunks": disk.chunks}
+        return tiers
 
 
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
