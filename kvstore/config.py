@@ -222,7 +222,7 @@ assert {f.name for f in fields(ServerConfig)} == set(_BY_NAME), "every setting n
 def add_setting_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML file of settings (flags override it)")
     for s in SETTINGS:
-        parser.add_argument("--" + s.name.replace("_", "-"), dest=s.name, default=None, metavar=s.metavar, help=s.help)
+        parser.add_argument("--" + s.name.replace("_", "-"), dest=s.name, default=None, metavar=s.metavar, help=s.help.replace("%", "%%"))
 
 
 def load_toml(path: str) -> dict[str, Any]:
