@@ -105,6 +105,11 @@ SETTINGS: tuple[Setting, ...] = (
             "how long reserved space waits for its commit", "SECONDS"),
     Setting("log_level", _read_log_level, lambda: "info", "debug, info, warning or error", "LEVEL"),
     Setting("metrics_port", _read_port, lambda: 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
+    Setting("curve_server_key", _read_str, lambda: "",
+            "the daemon's CURVE .key_secret file (from `kvstore keygen`): encrypt and authenticate --tcp", "FILE"),
+    Setting("curve_client_keys", _read_str, lambda: "",
+            "directory of allowed clients' CURVE .key files (or one file of keys); needed with --curve-server-key",
+            "PATH"),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -119,6 +124,8 @@ class ServerConfig:
     reserve_ttl: float
     log_level: str
     metrics_port: int
+    curve_server_key: str
+    curve_client_keys: str
 
     @property
     def chunk_limit(self) -> int:
@@ -189,3 +196,5 @@ def check_config(config: ServerConfig) -> None:
     if config.chunk_limit > config.host_mem:
         raise ConfigError(f"--max-chunk: {format_size(config.max_chunk)} is larger than the host tier "
                           f"({format_size(config.host_mem)}); lower --max-chunk or raise --host-mem")
+    from .security.curve import check_tcp_exposure
+    check_tcp_exposure(config.tcp, config.curve_server_key, config.curve_client_keys)

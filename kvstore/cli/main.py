@@ -7,9 +7,9 @@ import sys
 from typing import Sequence
 
 from ..errors import ConfigError, KVStoreError
-from . import serve, stats
+from . import keygen, serve, stats
 
-SUBCOMMANDS = (serve, stats)
+SUBCOMMANDS = (serve, stats, keygen)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -18,6 +18,7 @@ from ..errors import DaemonUnavailable, LeaseError, VersionError
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
 from ..protocol.wire import PROTOCOL_VERSION, Op
+from ..security.curve import ClientCurve
 from ..tiers.arena import SharedArena
 from .buffers import copy_into, nbytes_of
 from .transport import Transport
@@ -72,7 +73,8 @@ class Client:
 
     def __init__(self, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, timeout: float = 5.0,
-                 client_id: str | None = None, use_arena: bool | None = None) -> None:
+                 client_id: str | None = None, use_arena: bool | None = None,
+                 curve: ClientCurve | None = None) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
             raise ValueError(f"address must start with ipc:// or tcp://, got {self.address!r}")
@@ -82,7 +84,7 @@ class Client:
         self.chunk_tokens = chunk_tokens
         self.client_id = client_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.use_arena = self.address.startswith("ipc://") if use_arena is None else use_arena
-        self._transport = Transport(self.address, timeout)
+        self._transport = Transport(self.address, timeout, curve)
         self._arena: SharedArena | None = None
         self._arena_view: memoryview | None = None
         self.server_info: dict[str, Any] = {}

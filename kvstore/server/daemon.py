@@ -28,6 +28,7 @@ from .._version import __version__
 from ..config import ServerConfig
 from ..errors import ConfigError, InternalError, RequestError, VersionError
 from ..protocol.wire import Op, decode_header, error_reply, op_of, request_id_of
+from ..security.curve import ServerCurve
 from ..store.store import Store
 from ..tiers.arena import SharedArena, arena_path_for
 from ..tiers.host import HostTier
@@ -49,6 +50,7 @@ class Daemon:
         self._lock_fd: int | None = None
         self._ctx = zmq.asyncio.Context()
         self._sockets: list[tuple[str, zmq.asyncio.Socket]] = []
+        self._curve: ServerCurve | None = None  # CURVE on tcp:// (security/curve.py), when configured
         self.store: Store  # set in open()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -60,6 +62,9 @@ class Daemon:
         self.store = Store(HostTier(arena), self.config.lease_ttl, self.config.reserve_ttl)
         self._bind("ipc", "ipc://" + self.config.socket)
         if self.config.tcp:
+            if self.config.curve_server_key:
+                self._curve = ServerCurve(self.config.curve_server_key, self.config.curve_client_keys)
+                self._curve.start(self._ctx)
             self._bind("tcp", "tcp://" + self.config.tcp)
 
     def _prepare_socket_dir(self) -> None:
@@ -90,6 +95,8 @@ class Daemon:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, -1)
+        if transport == "tcp" and self._curve is not None:
+            self._curve.apply(sock)
         old_umask = os.umask(0o077)  # the ipc socket file is owner-only from its first moment
         try:
             sock.bind(address)
@@ -105,6 +112,8 @@ class Daemon:
         for _, sock in self._sockets:
             sock.close(linger=0)
         self._sockets.clear()
+        if self._curve is not None:
+            self._curve.stop()
         self._ctx.term()
         if self._lock_fd is not None:  # only the lock holder owns the socket file
             try:
@@ -219,6 +228,7 @@ class Daemon:
             "sessions": len(self.sessions),
             "requests": self.requests,
             "errors": self.errors,
+            "auth_rejected": self._curve.allow.rejected if self._curve is not None else 0,
         }
 
 
