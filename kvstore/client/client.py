@@ -64,8 +64,16 @@ class Lease:
             lease_id, self.id = self.id, 0
             try:
                 self._client._call({"op": Op.RELEASE, "lease": lease_id}, retry=False)
-            except (DaemonUnavailable, LeaseError):
-                pass  # the daemon restarted or the lease expired: nothing is pinned any more
+            except (DaemonUnavailable, LeaseError, VersionError):
+                pass  # the daemon is gone or restarted (and forgot us), or the lease expired: nothing is pinned
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 class Client:
@@ -87,6 +95,7 @@ class Client:
         self._transport = Transport(self.address, timeout, curve)
         self._arena: SharedArena | None = None
         self._arena_view: memoryview | None = None
+        self._arena_file: tuple[int, int] | None = None
         self.server_info: dict[str, Any] = {}
         self._hello()
 
@@ -100,8 +109,12 @@ class Client:
         })
         self.server_info = header
         arena = header.get("arena")
-        if arena and (self._arena is None or self._arena.path != arena["path"] or self._arena.size != arena["size"]):
+        # A restarted daemon makes a new arena file under the same path: compare the file, not just its name,
+        # or puts would land in (and gets read from) the dead predecessor's memory.
+        if arena and (self._arena is None or self._arena_file != _file_identity(arena["path"])
+                      or self._arena.size != arena["size"]):
             self._detach_arena()
+            self._arena_file = _file_identity(arena["path"])
             self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
             self._arena_view = self._arena.view()
         elif not arena:
