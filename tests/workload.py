@@ -170,6 +170,42 @@ def total(counts: list[Counts]) -> Counts:
     return out
 
 
+def run_load(addresses: list[str], seconds: float, daemon_pid: int, sample_every: float = 1.0,
+             **options) -> dict:
+    """One worker process per address for ``seconds``; sample the daemon's heap meanwhile. Returns a report."""
+    import subprocess
+
+    procs = [subprocess.Popen(worker_command(a, seconds, seed=i, **options), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i, a in enumerate(addresses)]
+    start = time.monotonic()
+    rss = []
+    while any(p.poll() is None for p in procs):
+        rss.append((round(time.monotonic() - start, 2), rss_anon_bytes(daemon_pid)))
+        time.sleep(sample_every)
+    results, stderr = [], []
+    for p in procs:
+        out, err = p.communicate()
+        stderr.append(err[-2000:])
+        results.append(parse_counts(out) if p.returncode == 0 and out.strip() else Counts(errors=1))
+    by_transport: dict[str, Counts] = {}
+    for address, counts in zip(addresses, results):
+        scheme = address.split(":", 1)[0]
+        by_transport[scheme] = total([by_transport.get(scheme, Counts()), counts])
+    requests = lambda c: c.lookups + c.gets + c.puts + c.releases  # noqa: E731
+    warm = [b for t, b in rss if t >= seconds / 3] or [b for _, b in rss]
+    return {
+        "processes": len(addresses),
+        "seconds": seconds,
+        "total": asdict(total(results)),
+        "requests_per_s": {k: round(requests(c) / max(c.seconds, 1e-9), 1) for k, c in by_transport.items()},
+        "read_MBps": {k: round(c.bytes_read / max(c.seconds, 1e-9) / 1e6, 1) for k, c in by_transport.items()},
+        "written_MBps": {k: round(c.bytes_written / max(c.seconds, 1e-9) / 1e6, 1) for k, c in by_transport.items()},
+        "daemon_rss_anon_bytes": rss,
+        "daemon_rss_growth_after_warmup_bytes": (warm[-1] - warm[0]) if warm else 0,
+        "worker_stderr": [e for e in stderr if e.strip()],
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="a verifying kvstore client workload")
     p.add_argument("mode", choices=["worker"])
