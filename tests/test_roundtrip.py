@@ -101,3 +101,17 @@ def test_clear(client):
     assert client.clear() == 4
     assert client.lookup(keys) == 0
     assert client.stats()["tiers"]["host"]["used_bytes"] == 0
+
+
+def test_many_requests_in_flight_matched_by_id(client):
+    """Requests are pipelined on one connection and each caller gets its own reply."""
+    from kvstore.protocol.wire import Op
+
+    keys = client.chunk_keys(list(range(256 * 4)))
+    client.put(keys, [b"a" * 1000] * 4)
+    transport = client._transport
+    ids = [transport.send({"op": Op.LOOKUP, "keys": keys[:n]}) for n in range(1, 5)]
+    ping = transport.send({"op": Op.PING})
+    transport.wait(ping)
+    counts = [transport.wait(rid)[0]["count"] for rid in reversed(ids)]
+    assert counts == [4, 3, 2, 1]
