@@ -33,14 +33,10 @@ def wait_for(predicate, timeout: float = 10.0) -> bool:
     return False
 
 
-def daemon_flags() -> str:
-    return subprocess.run([sys.executable, "-m", "kvstore", "serve", "--help"], capture_output=True,
-                          text=True).stdout
-
-
 def persistence_args(workdir: str) -> list[str]:
     """Flags that give the daemon a persistent tier, or [] while it has none (then nothing survives a crash)."""
-    if "--disk-dir" not in daemon_flags():
+    from kvstore.config import SETTINGS
+    if not any(s.name == "disk_dir" for s in SETTINGS):
         return []
     return ["--disk-dir", os.path.join(workdir, "disk")]
 
