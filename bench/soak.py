@@ -47,7 +47,7 @@ def main() -> int:
         args += ["--disk-dir", a.disk_dir]
     d = DaemonProc(workdir, args).start()
     acked = [os.path.join(workdir, f"acked{i}") for i in range(a.workers)]
-    seconds = sum(gaps) + 3 * a.crashes + 5  # the restarts and read-backs take time too
+    seconds = sum(gaps) + 1.2 * a.crashes + 3  # the restarts and read-backs take time too
     workers = [subprocess.Popen(worker_command(d.address, seconds, seed=i, tolerate_outage=True,
                                                acked_path=acked[i], timeout=1, max_chunks=12),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
