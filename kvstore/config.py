@@ -169,6 +169,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu_mem", lambda v, n: parse_size(v, n), lambda: 0,
             "size of the GPU HBM tier (0: none); needs a CUDA GPU", "SIZE"),
     Setting("gpu_device", _read_gpu_device, lambda: 0, "CUDA device index of the GPU tier", "N"),
+    Setting("curve_server_key", _read_str, lambda: "",
+            "the daemon's CURVE .key_secret file (from `kvstore keygen`): encrypt and authenticate --tcp", "FILE"),
+    Setting("curve_client_keys", _read_str, lambda: "",
+            "directory of allowed clients' CURVE .key files (or one file of keys); needed with --curve-server-key",
+            "PATH"),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -192,6 +197,8 @@ class ServerConfig:
     shutdown_timeout: float
     gpu_mem: int
     gpu_device: int
+    curve_server_key: str
+    curve_client_keys: str
 
     @property
     def chunk_limit(self) -> int:
@@ -277,3 +284,5 @@ def check_config(config: ServerConfig) -> None:
         from .gpu.settings import check_gpu_settings  # imports torch: only when a GPU tier is asked for
 
         check_gpu_settings(config.gpu_mem, config.gpu_device)
+    from .security.curve import check_tcp_exposure
+    check_tcp_exposure(config.tcp, config.curve_server_key, config.curve_client_keys)

@@ -7,9 +7,9 @@ import sys
 from typing import Sequence
 
 from ..errors import ConfigError, KVStoreError
-from . import alerts, serve, stats
+from . import alerts, keygen, serve, stats
 
-SUBCOMMANDS = (serve, stats, alerts)
+SUBCOMMANDS = (serve, stats, alerts, keygen)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -42,6 +42,7 @@ from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, op_of, request_id_of
 from ..store.manager import TierManager
+from ..security.curve import ServerCurve
 from ..store.store import Store
 from ..tiers.disk import DiskTier, auto_disk_size
 from ..tiers.arena import SharedArena, arena_path_for
@@ -72,6 +73,7 @@ class Daemon:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False      # refuse new work (see FINISHING_OPS)
         self._receiving = True     # receive loops run while this is set
+        self._curve: ServerCurve | None = None  # CURVE on tcp:// (security/curve.py), when configured
         self.store: Store  # set in open()
         self.registry = CollectorRegistry()
         self.latency = RequestLatency(self.registry)
@@ -94,6 +96,9 @@ class Daemon:
                                        self.config.disk_queue_limit)
         self._bind("ipc", "ipc://" + self.config.socket)
         if self.config.tcp:
+            if self.config.curve_server_key:
+                self._curve = ServerCurve(self.config.curve_server_key, self.config.curve_client_keys)
+                self._curve.start(self._ctx)
             self._bind("tcp", "tcp://" + self.config.tcp)
 
     def _open_disk(self) -> DiskTier | None:
@@ -161,6 +166,8 @@ class Daemon:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, -1)
+        if transport == "tcp" and self._curve is not None:
+            self._curve.apply(sock)
         old_umask = os.umask(0o077)  # the ipc socket file is owner-only from its first moment
         try:
             sock.bind(address)
@@ -179,6 +186,8 @@ class Daemon:
         for _, sock in self._sockets:
             sock.close(linger=0)
         self._sockets.clear()
+        if self._curve is not None:
+            self._curve.stop()
         self._ctx.term()
         if self._lock_fd is not None:  # only the lock holder owns the socket file
             self._remove_socket_file()
@@ -425,6 +434,7 @@ class Daemon:
             "sessions": len(self.sessions),
             "requests": self.requests,
             "errors": self.errors,
+            "auth_rejected": self._curve.allow.rejected if self._curve is not None else 0,
         }
 
 
