@@ -10,10 +10,10 @@
 # script records its version first and fails if anything changed it.
 #
 # Idempotent: a package already at the wanted version is skipped.
-# Usage: bash .ci/install-engines.sh [python]   (default: python3)
+# Usage: bash .ci/install-engines.sh [python]   (default: python)
 set -euo pipefail
 
-PY="${1:-${PYTHON:-python3}}"
+PY="${1:-${PYTHON:-python}}"
 VLLM_VERSION="${VLLM_VERSION:-0.33.0}"
 SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
 
