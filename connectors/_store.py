@@ -9,7 +9,8 @@ lets the engine run its normal prefill.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+import time
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -20,25 +21,89 @@ from .layout import KVGeometry, chunk_from_buffer
 log = logging.getLogger("kvstore.connectors")
 
 
-class ChunkStore:
-    """Chunks of one namespace and geometry, through one client."""
+class DaemonLink:
+    """A client connected on first use, and again a while after any failure.
 
-    def __init__(self, client: kvstore.Client, namespace: str, geometry: KVGeometry) -> None:
-        self.client = client
+    A daemon that is down or hung costs one timeout per `retry_s`, not one per
+    request: between a failure and the next attempt `client()` is None.
+    """
+
+    def __init__(self, connect: Callable[[], kvstore.Client], retry_s: float = 5.0) -> None:
+        self._connect = connect
+        self._client: kvstore.Client | None = None
+        self._retry_s = retry_s
+        self._next_try = 0.0
+
+    @classmethod
+    def to(cls, address: str | None, chunk_tokens: int, timeout: float = 2.0, **kw: Any) -> "DaemonLink":
+        return cls(lambda: kvstore.connect(address, chunk_tokens=chunk_tokens, timeout=timeout), **kw)
+
+    def client(self) -> kvstore.Client | None:
+        if self._client is None and time.monotonic() >= self._next_try:
+            try:
+                self._client = self._connect()
+            except Exception as exc:  # noqa: BLE001
+                self.failed(exc)
+                log.warning("kvstore daemon unavailable, running without the cache: %s", exc)
+        return self._client
+
+    def failed(self, exc: BaseException) -> None:
+        """Drop the client after an error; try again in `retry_s`."""
+        if isinstance(exc, (ValueError, kvstore.RequestError)):
+            return  # the daemon answered (full, bad request...) or the input was ours: it is up
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self._client = None
+        self._next_try = time.monotonic() + self._retry_s
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class _Fixed:
+    """A link over a client the caller owns: never closed or replaced here."""
+
+    def __init__(self, client: kvstore.Client) -> None:
+        self._client = client
+
+    def client(self) -> kvstore.Client:
+        return self._client
+
+    def failed(self, exc: BaseException) -> None:
+        pass
+
+
+class ChunkStore:
+    """Chunks of one namespace and geometry, through a client or a `DaemonLink`."""
+
+    def __init__(self, link: kvstore.Client | DaemonLink, namespace: str, geometry: KVGeometry) -> None:
+        self.link = link if isinstance(link, DaemonLink) else _Fixed(link)
         self.namespace = namespace
         self.geometry = geometry
         self._warned: set[str] = set()
 
-    def keys(self, token_ids: Sequence[int] | torch.Tensor) -> list[bytes]:
-        """One chained key per full chunk of `token_ids`."""
-        return kvstore.chunk_keys(self.namespace, token_ids, self.geometry.chunk_tokens)
+    def keys(self, token_ids: Sequence[int] | torch.Tensor, salt: str = "") -> list[bytes]:
+        """One chained key per full chunk of `token_ids` (`salt`: a per-request cache salt)."""
+        ns = self.namespace + (f";request-salt={salt}" if salt else "")
+        return kvstore.chunk_keys(ns, token_ids, self.geometry.chunk_tokens)
+
+    def _client(self) -> kvstore.Client:
+        client = self.link.client()
+        if client is None:
+            raise kvstore.DaemonUnavailable("kvstore daemon unavailable (waiting to reconnect)")
+        return client
 
     def lookup(self, keys: Sequence[bytes]) -> int:
         """Leading `keys` stored, 0 when the daemon cannot say. Pins nothing."""
         if not keys:
             return 0
         try:
-            return self.client.lookup(keys)
+            return self._client().lookup(keys)
         except Exception as exc:  # noqa: BLE001 - any failure is a miss
             self._warn("lookup", exc)
             return 0
@@ -48,7 +113,7 @@ class ChunkStore:
         if not keys:
             return 0, {}
         try:
-            found = self.client.lookup_tiers(keys)
+            found = self._client().lookup_tiers(keys)
             return found.count, dict(found.tiers)
         except Exception as exc:  # noqa: BLE001
             self._warn("lookup", exc)
@@ -64,7 +129,7 @@ class ChunkStore:
         if not keys:
             return out
         try:
-            with self.client.get(keys) as views:
+            with self._client().get(keys) as views:
                 chunks = []
                 for view in views:
                     try:
@@ -94,12 +159,13 @@ class ChunkStore:
         new_keys = list(keys[first:first + len(chunks)])
         parent = keys[first - 1] if first > 0 else None
         try:
-            return self.client.put(new_keys, list(chunks), parent=parent)
+            return self._client().put(new_keys, list(chunks), parent=parent)
         except Exception as exc:  # noqa: BLE001
             self._warn("put", exc)
             return 0
 
     def _warn(self, what: str, exc: BaseException) -> None:
+        self.link.failed(exc)
         if what not in self._warned:
             self._warned.add(what)
             log.warning("kvstore %s failed, running without the cache: %s", what, exc)

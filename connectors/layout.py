@@ -194,9 +194,32 @@ def chunks_to_dense(chunks: torch.Tensor) -> tuple[list[torch.Tensor], list[torc
 # paged per-layer K/V ([blocks, heads, block_size, 2*dim], vLLM)
 
 
-def _slots(block_table: torch.Tensor, start: int, end: int, block_size: int):
+def paged_slots(
+    block_table: torch.Tensor, start: int, end: int, block_size: int, kernel_block_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block index, offset) in a paged cache of each token position in `[start, end)`.
+
+    `block_table` holds a request's block ids of `block_size` tokens. An engine
+    may split each such block into `block_size // kernel_block_size` kernel
+    blocks, in which case the cache's first axis counts kernel blocks.
+    """
+    kbs = kernel_block_size or block_size
+    if block_size % kbs:
+        raise ValueError(f"kernel block size {kbs} does not divide block size {block_size}")
     positions = torch.arange(start, end, device=block_table.device)
-    return block_table[positions // block_size], positions % block_size
+    within = positions % block_size
+    blocks = block_table[positions // block_size] * (block_size // kbs) + within // kbs
+    return blocks, within % kbs
+
+
+def gather_paged_layer(
+    cache: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
+) -> None:
+    """Copy the slots' K and V of one layer into `out`, a `[n, 2, T, H, D]` view."""
+    n, _, t, _, d = out.shape
+    rows = cache[slots[0], :, slots[1]].unflatten(0, (n, t))  # [n, T, H, 2D]
+    out[:, 0].copy_(rows[..., :d])
+    out[:, 1].copy_(rows[..., d:])
 
 
 def gather_paged(
@@ -205,24 +228,23 @@ def gather_paged(
     first_chunk: int,
     num_chunks: int,
     geometry: KVGeometry,
+    block_size: int | None = None,
 ) -> torch.Tensor:
     """Chunks of one request read out of paged per-layer caches.
 
-    `layers[l]` is `[num_blocks, kv_heads, block_size, 2 * head_dim]`;
+    `layers[l]` is `[num_blocks, kv_heads, kernel_block_size, 2 * head_dim]`;
     `block_table` holds the request's block ids in token order (a 1-D integer
-    tensor on the caches' device). Returns `[num_chunks, *chunk_shape]` on the
-    caches' device.
+    tensor on the caches' device); `block_size` is the tokens a block id
+    covers (default: the caches' own block size). Returns
+    `[num_chunks, *chunk_shape]` on the caches' device.
     """
     _check_layers(len(layers), len(layers), geometry)
-    t, d = geometry.chunk_tokens, geometry.head_dim
-    block_size = layers[0].shape[2]
-    blocks, offsets = _slots(block_table, first_chunk * t, (first_chunk + num_chunks) * t, block_size)
+    t = geometry.chunk_tokens
+    kbs = layers[0].shape[2]
+    slots = paged_slots(block_table, first_chunk * t, (first_chunk + num_chunks) * t, block_size or kbs, kbs)
     out = geometry.empty_chunks(num_chunks, layers[0].device)
     for layer, cache in enumerate(layers):
-        rows = cache[blocks, :, offsets]  # [n*T, H, 2D]
-        rows = rows.unflatten(0, (num_chunks, t))
-        out[:, layer, 0].copy_(rows[..., :d])
-        out[:, layer, 1].copy_(rows[..., d:])
+        gather_paged_layer(cache, slots, out[:, layer])
     return out
 
 
@@ -232,6 +254,7 @@ def scatter_paged(
     block_table: torch.Tensor,
     first_chunk: int,
     skip_tokens: int = 0,
+    block_size: int | None = None,
 ) -> None:
     """Write `chunks` (starting at chunk `first_chunk`) into paged caches.
 
@@ -246,8 +269,8 @@ def scatter_paged(
     end = (first_chunk + n) * t
     if start >= end:
         return
-    block_size = layers[0].shape[2]
-    blocks, offsets = _slots(block_table, start, end, block_size)
+    kbs = layers[0].shape[2]
+    blocks, offsets = paged_slots(block_table, start, end, block_size or kbs, kbs)
     src = chunks.to(layers[0].device, non_blocking=True)
     for layer, cache in enumerate(layers):
         tokens = src[:, layer].permute(1, 0, 2, 3, 4).flatten(1, 2)[:, skip_tokens:]  # [2, m, H, D]

@@ -129,3 +129,15 @@ def test_namespace_names_everything_that_changes_bytes():
     }
     assert base not in variants and len(variants) == 9
     assert f"v{layout.LAYOUT_VERSION}" in base
+
+
+def test_paged_kernel_blocks_split_engine_blocks():
+    # block ids name 8-token blocks; the cache holds them as pairs of 4-token kernel blocks
+    caches = [torch.zeros(2 * 5, 2, 4, 8) for _ in range(3)]
+    table = torch.tensor([4, 1])
+    keys, values = _dense(16)
+    chunks = layout.dense_to_chunks(keys, values, 0, 2, GEOM)
+    layout.scatter_paged(chunks, caches, table, 0, block_size=8)
+    # token 13: block id table[1] = 1, within 5 -> kernel block 1 * 2 + 1 = 3, offset 1
+    torch.testing.assert_close(caches[0][3, :, 1, :4], keys[0][0, :, 13])
+    torch.testing.assert_close(layout.gather_paged(caches, table, 0, 2, GEOM, block_size=8), chunks)
