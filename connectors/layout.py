@@ -293,6 +293,16 @@ PAGE_LAYOUTS: dict[str, tuple[str, tuple[int, ...]]] = {
 }
 
 
+def page_shape(layout: str, geometry: KVGeometry) -> tuple[int, ...]:
+    """The shape of one host page as the engine holds it in `layout`."""
+    g = geometry
+    sizes = {"2": 2, "L": g.num_layers, "T": g.chunk_tokens, "H": g.num_kv_heads, "D": g.head_dim}
+    if layout not in PAGE_LAYOUTS:
+        raise ValueError(f"unsupported host page layout {layout!r}")
+    shape = tuple(sizes[a] for a in PAGE_LAYOUTS[layout][0].split())
+    return shape[:1] + (1,) + shape[1:] if layout in ("page_first_direct", "page_head") else shape
+
+
 def page_to_chunk(page: torch.Tensor, layout: str) -> torch.Tensor:
     """A chunk-layout view of one engine host page (no copy)."""
     return _page_view(page, layout).permute(PAGE_LAYOUTS[layout][1])
