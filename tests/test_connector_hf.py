@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -11,12 +12,26 @@ import torch
 
 pytest.importorskip("transformers")
 
-from engines.tiny import cache_kwarg, greedy, prefill, prompt, tiny_llama  # noqa: E402
+from engines.tiny import cache_kwarg, greedy, prefill  # noqa: E402
+from engines.tiny import prompt as _prompt  # noqa: E402
+from engines.tiny import tiny_llama as _tiny_llama  # noqa: E402
 
 from kvstore.connectors.hf import load_prefix, model_namespace, save_prefix  # noqa: E402
 
 CHUNK = 256
-ATOL = RTOL = 1e-4
+DEVICE = os.environ.get("KVSTORE_TEST_DEVICE", "cpu")  # bench/gpu_check.py runs this file with cuda
+ATOL = RTOL = 1e-4 if DEVICE == "cpu" else 2e-3
+
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    pytest.skip("KVSTORE_TEST_DEVICE=cuda but no CUDA device", allow_module_level=True)
+
+
+def prompt(n: int, seed: int) -> torch.Tensor:
+    return _prompt(n, seed).to(DEVICE)
+
+
+def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32):
+    return _tiny_llama(seed=seed, dtype=dtype, device=DEVICE)
 
 
 def assert_continues_like_full_prefill(model, ids: torch.Tensor, cache, n: int, steps: int = 8) -> None:
@@ -65,7 +80,7 @@ def test_multi_turn_history_grows(kv, model):
             full_logits, _ = prefill(model, history)
             torch.testing.assert_close(logits, full_logits[:, n:], atol=ATOL, rtol=RTOL)
         reply = greedy(model, logits, cache, 20)
-        conversation = torch.cat([history, torch.tensor([reply])], dim=1)
+        conversation = torch.cat([history, torch.tensor([reply], device=DEVICE)], dim=1)
         save_prefix(kv, model, conversation, cache)  # the cache holds history + reply (less the last token)
         history = torch.cat([conversation, prompt(180, seed=20 + turn)], dim=1)
     # turn 0: nothing; turn 1: 300 + 20 + 180 = 500 tokens, 319 held -> 256; turn 2: 700 -> 512
@@ -95,15 +110,15 @@ def test_other_weights_or_dtype_never_hit(kv, model):
 
 def test_one_process_saves_another_loads(daemon, kv, model, tmp_path):
     ids = prompt(800, seed=50)
-    torch.save(ids, tmp_path / "ids.pt")
+    torch.save(ids.cpu(), tmp_path / "ids.pt")
     script = textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {str(__import__("os").path.dirname(__file__))!r})
         import kvstore
         from engines.tiny import tiny_llama, prefill
         from kvstore.connectors.hf import save_prefix
-        model = tiny_llama(seed=0)
-        ids = torch.load({str(tmp_path / "ids.pt")!r})
+        model = tiny_llama(seed=0, device={DEVICE!r})
+        ids = torch.load({str(tmp_path / "ids.pt")!r}).to({DEVICE!r})
         _, cache = prefill(model, ids)
         with kvstore.connect({daemon.address!r}, chunk_tokens={CHUNK}) as c:
             print(save_prefix(c, model, ids, cache))
