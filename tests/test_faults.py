@@ -158,7 +158,7 @@ def test_daemon_killed_while_clients_connected(start_daemon, transport):
 
     d.start()
     held.release()  # the lease died with the daemon: releasing it is harmless
-    assert c.lookup(keys) in (0, 3)  # the same client says hello again by itself
+    assert 0 <= c.lookup(keys) <= 3  # the same client says hello again; completed disk writes survive
     c.put(keys, payloads)
     with c.get(keys) as views:
         assert [bytes(v) for v in views] == payloads

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import default_socket
-from ..errors import DaemonUnavailable, LeaseError, VersionError
+from ..errors import DaemonUnavailable, VersionError
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
 from ..protocol.wire import PROTOCOL_VERSION, Op
@@ -63,9 +63,10 @@ class Lease:
         if self.id:
             lease_id, self.id = self.id, 0
             try:
-                self._client._call({"op": Op.RELEASE, "lease": lease_id}, retry=False)
-            except (DaemonUnavailable, LeaseError, VersionError):
-                pass  # the daemon is gone or restarted (and forgot us), or the lease expired: nothing is pinned
+                # Nothing to wait for: an unknown or expired lease, or a restarted daemon, pins nothing anyway.
+                self._client._transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
+            except DaemonUnavailable:
+                pass  # the daemon is gone: nothing is pinned
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:
@@ -141,9 +142,15 @@ class Client:
             return self._transport.call(header, payloads)
 
     # -- keys -----------------------------------------------------------------------------------------------
-    def chunk_keys(self, token_ids: Sequence[int] | Any, include_partial: bool = False) -> list[bytes]:
-        """One chained key per full chunk of ``token_ids`` (and the short tail if ``include_partial``)."""
-        return _chunk_keys(self.namespace, token_ids, self.chunk_tokens, include_partial)
+    def chunk_keys(self, token_ids: Sequence[int] | Any, include_partial: bool = False,
+                   namespace: str | None = None, chunk_tokens: int | None = None) -> list[bytes]:
+        """One chained key per full chunk of ``token_ids`` (and the short tail if ``include_partial``).
+
+        ``namespace`` and ``chunk_tokens`` default to the client's; a connector serving several models through
+        one client passes each model's own.
+        """
+        return _chunk_keys(namespace or self.namespace, token_ids, chunk_tokens or self.chunk_tokens,
+                           include_partial)
 
     # -- operations ------------------------------------------------------------------------------------------
     def ping(self) -> None:

@@ -124,6 +124,7 @@ METRICS: tuple[MetricDef, ...] = (
     # errors
     _m("requests", "counter", "Requests received.", "requests"),
     _m("request_errors", "counter", "Requests answered with an error.", "errors"),
+    _m("auth_rejected", "counter", "tcp:// connections refused by CURVE authentication.", "auth_rejected"),
     _m("store_full_errors", "counter", "Puts refused because nothing more could be evicted.",
        "counters.full_errors"),
     _m("checksum_failures", "counter", "Chunks read from disk whose checksum failed (served as misses).",
