@@ -186,9 +186,15 @@ class Client:
             return self._transport.call(header, payloads)
 
     # -- keys -----------------------------------------------------------------------------------------------
-    def chunk_keys(self, token_ids: Sequence[int] | Any, include_partial: bool = False) -> list[bytes]:
-        """One chained key per full chunk of ``token_ids`` (and the short tail if ``include_partial``)."""
-        return _chunk_keys(self.namespace, token_ids, self.chunk_tokens, include_partial)
+    def chunk_keys(self, token_ids: Sequence[int] | Any, include_partial: bool = False,
+                   namespace: str | None = None, chunk_tokens: int | None = None) -> list[bytes]:
+        """One chained key per full chunk of ``token_ids`` (and the short tail if ``include_partial``).
+
+        ``namespace`` and ``chunk_tokens`` default to the client's; a connector serving several models through
+        one client passes each model's own.
+        """
+        return _chunk_keys(namespace or self.namespace, token_ids, chunk_tokens or self.chunk_tokens,
+                           include_partial)
 
     # -- operations ------------------------------------------------------------------------------------------
     def ping(self) -> None:
