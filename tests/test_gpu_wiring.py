@@ -77,6 +77,17 @@ def test_promotion_stats_and_tensor_views(gpu_daemon):
         assert set(stats["tiers"]) == {"gpu", "host", "disk"}
         assert stats["counters"]["promoted_bytes_host_gpu"] == 4 * CHUNK
 
+        more = c.chunk_keys(list(range(4 * 48)))[4:]   # 44 more chunks: DRAM (40 chunks) lets A's copies go
+        chain = keys[-1:] + more
+        for i in range(0, 44, 4):
+            c.put(more[i:i + 4], [payload_for(k, CHUNK) for k in more[i:i + 4]], parent=chain[i])
+        wait_for(lambda: c.stats()["tiers"]["host"]["chunks"] <= 40, "DRAM pressure")
+        assert c.lookup_tiers(keys).tiers == {"gpu": 4}   # the GPU copies stay when the DRAM copies go
+        with c.get(keys) as views:
+            assert [read(v) for v in views] == data
+        with plain.get(keys) as views:                      # copied down (or read back from disk) for this one
+            assert [read(v) for v in views] == data
+
 
 def test_demotion_spares_leases_and_copies_gpu_only_chunks_down(gpu_daemon):
     # No disk tier and a 2 MiB host tier (ten chunks): DRAM pressure leaves chunks in the GPU tier alone.

@@ -115,16 +115,17 @@ class GpuMover:
             except StoreFullError:
                 break   # DRAM is full of leased chunks: try again on the next round
 
-    def demote(self, entry: Entry) -> asyncio.Future | None:
-        """Move one chunk out of the GPU tier. Returns the copy's future, or None when it left at once.
-        Raises StoreFullError when it needs DRAM and DRAM has no room."""
+    def demote(self, entry: Entry, to_host: bool = False) -> asyncio.Future | None:
+        """Move one chunk out of the GPU tier (into DRAM, when ``to_host``, even if it is on disk). Returns the
+        copy's future, or None when it left at once. Raises StoreFullError when it needs DRAM and DRAM has no
+        room."""
         pending = self.down.get(entry.key)
         if pending is not None:
             return pending
         if entry.gpu_offset is None or entry.loading is not None:
             return None
         gpu_offset = entry.gpu_offset
-        host_offset = self.store.start_gpu_demote(entry)
+        host_offset = self.store.start_gpu_demote(entry, to_host)
         if host_offset is None:
             return None
         try:
@@ -147,7 +148,7 @@ class GpuMover:
             return futures
         for entry in entries:
             try:
-                fut = self.demote(entry)
+                fut = self.demote(entry, to_host=True)
             except StoreFullError:
                 break
             if fut is not None:

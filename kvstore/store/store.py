@@ -467,7 +467,7 @@ class Store:
     def _drop_host_copy(self, entry: Entry) -> None:
         """An unpinned chunk leaves DRAM (it is already out of the host LRU): demoted if on disk, else evicted."""
         if entry.disk is DiskState.STORED:
-            self._free(entry)
+            self._free_host(entry)   # a GPU copy, if any, stays
             self.tier_counters.demotions_host_disk += 1
             self.tier_counters.demoted_bytes_host_disk += entry.size
             return
@@ -636,13 +636,13 @@ class Store:
     def gpu_over_low(self, leaving: int = 0) -> bool:
         return self.gpu is not None and self.gpu.used_bytes - leaving > GPU_LOW_WATERMARK * self.gpu.capacity_bytes
 
-    def start_gpu_demote(self, entry: Entry) -> int | None:
-        """Move a chunk out of the GPU tier. Free at once when a DRAM or disk copy exists (returns None);
-        otherwise returns the host slot the GPU slot must be copied into before ``finish_gpu_demote``.
-        Raises StoreFullError when DRAM has no room for it."""
+    def start_gpu_demote(self, entry: Entry, to_host: bool = False) -> int | None:
+        """Move a chunk out of the GPU tier. Free at once when a DRAM copy exists, or a disk copy and
+        ``to_host`` is false (returns None); otherwise returns the host slot the GPU slot must be copied into
+        before ``finish_gpu_demote``. Raises StoreFullError when DRAM has no room for it."""
         assert self.gpu is not None
         self.gpu_lru.remove(entry)
-        if entry.host_offset is not None or entry.disk is DiskState.STORED:
+        if entry.host_offset is not None or (entry.disk is DiskState.STORED and not to_host):
             to_host = entry.host_offset is not None
             self._free_gpu(entry)
             self._count_gpu_demotion(entry, "host" if to_host else "disk")
