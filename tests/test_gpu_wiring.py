@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from kvstore.metrics.collector import unmapped_paths
 from workload import payload_for
 
 GPU_ENV = {"KVSTORE_GPU_TIER_DEVICE": "cpu"}
@@ -75,6 +76,7 @@ def test_promotion_stats_and_tensor_views(gpu_daemon):
         assert stats["tiers"]["gpu"] == {"capacity_bytes": 1 << 20, "used_bytes": 4 * CHUNK, "chunks": 4,
                                          "device": "cpu"}
         assert set(stats["tiers"]) == {"gpu", "host", "disk"}
+        assert unmapped_paths(stats) == []   # every GPU number has its Prometheus metric
         assert stats["counters"]["promoted_bytes_host_gpu"] == 4 * CHUNK
 
         more = c.chunk_keys(list(range(4 * 48)))[4:]   # 44 more chunks: DRAM (40 chunks) lets A's copies go
