@@ -11,9 +11,9 @@ import time
 
 import pytest
 import torch
+from workload import payload_for
 
 from kvstore.metrics.collector import unmapped_paths
-from workload import payload_for
 
 GPU_ENV = {"KVSTORE_GPU_TIER_DEVICE": "cpu"}
 CHUNK = 200 << 10   # five of them pass the 1 MiB GPU tier's high watermark; four stay under it

@@ -10,9 +10,9 @@ copies; allocation and free are O(1) (``kvstore.tiers.allocator``).
 
 from __future__ import annotations
 
-import torch
-
 from typing import Any
+
+import torch
 
 from ..tiers.allocator import ExtentAllocator
 

@@ -18,8 +18,9 @@ GPU tier holds copied down first (``fetch_down``), bounded by its get's ``wait_m
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .. import logs
 from ..errors import StoreFullError
@@ -43,7 +44,7 @@ class Move:
 
 
 class GpuMover:
-    def __init__(self, store: Store, gpu: "GpuTier") -> None:
+    def __init__(self, store: Store, gpu: GpuTier) -> None:
         self.store = store
         self.gpu = gpu
         self.moves: list[Move] = []
