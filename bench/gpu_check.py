@@ -70,8 +70,19 @@ def install_shim() -> None:
     exec(SHIM, {})  # noqa: S102 - our own constant
 
 
+SHIM_DIR = ""  # holds a sitecustomize.py with SHIM, so that every descendant process gets the mapping too
+
+
+def write_sitecustomize() -> str:
+    """Grandchildren (a test's own subprocesses) start from scratch: give them the shim through sitecustomize."""
+    directory = tempfile.mkdtemp(prefix="kvstore-shim-")
+    with open(os.path.join(directory, "sitecustomize.py"), "w") as f:
+        f.write("try:\n" + "".join("    " + line + "\n" for line in SHIM.splitlines()) + "except Exception:\n    pass\n")
+    return directory
+
+
 def child_env(**extra: str) -> dict[str, str]:
-    paths = [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [p for p in (SHIM_DIR, ROOT) if p] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **extra}
 
 
@@ -541,6 +552,8 @@ def main() -> int:
     signal.signal(signal.SIGALRM, on_alarm)
     signal.alarm(int(args.budget))
     install_shim()
+    global SHIM_DIR
+    SHIM_DIR = write_sitecustomize()
     try:
         run_check("env", check_env)
         if args.cpu_dry_run:

@@ -175,7 +175,8 @@ def main() -> None:
             rows["no_store"].append(secs)
             outputs["no_store"].append(decode(model, cache, tok, args.decode))
 
-        with kvstore.connect(daemon.address, chunk_tokens=args.chunk_tokens, timeout=60) as c:
+        with kvstore.connect(daemon.address, chunk_tokens=args.chunk_tokens, timeout=60,
+                             pin_arena=args.device == "cuda") as c:
             _, _, cache, _ = first_token(model, prompts[-1], None)
             save_prefix(c, model, prompts[-1], cache)
             keys = kvstore.chunk_keys(model_namespace(model, args.chunk_tokens), system[0], args.chunk_tokens)
@@ -190,7 +191,8 @@ def main() -> None:
         for ids in prompts[: args.repeat]:
             daemon.stop()  # the restarted daemon rebuilds its index from disk: the chunks are disk-only
             daemon.start()
-            with kvstore.connect(daemon.address, chunk_tokens=args.chunk_tokens, timeout=60) as c:
+            with kvstore.connect(daemon.address, chunk_tokens=args.chunk_tokens, timeout=60,
+                             pin_arena=args.device == "cuda") as c:
                 tiers["disk_hit"] = c.lookup_tiers(keys, promote=False).tiers
                 secs, n, cache, tok = first_token(model, ids, c)
             rows["disk_hit"].append(secs)

@@ -140,7 +140,8 @@ class ChunkStore:
                 if chunks:
                     out = self.geometry.empty_chunks(len(chunks), device)
                     for i, chunk in enumerate(chunks):
-                        out[i].copy_(chunk)
+                        # Asynchronous from a pinned arena mapping; the sync below ends before the lease does.
+                        out[i].copy_(chunk, non_blocking=out.is_cuda)
                     if out.is_cuda:
                         torch.cuda.current_stream(out.device).synchronize()
             return out

@@ -94,7 +94,7 @@ class Client:
     def __init__(self, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, timeout: float = 5.0,
                  client_id: str | None = None, use_arena: bool | None = None,
-                 curve: ClientCurve | None = None, gpu: bool = False) -> None:
+                 curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
             raise ValueError(f"address must start with ipc:// or tcp://, got {self.address!r}")
@@ -109,6 +109,9 @@ class Client:
         self._arena_view: memoryview | None = None
         self._arena_file: tuple[int, int] | None = None
         self.want_gpu = gpu and self.use_arena
+        # Page-lock our arena mapping (CUDA) so that copies from leased views to the GPU are asynchronous DMA;
+        # implied by gpu=True when the daemon has a GPU tier, useful alone for engines without one.
+        self.pin_arena = pin_arena
         self._gpu_pool: Any = None        # kvstore.gpu.engine.MappedPool, when the daemon's pool is mapped
         self._gpu_info: dict[str, Any] | None = None
         self._pinned: Any = None          # kvstore.gpu.pinned.PinnedRegion of our arena mapping
@@ -136,6 +139,10 @@ class Client:
         elif not arena:
             self._detach_arena()
         self._attach_gpu(header.get("gpu") if self._arena is not None else None)
+        if self.pin_arena and self._pinned is None and self._arena is not None:
+            from ..gpu.engine import pin_mapping  # torch: only for clients that ask for pinning
+
+            self._pinned = pin_mapping(self._arena.buf, self._arena.size)
 
     def _attach_gpu(self, info: dict[str, Any] | None) -> None:
         """Map the daemon's GPU pool (once per daemon) and pin our arena mapping for async host<->GPU copies."""
