@@ -1,0 +1,1 @@
+"""The ``kvstore`` command: one module per subcommand."""

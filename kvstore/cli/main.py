@@ -1,0 +1,47 @@
+"""``kvstore`` — the command line: ``serve``, ``stats`` and the subcommands each module registers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from ..errors import ConfigError, KVStoreError
+from . import serve, stats
+
+SUBCOMMANDS = (serve, stats)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags give one clear line and exit 2, not a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="kvstore", description="Tiered KV-cache storage daemon for LLM inference.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    sub.required = True
+    for module in SUBCOMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except ConfigError as exc:
+        print(f"kvstore: error: {exc}", file=sys.stderr)
+        return 2
+    except KVStoreError as exc:
+        print(f"kvstore: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""``kvstore stats``: what a running daemon holds, as a table or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..config import default_socket
+from ..errors import DaemonUnavailable
+from ..units import format_size
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stats", help="show what a running daemon holds")
+    p.add_argument("--socket", default=None, metavar="PATH", help="the daemon's socket (default: %(default)s)")
+    p.add_argument("--address", default=None, metavar="URL", help="ipc:// or tcp:// address instead of --socket")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
+    p.set_defaults(run=run)
+
+
+def address_of(args: argparse.Namespace) -> str:
+    return args.address or "ipc://" + (args.socket or default_socket())
+
+
+def fetch_stats(address: str, timeout: float) -> dict[str, Any]:
+    from ..client.client import Client
+
+    try:
+        client = Client(address, namespace="kvstore-cli", timeout=timeout, use_arena=False)
+    except DaemonUnavailable:
+        raise DaemonUnavailable(f"no kvstore daemon is running at {address}") from None
+    try:
+        return client.stats()
+    finally:
+        client.close()
+
+
+def render_table(stats: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    tiers = Table(title=f"kvstore {stats.get('version', '')} — up {stats.get('uptime_s', 0):.0f}s")
+    for col in ("tier", "capacity", "used", "use %", "chunks"):
+        tiers.add_column(col, justify="right" if col != "tier" else "left")
+    for name, t in stats["tiers"].items():
+        cap = t["capacity_bytes"]
+        pct = 100.0 * t["used_bytes"] / cap if cap else 0.0
+        tiers.add_row(name, format_size(cap), format_size(t["used_bytes"]), f"{pct:.1f}", str(t["chunks"]))
+    console.print(tiers)
+    c = stats["counters"]
+    asked, hit = stats["lookup_tokens"], stats["hit_tokens"]
+    rate = f"{100.0 * hit / asked:.1f} %" if asked else "-"
+    summary = Table(show_header=False)
+    for label, value in (("hit tokens", hit), ("miss tokens", asked - hit), ("token hit rate", rate),
+                         ("evictions", c["evictions"]), ("active leases", stats["leases"]),
+                         ("reservations", stats["reservations"]), ("clients", stats["sessions"])):
+        summary.add_row(label, str(value))
+    console.print(summary)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        stats = fetch_stats(address_of(args), args.timeout)
+    except DaemonUnavailable as exc:
+        print(f"kvstore: error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(stats, sort_keys=True))
+    else:
+        render_table(stats)
+    return 0

@@ -1,0 +1,1 @@
+"""The client library (``client.py``) and its transport (``transport.py``)."""

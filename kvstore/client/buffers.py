@@ -1,0 +1,45 @@
+"""Turning what callers hand us (bytes, memoryviews, numpy arrays, torch tensors on any device) into bytes.
+
+torch is imported only when a tensor is actually passed, so clients that move plain buffers never pay for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _is_tensor(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "element_size")
+
+
+def nbytes_of(buf: Any) -> int:
+    if _is_tensor(buf):
+        return buf.numel() * buf.element_size()
+    return memoryview(buf).nbytes
+
+
+def _flat_bytes_view(buf: Any) -> memoryview:
+    view = memoryview(buf)
+    if not view.c_contiguous:
+        raise ValueError("buffers must be C-contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def copy_into(dst: memoryview, buf: Any) -> None:
+    """Copy ``buf`` into ``dst`` (exactly its size) with one memcpy (or one device-to-host copy)."""
+    if _is_tensor(buf):
+        import torch
+
+        src = buf.detach().reshape(-1).contiguous().view(torch.uint8)
+        torch.frombuffer(dst, dtype=torch.uint8).copy_(src)
+        return
+    dst[:] = _flat_bytes_view(buf)
+
+
+def as_host_bytes(buf: Any) -> Any:
+    """Something ZeroMQ can send without another copy: a flat byte view of host memory."""
+    if _is_tensor(buf):
+        import torch
+
+        return buf.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy()
+    return _flat_bytes_view(buf)

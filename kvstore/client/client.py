@@ -1,0 +1,221 @@
+"""The client: the public surface engines and tools use to talk to a kvstore daemon.
+
+Over ``ipc://`` the client maps the daemon's shared arena: ``put`` reserves slots, copies each buffer into its
+slot with one memcpy and commits; ``get`` takes a lease and returns zero-copy views of the leased slots. Over
+``tcp://`` the same calls carry the bytes in ZeroMQ frames. If the daemon restarts, the client says hello
+again (re-mapping the new arena) and retries the request once.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..config import default_socket
+from ..errors import DaemonUnavailable, LeaseError, VersionError
+from ..keys import chunk_keys as _chunk_keys
+from ..procinfo import self_identity
+from ..protocol.wire import PROTOCOL_VERSION, Op
+from ..tiers.arena import SharedArena
+from .buffers import copy_into, nbytes_of
+from .transport import Transport
+
+DEFAULT_NAMESPACE = "default"
+DEFAULT_CHUNK_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    count: int                 # leading keys stored, in any tier
+    tiers: dict[str, int]      # how many of those leading keys each tier holds
+
+
+class Lease:
+    """Zero-copy views of leased chunks; the chunks stay pinned until ``release`` (or the lease TTL)."""
+
+    def __init__(self, client: "Client", lease_id: int, views: list[memoryview]) -> None:
+        self._client = client
+        self.id = lease_id
+        self.views = views
+
+    def __enter__(self) -> list[memoryview]:
+        return self.views
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def extend(self) -> float:
+        """Push the lease's deadline out by its TTL; returns the seconds left."""
+        header, _ = self._client._call({"op": Op.EXTEND, "lease": self.id})
+        return float(header["ttl"])
+
+    def release(self) -> None:
+        """Unpin the chunks. The views are invalid afterwards (using them raises ValueError)."""
+        for view in self.views:
+            view.release()
+        self.views = []
+        if self.id:
+            lease_id, self.id = self.id, 0
+            try:
+                self._client._call({"op": Op.RELEASE, "lease": lease_id}, retry=False)
+            except (DaemonUnavailable, LeaseError):
+                pass  # the daemon restarted or the lease expired: nothing is pinned any more
+
+
+class Client:
+    """A connection to one daemon. Not fork-safe; use one per thread for the best concurrency."""
+
+    def __init__(self, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS, timeout: float = 5.0,
+                 client_id: str | None = None, use_arena: bool | None = None) -> None:
+        self.address = address or "ipc://" + default_socket()
+        if not self.address.startswith(("ipc://", "tcp://")):
+            raise ValueError(f"address must start with ipc:// or tcp://, got {self.address!r}")
+        if chunk_tokens <= 0:
+            raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+        self.namespace = namespace
+        self.chunk_tokens = chunk_tokens
+        self.client_id = client_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.use_arena = self.address.startswith("ipc://") if use_arena is None else use_arena
+        self._transport = Transport(self.address, timeout)
+        self._arena: SharedArena | None = None
+        self._arena_view: memoryview | None = None
+        self.server_info: dict[str, Any] = {}
+        self._hello()
+
+    # -- session --------------------------------------------------------------------------------------------
+    def _hello(self) -> None:
+        pid, pid_start = self_identity()
+        header, _ = self._transport.call({
+            "op": Op.HELLO, "version": PROTOCOL_VERSION, "namespace": self.namespace,
+            "client_id": self.client_id, "chunk_tokens": self.chunk_tokens,
+            "pid": pid, "pid_start": pid_start, "arena": self.use_arena,
+        })
+        self.server_info = header
+        arena = header.get("arena")
+        if arena and (self._arena is None or self._arena.path != arena["path"] or self._arena.size != arena["size"]):
+            self._detach_arena()
+            self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
+            self._arena_view = self._arena.view()
+        elif not arena:
+            self._detach_arena()
+
+    def _detach_arena(self) -> None:
+        if self._arena_view is not None:
+            try:
+                self._arena_view.release()
+            except BufferError:
+                pass  # views of live leases still point into it; the mapping goes when they do
+        if self._arena is not None:
+            self._arena.close()
+        self._arena, self._arena_view = None, None
+
+    def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
+              retry: bool = True) -> tuple[dict[str, Any], list[Any]]:
+        try:
+            return self._transport.call(header, payloads)
+        except VersionError:
+            if not retry:
+                raise
+            self._hello()  # the daemon restarted and forgot us
+            return self._transport.call(header, payloads)
+
+    # -- keys -----------------------------------------------------------------------------------------------
+    def chunk_keys(self, token_ids: Sequence[int] | Any, include_partial: bool = False) -> list[bytes]:
+        """One chained key per full chunk of ``token_ids`` (and the short tail if ``include_partial``)."""
+        return _chunk_keys(self.namespace, token_ids, self.chunk_tokens, include_partial)
+
+    # -- operations ------------------------------------------------------------------------------------------
+    def ping(self) -> None:
+        self._call({"op": Op.PING})
+
+    def lookup(self, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` are stored (in any tier). Pins nothing."""
+        return self.lookup_tiers(keys).count
+
+    def lookup_tiers(self, keys: Sequence[bytes], promote: bool = True) -> LookupResult:
+        if not keys:
+            return LookupResult(0, {})
+        header, _ = self._call({"op": Op.LOOKUP, "keys": list(keys), "promote": promote})
+        return LookupResult(int(header["count"]), dict(header.get("tiers", {})))
+
+    def put(self, keys: Sequence[bytes], buffers: Sequence[Any], parent: bytes | None = None) -> int:
+        """Store one buffer (bytes-like or tensor) per key; keys already stored are skipped.
+
+        ``parent`` is the key that precedes ``keys[0]`` in its chain, if any. Returns how many chunks were
+        written. Raises StoreFullError when the daemon cannot make room.
+        """
+        if len(keys) != len(buffers):
+            raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
+        if not keys:
+            return 0
+        if self._arena_view is None:
+            return self._put_inline(keys, buffers, parent)
+        sizes = [nbytes_of(b) for b in buffers]
+        header, _ = self._call({"op": Op.RESERVE, "keys": list(keys), "sizes": sizes, "parent": parent})
+        rid = header["reservation"]
+        try:
+            for slot, buf in zip(header["slots"], buffers):
+                if slot is not None:
+                    copy_into(self._arena_view[slot[0]:slot[0] + slot[1]], buf)
+        except BaseException:
+            self._call({"op": Op.ABORT, "reservation": rid}, retry=False)
+            raise
+        header, _ = self._call({"op": Op.COMMIT, "reservation": rid}, retry=False)
+        return int(header["committed"])
+
+    def _put_inline(self, keys: Sequence[bytes], buffers: Sequence[Any], parent: bytes | None) -> int:
+        from .buffers import as_host_bytes
+        payloads = [as_host_bytes(b) for b in buffers]
+        header, _ = self._call({"op": Op.PUT_INLINE, "keys": list(keys), "parent": parent}, payloads)
+        return int(header["committed"])
+
+    def get(self, keys: Sequence[bytes]) -> Lease:
+        """Lease the longest stored prefix of ``keys``; ``len(lease.views) <= len(keys)``.
+
+        Use as ``with client.get(keys) as views:``. Over ipc:// the views are zero-copy windows on the shared
+        arena, valid until the lease is released; over tcp:// they are the received frames.
+        """
+        if not keys:
+            return Lease(self, 0, [])
+        header, payload = self._call({"op": Op.GET, "keys": list(keys), "inline": self._arena_view is None})
+        slots = header["slots"]
+        if self._arena_view is None:
+            return Lease(self, 0, [frame.buffer for frame in payload])
+        views = [self._arena_view[off:off + size] for off, size in slots]
+        return Lease(self, int(header["lease"]), views)
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        if not keys:
+            return 0
+        header, _ = self._call({"op": Op.DELETE, "keys": list(keys)})
+        return int(header["deleted"])
+
+    def clear(self) -> int:
+        header, _ = self._call({"op": Op.CLEAR})
+        return int(header["cleared"])
+
+    def stats(self) -> dict[str, Any]:
+        header, _ = self._call({"op": Op.STATS})
+        return header["stats"]
+
+    def close(self) -> None:
+        self._transport.close()
+        self._detach_arena()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+            chunk_tokens: int = DEFAULT_CHUNK_TOKENS, timeout: float = 5.0, **kwargs: Any) -> Client:
+    """Connect to a daemon (the default socket of ``kvstore serve`` when ``address`` is None)."""
+    return Client(address, namespace, chunk_tokens, timeout, **kwargs)

@@ -1,0 +1,87 @@
+"""A ZeroMQ DEALER with request ids: many requests in flight, replies matched by id.
+
+Sends never block on a daemon that is not there: the socket is ``IMMEDIATE`` (nothing is queued for a peer
+that is not connected) and sends are non-blocking, so a dead daemon shows up as DaemonUnavailable within the
+timeout rather than a hang. A reply that arrives after its caller gave up is dropped by id.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from ..errors import DaemonUnavailable, error_from_code
+from ..protocol.wire import decode_header, encode
+
+
+class Transport:
+    def __init__(self, address: str, timeout: float) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.IMMEDIATE, 1)
+        self._sock.setsockopt(zmq.RECONNECT_IVL, 50)
+        self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        self._sock.connect(address)
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._pending: dict[int, list[Any]] = {}   # replies received for an id someone still waits on
+        self._outstanding: set[int] = set()         # ids sent and not yet given up on
+
+    def send(self, header: dict[str, Any], payloads: list[Any] | None = None, timeout: float | None = None) -> int:
+        """Send a request; return its id. Retries while no connection is up, until the timeout."""
+        rid = next(self._ids)
+        frames = [encode({**header, "id": rid})] + list(payloads or [])
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        with self._lock:
+            while True:
+                try:
+                    self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=len(frames) == 1)
+                    self._outstanding.add(rid)
+                    return rid
+                except zmq.Again:
+                    if time.monotonic() >= deadline:
+                        raise DaemonUnavailable(f"no kvstore daemon is accepting requests at {self.address}") from None
+                    time.sleep(0.005)
+
+    def wait(self, rid: int, timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
+        """Block until the reply to ``rid`` arrives; raise its error if it is an error reply."""
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            # The lock is held for one short poll at a time, so other threads can send in between.
+            with self._lock:
+                if rid in self._pending:
+                    self._outstanding.discard(rid)
+                    reply = self._pending.pop(rid)
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._outstanding.discard(rid)
+                    raise DaemonUnavailable(f"kvstore daemon at {self.address} did not answer within {limit:.1f}s")
+                if self._sock.poll(min(int(remaining * 1000) + 1, 20), zmq.POLLIN):
+                    self._receive_one()
+        header, payload = reply[0], reply[1:]
+        if not header.get("ok"):
+            raise error_from_code(int(header.get("code", 0)), str(header.get("msg", "")))
+        return header, payload
+
+    def _receive_one(self) -> None:
+        frames = self._sock.recv_multipart(copy=False)
+        header = decode_header(frames[0].buffer)
+        got = header.get("id")
+        if got in self._outstanding:
+            self._pending[got] = [header] + frames[1:]
+
+    def call(self, header: dict[str, Any], payloads: list[Any] | None = None,
+             timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
+        return self.wait(self.send(header, payloads, timeout), timeout)
+
+    def close(self) -> None:
+        self._sock.close(linger=0)

@@ -1,0 +1,191 @@
+"""The daemon's configuration: one typed tree, one default per setting.
+
+Every setting is declared once in ``SETTINGS`` (name, type reader, default, help). The TOML file and the
+command-line flags are both generated from and checked against that table, so a default is never written twice
+and an unknown key is an error that names it. Precedence: flag > config file > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+from .errors import ConfigError
+from .units import format_size, parse_seconds, parse_size
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+IPC_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
+
+
+def default_runtime_dir() -> str:
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if base and os.path.isdir(base) and os.access(base, os.W_OK):
+        return os.path.join(base, "kvstore")
+    return f"/tmp/kvstore-{os.getuid()}"
+
+
+def default_socket() -> str:
+    return os.path.join(default_runtime_dir(), "kvstore.sock")
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo (bytes), or total physical memory where that is not readable."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_host_mem() -> int:
+    """A quarter of the memory available now, at least 64 MiB, in whole MiB."""
+    return max(64 << 20, (available_memory() // 4) >> 20 << 20)
+
+
+def _read_str(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{name}: expected a string, got {value!r}")
+    return value
+
+
+def _read_log_level(value: Any, name: str) -> str:
+    level = _read_str(value, name).lower()
+    if level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"{name}: must be one of debug, info, warning, error; got {value!r}")
+    return level
+
+
+def _read_tcp(value: Any, name: str) -> str:
+    text = _read_str(value, name)
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{name}: expected HOST:PORT such as 127.0.0.1:7070, got {value!r}")
+    return text
+
+
+def _read_port(value: Any, name: str) -> int:
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected a port number, got {value!r}") from None
+    if not 0 <= port < 65536:
+        raise ConfigError(f"{name}: port must be in 0..65535 (0 disables), got {port}")
+    return port
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    read: Callable[[Any, str], Any]
+    default: Callable[[], Any]
+    help: str
+    metavar: str = "VALUE"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("socket", _read_str, default_socket, "path of the ipc:// socket", "PATH"),
+    Setting("tcp", _read_tcp, lambda: None, "also listen on tcp://HOST:PORT (loopback unless you mean it)", "HOST:PORT"),
+    Setting("host_mem", lambda v, n: parse_size(v, n), default_host_mem,
+            "size of the host DRAM tier (default: a quarter of available memory)", "SIZE"),
+    Setting("max_chunk", lambda v, n: parse_size(v, n), lambda: 0,
+            "largest chunk accepted (0: as large as the host tier)", "SIZE"),
+    Setting("lease_ttl", lambda v, n: parse_seconds(v, n), lambda: 30.0,
+            "how long a get pins its chunks unless released or extended", "SECONDS"),
+    Setting("reserve_ttl", lambda v, n: parse_seconds(v, n), lambda: 30.0,
+            "how long reserved space waits for its commit", "SECONDS"),
+    Setting("log_level", _read_log_level, lambda: "info", "debug, info, warning or error", "LEVEL"),
+    Setting("metrics_port", _read_port, lambda: 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
+)
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    socket: str
+    tcp: str | None
+    host_mem: int
+    max_chunk: int
+    lease_ttl: float
+    reserve_ttl: float
+    log_level: str
+    metrics_port: int
+
+    @property
+    def chunk_limit(self) -> int:
+        return self.max_chunk or self.host_mem
+
+    def describe(self) -> str:
+        return " ".join(f"{f.name}={self._show(f.name)}" for f in fields(self))
+
+    def _show(self, name: str) -> str:
+        value = getattr(self, name)
+        return format_size(value).replace(" ", "") if name in ("host_mem", "max_chunk") else str(value)
+
+
+assert {f.name for f in fields(ServerConfig)} == set(_BY_NAME), "every setting needs a ServerConfig field"
+
+
+def add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML file of settings (flags override it)")
+    for s in SETTINGS:
+        parser.add_argument("--" + s.name.replace("_", "-"), dest=s.name, default=None, metavar=s.metavar, help=s.help)
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    values = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in _BY_NAME:
+            known = ", ".join(sorted(_BY_NAME))
+            raise ConfigError(f"config file {path}: unknown key {key!r}; known keys: {known}")
+        values[name] = value
+    return values
+
+
+def build_config(flags: dict[str, Any] | None = None, config_file: str | None = None) -> ServerConfig:
+    """Merge defaults < config file < flags, reading and checking every value."""
+    raw: dict[str, Any] = load_toml(config_file) if config_file else {}
+    for name, value in (flags or {}).items():
+        if value is not None and name in _BY_NAME:
+            raw[name] = value
+    values = {}
+    for s in SETTINGS:
+        where = f"--{s.name.replace('_', '-')}"
+        values[s.name] = s.read(raw[s.name], where) if s.name in raw else s.default()
+    config = ServerConfig(**values)
+    check_config(config)
+    return config
+
+
+def check_config(config: ServerConfig) -> None:
+    if len(config.socket) > IPC_PATH_MAX:
+        raise ConfigError(f"--socket: path is {len(config.socket)} characters; ipc sockets allow at most "
+                          f"{IPC_PATH_MAX}; choose a shorter path")
+    if config.host_mem < 1 << 20:
+        raise ConfigError(f"--host-mem: {config.host_mem} bytes is too small; give at least 1MiB")
+    available = available_memory()
+    if config.host_mem > available:
+        raise ConfigError(f"--host-mem: {format_size(config.host_mem)} does not fit in memory "
+                          f"({format_size(available)} available); lower it")
+    if config.chunk_limit > config.host_mem:
+        raise ConfigError(f"--max-chunk: {format_size(config.max_chunk)} is larger than the host tier "
+                          f"({format_size(config.host_mem)}); lower --max-chunk or raise --host-mem")

@@ -1,0 +1,1 @@
+"""The wire protocol between clients and the daemon (see ``wire.py``)."""

@@ -1,0 +1,161 @@
+"""Typed arguments of each request, validated from an untrusted header.
+
+Every field read from the wire passes through one of the readers below, which check type, length and range and
+raise BadRequestError or LimitError naming the field. Handlers receive these dataclasses, never raw dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import BadRequestError, LimitError
+from ..keys import KEY_BYTES
+from .wire import MAX_BATCH
+
+MAX_NAMESPACE_CHARS = 512
+MAX_CLIENT_ID_CHARS = 256
+
+
+def read_int(h: dict[str, Any], name: str, lo: int, hi: int, default: int | None = None) -> int:
+    value = h.get(name, default)
+    if value is None:
+        raise BadRequestError(f"missing field {name!r}")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequestError(f"field {name!r} must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise BadRequestError(f"field {name!r} = {value} is out of range [{lo}, {hi}]")
+    return value
+
+
+def read_bool(h: dict[str, Any], name: str, default: bool) -> bool:
+    value = h.get(name, default)
+    if not isinstance(value, bool):
+        raise BadRequestError(f"field {name!r} must be a boolean, got {type(value).__name__}")
+    return value
+
+
+def read_str(h: dict[str, Any], name: str, max_chars: int, default: str | None = None) -> str:
+    value = h.get(name, default)
+    if value is None:
+        raise BadRequestError(f"missing field {name!r}")
+    if not isinstance(value, str):
+        raise BadRequestError(f"field {name!r} must be a string, got {type(value).__name__}")
+    if len(value) > max_chars:
+        raise LimitError(f"field {name!r} is {len(value)} characters long; the limit is {max_chars}")
+    return value
+
+
+def read_key(value: Any, name: str) -> bytes:
+    if not isinstance(value, bytes) or len(value) != KEY_BYTES:
+        raise BadRequestError(f"{name} must be a {KEY_BYTES}-byte binary key")
+    return value
+
+
+def read_keys(h: dict[str, Any], name: str = "keys", allow_empty: bool = False) -> list[bytes]:
+    value = h.get(name)
+    if not isinstance(value, list):
+        raise BadRequestError(f"field {name!r} must be a list of {KEY_BYTES}-byte keys")
+    if len(value) > MAX_BATCH:
+        raise LimitError(f"field {name!r} holds {len(value)} keys; the limit per request is {MAX_BATCH}")
+    if not value and not allow_empty:
+        raise BadRequestError(f"field {name!r} must not be empty")
+    return [read_key(k, f"{name}[{i}]") for i, k in enumerate(value)]
+
+
+def read_sizes(h: dict[str, Any], count: int, max_size: int) -> list[int]:
+    value = h.get("sizes")
+    if not isinstance(value, list) or len(value) != count:
+        raise BadRequestError(f"field 'sizes' must be a list of {count} integers, one per key")
+    sizes = []
+    for i, s in enumerate(value):
+        if not isinstance(s, int) or isinstance(s, bool) or s <= 0:
+            raise BadRequestError(f"sizes[{i}] must be a positive integer, got {s!r}")
+        if s > max_size:
+            raise LimitError(f"sizes[{i}] = {s} bytes exceeds the largest chunk this daemon stores ({max_size} bytes)")
+        sizes.append(s)
+    return sizes
+
+
+def read_optional_key(h: dict[str, Any], name: str) -> bytes | None:
+    value = h.get(name)
+    return None if value is None else read_key(value, f"field {name!r}")
+
+
+@dataclass(frozen=True)
+class Hello:
+    version: int
+    namespace: str
+    client_id: str
+    chunk_tokens: int
+    pid: int
+    pid_start: int
+    want_arena: bool
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "Hello":
+        return cls(
+            version=read_int(h, "version", 0, 1 << 16),
+            namespace=read_str(h, "namespace", MAX_NAMESPACE_CHARS),
+            client_id=read_str(h, "client_id", MAX_CLIENT_ID_CHARS, default=""),
+            chunk_tokens=read_int(h, "chunk_tokens", 1, 1 << 20, default=256),
+            pid=read_int(h, "pid", 0, 1 << 31, default=0),
+            pid_start=read_int(h, "pid_start", 0, 1 << 62, default=0),
+            want_arena=read_bool(h, "arena", default=False),
+        )
+
+
+@dataclass(frozen=True)
+class Lookup:
+    keys: list[bytes]
+    promote: bool
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "Lookup":
+        return cls(keys=read_keys(h, allow_empty=True), promote=read_bool(h, "promote", True))
+
+
+@dataclass(frozen=True)
+class Reserve:
+    keys: list[bytes]
+    sizes: list[int]
+    parent: bytes | None
+
+    @classmethod
+    def parse(cls, h: dict[str, Any], max_size: int) -> "Reserve":
+        keys = read_keys(h)
+        if len(set(keys)) != len(keys):
+            raise BadRequestError("field 'keys' holds the same key twice")
+        return cls(keys=keys, sizes=read_sizes(h, len(keys), max_size), parent=read_optional_key(h, "parent"))
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A lease or reservation id."""
+
+    handle: int
+
+    @classmethod
+    def parse(cls, h: dict[str, Any], name: str) -> "Handle":
+        return cls(handle=read_int(h, name, 0, (1 << 64) - 1))
+
+
+@dataclass(frozen=True)
+class Get:
+    keys: list[bytes]
+    inline: bool
+    wait_ms: int
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "Get":
+        return cls(keys=read_keys(h), inline=read_bool(h, "inline", False),
+                   wait_ms=read_int(h, "wait_ms", 0, 60_000, default=2_000))
+
+
+@dataclass(frozen=True)
+class Keys:
+    keys: list[bytes]
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "Keys":
+        return cls(keys=read_keys(h))

@@ -1,0 +1,112 @@
+"""Wire protocol, version 1.
+
+Transport: ZeroMQ DEALER (client) → ROUTER (daemon), over ``ipc://`` or ``tcp://``. A message is a multipart
+ZeroMQ message whose first frame is a msgpack map (the header) and whose further frames, if any, are raw chunk
+payloads (only when bytes travel inline, i.e. for clients without the shared-memory arena).
+
+Request header:  ``{"op": <Op>, "id": <uint64>, ...arguments}``
+Reply header:    ``{"id": <same>, "ok": true, ...results}`` or
+                 ``{"id": <same>, "ok": false, "code": <int>, "error": <name>, "msg": <text>}``
+
+Requests are matched to replies by ``id`` alone, so a client may have many requests in flight and the daemon
+may answer them out of order. The first request of a connection must be HELLO (protocol version, namespace,
+client id); every other request before it gets a VersionError reply.
+
+Adding an operation: append a new member to ``Op`` (never renumber or reuse a value), add its argument schema
+to ``kvstore/protocol/messages.py``, its handler in ``kvstore/server/handlers.py``, and a client method.
+Error codes live in ``kvstore/errors.py`` and are append-only too.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgpack
+
+from ..errors import BadRequestError, LimitError, RequestError, error_name
+
+PROTOCOL_VERSION = 1
+
+# Bounds on what the daemon accepts from the wire; a message past them gets a LimitError reply.
+MAX_HEADER_BYTES = 1 << 20
+MAX_BATCH = 4096
+MAX_FRAMES = MAX_BATCH + 1
+
+
+class Op(enum.IntEnum):
+    """Operation codes. Append-only."""
+
+    HELLO = 1
+    PING = 2
+    LOOKUP = 3
+    RESERVE = 4
+    COMMIT = 5
+    ABORT = 6
+    GET = 7
+    RELEASE = 8
+    DELETE = 9
+    STATS = 10
+    CLEAR = 11
+    PUT_INLINE = 12
+    EXTEND = 13
+
+
+def _check_unique_ops() -> None:
+    values = [op.value for op in Op]
+    assert len(values) == len(set(values)), "Op values must be unique"
+
+
+_check_unique_ops()
+
+
+def encode(header: dict[str, Any]) -> bytes:
+    return msgpack.packb(header, use_bin_type=True)
+
+
+def decode_header(raw: bytes | memoryview) -> dict[str, Any]:
+    """Decode and bound one header frame; anything malformed raises BadRequestError or LimitError."""
+    if len(raw) > MAX_HEADER_BYTES:
+        raise LimitError(f"header frame of {len(raw)} bytes exceeds the limit of {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(
+            raw, raw=False, strict_map_key=True, use_list=True,
+            max_bin_len=MAX_HEADER_BYTES, max_str_len=1 << 16,
+            max_array_len=2 * MAX_BATCH, max_map_len=64, max_ext_len=0,
+        )
+    except ValueError as exc:
+        if "exceeds max" in str(exc):
+            raise LimitError(f"header frame exceeds a protocol bound: {exc}") from exc
+        raise BadRequestError(f"header frame is not a valid msgpack message: {exc}") from exc
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, TypeError) as exc:
+        raise BadRequestError(f"header frame is not a valid msgpack message: {exc}") from exc
+    if not isinstance(header, dict):
+        raise BadRequestError(f"header must be a msgpack map, got {type(header).__name__}")
+    return header
+
+
+def request_id_of(header: dict[str, Any]) -> int:
+    rid = header.get("id")
+    if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid < 1 << 64:
+        raise BadRequestError("field 'id' must be an unsigned 64-bit integer")
+    return rid
+
+
+def op_of(header: dict[str, Any]) -> Op:
+    from ..errors import UnknownOpError
+
+    op = header.get("op")
+    if not isinstance(op, int) or isinstance(op, bool):
+        raise BadRequestError("field 'op' must be an integer operation code")
+    try:
+        return Op(op)
+    except ValueError:
+        raise UnknownOpError(f"unknown operation code {op}; this daemon speaks protocol {PROTOCOL_VERSION}") from None
+
+
+def ok_reply(rid: int, **results: Any) -> bytes:
+    return encode({"id": rid, "ok": True, **results})
+
+
+def error_reply(rid: int | None, exc: RequestError) -> bytes:
+    return encode({"id": rid, "ok": False, "code": exc.code, "error": error_name(exc), "msg": exc.message or str(exc)})

@@ -1,0 +1,33 @@
+"""What the daemon knows about one connected client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..procinfo import process_start_time
+
+
+@dataclass
+class Session:
+    owner: bytes           # transport tag + ZeroMQ routing id; owns leases and reservations
+    transport: str         # "ipc" or "tcp"
+    namespace: str
+    client_id: str
+    chunk_tokens: int
+    arena: bool            # whether this client maps the shared arena (else bytes travel inline)
+    pid: int = 0           # the client's process, tracked only when verified at hello (see track_process)
+    pid_start: int = 0
+
+    def track_process(self, pid: int, pid_start: int) -> bool:
+        """Follow the client's process so that its pins are reclaimed as soon as it dies.
+
+        Only when the pid names the same process here (same start time): a client in another pid namespace
+        sends a pid that means nothing to us, and such a client falls back to the lease and reservation TTLs.
+        """
+        if self.transport == "ipc" and pid > 0 and pid_start > 0 and process_start_time(pid) == pid_start:
+            self.pid, self.pid_start = pid, pid_start
+            return True
+        return False
+
+    def process_gone(self) -> bool:
+        return self.pid > 0 and process_start_time(self.pid) != self.pid_start

@@ -1,0 +1,52 @@
+"""Eviction order: least recently used first, continuations before the prefixes they hang from.
+
+The queue holds exactly the chunks that may be evicted now (committed, unpinned); pinning removes a chunk and
+unpinning puts it back, so choosing a victim is one pop, never a scan. It is an ``OrderedDict`` rather than a
+heap of timestamps because every operation — touch, remove from the middle, pop the oldest — is O(1) on it.
+
+A prefix chunk is useless once its parent is gone, so a continuation must go before its prefix. Requests always
+touch a whole chain (lookup walks it, put and get carry it), so touching the chain *deepest first* leaves every
+prefix more recent than its continuations: the LRU order alone evicts the deepest, oldest chunks first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterable, Iterator
+
+from .entry import Entry
+
+
+class LruQueue:
+    def __init__(self) -> None:
+        self._order: OrderedDict[bytes, Entry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __contains__(self, entry: Entry) -> bool:
+        return entry.key in self._order
+
+    def __iter__(self) -> Iterator[Entry]:
+        """Oldest first."""
+        return iter(list(self._order.values()))
+
+    def add_chain(self, chain: Iterable[Entry]) -> None:
+        """Mark a chain (given prefix first) most recently used, deepest first so that prefixes end newest."""
+        for entry in reversed(list(chain)):
+            self._order[entry.key] = entry
+            self._order.move_to_end(entry.key)
+
+    def touch_chain(self, chain: Iterable[Entry]) -> None:
+        """Like add_chain, but only for the chunks already in the queue (pinned ones stay out)."""
+        for entry in reversed(list(chain)):
+            if entry.key in self._order:
+                self._order.move_to_end(entry.key)
+
+    def remove(self, entry: Entry) -> None:
+        self._order.pop(entry.key, None)
+
+    def pop_oldest(self) -> Entry | None:
+        if not self._order:
+            return None
+        return self._order.popitem(last=False)[1]

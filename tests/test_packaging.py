@@ -1,0 +1,46 @@
+"""The installed package matches the source tree, and the public surface is what __all__ says."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+import kvstore
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def source_packages() -> set[str]:
+    found = set()
+    for top, name in (("kvstore", "kvstore"), ("connectors", "kvstore.connectors")):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, top)):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            if "__init__.py" in filenames:
+                rel = os.path.relpath(dirpath, os.path.join(ROOT, top))
+                found.add(name if rel == "." else name + "." + rel.replace(os.sep, "."))
+    return found
+
+
+def test_every_package_is_listed_in_pyproject():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    assert source_packages() == listed
+
+
+def test_public_surface():
+    for name in kvstore.__all__:
+        assert hasattr(kvstore, name), name
+    assert callable(kvstore.connect)
+    assert issubclass(kvstore.StoreFullError, kvstore.KVStoreError)
+
+
+def test_wire_error_codes_are_unique_and_stable():
+    from kvstore import errors
+    codes = {cls.__name__: cls.code for cls in errors.RequestError.__subclasses__()}
+    assert len(set(codes.values())) == len(codes)
+    assert codes["BadRequestError"] == 1 and codes["StoreFullError"] == 5 and codes["InternalError"] == 11
