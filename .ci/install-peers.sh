@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install the remote stores that the remote-tier tests and bench/peers.py run
 # against: Debian's redis-server (and libibverbs1, which the Mooncake client
-# library links against even over TCP), redis-py, and Mooncake Store's
-# CUDA-free Python package, which ships mooncake_master and mooncake_client.
+# library links against even over TCP), redis-py with hiredis, Mooncake
+# Store's CUDA-free Python package, which ships mooncake_master and
+# mooncake_client, and matplotlib for the benchmark's chart.
 # Idempotent: does nothing that is already in place. Never touches torch.
 set -euo pipefail
 
@@ -29,6 +30,10 @@ pip_install() {
 }
 
 "$PYTHON" -c 'import redis' 2>/dev/null || pip_install 'redis>=5.0'
+# hiredis: redis-py's C reply parser (large GETs several times faster than the pure-Python one).
+"$PYTHON" -c 'import hiredis' 2>/dev/null || pip_install 'hiredis>=2'
+# bench/peers.py draws its chart with matplotlib.
+"$PYTHON" -c 'import matplotlib' 2>/dev/null || pip_install matplotlib
 
 if ! "$PYTHON" - "$MOONCAKE_SPEC" <<'PY' 2>/dev/null
 import sys

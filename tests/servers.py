@@ -208,7 +208,7 @@ class MooncakeCluster:
 
     def __init__(self, workdir: Path, segment_size: str = "512MB",
                  master: str = "mooncake_master", node: str = "mooncake_client",
-                 lease_ttl_ms: int = 500):
+                 lease_ttl_ms: int | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.rpc_port = free_port()
@@ -220,9 +220,10 @@ class MooncakeCluster:
             "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
             f"--http_metadata_server_port={self.http_port}",
             "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics_port}",
-            f"--default_kv_lease_ttl={lease_ttl_ms}", "--client_ttl=3",
-            "--rpc_thread_num=2",
+            "--client_ttl=3", "--rpc_thread_num=2",
         ]
+        if lease_ttl_ms is not None:
+            master_argv.append(f"--default_kv_lease_ttl={lease_ttl_ms}")
         node_argv = [
             node, "--host=127.0.0.1", f"--port={self.node_port}",
             f"--global_segment_size={segment_size}", "--protocol=tcp",

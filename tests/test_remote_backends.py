@@ -221,7 +221,8 @@ def test_frozen_server_costs_one_deadline(kind, server, backend):
         t0 = time.monotonic()
         assert backend.batch_get(keys) == [None, None]
         assert time.monotonic() - t0 < 0.1
-        assert backend.stats()["timeouts"] >= 1
+        # Our deadline or the client's own RPC timeout, whichever fires first.
+        assert backend.stats()["errors"] >= 1 and not backend.healthy
     finally:
         frozen.resume()
     assert wait_until(lambda: backend.batch_exists(keys) == 2, timeout=15)

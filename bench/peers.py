@@ -1,0 +1,410 @@
+"""kvstore next to its peers: put/get throughput and batched-existence latency, with memcpy as reference.
+
+    python bench/peers.py [--quick] [--peers kvstore-ipc,kvstore-tcp,mooncake,redis,lmcache]
+
+Peers, each started by this script on loopback and stopped afterwards:
+
+* ``kvstore-ipc`` / ``kvstore-tcp``: a ``kvstore serve`` daemon through the kvstore client (put; get with each
+  view copied into a destination buffer, as an engine copies into its KV cache; lookup).
+* ``mooncake``: ``mooncake_master`` (built-in HTTP metadata server) plus one ``mooncake_client`` storage node,
+  driven through the Python client over TCP: ``batch_put_from`` / ``batch_get_into`` on registered buffers,
+  ``batch_is_exist``.
+* ``redis``: ``redis-server`` through redis-py: one pipelined round trip of ``SET``s / ``GET``s (each value then
+  copied into its destination buffer), and one ``EXISTS k1 .. k16``.
+* ``lmcache``: LMCache's multiprocess server (``lmcache server``) from its own virtualenv
+  (``$LMCACHE_VENV``, default ``~/.cache/kvstore-bench/lmcache-venv``); reported as unavailable, with the reason,
+  when it cannot run on this machine.
+
+For each chunk size (256 KiB, 2 MiB, 32 MiB) a batch of 16 chunks is put under fresh keys (then removed) and a
+stored batch is read back; figures are medians over the repetitions, in GB/s of payload, each next to a plain
+in-process memcpy of the same bytes measured in the same run. Existence latency is the median (and p99) round
+trip of one batched existence query for the 16 stored keys.
+
+``--quick`` (under a minute) prints one JSON object on stdout and writes nothing. The full run writes
+``bench/results/peers-<date>.json`` (and ``peers-latest.json``) and a PNG chart beside it, then prints the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+from _common import RESULTS_DIR, machine, median_seconds, memcpy_seconds, start_daemon, write_result  # noqa: E402
+
+SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
+BATCH = 16
+ALL_PEERS = ("kvstore-ipc", "kvstore-tcp", "mooncake", "redis", "lmcache")
+LMCACHE_VENV = Path(os.environ.get("LMCACHE_VENV", Path.home() / ".cache/kvstore-bench/lmcache-venv"))
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Payloads:
+    """One batch of random source chunks and zeroed destinations, reused by every peer."""
+
+    def __init__(self, size: int):
+        rng = np.random.default_rng(size)
+        self.size = size
+        self.src = [rng.integers(0, 255, size, dtype=np.uint8) for _ in range(BATCH)]
+        self.dst = [np.zeros(size, dtype=np.uint8) for _ in range(BATCH)]
+
+    def clear(self) -> None:
+        for d in self.dst:
+            d[:] = 0
+
+    def check(self) -> None:
+        if not all(np.array_equal(s, d) for s, d in zip(self.src, self.dst)):
+            raise AssertionError("read back different bytes")
+
+
+def latency(fn, calls: int) -> dict:
+    fn()
+    lat = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        lat.append(time.perf_counter() - t0)
+    lat.sort()
+    return {"exists_p50_us": lat[len(lat) // 2] * 1e6, "exists_p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6}
+
+
+def timed_puts(put, remove, repeat: int, warmup: int) -> float:
+    """Median seconds of ``put(i)`` over fresh key sets; each set but the last is removed after.
+
+    Key sets ``0 .. warmup + repeat - 1``; the first ``warmup`` rounds are not timed.
+    """
+    times = []
+    last = warmup + repeat - 1
+    for i in range(last + 1):
+        t0 = time.perf_counter()
+        put(i)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        if i < last:
+            remove(i)
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------- kvstore
+
+def bench_kvstore(address: str, data: Payloads, repeat: int, warmup: int, calls: int, label: str) -> dict:
+    import kvstore
+
+    c = kvstore.connect(address, namespace=f"peers-{label}-{data.size}", chunk_tokens=16, timeout=120)
+    keysets = [c.chunk_keys([i + 1] * 16 * BATCH) for i in range(warmup + repeat)]
+    put_s = timed_puts(lambda i: c.put(keysets[i], data.src), lambda i: c.delete(keysets[i]), repeat, warmup)
+    keys = keysets[-1]
+
+    def get_once() -> None:
+        with c.get(keys) as views:
+            for v, d in zip(views, data.dst):
+                np.copyto(d, np.frombuffer(v, dtype=np.uint8))
+
+    data.clear()
+    get_s = median_seconds(get_once, repeat, warmup)
+    data.check()
+    ex = latency(lambda: c.lookup(keys), calls)
+    c.delete(keys)
+    c.close()
+    return {"put_s": put_s, "get_s": get_s, **ex}
+
+
+# ---------------------------------------------------------------- mooncake
+
+class MooncakePeer:
+    def __init__(self, workdir: Path, segment: str):
+        from servers import MooncakeCluster, mooncake_binary
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        master, node = mooncake_binary("mooncake_master"), mooncake_binary("mooncake_client")
+        if not master or not node:
+            raise RuntimeError("mooncake_master/mooncake_client not installed (.ci/install-peers.sh)")
+        self.cluster = MooncakeCluster(workdir, segment_size=segment, master=master, node=node)
+        self.cluster.start()
+        from mooncake.store import MooncakeDistributedStore
+        self.store = MooncakeDistributedStore()
+        rc = self.store.setup("127.0.0.1", self.cluster.metadata, 0, 64 << 20, "tcp", "",
+                              self.cluster.master_address)
+        if rc:
+            raise RuntimeError(f"mooncake setup failed ({rc})")
+        self.registered: set[int] = set()
+
+    def register(self, arrays) -> list[int]:
+        ptrs = []
+        for a in arrays:
+            p = a.ctypes.data
+            if p not in self.registered:
+                if self.store.register_buffer(p, a.nbytes):
+                    raise RuntimeError("mooncake register_buffer failed")
+                self.registered.add(p)
+            ptrs.append(p)
+        return ptrs
+
+    def bench(self, data: Payloads, repeat: int, warmup: int, calls: int) -> dict:
+        s = self.store
+        src, dst = self.register(data.src), self.register(data.dst)
+        sizes = [data.size] * BATCH
+        names = [[f"peers-{data.size}-{i}-{j}" for j in range(BATCH)] for i in range(warmup + repeat)]
+
+        def put(i):
+            rc = s.batch_put_from(names[i], src, sizes)
+            if any(rc):
+                raise RuntimeError(f"mooncake put failed: {rc}")
+
+        def remove(i):
+            s.batch_remove(names[i], True)
+
+        put_s = timed_puts(put, remove, repeat, warmup)
+        keys = names[-1]
+
+        def get_once():
+            rc = s.batch_get_into(keys, dst, sizes)
+            if rc != sizes:
+                raise RuntimeError(f"mooncake get failed: {rc}")
+
+        data.clear()
+        get_s = median_seconds(get_once, repeat, warmup)
+        data.check()
+        ex = latency(lambda: s.batch_is_exist(keys), calls)
+        s.batch_remove(keys, True)
+        self.unregister()                  # the next size allocates new buffers
+        return {"put_s": put_s, "get_s": get_s, **ex}
+
+    def unregister(self) -> None:
+        for p in self.registered:
+            self.store.unregister_buffer(p)
+        self.registered.clear()
+
+    def close(self):
+        self.unregister()
+        self.store.close()
+        self.cluster.stop()
+
+
+# ------------------------------------------------------------------- redis
+
+class RedisPeer:
+    def __init__(self, workdir: Path):
+        import shutil
+
+        import redis
+        from servers import RedisServer
+        if not shutil.which("redis-server"):
+            raise RuntimeError("redis-server not installed (.ci/install-peers.sh)")
+        self.server = RedisServer(workdir).start()
+        self.client = redis.Redis(port=self.server.port, socket_timeout=60)
+
+    def bench(self, data: Payloads, repeat: int, warmup: int, calls: int) -> dict:
+        r = self.client
+        names = [[f"peers:{data.size}:{i}:{j}" for j in range(BATCH)] for i in range(warmup + repeat)]
+
+        def put(i):
+            pipe = r.pipeline(transaction=False)
+            for name, buf in zip(names[i], data.src):
+                pipe.set(name, memoryview(buf))
+            pipe.execute()
+
+        put_s = timed_puts(put, lambda i: r.delete(*names[i]), repeat, warmup)
+        keys = names[-1]
+
+        def get_once():
+            pipe = r.pipeline(transaction=False)
+            for name in keys:
+                pipe.get(name)
+            for value, d in zip(pipe.execute(), data.dst):
+                np.copyto(d, np.frombuffer(value, dtype=np.uint8))
+
+        data.clear()
+        get_s = median_seconds(get_once, repeat, warmup)
+        data.check()
+        ex = latency(lambda: r.exists(*keys), calls)
+        r.delete(*keys)
+        return {"put_s": put_s, "get_s": get_s, **ex}
+
+    def close(self):
+        self.client.close()
+        self.server.stop()
+
+
+# ----------------------------------------------------------------- lmcache
+
+def lmcache_status(quick: bool, timeout: float = 90.0) -> str | None:
+    """``None`` if LMCache's multiprocess server can serve on this machine, else why not."""
+    exe = LMCACHE_VENV / "bin" / "lmcache"
+    if not exe.exists():
+        return (f"not installed: no {exe} (python -m venv --system-site-packages {LMCACHE_VENV}; "
+                f"{LMCACHE_VENV}/bin/pip install --no-deps lmcache, then its non-CUDA dependencies)")
+    if quick:
+        return "not started in --quick (its server alone takes ~45 s to import and start here)"
+    env = dict(os.environ, LMCACHE_DISABLE_BANNER="1")
+    probe = ("import lmcache, sys\n"
+             "from lmcache import device_ops\n"
+             "from lmcache.v1.multiprocess import server\n")
+    try:
+        out = subprocess.run([str(LMCACHE_VENV / "bin" / "python"), "-c", probe], capture_output=True,
+                             text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return "importing LMCache's multiprocess server timed out"
+    if out.returncode:
+        last = [line for line in out.stderr.strip().splitlines() if line.strip()][-1:] or ["?"]
+        return f"`lmcache server` cannot start here: {last[0].strip()}"
+    return None
+
+
+# ------------------------------------------------------------------- main
+
+def run(peers: list[str], quick: bool) -> dict:
+    repeat = 2 if quick else 7
+    calls = 200 if quick else 2000
+    sizes = dict(SIZES)
+    rows: list[dict] = []
+    status: dict[str, str] = {}
+    workdir = Path(tempfile.mkdtemp(prefix="kvpeers-", dir="/tmp"))
+    live: dict[str, object] = {}
+    daemon = None
+    try:
+        if any(p.startswith("kvstore") for p in peers):
+            log("starting kvstore daemon")
+            daemon = start_daemon("--host-mem", "1536MiB")
+        if "mooncake" in peers:
+            try:
+                log("starting mooncake_master + storage node")
+                live["mooncake"] = MooncakePeer(workdir / "mooncake", "2GB")
+            except Exception as exc:   # noqa: BLE001 - report and go on with the others
+                status["mooncake"] = f"unavailable: {exc}"
+        if "redis" in peers:
+            try:
+                log("starting redis-server")
+                live["redis"] = RedisPeer(workdir / "redis")
+            except Exception as exc:   # noqa: BLE001
+                status["redis"] = f"unavailable: {exc}"
+        if "lmcache" in peers:
+            reason = lmcache_status(quick)
+            status["lmcache"] = "unavailable: " + reason if reason else "available but not measured"
+
+        for label, size in sizes.items():
+            data = Payloads(size)
+            big = quick and size >= (32 << 20)
+            reps, warmup = (1, 0) if big else (repeat, 1)
+            memcpy_s = memcpy_seconds(size * BATCH, max(reps, 3))
+            nbytes = size * BATCH
+            measured: dict[str, dict] = {}
+            for peer in peers:
+                if peer in status:
+                    continue
+                t_peer = time.monotonic()
+                if peer == "kvstore-ipc":
+                    measured[peer] = bench_kvstore(daemon.ipc, data, reps, warmup, calls, "ipc")
+                elif peer == "kvstore-tcp":
+                    measured[peer] = bench_kvstore(daemon.tcp, data, reps, warmup, calls, "tcp")
+                elif peer in live:
+                    measured[peer] = live[peer].bench(data, reps, warmup, calls)
+                log(f"{label}: {peer} {time.monotonic() - t_peer:.1f}s")
+            memcpy_gbps = nbytes / memcpy_s / 1e9
+            for peer, m in measured.items():
+                put_gbps, get_gbps = nbytes / m["put_s"] / 1e9, nbytes / m["get_s"] / 1e9
+                rows.append({
+                    "peer": peer, "chunk": label, "chunk_bytes": size, "batch": BATCH, "repeat": reps, "warmup": warmup,
+                    "put_GBps": round(put_gbps, 3), "get_GBps": round(get_gbps, 3),
+                    "memcpy_GBps": round(memcpy_gbps, 3),
+                    "put_vs_memcpy": round(put_gbps / memcpy_gbps, 3), "get_vs_memcpy": round(get_gbps / memcpy_gbps, 3),
+                    "exists_p50_us": round(m["exists_p50_us"], 1), "exists_p99_us": round(m["exists_p99_us"], 1),
+                })
+            del data
+    finally:
+        for peer in live.values():
+            try:
+                peer.close()
+            except Exception as exc:   # noqa: BLE001
+                log(f"closing a peer failed: {exc}")
+        if daemon is not None:
+            daemon.stop()
+    for peer in peers:
+        status.setdefault(peer, "measured")
+    return {"benchmark": "peers", "quick": quick, "batch": BATCH, "sizes": list(sizes), "peers": status,
+            "machine": machine(), "rows": rows}
+
+
+def chart(result: dict, path: str) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib not installed: no chart (pip install matplotlib)")
+        return None
+    rows = result["rows"]
+    peers = [p for p in ALL_PEERS if any(r["peer"] == p for r in rows)]
+    sizes = result["sizes"]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    width = 0.8 / max(1, len(peers))
+    for ax, metric, title in ((axes[0], "put_GBps", "put (GB/s)"), (axes[1], "get_GBps", "get (GB/s)")):
+        for i, peer in enumerate(peers):
+            vals = [next((r[metric] for r in rows if r["peer"] == peer and r["chunk"] == s), 0) for s in sizes]
+            ax.bar([x + i * width for x in range(len(sizes))], vals, width, label=peer)
+        for x, s in enumerate(sizes):
+            ref = next((r["memcpy_GBps"] for r in rows if r["chunk"] == s), None)
+            if ref:
+                ax.hlines(ref, x - width / 2, x + 0.8 - width / 2, colors="black", linestyles="dashed",
+                          label="memcpy" if x == 0 else None)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(sizes))], [f"{s} ×{result['batch']}" for s in sizes])
+        ax.set_title(title)
+        ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+    ax = axes[2]
+    for i, peer in enumerate(peers):
+        vals = [next((r["exists_p50_us"] for r in rows if r["peer"] == peer and r["chunk"] == s), 0) for s in sizes]
+        ax.bar([x + i * width for x in range(len(sizes))], vals, width, label=peer)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(sizes))], sizes)
+    ax.set_title(f"existence of {result['batch']} keys, p50 (µs)")
+    ax.set_yscale("log")
+    ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    down = {p: s for p, s in result["peers"].items() if s.startswith("unavailable")}
+    note = "; ".join(f"{p}: {s}" for p, s in down.items())
+    fig.suptitle("kvstore and peers on loopback, medians" + (f"\n{note}"[:220] if note else ""), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions; print JSON only, write nothing")
+    ap.add_argument("--peers", default=",".join(ALL_PEERS), help="comma-separated subset of " + ",".join(ALL_PEERS))
+    args = ap.parse_args()
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = set(peers) - set(ALL_PEERS)
+    if unknown:
+        ap.error(f"unknown peers: {', '.join(sorted(unknown))}")
+    t0 = time.monotonic()
+    result = run(peers, args.quick)
+    result["wall_s"] = round(time.monotonic() - t0, 1)
+    if not args.quick:
+        payload = {k: v for k, v in result.items() if k not in ("benchmark", "machine")}
+        path = write_result("peers", payload)
+        result["json"] = path
+        png = chart(result, path[:-len(".json")] + ".png")
+        if png:
+            import shutil
+            shutil.copyfile(png, os.path.join(RESULTS_DIR, "peers-latest.png"))
+            result["png"] = png
+    print(json.dumps(result, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
