@@ -496,11 +496,12 @@ def chart(result: dict, path: str) -> str | None:
     ax.set_title(f"existence of {result['batch']} keys, p50 (µs)")
     ax.set_yscale("log")
     ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
     down = {p: s for p, s in result["peers"].items() if s.startswith("unavailable")}
     note = "; ".join(f"{p}: {s}" for p, s in down.items())
     fig.suptitle("kvstore and peers on loopback, medians" + (f"\n{note}"[:220] if note else ""), fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -291,3 +291,28 @@ def test_unknown_scheme():
 
 def test_remote_error_is_exported():
     assert issubclass(RemoteError, Exception)
+
+
+def test_async_wrappers_do_not_block_the_loop(backend):
+    import asyncio
+
+    keys, payloads = chunks(2, 2048)
+
+    async def main():
+        assert await backend.abatch_put(keys, payloads) == 2
+        assert await backend.abatch_exists(keys) == 2
+        got = await backend.abatch_get(keys)
+        bufs = [bytearray(2048) for _ in keys]
+        assert await backend.abatch_get_into(keys, bufs) == [2048, 2048]
+        return got, bufs
+
+    got, bufs = asyncio.run(main())
+    assert [bytes(g) for g in got] == payloads == [bytes(b) for b in bufs]
+
+
+def test_public_surface():
+    import kvstore.remote as remote
+
+    assert set(remote.__all__) == {"Health", "RemoteBackend", "RemoteError", "open_backend"}
+    for name in remote.__all__:
+        assert hasattr(remote, name)
