@@ -58,6 +58,8 @@ def start_daemon(*args: str, tcp: bool = True) -> BenchDaemon:
     workdir = tempfile.mkdtemp(prefix="kvb-", dir="/tmp")
     sock = os.path.join(workdir, "kv.sock")
     tcp_addr = f"127.0.0.1:{free_port()}" if tcp else None
+    if not any(a.startswith("--disk-dir") for a in args):
+        args = (*args, "--disk-dir", os.path.join(workdir, "disk"))  # never the user's cache dir
     cmd = [sys.executable, "-m", "kvstore", "serve", "--socket", sock, "--log-level", "warning", *args]
     if tcp_addr:
         cmd += ["--tcp", tcp_addr]

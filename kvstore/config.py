@@ -8,6 +8,7 @@ and an unknown key is an error that names it. Precedence: flag > config file > d
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 from dataclasses import dataclass, fields
@@ -83,6 +84,54 @@ def _read_port(value: Any, name: str) -> int:
     return port
 
 
+def _read_disk_size(value: Any, name: str) -> int:
+    """A size, 0 to turn the disk tier off, or "auto" (-1: resolved against --disk-dir at start)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return -1
+    return parse_size(value, name)
+
+
+def _read_compression(value: Any, name: str) -> str:
+    text = _read_str(value, name).lower()
+    if text not in ("none", "lz4"):
+        raise ConfigError(f"{name}: must be none or lz4; got {value!r}")
+    return text
+
+
+def _read_io_depth(value: Any, name: str) -> int:
+    try:
+        depth = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected a whole number of requests, got {value!r}") from None
+    if not 1 <= depth <= 64:
+        raise ConfigError(f"{name}: must be in 1..64, got {depth}")
+    return depth
+
+
+def default_disk_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kvstore")
+
+
+def _read_host(value: Any, name: str) -> str:
+    host = _read_str(value, name)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"{name}: expected an IP address such as 127.0.0.1 or ::1, got {value!r}") from None
+    return host
+
+
+def _read_gpu_device(value: Any, name: str) -> int:
+    try:
+        index = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected a CUDA device index such as 0, got {value!r}") from None
+    if index < 0:
+        raise ConfigError(f"{name}: device index must be 0 or more, got {index}")
+    return index
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -103,8 +152,28 @@ SETTINGS: tuple[Setting, ...] = (
             "how long a get pins its chunks unless released or extended", "SECONDS"),
     Setting("reserve_ttl", lambda v, n: parse_seconds(v, n), lambda: 30.0,
             "how long reserved space waits for its commit", "SECONDS"),
+    Setting("disk_dir", _read_str, default_disk_dir, "directory of the disk tier (default: the user's cache dir)",
+            "DIR"),
+    Setting("disk_size", _read_disk_size, lambda: -1,
+            "disk tier cap: a size, 0 to turn the tier off, or auto (10 % of free space, at most 64GiB)", "SIZE"),
+    Setting("disk_compression", _read_compression, lambda: "none", "none or lz4 for chunks on disk", "ALGO"),
+    Setting("disk_queue", lambda v, n: parse_size(v, n), lambda: 0,
+            "bytes waiting for write-back before puts wait (0: a quarter of the host tier)", "SIZE"),
+    Setting("disk_io_depth", _read_io_depth, lambda: 4, "disk writes in flight (reads get as many again)", "N"),
     Setting("log_level", _read_log_level, lambda: "info", "debug, info, warning or error", "LEVEL"),
     Setting("metrics_port", _read_port, lambda: 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
+    Setting("metrics_host", _read_host, lambda: "127.0.0.1",
+            "address /metrics listens on (loopback unless you mean it)", "HOST"),
+    Setting("shutdown_timeout", lambda v, n: parse_seconds(v, n), lambda: 10.0,
+            "on SIGTERM, how long to let in-flight requests and puts finish before exiting", "SECONDS"),
+    Setting("gpu_mem", lambda v, n: parse_size(v, n), lambda: 0,
+            "size of the GPU HBM tier (0: none); needs a CUDA GPU", "SIZE"),
+    Setting("gpu_device", _read_gpu_device, lambda: 0, "CUDA device index of the GPU tier", "N"),
+    Setting("curve_server_key", _read_str, lambda: "",
+            "the daemon's CURVE .key_secret file (from `kvstore keygen`): encrypt and authenticate --tcp", "FILE"),
+    Setting("curve_client_keys", _read_str, lambda: "",
+            "directory of allowed clients' CURVE .key files (or one file of keys); needed with --curve-server-key",
+            "PATH"),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -117,8 +186,19 @@ class ServerConfig:
     max_chunk: int
     lease_ttl: float
     reserve_ttl: float
+    disk_dir: str
+    disk_size: int
+    disk_compression: str
+    disk_queue: int
+    disk_io_depth: int
     log_level: str
     metrics_port: int
+    metrics_host: str
+    shutdown_timeout: float
+    gpu_mem: int
+    gpu_device: int
+    curve_server_key: str
+    curve_client_keys: str
 
     @property
     def chunk_limit(self) -> int:
@@ -129,7 +209,18 @@ class ServerConfig:
 
     def _show(self, name: str) -> str:
         value = getattr(self, name)
-        return format_size(value).replace(" ", "") if name in ("host_mem", "max_chunk") else str(value)
+        if name == "disk_size" and value < 0:
+            return "auto"
+        sized = ("host_mem", "max_chunk", "gpu_mem", "disk_size", "disk_queue")
+        return format_size(value).replace(" ", "") if name in sized else str(value)
+
+    @property
+    def disk_enabled(self) -> bool:
+        return self.disk_size != 0
+
+    @property
+    def disk_queue_limit(self) -> int:
+        return self.disk_queue or max(self.host_mem // 4, 1 << 20)
 
 
 assert {f.name for f in fields(ServerConfig)} == set(_BY_NAME), "every setting needs a ServerConfig field"
@@ -138,7 +229,7 @@ assert {f.name for f in fields(ServerConfig)} == set(_BY_NAME), "every setting n
 def add_setting_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML file of settings (flags override it)")
     for s in SETTINGS:
-        parser.add_argument("--" + s.name.replace("_", "-"), dest=s.name, default=None, metavar=s.metavar, help=s.help)
+        parser.add_argument("--" + s.name.replace("_", "-"), dest=s.name, default=None, metavar=s.metavar, help=s.help.replace("%", "%%"))
 
 
 def load_toml(path: str) -> dict[str, Any]:
@@ -189,3 +280,9 @@ def check_config(config: ServerConfig) -> None:
     if config.chunk_limit > config.host_mem:
         raise ConfigError(f"--max-chunk: {format_size(config.max_chunk)} is larger than the host tier "
                           f"({format_size(config.host_mem)}); lower --max-chunk or raise --host-mem")
+    if config.gpu_mem:
+        from .gpu.settings import check_gpu_settings  # imports torch: only when a GPU tier is asked for
+
+        check_gpu_settings(config.gpu_mem, config.gpu_device)
+    from .security.curve import check_tcp_exposure
+    check_tcp_exposure(config.tcp, config.curve_server_key, config.curve_client_keys)

@@ -110,6 +110,10 @@ def start_daemon() -> Iterator:
         args = list(args)
         if not any(a.startswith("--host-mem") for a in args):
             args += ["--host-mem", "64MiB"]
+        if not any(a.startswith("--disk-dir") for a in args):
+            args += ["--disk-dir", os.path.join(workdir, "disk")]  # never the user's cache dir
+        if not any(a.startswith("--disk-size") for a in args):
+            args += ["--disk-size", "256MiB"]
         d = DaemonProc(workdir, args, extra_env=env or {})
         started.append(d)
         return d.start(wait=wait)

@@ -101,3 +101,13 @@ def test_stale_socket_and_arena_are_replaced_after_a_crash(daemon):
         keys = c.chunk_keys(list(range(256)))
         c.put(keys, [b"x" * 100])
         assert c.lookup(keys) == 1
+
+
+@pytest.mark.parametrize("command", ["serve", "stats", "alerts", "keygen", None])
+def test_help_works_for_every_command(command):
+    args = [command, "--help"] if command else ["--help"]
+    result = kvstore_cli(*args)
+    if command == "keygen" and "invalid choice" in result.stderr:
+        pytest.skip("keygen not present")
+    assert result.returncode == 0, result.stderr
+    assert "usage" in result.stdout

@@ -1,4 +1,5 @@
-"""Eviction under pressure: LRU, continuations before prefixes, never a leased chunk, a clear 'full' error."""
+"""Eviction under pressure (host tier alone, disk tier off): LRU, continuations before prefixes, never a leased
+chunk, a clear 'full' error."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ CHUNK = 1 << 20
 
 
 def test_eviction_keeps_leased_chunks(start_daemon):
-    d = start_daemon("--host-mem", "8MiB")
+    d = start_daemon("--host-mem", "8MiB", "--disk-size", "0")
     with d.client(namespace="t", chunk_tokens=4) as c:
         pinned_keys = c.chunk_keys(list(range(4 * 3)))
         payloads = [bytes([i]) * CHUNK for i in range(3)]
@@ -25,7 +26,7 @@ def test_eviction_keeps_leased_chunks(start_daemon):
 
 
 def test_full_error_when_everything_is_leased(start_daemon):
-    d = start_daemon("--host-mem", "4MiB")
+    d = start_daemon("--host-mem", "4MiB", "--disk-size", "0")
     with d.client(namespace="t", chunk_tokens=4) as c:
         keys = c.chunk_keys(list(range(16)))
         c.put(keys, [b"a" * CHUNK] * 4)
@@ -39,7 +40,7 @@ def test_full_error_when_everything_is_leased(start_daemon):
 
 
 def test_continuations_go_before_prefixes(start_daemon):
-    d = start_daemon("--host-mem", "8MiB")
+    d = start_daemon("--host-mem", "8MiB", "--disk-size", "0")
     with d.client(namespace="t", chunk_tokens=4) as c:
         old = c.chunk_keys(list(range(4 * 4)))
         c.put(old, [b"o" * CHUNK] * 4)
@@ -53,7 +54,7 @@ def test_continuations_go_before_prefixes(start_daemon):
 
 
 def test_chunk_larger_than_limit_is_refused(start_daemon):
-    d = start_daemon("--host-mem", "4MiB", "--max-chunk", "1MiB")
+    d = start_daemon("--host-mem", "4MiB", "--disk-size", "0", "--max-chunk", "1MiB")
     with d.client(namespace="t") as c:
         keys = c.chunk_keys(list(range(256)))
         with pytest.raises(kvstore.LimitError, match="largest chunk"):

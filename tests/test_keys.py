@@ -40,3 +40,9 @@ def test_token_containers_agree():
 def test_namespace_roots_differ():
     assert namespace_root("a") != namespace_root("b")
     assert chunk_keys("a", list(range(256)), 256) != chunk_keys("b", list(range(256)), 256)
+
+
+def test_client_keys_take_a_namespace_per_call(client):
+    tokens = list(range(512))
+    assert client.chunk_keys(tokens) == chunk_keys("test", tokens, 256)
+    assert client.chunk_keys(tokens, namespace="other", chunk_tokens=128) == chunk_keys("other", tokens, 128)

@@ -1,4 +1,4 @@
-"""``kvstore`` — the command line: ``serve``, ``stats`` and the subcommands each module registers."""
+"""``kvstore`` — the command line: ``serve``, ``stats``, ``alerts``, ``dashboard`` and the subcommands each module registers."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import sys
 from typing import Sequence
 
 from ..errors import ConfigError, KVStoreError
-from . import serve, stats
+from . import alerts, keygen, serve, stats
 
-SUBCOMMANDS = (serve, stats)
+SUBCOMMANDS = (serve, stats, alerts, keygen)
 
 
 class OneLineParser(argparse.ArgumentParser):

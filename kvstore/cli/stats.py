@@ -18,22 +18,56 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--address", default=None, metavar="URL", help="ipc:// or tcp:// address instead of --socket")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
+    p.add_argument("--watch", action="store_true", help="refresh in place with rates until interrupted")
+    p.add_argument("--interval", type=_positive, default=1.0, metavar="SECONDS", help="--watch refresh period")
+    p.add_argument("--count", type=_count, default=0, metavar="N", help="--watch: stop after N refreshes (0: never)")
     p.set_defaults(run=run)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds such as 1 or 0.5, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of refreshes (0: until interrupted), got {text!r}")
+    return int(text)
 
 
 def address_of(args: argparse.Namespace) -> str:
     return args.address or "ipc://" + (args.socket or default_socket())
 
 
-def fetch_stats(address: str, timeout: float) -> dict[str, Any]:
+def open_client(address: str, timeout: float) -> Any:
     from ..client.client import Client
 
     try:
-        client = Client(address, namespace="kvstore-cli", timeout=timeout, use_arena=False)
+        return Client(address, namespace="kvstore-cli", timeout=timeout, use_arena=False)
     except DaemonUnavailable:
         raise DaemonUnavailable(f"no kvstore daemon is running at {address}") from None
+
+
+def fetch_stats(address: str, timeout: float) -> dict[str, Any]:
+    client = open_client(address, timeout)
     try:
         return client.stats()
+    finally:
+        client.close()
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    from .watch import watch
+
+    address = address_of(args)
+    client = open_client(address, args.timeout)
+    try:
+        return watch(client, address, args.interval, args.count)
     finally:
         client.close()
 
@@ -64,6 +98,8 @@ def render_table(stats: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.watch:
+            return run_watch(args)
         stats = fetch_stats(address_of(args), args.timeout)
     except DaemonUnavailable as exc:
         print(f"kvstore: error: {exc}", file=sys.stderr)

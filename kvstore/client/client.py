@@ -18,6 +18,7 @@ from ..errors import DaemonUnavailable, LeaseError, VersionError
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
 from ..protocol.wire import PROTOCOL_VERSION, Op
+from ..security.curve import ClientCurve
 from ..tiers.arena import SharedArena
 from .buffers import copy_into, nbytes_of
 from .transport import Transport
@@ -63,8 +64,16 @@ class Lease:
             lease_id, self.id = self.id, 0
             try:
                 self._client._call({"op": Op.RELEASE, "lease": lease_id}, retry=False)
-            except (DaemonUnavailable, LeaseError):
-                pass  # the daemon restarted or the lease expired: nothing is pinned any more
+            except (DaemonUnavailable, LeaseError, VersionError):
+                pass  # the daemon is gone or restarted (and forgot us), or the lease expired: nothing is pinned
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 class Client:
@@ -72,7 +81,8 @@ class Client:
 
     def __init__(self, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, timeout: float = 5.0,
-                 client_id: str | None = None, use_arena: bool | None = None) -> None:
+                 client_id: str | None = None, use_arena: bool | None = None,
+                 curve: ClientCurve | None = None) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
             raise ValueError(f"address must start with ipc:// or tcp://, got {self.address!r}")
@@ -82,9 +92,10 @@ class Client:
         self.chunk_tokens = chunk_tokens
         self.client_id = client_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.use_arena = self.address.startswith("ipc://") if use_arena is None else use_arena
-        self._transport = Transport(self.address, timeout)
+        self._transport = Transport(self.address, timeout, curve)
         self._arena: SharedArena | None = None
         self._arena_view: memoryview | None = None
+        self._arena_file: tuple[int, int] | None = None
         self.server_info: dict[str, Any] = {}
         self._hello()
 
@@ -98,8 +109,12 @@ class Client:
         })
         self.server_info = header
         arena = header.get("arena")
-        if arena and (self._arena is None or self._arena.path != arena["path"] or self._arena.size != arena["size"]):
+        # A restarted daemon makes a new arena file under the same path: compare the file, not just its name,
+        # or puts would land in (and gets read from) the dead predecessor's memory.
+        if arena and (self._arena is None or self._arena_file != _file_identity(arena["path"])
+                      or self._arena.size != arena["size"]):
             self._detach_arena()
+            self._arena_file = _file_identity(arena["path"])
             self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
             self._arena_view = self._arena.view()
         elif not arena:
@@ -126,9 +141,15 @@ class Client:
             return self._transport.call(header, payloads)
 
     # -- keys -----------------------------------------------------------------------------------------------
-    def chunk_keys(self, token_ids: Sequence[int] | Any, include_partial: bool = False) -> list[bytes]:
-        """One chained key per full chunk of ``token_ids`` (and the short tail if ``include_partial``)."""
-        return _chunk_keys(self.namespace, token_ids, self.chunk_tokens, include_partial)
+    def chunk_keys(self, token_ids: Sequence[int] | Any, include_partial: bool = False,
+                   namespace: str | None = None, chunk_tokens: int | None = None) -> list[bytes]:
+        """One chained key per full chunk of ``token_ids`` (and the short tail if ``include_partial``).
+
+        ``namespace`` and ``chunk_tokens`` default to the client's; a connector serving several models through
+        one client passes each model's own.
+        """
+        return _chunk_keys(namespace or self.namespace, token_ids, chunk_tokens or self.chunk_tokens,
+                           include_partial)
 
     # -- operations ------------------------------------------------------------------------------------------
     def ping(self) -> None:

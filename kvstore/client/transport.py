@@ -16,14 +16,19 @@ import zmq
 
 from ..errors import DaemonUnavailable, error_from_code
 from ..protocol.wire import decode_header, encode
+from ..security.curve import ClientCurve
 
 
 class Transport:
-    def __init__(self, address: str, timeout: float) -> None:
+    def __init__(self, address: str, timeout: float, curve: ClientCurve | None = None) -> None:
         self.address = address
         self.timeout = timeout
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
+        # CURVE keys for tcp://: given, else from the KVSTORE_CURVE_* variables (see security/curve.py)
+        self.curve = (curve or ClientCurve.from_env()) if address.startswith("tcp://") else None
+        if self.curve is not None:
+            self.curve.apply(self._sock)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.IMMEDIATE, 1)
         self._sock.setsockopt(zmq.RECONNECT_IVL, 50)
@@ -47,7 +52,8 @@ class Transport:
                     return rid
                 except zmq.Again:
                     if time.monotonic() >= deadline:
-                        raise DaemonUnavailable(f"no kvstore daemon is accepting requests at {self.address}") from None
+                        hint = " (or it refused this client's CURVE key)" if self.curve else ""
+                        raise DaemonUnavailable(f"no kvstore daemon is accepting requests at {self.address}{hint}") from None
                     time.sleep(0.005)
 
     def wait(self, rid: int, timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:

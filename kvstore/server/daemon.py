@@ -7,8 +7,16 @@ loop: every operation is an in-memory index update of a few microseconds, and by
 daemon on the ipc:// path (clients copy them straight into or out of the arena). A sweeper expires leases and
 reservations and reclaims the pins of local clients whose process died.
 
-Stop (SIGTERM or SIGINT): stop receiving, answer what was already received, close the sockets, remove the
-socket file and the arena, exit 0.
+Stop (SIGTERM or SIGINT), bounded by ``shutdown_timeout``: tell the service manager (``STOPPING=1``), remove
+the socket file so that no new local client can connect, and refuse requests that start new work (hello,
+lookup, reserve, put, get) with ``UnavailableError`` while still answering those that finish work (commit,
+abort, release, ...), until no reservation is outstanding: a put that was being written completes. Then stop
+the receivers without losing a received message, answer what is still queued, flush the store where it has
+something to persist, close the sockets, remove the arena and exit 0. Should any step hang, a timer ends the
+process (exit 1) at twice the timeout.
+
+Metrics: every request's time is observed per operation in ``handle_message``; the store's gauges and counters
+are read from a ``stats()`` snapshot taken on the event loop when Prometheus scrapes (``kvstore/metrics/``).
 """
 
 from __future__ import annotations
@@ -17,24 +25,36 @@ import asyncio
 import fcntl
 import os
 import signal
+import threading
 import time
 from typing import Any
 
 import zmq
 import zmq.asyncio
+from prometheus_client import CollectorRegistry
 
 from .. import logs
 from .._version import __version__
 from ..config import ServerConfig
-from ..errors import ConfigError, InternalError, RequestError, VersionError
+from ..errors import ConfigError, InternalError, RequestError, UnavailableError, VersionError
+from ..metrics.collector import StatsCollector
+from ..metrics.exporter import MetricsExporter
+from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, op_of, request_id_of
+from ..store.manager import TierManager
+from ..security.curve import ServerCurve
 from ..store.store import Store
+from ..tiers.disk import DiskTier, auto_disk_size
 from ..tiers.arena import SharedArena, arena_path_for
 from ..tiers.host import HostTier
 from .handlers import HANDLERS, hello_reply
+from .notify import notify, watchdog_interval
 from .session import Session
 
 SWEEP_INTERVAL = 0.25
+SNAPSHOT_TIMEOUT = 5.0
+# While stopping, requests that would start new work are refused; these finish work already started.
+FINISHING_OPS = frozenset({Op.PING, Op.COMMIT, Op.ABORT, Op.RELEASE, Op.EXTEND, Op.DELETE, Op.CLEAR, Op.STATS})
 
 
 class Daemon:
@@ -49,7 +69,19 @@ class Daemon:
         self._lock_fd: int | None = None
         self._ctx = zmq.asyncio.Context()
         self._sockets: list[tuple[str, zmq.asyncio.Socket]] = []
+        self._pending_recv: dict[str, asyncio.Future] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.stopping = False      # refuse new work (see FINISHING_OPS)
+        self._receiving = True     # receive loops run while this is set
+        self._curve: ServerCurve | None = None  # CURVE on tcp:// (security/curve.py), when configured
         self.store: Store  # set in open()
+        self.registry = CollectorRegistry()
+        self.latency = RequestLatency(self.registry)
+        self.registry.register(StatsCollector(self.stats_snapshot))
+        self._exporter: MetricsExporter | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._disk_lock_fd: int | None = None
+        self.manager: TierManager | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -57,10 +89,54 @@ class Daemon:
         self._prepare_socket_dir()
         self._take_lock()
         arena = SharedArena.create(arena_path_for(self.config.socket), self.config.host_mem)
-        self.store = Store(HostTier(arena), self.config.lease_ttl, self.config.reserve_ttl)
+        self.store = Store(HostTier(arena), self.config.lease_ttl, self.config.reserve_ttl, disk=self._open_disk())
+        if self.store.disk is not None:
+            self._rebuild_index(self.store.disk)
+            self.manager = TierManager(self.store, self.store.disk, self.config.disk_io_depth,
+                                       self.config.disk_queue_limit)
         self._bind("ipc", "ipc://" + self.config.socket)
         if self.config.tcp:
+            if self.config.curve_server_key:
+                self._curve = ServerCurve(self.config.curve_server_key, self.config.curve_client_keys)
+                self._curve.start(self._ctx)
             self._bind("tcp", "tcp://" + self.config.tcp)
+
+    def _open_disk(self) -> DiskTier | None:
+        if not self.config.disk_enabled:
+            return None
+        directory = self.config.disk_dir
+        size = self.config.disk_size if self.config.disk_size > 0 else auto_disk_size(directory)
+        disk = DiskTier(directory, size, compress=self.config.disk_compression == "lz4")
+        fd = os.open(os.path.join(disk.directory, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"--disk-dir: another kvstore daemon uses {disk.directory}; "
+                              f"give each daemon its own --disk-dir") from None
+        self._disk_lock_fd = fd
+        return disk
+
+    def _rebuild_index(self, disk: DiskTier) -> None:
+        """Index every valid chunk file, oldest first (so the disk LRU order survives a restart)."""
+        started = time.monotonic()
+        found = disk.scan()
+        adopted = 0
+        for header, _mtime in sorted(found.chunks, key=lambda c: c[1]):
+            if self.store.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len)):
+                adopted += 1
+            else:
+                disk.remove(header.key)  # over a lowered cap, or a duplicate
+        elapsed = time.monotonic() - started
+        for name, reason in found.quarantined:
+            logs.warning("disk_file_quarantined", file=name, reason=reason)
+        if found.foreign:
+            logs.warning("disk_foreign_files_ignored", count=len(found.foreign), first=found.foreign[0])
+        self.store.tier_counters.quarantined += len(found.quarantined)
+        logs.info("disk_index_rebuilt", directory=disk.directory, chunks=adopted, dropped=len(found.chunks) - adopted,
+                  quarantined=len(found.quarantined), foreign=len(found.foreign), temps_removed=found.temps_removed,
+                  seconds=round(elapsed, 3), chunks_per_s=round(len(found.chunks) / elapsed) if elapsed else 0,
+                  direct_io=disk.direct, capacity_bytes=disk.capacity_bytes, used_bytes=disk.used_bytes)
 
     def _prepare_socket_dir(self) -> None:
         directory = os.path.dirname(os.path.abspath(self.config.socket))
@@ -90,6 +166,8 @@ class Daemon:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, -1)
+        if transport == "tcp" and self._curve is not None:
+            self._curve.apply(sock)
         old_umask = os.umask(0o077)  # the ipc socket file is owner-only from its first moment
         try:
             sock.bind(address)
@@ -102,60 +180,190 @@ class Daemon:
         self._sockets.append((transport, sock))
 
     def close(self) -> None:
+        if self._exporter is not None:
+            self._exporter.stop()
+            self._exporter = None
         for _, sock in self._sockets:
             sock.close(linger=0)
         self._sockets.clear()
+        if self._curve is not None:
+            self._curve.stop()
         self._ctx.term()
         if self._lock_fd is not None:  # only the lock holder owns the socket file
-            try:
-                os.unlink(self.config.socket)
-            except FileNotFoundError:
-                pass
+            self._remove_socket_file()
+        if self.manager is not None:
+            self.manager.close()
         if getattr(self, "store", None) is not None:
             self.store.host.close()
+        if self._disk_lock_fd is not None:
+            os.close(self._disk_lock_fd)
+            self._disk_lock_fd = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    def _remove_socket_file(self) -> None:
+        try:
+            os.unlink(self.config.socket)
+        except FileNotFoundError:
+            pass
+
+    def _start_metrics(self) -> None:
+        if self.config.metrics_port:
+            self._exporter = MetricsExporter(self.registry, self.config.metrics_host, self.config.metrics_port)
+            self._exporter.start()
+            logs.info("metrics_listening", url=self._exporter.url)
+
     async def serve(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if self.manager is not None:
+            self.manager.start(loop)
+        self._start_metrics()
         receivers = [asyncio.create_task(self._receive_loop(t, s)) for t, s in self._sockets]
-        sweeper = asyncio.create_task(self._sweep_loop())
+        background = [asyncio.create_task(self._sweep_loop())]
+        interval = watchdog_interval()
+        if interval is not None:
+            background.append(asyncio.create_task(self._watchdog_loop(interval)))
         logs.info("ready", pid=os.getpid(), config=self.config.describe())
         self.on_ready()
         await stop.wait()
-        logs.info("stopping", sessions=len(self.sessions), leases=len(self.store.leases))
-        for task in receivers + [sweeper]:
+        await self.shutdown(receivers)
+        for task in background:
             task.cancel()
-        await asyncio.gather(*receivers, sweeper, return_exceptions=True)
+        await asyncio.gather(*background, return_exceptions=True)
 
     def on_ready(self) -> None:
-        """Hook for readiness notification (overridden by the service manager integration)."""
+        """The sockets accept requests: tell the service manager (a no-op without NOTIFY_SOCKET)."""
+        notify("READY=1", f"MAINPID={os.getpid()}", f"STATUS=serving on {self.config.socket}")
+
+    async def _watchdog_loop(self, interval: float) -> None:
+        while True:
+            notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def shutdown(self, receivers: list[asyncio.Task]) -> None:
+        """The bounded stop sequence described in the module docstring."""
+        loop = asyncio.get_running_loop()
+        timeout = self.config.shutdown_timeout
+        deadline = loop.time() + timeout
+        _arm_hard_stop(2 * timeout + 1)
+        self.stopping = True
+        notify("STOPPING=1", "STATUS=stopping")
+        self._remove_socket_file()  # no new local client can connect from here on
+        logs.info("stopping", sessions=len(self.sessions), leases=len(self.store.leases),
+                  reservations=len(self.store.reservations), timeout=timeout)
+        while len(self.store.reservations) and loop.time() < deadline:
+            await asyncio.sleep(0.01)  # puts being written get until the deadline to commit or abort
+        self._receiving = False
+        for fut in self._pending_recv.values():
+            if not fut.done():
+                fut.cancel()  # a receive not yet completed leaves its message queued in the socket
+        if receivers:
+            await asyncio.wait(receivers, timeout=max(0.0, deadline - loop.time()))
+        answered = await self._answer_queued(deadline)
+        unfinished = len(self.store.reservations)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=max(0.0, deadline - loop.time()))
+        if self.manager is not None:
+            started = time.monotonic()
+            queued = self.store.dirty_bytes
+            flushed = await self.manager.flush()
+            logs.info("disk_flushed", complete=flushed, bytes=queued, seconds=round(time.monotonic() - started, 3))
+        self._flush_store()
+        logs.info("drained", answered=answered, unfinished_reservations=unfinished,
+                  took_s=round(timeout - (deadline - loop.time()), 3))
+
+    async def _answer_queued(self, deadline: float) -> int:
+        """Answer the messages already queued in the sockets (without waiting for more)."""
+        loop = asyncio.get_running_loop()
+        answered = 0
+        for transport, sock in self._sockets:
+            while loop.time() < deadline:
+                try:
+                    msg = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False).result()
+                except zmq.Again:
+                    break
+                reply = self.handle_message(transport, msg)
+                if asyncio.iscoroutine(reply):
+                    reply = await reply
+                if reply is not None:
+                    await sock.send_multipart(reply, copy=len(reply) == 2)
+                answered += 1
+        return answered
+
+    def _flush_store(self) -> None:
+        """Persist what the store's guarantee needs before exit, where the store has such a step."""
+        flush = getattr(self.store, "flush", None)
+        if callable(flush):
+            flush()
+
+    def stats_snapshot(self) -> dict[str, Any]:
+        """``stats()`` taken on the event loop, callable from any thread (the metrics exporter's)."""
+        loop = self._loop
+        if loop is None or not loop.is_running() or _on_loop_thread(loop):
+            return self.stats()
+
+        async def take() -> dict[str, Any]:
+            return self.stats()
+
+        return asyncio.run_coroutine_threadsafe(take(), loop).result(SNAPSHOT_TIMEOUT)
 
     # -- requests -------------------------------------------------------------------------------------------
     async def _receive_loop(self, transport: str, sock: zmq.asyncio.Socket) -> None:
-        while True:
-            msg = await sock.recv_multipart(copy=False)
+        while self._receiving:
+            fut = self._pending_recv[transport] = sock.recv_multipart(copy=False)
+            try:
+                msg = await fut
+            except asyncio.CancelledError:
+                if fut.cancelled() and not self._receiving:
+                    return  # stopped while waiting: nothing was received
+                raise
             reply = self.handle_message(transport, msg)
-            if reply is not None:
+            if asyncio.iscoroutine(reply):
+                task = asyncio.create_task(self._reply_later(sock, reply))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            elif reply is not None:
                 await sock.send_multipart(reply, copy=len(reply) == 2)
 
-    def handle_message(self, transport: str, msg: list[Any]) -> list[Any] | None:
-        """Handle one received multipart message; return the reply frames (routing id first)."""
+    async def _reply_later(self, sock: zmq.asyncio.Socket, pending: Any) -> None:
+        reply = await pending
+        await sock.send_multipart(reply, copy=len(reply) == 2)
+
+    async def _finish(self, routing_id: bytes, rid: int | None, pending: Any) -> list[Any]:
+        """Await a handler that had to wait (disk reads, write-back back-pressure), mapping errors as below."""
+        try:
+            reply = await pending
+        except RequestError as exc:
+            self.errors += 1
+            reply = [error_reply(rid, exc)]
+        except Exception as exc:  # a bug: answer, log, keep serving
+            self.errors += 1
+            logs.error("internal_error", error=repr(exc))
+            reply = [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
+        return [routing_id] + reply
+
+    def handle_message(self, transport: str, msg: list[Any]) -> Any:
+        """Handle one received multipart message; return the reply frames (routing id first), or a coroutine
+        returning them when the handler has to wait (it runs as a task; the loop keeps serving)."""
         if len(msg) < 2:
             return None  # nothing to answer: no routing id and header
         routing_id = msg[0].bytes
         owner = transport[0].encode() + routing_id
         rid: int | None = None
+        op: Op | None = None
         self.requests += 1
+        started = time.perf_counter()
         try:
             header = decode_header(msg[1].buffer)
             rid = request_id_of(header)
             op = op_of(header)
             payload = msg[2:]
+            if self.stopping and op not in FINISHING_OPS:
+                raise UnavailableError("the daemon is shutting down; retry once it is back")
             if op is Op.HELLO:
                 session, reply = hello_reply(self, owner, transport, header)
                 self._add_session(session)
@@ -164,6 +372,8 @@ class Daemon:
                 if session is None:
                     raise VersionError("send HELLO (protocol version and namespace) before any other request")
                 reply = HANDLERS[op](self, session, header, payload)
+                if asyncio.iscoroutine(reply):
+                    return self._finish(routing_id, rid, reply)
         except RequestError as exc:
             self.errors += 1
             logs.debug("request_error", error=type(exc).__name__, msg=exc.message)
@@ -172,6 +382,8 @@ class Daemon:
             self.errors += 1
             logs.error("internal_error", error=repr(exc))
             reply = [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
+        if op is not None:
+            self.latency.observe(op, time.perf_counter() - started)
         return [routing_id] + reply
 
     def _add_session(self, session: Session) -> None:
@@ -192,6 +404,9 @@ class Daemon:
             self.sweep()
 
     def sweep(self) -> None:
+        if self.manager is not None:
+            self.store.rebalance()
+            self.manager.check_space()
         leases, reservations = self.store.expire()
         if leases or reservations:
             logs.info("expired", leases=leases, reservations=reservations)
@@ -208,18 +423,47 @@ class Daemon:
         return {
             "version": __version__,
             "uptime_s": round(time.time() - self.started, 3),
-            "tiers": {"host": {"capacity_bytes": usage.capacity_bytes, "used_bytes": usage.used_bytes,
-                               "chunks": usage.chunks}},
+            "tiers": self._tier_stats(usage),
             "chunks": self.store.committed_chunks(),
             "lookup_tokens": self.lookup_tokens,
             "hit_tokens": self.hit_tokens,
-            "counters": dict(counters.__dict__),
+            "counters": {**counters.__dict__, **self.store.tier_counters.__dict__},
+            "disk": self.manager.stats() if self.manager is not None else None,
             "leases": len(self.store.leases),
             "reservations": len(self.store.reservations),
             "sessions": len(self.sessions),
             "requests": self.requests,
             "errors": self.errors,
+            "auth_rejected": self._curve.allow.rejected if self._curve is not None else 0,
         }
+
+
+    def _tier_stats(self, usage: Any) -> dict[str, dict[str, int]]:
+        tiers = {"host": {"capacity_bytes": usage.capacity_bytes, "used_bytes": usage.used_bytes,
+                          "chunks": usage.chunks}}
+        disk = self.store.disk
+        if disk is not None:
+            tiers["disk"] = {"capacity_bytes": disk.capacity_bytes, "used_bytes": disk.used_bytes,
+                             "chunks": disk.chunks}
+        return tiers
+
+
+def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _arm_hard_stop(seconds: float) -> None:
+    """End the process if the graceful stop has not finished after ``seconds`` (a hung step must not pin it)."""
+    def overrun() -> None:
+        logs.error("shutdown_overrun", after_s=seconds)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, overrun)
+    timer.daemon = True
+    timer.start()
 
 
 def run_daemon(config: ServerConfig) -> int:

@@ -1,7 +1,8 @@
 """One handler per wire operation.
 
 A handler takes the daemon, the caller's session, the decoded header and any payload frames, and returns the
-reply as a list of frames (header first). It raises a ``RequestError`` for anything the caller got wrong; the
+reply as a list of frames (header first), or — when it has to wait for the disk — a coroutine that returns
+them (the dispatcher awaits it without blocking other requests). It raises a ``RequestError`` for anything the caller got wrong; the
 dispatcher in ``daemon.py`` turns that into an error reply. Handlers never trust the header: every field goes
 through ``protocol/messages.py``.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from .._version import __version__
-from ..errors import BadRequestError, LimitError, PermissionDeniedError, VersionError
+from ..errors import BadRequestError, LimitError, PermissionDeniedError, StoreFullError, VersionError
 from ..protocol import messages as m
 from ..protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
 from .session import Session
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
     from .daemon import Daemon
 
 Frames = list[Any]
-Handler = Callable[["Daemon", Session, dict, list], Frames]
+Handler = Callable[["Daemon", Session, dict, list], Any]  # Frames, or a coroutine returning Frames
+PUT_WAIT_S = 2.0  # how long a put waits for write-back to catch up before failing (see store/manager.py)
 
 
 def handle_ping(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
@@ -31,16 +33,35 @@ def handle_lookup(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
     req = m.Lookup.parse(h)
     result = d.store.lookup(req.keys)
     d.count_lookup_tokens(s, len(req.keys), result.count)
+    if req.promote and d.manager is not None and "disk" in result.tiers:
+        d.manager.promote(d.store.to_promote(req.keys))
     tiers: dict[str, int] = {}
     for name in result.tiers:
         tiers[name] = tiers.get(name, 0) + 1
     return [ok_reply(h["id"], count=result.count, tiers=tiers)]
 
 
-def handle_reserve(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
+def _throttled(d: "Daemon", nbytes: int, then: Callable[[], Frames]) -> Any:
+    """Run ``then`` now, or — when write-back is behind — once it has caught up (back-pressure)."""
+    if d.manager is None or not d.manager.over_bound(nbytes):
+        return then()
+
+    async def later() -> Frames:
+        if not await d.manager.wait_for_room(nbytes, PUT_WAIT_S):
+            raise StoreFullError(f"disk writes are behind: {d.store.dirty_bytes} bytes wait for the disk; "
+                                 f"retry later, or raise --disk-queue if the disk keeps up on average")
+        return then()
+    return later()
+
+
+def handle_reserve(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
     if not s.arena:
         raise PermissionDeniedError("reserve needs the shared arena; clients over tcp:// put with PUT_INLINE")
     req = m.Reserve.parse(h, d.config.chunk_limit)
+    return _throttled(d, sum(req.sizes), lambda: _reserve_now(d, s, h, req))
+
+
+def _reserve_now(d: "Daemon", s: Session, h: dict, req: m.Reserve) -> Frames:
     handle, slots = d.store.reserve(s.owner, s.namespace, req.keys, req.sizes, req.parent)
     wire_slots = [None if slot is None else [slot.offset, slot.size] for slot in slots]
     return [ok_reply(h["id"], reservation=handle.id, slots=wire_slots)]
@@ -68,6 +89,10 @@ def handle_put_inline(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
             raise BadRequestError(f"payload frame {i} is empty")
         if size > d.config.chunk_limit:
             raise LimitError(f"payload frame {i} is {size} bytes; the largest chunk accepted is {d.config.chunk_limit}")
+    return _throttled(d, sum(sizes), lambda: _put_inline_now(d, s, h, frames, keys, sizes))
+
+
+def _put_inline_now(d: "Daemon", s: Session, h: dict, frames: list, keys: list, sizes: list) -> Frames:
     handle, slots = d.store.reserve(s.owner, s.namespace, keys, sizes, m.read_optional_key(h, "parent"))
     try:
         for slot, frame in zip(slots, frames):
@@ -79,8 +104,21 @@ def handle_put_inline(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
     return [ok_reply(h["id"], committed=d.store.commit(s.owner, handle.id))]
 
 
-def handle_get(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
+def handle_get(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
     req = m.Get.parse(h)
+    if d.manager is not None and req.wait_ms > 0:
+        on_disk = d.store.to_promote(req.keys)
+        if on_disk:
+            loads = d.manager.promote(on_disk)
+            if loads:
+                async def later() -> Frames:
+                    await d.manager.wait_loaded(loads, req.wait_ms / 1000)
+                    return _get_now(d, s, h, req)
+                return later()
+    return _get_now(d, s, h, req)
+
+
+def _get_now(d: "Daemon", s: Session, h: dict, req: m.Get) -> Frames:
     handle, entries = d.store.get(s.owner, req.keys)
     if handle is None:
         return [ok_reply(h["id"], lease=0, slots=[])]

@@ -46,6 +46,19 @@ class LruQueue:
     def remove(self, entry: Entry) -> None:
         self._order.pop(entry.key, None)
 
+    def add_newest(self, entry: Entry) -> None:
+        self._order[entry.key] = entry
+        self._order.move_to_end(entry.key)
+
+    def push_oldest(self, entries: list[Entry]) -> None:
+        """Put entries back at the old end, in the given order (oldest first); used to restore skipped victims."""
+        for entry in reversed(entries):
+            self._order[entry.key] = entry
+            self._order.move_to_end(entry.key, last=False)
+
+    def peek_oldest(self) -> Entry | None:
+        return next(iter(self._order.values()), None)
+
     def pop_oldest(self) -> Entry | None:
         if not self._order:
             return None

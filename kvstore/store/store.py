@@ -13,17 +13,29 @@ one place (``_unpin``); a chunk deleted while pinned is "doomed" and freed by it
 
 When an allocation fails, the least recently used unpinned chunk is evicted (continuations first, see
 ``eviction.py``) until it succeeds; when nothing is left to evict the put fails with StoreFullError.
+
+With a disk tier the Store also keeps where each chunk lives (``Entry.host_offset``, ``Entry.disk``) and a second
+LRU queue for the disk. Committed chunks are queued for write-back (``dirty``); the tier manager
+(``manager.py``) drains that queue on worker threads and reports back through ``start_write``/``finish_write``
+and ``start_promote``/``finish_promote``: the Store stays the only code that allocates, frees and pins, and all
+of it runs on the event loop. Leaving the host tier is a *demotion* (the slot is freed, the file stays) when the
+chunk is on disk, and an eviction otherwise; leaving the disk tier is an eviction unless the chunk is still in
+DRAM. A chunk being written keeps its place in the host LRU (so a chain keeps its order) but is skipped as a
+victim until its write ends; a chunk being promoted is out of the disk LRU until its read ends.
 """
 
 from __future__ import annotations
 
+import errno
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from collections import deque
+from typing import Callable, Protocol, Sequence
 
 from ..errors import LeaseError, ReservationError, StoreFullError
+from ..tiers.disk import DiskTier
 from ..tiers.host import HostTier
-from .entry import Entry, State
+from .entry import DiskState, Entry, State
 from .eviction import LruQueue
 from .handles import Handle, HandleTable
 
@@ -44,6 +56,40 @@ class StoreCounters:
     expired_leases: int = 0
     expired_reservations: int = 0
     full_errors: int = 0
+
+
+@dataclass
+class TierCounters:
+    """Movements between tiers, in chunks and bytes (plain fields: exported as they are)."""
+
+    promotions_disk_host: int = 0
+    promoted_bytes_disk_host: int = 0
+    demotions_host_disk: int = 0
+    demoted_bytes_host_disk: int = 0
+    evictions_host: int = 0          # left DRAM with no disk copy: lost
+    evictions_disk: int = 0          # left the disk tier (a DRAM copy may remain)
+    evicted_bytes_disk: int = 0
+    disk_writes: int = 0
+    disk_write_bytes: int = 0        # bytes stored on disk (after compression)
+    disk_write_skipped: int = 0      # no room on disk even after eviction, or write failed
+    disk_reads: int = 0
+    disk_read_bytes: int = 0
+    checksum_failures: int = 0
+    io_errors: int = 0
+    quarantined: int = 0
+    unwritten_evictions: int = 0     # evicted from DRAM while still waiting for write-back
+
+
+class DiskIo(Protocol):
+    """What the Store asks of the tier manager: start writing, and remove files in order with writes."""
+
+    def wake_writer(self) -> None: ...
+
+    def remove_file(self, key: bytes, quarantine: str | None = None) -> None: ...
+
+
+HOST_HIGH_WATERMARK = 0.95
+HOST_LOW_WATERMARK = 0.85
 
 
 @dataclass(frozen=True)
@@ -69,8 +115,16 @@ class Reservation:
 
 class Store:
     def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, disk: DiskTier | None = None) -> None:
         self.host = host
+        self.disk = disk
+        self.disk_lru = LruQueue()
+        self.dirty: deque[Entry] = deque()   # write-back queue, commit order (prefixes first)
+        self.dirty_bytes = 0                 # bytes queued or being written
+        self.io: DiskIo | None = None        # set by the tier manager
+        self.tier_counters = TierCounters()
+        self.disk_full_reason = ""           # set when the filesystem said ENOSPC; puts fail until cleared
+        self.disk_full_need = 0              # free bytes that clear it (checked by the tier manager)
         self.lease_ttl = lease_ttl
         self.reserve_ttl = reserve_ttl
         self.clock = clock
@@ -98,12 +152,16 @@ class Store:
         c.lookups += 1
         c.lookup_keys += len(keys)
         c.hit_keys += len(found)
-        return LookupResult(len(found), [self.host.name] * len(found))
+        self.disk_lru.touch_chain(found)
+        return LookupResult(len(found), ["host" if e.host_offset is not None else "disk" for e in found])
 
     # -- two-phase put --------------------------------------------------------------------------------------
     def reserve(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
                 parent: bytes | None) -> tuple[Handle[Reservation], list[Slot | None]]:
         """Allocate space for the keys not stored yet. Slot None means "already stored or being written"."""
+        if self.disk_full_reason:
+            self.counters.full_errors += 1
+            raise StoreFullError(self.disk_full_reason)
         res = Reservation(namespace, [])
         slots: list[Slot | None] = []
         prev = parent
@@ -134,6 +192,14 @@ class Store:
         for entry in res.entries:
             entry.state = State.COMMITTED
         self.lru.add_chain(res.entries)
+        if self.disk is not None and res.entries:
+            for entry in res.entries:
+                entry.disk = DiskState.QUEUED
+                self.dirty.append(entry)
+                self.dirty_bytes += entry.size
+            self.disk_lru.add_chain(res.entries)
+            if self.io is not None:
+                self.io.wake_writer()
         c = self.counters
         c.puts += 1
         c.put_chunks += len(res.entries)
@@ -147,8 +213,12 @@ class Store:
 
     # -- leased reads ---------------------------------------------------------------------------------------
     def get(self, owner: bytes, keys: Sequence[bytes]) -> tuple[Handle[list[Entry]] | None, list[Entry]]:
-        """Pin the longest stored prefix of ``keys`` under a new lease (None when nothing is stored)."""
-        found = self.leading(keys)
+        """Pin the longest prefix of ``keys`` held in DRAM under a new lease (None when there is none)."""
+        found = []
+        for entry in self.leading(keys):
+            if entry.host_offset is None:
+                break
+            found.append(entry)
         c = self.counters
         c.gets += 1
         c.get_chunks += len(found)
@@ -204,27 +274,236 @@ class Store:
             self._drop_reserved(handle.payload.entries)
         return len(leases), len(reservations)
 
+    def rebalance(self) -> int:
+        """Above the high watermark, drop DRAM copies of chunks already on disk (LRU first) until under the low
+        one. Stops at a chunk not yet on disk: that is for the write-back to fix, not for demotion to lose."""
+        if self.disk is None or self.host.used_bytes <= HOST_HIGH_WATERMARK * self.host.capacity_bytes:
+            return 0
+        demoted = 0
+        while self.host.used_bytes > HOST_LOW_WATERMARK * self.host.capacity_bytes:
+            victim = self.lru.peek_oldest()
+            if victim is None or victim.disk is not DiskState.STORED:
+                break
+            self.lru.pop_oldest()
+            self._drop_host_copy(victim)
+            demoted += 1
+        return demoted
+
+    # -- disk tier: called by the tier manager ----------------------------------------------------------------
+    def adopt(self, key: bytes, size: int, namespace: str, footprint: int) -> bool:
+        """Index a chunk found on disk at start (call oldest first). False when it does not fit the cap."""
+        assert self.disk is not None
+        if key in self.index or not self._charge_disk(footprint):
+            return False
+        entry = Entry(key, size, namespace, None, State.COMMITTED, disk=DiskState.STORED, disk_bytes=footprint)
+        self.index[key] = entry
+        self.disk_lru.add_newest(entry)
+        return True
+
+    def next_write(self) -> Entry | None:
+        """Take the next queued chunk for writing, with its disk space charged; None when the queue is empty."""
+        assert self.disk is not None
+        while self.dirty:
+            entry = self.dirty.popleft()
+            self.dirty_bytes -= entry.size
+            if entry.disk is not DiskState.QUEUED or self.index.get(entry.key) is not entry \
+                    or entry.host_offset is None:
+                continue  # deleted or evicted while queued
+            footprint = self.disk.footprint(entry.size)
+            if not self._charge_disk(footprint):
+                self._forget_disk(entry)
+                self.tier_counters.disk_write_skipped += 1
+                continue
+            entry.disk = DiskState.WRITING
+            entry.disk_bytes = footprint
+            self.dirty_bytes += entry.size
+            return entry
+        return None
+
+    def finish_write(self, entry: Entry, stored: int | None, error: BaseException | None) -> None:
+        """A write ended: ``stored`` payload bytes, or ``error``."""
+        assert self.disk is not None
+        self.dirty_bytes -= entry.size
+        tc = self.tier_counters
+        if error is not None:
+            tc.io_errors += 1
+            tc.disk_write_skipped += 1
+            if getattr(error, "errno", None) == errno.ENOSPC:
+                self.disk_full_reason = (f"disk tier is full: the filesystem of {self.disk.directory} has no space "
+                                         f"left for a {entry.size}-byte chunk; free space there or lower --disk-size")
+                self.disk_full_need = 2 * entry.disk_bytes
+            entry.disk = DiskState.NONE
+            self.disk.uncharge(entry.disk_bytes)
+            entry.disk_bytes = 0
+            self.disk_lru.remove(entry)
+            if entry.doomed:
+                self._release_if_idle(entry)
+            return
+        assert stored is not None
+        entry.disk = DiskState.STORED
+        actual = self.disk.footprint(stored)
+        self.disk.used_bytes -= entry.disk_bytes - actual
+        entry.disk_bytes = actual
+        tc.disk_writes += 1
+        tc.disk_write_bytes += stored
+        self.disk_full_reason = ""
+        if entry.doomed:
+            self._release_if_idle(entry)
+
+    def start_promote(self, entry: Entry) -> int | None:
+        """Give a disk-only chunk a host slot to be read into; None if it is not promotable or DRAM is full."""
+        if entry.host_offset is not None or entry.loading is not None or entry.disk is not DiskState.STORED \
+                or not entry.readable:
+            return None
+        try:
+            offset = self._allocate(entry.size)
+        except StoreFullError:
+            return None
+        entry.loading = offset
+        self.disk_lru.remove(entry)
+        return offset
+
+    def finish_promote(self, entry: Entry, error: BaseException | None) -> bool:
+        """A promotion read ended. On error the chunk is a miss from now on (and its file is quarantined)."""
+        offset, entry.loading = entry.loading, None
+        tc = self.tier_counters
+        if error is None and not entry.doomed:
+            entry.host_offset = offset
+            self.lru.add_chain([entry])
+            self.disk_lru.add_chain([entry])
+            tc.promotions_disk_host += 1
+            tc.promoted_bytes_disk_host += entry.size
+            tc.disk_reads += 1
+            tc.disk_read_bytes += entry.size
+            return True
+        self.host.free(offset)
+        if error is not None:
+            from ..tiers.disk import ChecksumError
+            from ..tiers.disk_format import FormatError
+            bad = isinstance(error, (ChecksumError, FormatError))
+            if bad:
+                tc.checksum_failures += 1
+            else:
+                tc.io_errors += 1
+            if not entry.doomed:
+                del self.index[entry.key]
+                self.lru.remove(entry)
+            self._drop_disk_copy(entry, quarantine=str(error) if bad else None)
+            entry.doomed = True
+        self._release_if_idle(entry)
+        return False
+
+    def to_promote(self, keys: Sequence[bytes]) -> list[Entry]:
+        """The disk-only chunks of the longest stored prefix of ``keys``, cut where the prefix would pass half the
+        host tier: promoting more would evict the prefix's own first chunks to make room for its last ones."""
+        budget = self.host.capacity_bytes // 2
+        chosen = []
+        for entry in self.leading(keys):
+            budget -= entry.size
+            if budget < 0:
+                break
+            if entry.host_offset is None:
+                chosen.append(entry)
+        return chosen
+
     def committed_chunks(self) -> int:
         return sum(1 for e in self.index.values() if e.state is State.COMMITTED)
 
     # -- internals: the one place each resource is taken and given back ---------------------------------------
     def _allocate(self, size: int) -> int:
-        while True:
-            offset = self.host.allocate(size)
-            if offset is not None:
-                return offset
-            victim = self.lru.pop_oldest()
-            if victim is None:
-                raise StoreFullError(
-                    f"host tier is full: no room for a {size}-byte chunk and every stored chunk is leased or "
-                    f"being written ({self.host.used_bytes} of {self.host.capacity_bytes} bytes in use)")
-            self._evict(victim)
+        skipped: list[Entry] = []   # chunks being written: their slots are in use until the write ends
+        try:
+            while True:
+                offset = self.host.allocate(size)
+                if offset is not None:
+                    return offset
+                victim = self.lru.pop_oldest()
+                if victim is None:
+                    raise StoreFullError(
+                        f"host tier is full: no room for a {size}-byte chunk and every stored chunk is leased or "
+                        f"being written ({self.host.used_bytes} of {self.host.capacity_bytes} bytes in use)")
+                if victim.disk is DiskState.WRITING:
+                    skipped.append(victim)
+                    continue
+                self._drop_host_copy(victim)
+        finally:
+            self.lru.push_oldest(skipped)
+
+    def _drop_host_copy(self, entry: Entry) -> None:
+        """An unpinned chunk leaves DRAM (it is already out of the host LRU): demoted if on disk, else evicted."""
+        if entry.disk is DiskState.STORED:
+            self._free(entry)
+            self.tier_counters.demotions_host_disk += 1
+            self.tier_counters.demoted_bytes_host_disk += entry.size
+            return
+        if entry.disk is DiskState.QUEUED:
+            self.tier_counters.unwritten_evictions += 1
+        self.tier_counters.evictions_host += 1
+        self._evict(entry)
 
     def _evict(self, entry: Entry) -> None:
         del self.index[entry.key]
+        self.disk_lru.remove(entry)
+        self._forget_disk(entry)
         self._free(entry)
         self.counters.evictions += 1
         self.counters.evicted_bytes += entry.size
+
+    def _charge_disk(self, footprint: int) -> bool:
+        """Make room on disk (evicting its LRU chunks) and charge ``footprint`` bytes; False if impossible."""
+        assert self.disk is not None
+        if footprint > self.disk.capacity_bytes:
+            return False
+        skipped: list[Entry] = []
+        try:
+            while not self.disk.charge(footprint):
+                victim = self.disk_lru.pop_oldest()
+                if victim is None:
+                    return False
+                if victim.disk is not DiskState.STORED:
+                    skipped.append(victim)   # queued or being written: not evictable from disk yet
+                    continue
+                self._evict_from_disk(victim)
+            return True
+        finally:
+            self.disk_lru.push_oldest(skipped)
+
+    def _evict_from_disk(self, entry: Entry) -> None:
+        """A chunk leaves the disk tier (already out of the disk LRU); it is lost unless still in DRAM."""
+        self.tier_counters.evictions_disk += 1
+        self.tier_counters.evicted_bytes_disk += entry.size
+        self._drop_disk_copy(entry)
+        if entry.host_offset is None and entry.loading is None and not entry.doomed:
+            del self.index[entry.key]
+            self.lru.remove(entry)
+            self.counters.evictions += 1
+            self.counters.evicted_bytes += entry.size
+
+    def _drop_disk_copy(self, entry: Entry, quarantine: str | None = None) -> None:
+        if entry.disk is DiskState.STORED and self.disk is not None:
+            self.disk.uncharge(entry.disk_bytes)
+            entry.disk_bytes = 0
+            entry.disk = DiskState.NONE
+            if self.io is not None:
+                self.io.remove_file(entry.key, quarantine)
+            if quarantine is not None:
+                self.tier_counters.quarantined += 1
+
+    def _forget_disk(self, entry: Entry) -> None:
+        """The chunk will not (or no longer) be on disk: drop a stored copy; a queued one is skipped later."""
+        if entry.disk is DiskState.STORED:
+            self._drop_disk_copy(entry)
+        elif entry.disk is DiskState.QUEUED:
+            entry.disk = DiskState.NONE
+        if entry.disk is DiskState.NONE:
+            self.disk_lru.remove(entry)
+
+    def _release_if_idle(self, entry: Entry) -> None:
+        """Free what a removed (doomed) chunk still holds, once nothing uses it any more."""
+        if entry.busy:
+            return
+        self._free(entry)
+        self._forget_disk(entry)
 
     def _free(self, entry: Entry) -> None:
         if entry.host_offset is not None:
@@ -240,10 +519,9 @@ class Store:
     def _remove_committed(self, entry: Entry) -> None:
         del self.index[entry.key]
         self.lru.remove(entry)
-        if entry.pins:
-            entry.doomed = True
-        else:
-            self._free(entry)
+        self.disk_lru.remove(entry)
+        entry.doomed = True
+        self._release_if_idle(entry)
 
     def _pin(self, entry: Entry) -> None:
         if entry.pins == 0:
@@ -258,7 +536,7 @@ class Store:
             if entry.pins:
                 continue
             if entry.doomed:
-                self._free(entry)
+                self._release_if_idle(entry)
             else:
                 back_in_queue.append(entry)
         self.lru.add_chain(back_in_queue)

@@ -1,0 +1,115 @@
+"""``kvstore stats --watch``: a live view that refreshes in place, with rates between two snapshots.
+
+Each refresh fetches ``stats`` over one kept-open connection and compares it with the previous snapshot:
+lookups, hit tokens and bytes per second over the last interval, the hit rate over that interval and since the
+daemon started. Bytes moved are puts (in), gets (out) and promotions plus demotions (between tiers).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+
+from ..metrics.definitions import flatten
+from ..units import format_size
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float
+    values: dict[str, float]
+
+    @classmethod
+    def of(cls, stats: dict[str, Any]) -> "Sample":
+        return cls(time.monotonic(), dict(flatten(stats)))
+
+    def sum(self, prefix: str) -> float:
+        return sum(v for k, v in self.values.items() if k.startswith(prefix))
+
+    def get(self, path: str) -> float:
+        return self.values.get(path, 0)
+
+
+def _per_tier_or_total(sample: Sample, name: str) -> float:
+    """``counters.<name>_<tier>`` summed over tiers where the store counts per tier, else ``counters.<name>``."""
+    per_tier = sample.sum(f"counters.{name}_")
+    return per_tier if per_tier else sample.get(f"counters.{name}")
+
+
+QUANTITIES: dict[str, Callable[[Sample], float]] = {
+    "lookups": lambda s: s.get("counters.lookups"),
+    "lookup_tokens": lambda s: s.get("lookup_tokens"),
+    "hit_tokens": lambda s: s.get("hit_tokens"),
+    "bytes_in": lambda s: s.get("counters.put_bytes"),
+    "bytes_out": lambda s: s.get("counters.get_bytes"),
+    "bytes_between": lambda s: s.sum("counters.promoted_bytes_") + s.sum("counters.demoted_bytes_"),
+    "evictions": lambda s: _per_tier_or_total(s, "evictions"),
+}
+
+
+def quantity(sample: Sample, name: str) -> float:
+    return QUANTITIES[name](sample)
+
+
+def rates(prev: Sample | None, cur: Sample) -> dict[str, float]:
+    if prev is None or cur.at <= prev.at:
+        return {}
+    dt = cur.at - prev.at
+    return {name: max(0.0, (quantity(cur, name) - quantity(prev, name)) / dt) for name in QUANTITIES}
+
+
+def _pct(num: float, den: float) -> str:
+    return f"{100.0 * num / den:.1f} %" if den else "-"
+
+
+def render(stats: dict[str, Any], prev: Sample | None, cur: Sample, address: str) -> Group:
+    r = rates(prev, cur)
+    tiers = Table(title=f"kvstore {stats.get('version', '')} — up {stats.get('uptime_s', 0):.0f}s",
+                  caption=address)
+    for col in ("tier", "capacity", "used", "use %", "chunks"):
+        tiers.add_column(col, justify="left" if col == "tier" else "right")
+    for name, t in stats.get("tiers", {}).items():
+        tiers.add_row(name, format_size(t["capacity_bytes"]), format_size(t["used_bytes"]),
+                      _pct(t["used_bytes"], t["capacity_bytes"]), str(t["chunks"]))
+    live = Table(show_header=True)
+    live.add_column("")
+    live.add_column("last interval", justify="right")
+    live.add_column("since start", justify="right")
+    interval_rate = _pct(r["hit_tokens"], r["lookup_tokens"]) if r else "-"
+    live.add_row("hit rate (tokens)", interval_rate, _pct(stats["hit_tokens"], stats["lookup_tokens"]))
+    per_s = [("lookups/s", "lookups", str), ("hit tokens/s", "hit_tokens", str),
+             ("bytes in/s (put)", "bytes_in", format_size), ("bytes out/s (get)", "bytes_out", format_size),
+             ("bytes between tiers/s", "bytes_between", format_size), ("evictions/s", "evictions", str)]
+    for label, name, fmt in per_s:
+        shown = fmt(int(r[name])) if r else "-"
+        total = fmt(int(quantity(cur, name)))
+        live.add_row(label, shown, total)
+    live.add_row("leases / reservations / clients", "",
+                 f"{stats['leases']} / {stats['reservations']} / {stats['sessions']}")
+    return Group(tiers, live)
+
+
+def watch(client: Any, address: str, interval: float, count: int) -> int:
+    """Refresh every ``interval`` seconds, ``count`` times (0: until interrupted)."""
+    prev: Sample | None = None
+    shown = 0
+    with Live(refresh_per_second=4, auto_refresh=False) as live:
+        try:
+            while True:
+                stats = client.stats()
+                cur = Sample.of(stats)
+                live.update(render(stats, prev, cur, address), refresh=True)
+                prev, shown = cur, shown + 1
+                if count and shown >= count:
+                    break
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            pass
+    if not live.console.is_terminal:
+        live.console.line()  # end the last frame's line when writing to a file or pipe
+    return 0

@@ -1,0 +1,56 @@
+"""A byte pool on one device, carved into chunk slots by the extent allocator.
+
+The pool is one ``uint8`` tensor allocated once at start (``torch.empty`` on ``cuda:N`` in the daemon, on
+``cpu`` in tests: the bookkeeping is the same code). One allocation means one CUDA IPC handle for the whole
+tier, so an engine maps it once at connect time and every chunk afterwards is an (offset, size) into that
+mapping. Slots are aligned to ``ALIGN`` bytes (4 KiB), which keeps every slot 16-byte aligned for vectorised
+copies; allocation and free are O(1) (``kvstore.tiers.allocator``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tiers.allocator import ExtentAllocator
+
+ALIGN = 4096
+
+
+class DevicePool:
+    """``capacity`` bytes on ``device``; hands out byte ranges and tensor views of them."""
+
+    def __init__(self, capacity: int, device: torch.device | str) -> None:
+        if capacity < ALIGN:
+            raise ValueError(f"a device pool needs at least {ALIGN} bytes, got {capacity}")
+        self.device = torch.device(device)
+        self.buffer = torch.empty(capacity // ALIGN * ALIGN, dtype=torch.uint8, device=self.device)
+        self.allocator = ExtentAllocator(self.buffer.numel(), ALIGN)
+        self.slots = 0
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.allocator.capacity
+
+    @property
+    def used_bytes(self) -> int:
+        return self.allocator.used_bytes
+
+    def allocate(self, nbytes: int) -> int | None:
+        """Byte offset of a fresh slot of at least ``nbytes``, or None when no free extent is large enough."""
+        offset = self.allocator.allocate(nbytes)
+        if offset is not None:
+            self.slots += 1
+        return offset
+
+    def free(self, offset: int) -> None:
+        self.allocator.free(offset)
+        self.slots -= 1
+
+    def view(self, offset: int, nbytes: int) -> torch.Tensor:
+        """The bytes of a slot, as a 1-D ``uint8`` tensor sharing the pool's memory."""
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.buffer.numel():
+            raise ValueError(f"range {offset}+{nbytes} is outside the {self.buffer.numel()}-byte pool")
+        return self.buffer[offset:offset + nbytes]
+
+    def close(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8, device=self.device)

@@ -1,0 +1,126 @@
+"""The GPU HBM tier: hot chunks in a device pool that engines on the same GPU map by CUDA IPC.
+
+Same small interface as the host tier (``allocate``, ``free``, ``read``, ``write``, ``usage``, ``close``), so
+the tier manager treats it as the top tier; in addition, ``copy_to_host`` and ``copy_from_host`` move one
+chunk to or from a slot of the (pinned) host arena asynchronously and return a ``Transfer`` that the manager
+polls. Contract with the tier manager:
+
+* demote (gpu → host): allocate the host slot, ``copy_to_host``, and only when the transfer is ``done()``
+  point the entry at the host slot and ``free`` the GPU slot. A leased chunk is never demoted.
+* promote (host → gpu): allocate a GPU slot, ``copy_from_host``, and only when done point the entry at it and
+  free the host slot (or keep both and drop either later: the bytes are identical).
+
+The tier also owns the pinned registration of the host arena, so that the daemon pins and unpins in one
+place. Everything runs on CPU tensors in tests (``device="cpu"``): same bookkeeping, synchronous copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .copies import CopyEngine, Transfer
+from .ipc import PoolExport, export_pool
+from .pinned import PinnedRegion, pin
+from .pool import DevicePool
+
+
+@dataclass(frozen=True)
+class TierUsage:
+    capacity_bytes: int
+    used_bytes: int
+    chunks: int
+
+
+def host_tensor(buf: Any, nbytes: int) -> torch.Tensor:
+    """A ``uint8`` tensor over the first ``nbytes`` of a writable host buffer (the shared arena)."""
+    return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
+
+
+class GpuTier:
+    name = "gpu"
+
+    def __init__(self, capacity: int, device: torch.device | str, host_buf: Any | None = None,
+                 host_nbytes: int = 0) -> None:
+        self.pool = DevicePool(capacity, device)
+        self.copies = CopyEngine(self.pool.device)
+        self.host: torch.Tensor | None = None
+        self.pinned: PinnedRegion | None = None
+        if host_buf is not None:
+            if self.pool.device.type == "cuda":
+                self.pinned = pin(host_buf, host_nbytes)
+            self.host = host_tensor(host_buf, host_nbytes)
+
+    # -- the tier interface --------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.pool.device
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.pool.capacity_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        return self.pool.used_bytes
+
+    def allocate(self, nbytes: int) -> int | None:
+        return self.pool.allocate(nbytes)
+
+    def free(self, offset: int) -> None:
+        self.pool.free(offset)
+
+    def read(self, offset: int, nbytes: int) -> torch.Tensor:
+        """A device view of a stored chunk (valid while the chunk is pinned)."""
+        return self.pool.view(offset, nbytes)
+
+    def write(self, offset: int, data: Any) -> None:
+        """Copy bytes (a bytes-like object or a tensor on any device) into a slot, synchronously."""
+        src = data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        src = src.reshape(-1).view(torch.uint8)
+        self.pool.view(offset, src.numel()).copy_(src)
+
+    def usage(self) -> TierUsage:
+        return TierUsage(self.capacity_bytes, self.used_bytes, self.pool.slots)
+
+    # -- moving chunks between this tier and the host arena ---------------------------------------------------
+    def _host_slot(self, host_offset: int, nbytes: int) -> torch.Tensor:
+        if self.host is None:
+            raise RuntimeError("this GPU tier was opened without a host arena")
+        if host_offset < 0 or host_offset + nbytes > self.host.numel():
+            raise ValueError(f"range {host_offset}+{nbytes} is outside the {self.host.numel()}-byte host arena")
+        return self.host[host_offset:host_offset + nbytes]
+
+    def copy_to_host(self, offset: int, nbytes: int, host_offset: int) -> Transfer:
+        """Queue gpu slot → host arena slot (demotion). Free the GPU slot only once the transfer is done."""
+        return self.copies.copy(self._host_slot(host_offset, nbytes), self.pool.view(offset, nbytes))
+
+    def copy_from_host(self, host_offset: int, nbytes: int, offset: int) -> Transfer:
+        """Queue host arena slot → gpu slot (promotion). Publish the GPU slot only once the transfer is done."""
+        return self.copies.copy(self.pool.view(offset, nbytes), self._host_slot(host_offset, nbytes))
+
+    # -- sharing --------------------------------------------------------------------------------------------
+    def export(self) -> PoolExport | None:
+        """What an engine on the same GPU needs to map the pool (None on a CPU pool: nothing to share)."""
+        if self.pool.device.type != "cuda":
+            return None
+        return export_pool(self.pool.buffer)
+
+    def hello_info(self) -> dict[str, Any] | None:
+        """The ``gpu`` field of the HELLO reply (msgpack-friendly), or None."""
+        export = self.export()
+        if export is None:
+            return None
+        return {"capacity": self.capacity_bytes, "pinned_host": bool(self.pinned and self.pinned.pinned),
+                **export.to_wire()}
+
+    def close(self) -> None:
+        if self.copies.cuda:
+            torch.cuda.synchronize(self.pool.device)
+        self.host = None
+        if self.pinned is not None:
+            self.pinned.unpin()
+            self.pinned = None
+        self.pool.close()

@@ -1,0 +1,181 @@
+"""Every metric the daemon exports, defined once: name, type, help, labels and where its value comes from.
+
+The exporter (``collector.py``, ``latency.py``), the alert rules (``alerts.py``) and the Grafana dashboard
+(``dashboard.py``) are all generated from ``METRICS``, so a rule or a panel can never name a metric that does not
+exist.
+
+Where values come from. Gauges and counters of the store are not kept twice: the collector reads the daemon's
+``stats()`` dict at scrape time, flattens it to dotted paths (``tiers.host.used_bytes``,
+``counters.promotions_disk_host``) and matches each path against the metric's ``sources``, templates whose
+``{label}`` fields capture one tier name each (``[a-z0-9]+``, so tier names never contain ``_``). The first
+source that yields a label set wins, which lets a per-tier counter (``counters.evictions_host``) take precedence
+over an older unlabelled one (``counters.evictions``, which counts host evictions). Histograms are observed in
+the request dispatcher and have no source.
+
+Counters are named here without ``_total``; exposition adds it (see ``sample_name``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterator
+
+PREFIX = "kvstore_"
+TIER_LABEL = r"[a-z0-9]+"
+
+# Request latency buckets (seconds): a request is an index update of microseconds, a disk read can take
+# milliseconds, a stalled tier seconds.
+LATENCY_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                   0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A dotted path in ``Daemon.stats()`` with ``{label}`` fields, plus labels fixed for this source."""
+
+    template: str
+    fixed: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        parts = re.split(r"\{(\w+)\}", self.template)
+        regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>{TIER_LABEL})" for i, p in enumerate(parts))
+        return re.compile(regex)
+
+    def labels(self) -> tuple[str, ...]:
+        return tuple(re.findall(r"\{(\w+)\}", self.template)) + tuple(k for k, _ in self.fixed)
+
+    def match(self, path: str) -> dict[str, str] | None:
+        m = self.pattern.fullmatch(path)
+        return None if m is None else {**m.groupdict(), **dict(self.fixed)}
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str                      # full name, with the kvstore_ prefix, counters without _total
+    kind: str                      # "counter", "gauge" or "histogram"
+    help: str
+    labels: tuple[str, ...] = ()
+    sources: tuple[Source, ...] = ()
+    buckets: tuple[float, ...] = field(default=())
+
+    @property
+    def sample_name(self) -> str:
+        """The name PromQL uses: counters end in ``_total``; histograms are queried through ``_bucket`` etc."""
+        return self.name + "_total" if self.kind == "counter" else self.name
+
+    def series_names(self) -> tuple[str, ...]:
+        if self.kind == "counter":
+            return (self.name + "_total",)
+        if self.kind == "histogram":
+            return tuple(self.name + s for s in ("_bucket", "_count", "_sum"))
+        return (self.name,)
+
+
+def _m(name: str, kind: str, help: str, *sources: str | Source, labels: tuple[str, ...] | None = None,
+       buckets: tuple[float, ...] = ()) -> MetricDef:
+    srcs = tuple(s if isinstance(s, Source) else Source(s) for s in sources)
+    if labels is None:
+        labels = srcs[0].labels() if srcs else ()
+    for s in srcs:
+        assert set(s.labels()) == set(labels), f"{name}: source {s.template} has labels {s.labels()}"
+    return MetricDef(PREFIX + name, kind, help, labels, srcs, buckets)
+
+
+HOST = (("tier", "host"),)
+
+METRICS: tuple[MetricDef, ...] = (
+    # lookups: hit rate = hit_tokens / lookup_tokens
+    _m("lookups", "counter", "Lookup requests answered.", "counters.lookups"),
+    _m("lookup_tokens", "counter", "Tokens that lookups asked for (full chunks times chunk size).", "lookup_tokens"),
+    _m("hit_tokens", "counter", "Tokens that lookups found stored (the leading stored chunks).", "hit_tokens"),
+    _m("lookup_chunks", "counter", "Chunks that lookups asked for.", "counters.lookup_keys"),
+    _m("hit_chunks", "counter", "Chunks that lookups found stored.", "counters.hit_keys"),
+    # puts and gets
+    _m("puts", "counter", "Committed puts.", "counters.puts"),
+    _m("put_chunks", "counter", "Chunks stored by committed puts.", "counters.put_chunks"),
+    _m("put_bytes", "counter", "Bytes stored by committed puts.", "counters.put_bytes"),
+    _m("gets", "counter", "Gets that found at least one chunk.", "counters.gets"),
+    _m("get_chunks", "counter", "Chunks handed out by gets.", "counters.get_chunks"),
+    _m("get_bytes", "counter", "Bytes handed out by gets.", "counters.get_bytes"),
+    # tiers
+    _m("tier_capacity_bytes", "gauge", "Capacity of each tier.", "tiers.{tier}.capacity_bytes"),
+    _m("tier_used_bytes", "gauge", "Bytes in use in each tier (committed and reserved).", "tiers.{tier}.used_bytes"),
+    _m("tier_chunks", "gauge", "Chunks held by each tier.", "tiers.{tier}.chunks"),
+    _m("chunks", "gauge", "Committed chunks in the index (any tier).", "chunks"),
+    # movement between tiers
+    _m("promotions", "counter", "Chunks copied up from tier src to tier dst.", "counters.promotions_{src}_{dst}"),
+    _m("promoted_bytes", "counter", "Bytes copied up from tier src to tier dst.",
+       "counters.promoted_bytes_{src}_{dst}"),
+    _m("demotions", "counter", "Chunks moved down from tier src to tier dst.", "counters.demotions_{src}_{dst}"),
+    _m("demoted_bytes", "counter", "Bytes moved down from tier src to tier dst.",
+       "counters.demoted_bytes_{src}_{dst}"),
+    _m("evictions", "counter", "Chunks dropped from a tier to make room.",
+       "counters.evictions_{tier}", Source("counters.evictions", HOST)),
+    _m("evicted_bytes", "counter", "Bytes dropped from a tier to make room.",
+       "counters.evicted_bytes_{tier}", Source("counters.evicted_bytes", HOST)),
+    # handles and clients
+    _m("leases_active", "gauge", "Leases held by readers now.", "leases"),
+    _m("reservations_active", "gauge", "Reservations waiting for their commit now.", "reservations"),
+    _m("expired_leases", "counter", "Leases that ran past their TTL.", "counters.expired_leases"),
+    _m("expired_reservations", "counter", "Reservations that ran past their TTL.", "counters.expired_reservations"),
+    _m("clients_connected", "gauge", "Clients that said hello and have not gone.", "sessions"),
+    # errors
+    _m("requests", "counter", "Requests received.", "requests"),
+    _m("request_errors", "counter", "Requests answered with an error.", "errors"),
+    _m("auth_rejected", "counter", "tcp:// connections refused by CURVE authentication.", "auth_rejected"),
+    _m("store_full_errors", "counter", "Puts refused because nothing more could be evicted.",
+       "counters.full_errors"),
+    _m("checksum_failures", "counter", "Chunks read from disk whose checksum failed (served as misses).",
+       "counters.checksum_failures"),
+    _m("io_errors", "counter", "Disk I/O errors.", "counters.io_errors"),
+    # disk tier write-back and reads
+    _m("disk_writes", "counter", "Chunks written to the disk tier.", "counters.disk_writes"),
+    _m("disk_write_bytes", "counter", "Bytes written to the disk tier (after compression).",
+       "counters.disk_write_bytes"),
+    _m("disk_write_skipped", "counter", "Chunks not written to disk (no room, or the write failed).",
+       "counters.disk_write_skipped"),
+    _m("disk_reads", "counter", "Chunks read from the disk tier.", "counters.disk_reads"),
+    _m("disk_read_bytes", "counter", "Bytes read from the disk tier.", "counters.disk_read_bytes"),
+    _m("disk_quarantined", "counter", "Chunk files moved to quarantine (bad header, length or checksum).",
+       "counters.quarantined"),
+    _m("unwritten_evictions", "counter", "Chunks evicted from DRAM before their disk write.",
+       "counters.unwritten_evictions"),
+    _m("disk_write_queue_chunks", "gauge", "Chunks waiting for write-back.", "disk.write_queue_chunks"),
+    _m("disk_write_queue_bytes", "gauge", "Bytes waiting for or in write-back.", "disk.write_queue_bytes"),
+    _m("disk_writes_in_flight", "gauge", "Disk writes in flight.", "disk.writes_in_flight"),
+    _m("disk_reads_in_flight", "gauge", "Disk reads (promotions) in flight.", "disk.reads_in_flight"),
+    _m("uptime_seconds", "gauge", "Seconds since the daemon started.", "uptime_s"),
+    # latency, observed by the dispatcher
+    _m("request_duration_seconds", "histogram",
+       "Time the daemon spent on a request, by operation (lookup, reserve, commit, put_inline, get, ...).",
+       labels=("op",), buckets=LATENCY_BUCKETS),
+)
+
+BY_NAME: dict[str, MetricDef] = {m.name: m for m in METRICS}
+assert len(BY_NAME) == len(METRICS), "metric names must be unique"
+
+
+def metric(name: str) -> MetricDef:
+    """The definition named ``name`` (with or without the prefix); KeyError names what is missing."""
+    full = name if name.startswith(PREFIX) else PREFIX + name
+    try:
+        return BY_NAME[full]
+    except KeyError:
+        raise KeyError(f"no metric {full} in kvstore.metrics.definitions") from None
+
+
+def exported_series() -> set[str]:
+    """Every series name a scrape can contain (``kvstore_x_total``, ``kvstore_y_bucket``, ...)."""
+    return {s for m in METRICS for s in m.series_names()}
+
+
+def flatten(stats: dict, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """``{"tiers": {"host": {"chunks": 3}}}`` -> ``("tiers.host.chunks", 3)``; only numbers are kept."""
+    for key, value in stats.items():
+        path = prefix + str(key)
+        if isinstance(value, dict):
+            yield from flatten(value, path + ".")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield path, value

@@ -1,0 +1,159 @@
+"""Building and loading the native gather/scatter kernels (``native/``), with no hard dependency on them.
+
+The kernels are plain C (``kvstore_copy.c``, OpenMP) and CUDA (``kvstore_copy.cu``) with a C ABI, called through
+``ctypes`` with raw pointers. They include no torch headers, so a build takes seconds (no ninja, no
+``torch/extension.h``) and the library does not depend on which torch build is installed. A build happens only
+when asked for (``build()``, ``python -m kvstore.ops.native``, the benchmarks, or ``KVSTORE_NATIVE=build``),
+never on import; the result is cached under ``$KVSTORE_NATIVE_DIR`` (default ``~/.cache/kvstore/native``) by a
+hash of the source, compiler and flags, and written under a temporary name then renamed, so concurrent builders
+never load a half-written library. Without a compiler, sources or CUDA toolkit, loading returns None and the
+torch path is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "native"
+CPU_SOURCE = "kvstore_copy.c"
+CUDA_SOURCE = "kvstore_copy.cu"
+BUILD_TIMEOUT_S = 240
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    name: str
+    path: str | None
+    error: str | None
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("KVSTORE_NATIVE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kvstore", "native")
+    return Path(base)
+
+
+def _cuda_arch() -> str:
+    """``sm_XY`` of the visible GPU (``KVSTORE_CUDA_ARCH`` overrides; sm_90 when none is visible)."""
+    forced = os.environ.get("KVSTORE_CUDA_ARCH")
+    if forced:
+        return forced
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            return f"sm_{major}{minor}"
+    except Exception:  # noqa: BLE001 - no usable CUDA: build for the default target
+        pass
+    return "sm_90"
+
+
+def _command(kind: str, source: Path, output: str) -> list[str] | None:
+    if kind == "cpu":
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        return None if cc is None else [cc, "-O3", "-fopenmp", "-fPIC", "-shared", "-o", output, str(source)]
+    nvcc = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
+    if nvcc is None:
+        return None
+    arch = _cuda_arch()
+    compute = arch.replace("sm_", "compute_")
+    return [nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch={compute},code=[{arch},{compute}]",
+            "-o", output, str(source)]
+
+
+def _library_path(kind: str) -> tuple[Path, list[str]] | None:
+    source = SOURCE_DIR / (CPU_SOURCE if kind == "cpu" else CUDA_SOURCE)
+    if not source.exists():
+        return None
+    cmd = _command(kind, source, "OUT")
+    if cmd is None:
+        return None
+    digest = hashlib.sha256(source.read_bytes() + " ".join(cmd).encode()).hexdigest()[:16]
+    return cache_dir() / f"kvstore_copy_{kind}_{digest}.so", cmd
+
+
+def build(kind: str) -> BuildResult:
+    """Compile the ``cpu`` or ``cuda`` library if it is not cached yet; never raises."""
+    found = _library_path(kind)
+    if found is None:
+        what = "a C compiler" if kind == "cpu" else "nvcc (a CUDA toolkit)"
+        return BuildResult(kind, None, f"cannot build: needs {what} and the native/ sources")
+    path, cmd = found
+    if path.exists():
+        return BuildResult(kind, str(path), None)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp.so", dir=path.parent)
+        os.close(fd)
+        cmd = [tmp if part == "OUT" else part for part in cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if proc.returncode != 0:
+            os.unlink(tmp)
+            return BuildResult(kind, None, f"{cmd[0]} failed: {proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, path)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return BuildResult(kind, None, f"build failed: {exc}")
+    return BuildResult(kind, str(path), None)
+
+
+_LOADED: dict[str, ctypes.CDLL | None] = {}
+
+
+def load(kind: str, build_if_missing: bool | None = None) -> ctypes.CDLL | None:
+    """The ``cpu`` or ``cuda`` library, or None. Builds only if asked (or ``KVSTORE_NATIVE=build``)."""
+    if kind in _LOADED:
+        return _LOADED[kind]
+    mode = os.environ.get("KVSTORE_NATIVE", "auto").lower()
+    lib = None
+    if mode != "off":
+        if build_if_missing is None:
+            build_if_missing = mode == "build"
+        found = _library_path(kind)
+        if found is not None and (found[0].exists() or (build_if_missing and build(kind).path)):
+            lib = _open(kind, str(found[0]))
+    _LOADED[kind] = lib
+    return lib
+
+
+def _open(kind: str, path: str) -> ctypes.CDLL | None:
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    if kind == "cpu":
+        fn = lib.kvstore_copy_rows_cpu
+        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
+        fn.restype = i64
+    else:
+        fn = lib.kvstore_copy_rows_cuda
+        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, ctypes.c_int, ctypes.c_int, ptr]
+        fn.restype = ctypes.c_int
+    return lib
+
+
+def forget() -> None:
+    """Drop what ``load`` remembered (tests and benchmarks that switch ``KVSTORE_NATIVE``)."""
+    _LOADED.clear()
+
+
+def main() -> int:
+    kinds = sys.argv[1:] or ["cpu", "cuda"]
+    status = 0
+    for kind in kinds:
+        result = build(kind)
+        print(f"{kind}: {result.path or result.error}")
+        status |= result.path is None and kind == "cpu"
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

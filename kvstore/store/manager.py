@@ -1,0 +1,206 @@
+"""The tier manager: write-back to disk, promotion from disk, and back-pressure, around the Store.
+
+Write-back, not write-through. A commit makes a chunk readable from DRAM at once and queues it (``Store.dirty``,
+commit order, so a chain's prefix reaches disk before its continuations); up to ``io_depth`` workers write
+queued chunks straight from their host slots. A put therefore costs DRAM bandwidth, not disk bandwidth, and a
+chunk that is deleted or evicted before its turn is never written at all. The price is the window between
+commit and the end of the write: ``kill -9`` (or a crash) loses the chunks still queued, which is acceptable for
+a cache — a lost chunk is a miss, never wrong data. SIGTERM flushes the queue (bounded by ``FLUSH_TIMEOUT``).
+
+Back-pressure. The queue holds references, never copies: a queued chunk's bytes are its DRAM slot. So memory
+cannot grow past the host tier, but a put faster than the disk would fill DRAM with chunks that cannot yet be
+demoted, and the next allocation would have to evict unwritten chunks. To prevent that, the bytes queued or in
+flight are bounded (``--disk-queue``): a put that would pass the bound waits (asynchronously, up to its
+``wait_ms``) for the writers to drain it, and fails with StoreFullError ("disk writes are behind") if they do
+not. Puts thus slow down to disk speed under sustained load instead of dropping data or growing memory.
+
+Promotion. A lookup that finds leading chunks only on disk starts reading them into newly allocated host slots
+right away (the Store allocates; a worker reads with O_DIRECT into the slot and checks the checksum), so a get
+shortly after finds them in DRAM; a get of disk-only chunks awaits those reads, bounded by its ``wait_ms``. A
+read that fails its checksum makes the chunk a miss (its file is quarantined) and is counted, never served.
+
+Demotion. Chunks whose write has completed can leave DRAM for free (the file is there), so demotion is just a
+free: ``Store.rebalance`` runs after every completed write and on each sweep and keeps the host tier between its
+watermarks, oldest (continuations first) first.
+
+File removals go to the same worker pool; a later write of the same key waits for an earlier removal, so a
+delete followed by a put of the same key never loses the new file to the old unlink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import shutil
+import time
+from typing import Sequence
+
+from .. import logs
+from ..tiers.disk import DiskTier, round_up
+from .entry import Entry
+from .store import Store
+
+FLUSH_TIMEOUT = 30.0
+
+
+class TierManager:
+    def __init__(self, store: Store, disk: DiskTier, io_depth: int, queue_bytes: int) -> None:
+        self.store = store
+        self.disk = disk
+        self.io_depth = io_depth
+        self.queue_bytes = queue_bytes
+        # Twice the write depth, so that promotion reads always find a worker while writes are in flight.
+        self.pool = concurrent.futures.ThreadPoolExecutor(2 * io_depth, thread_name_prefix="kvstore-io")
+        self.writing = 0
+        self.loads: dict[bytes, asyncio.Future] = {}
+        self._removing: dict[bytes, concurrent.futures.Future] = {}
+        self._drained = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        store.io = self
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.wake_writer()
+
+    # -- write-back -----------------------------------------------------------------------------------------
+    def wake_writer(self) -> None:
+        if self._loop is None:
+            return
+        while self.writing < self.io_depth:
+            entry = self.store.next_write()
+            if entry is None:
+                break
+            self.writing += 1
+            slot = self.store.host.read(entry.host_offset, round_up(entry.size))
+            before = self._removing.get(entry.key)
+            fut = self._loop.run_in_executor(self.pool, self._write_job, entry, slot, before)
+            fut.add_done_callback(lambda f, e=entry: self._write_done(e, f))
+
+    def _write_job(self, entry: Entry, slot: memoryview, before: concurrent.futures.Future | None) -> int:
+        if before is not None:
+            before.result()
+        return self.disk.write(entry.key, entry.namespace, slot, entry.size)
+
+    def _write_done(self, entry: Entry, fut: asyncio.Future) -> None:
+        self.writing -= 1
+        error = fut.exception()
+        if error is not None:
+            logs.warning("disk_write_failed", key=entry.key.hex(), error=repr(error))
+        self.store.finish_write(entry, None if error else fut.result(), error)
+        self.wake_writer()
+        self.store.rebalance()
+        self._drained.set()
+
+    def over_bound(self, nbytes: int) -> bool:
+        """Whether queuing ``nbytes`` more would pass the write-back bound (a lone large put always passes)."""
+        queued = self.store.dirty_bytes
+        return queued > 0 and queued + nbytes > self.queue_bytes
+
+    async def wait_for_room(self, nbytes: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.over_bound(nbytes):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._drained.clear()
+            try:
+                await asyncio.wait_for(self._drained.wait(), remaining)
+            except asyncio.TimeoutError:
+                return not self.over_bound(nbytes)
+        return True
+
+    async def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
+        """Write everything queued (at shutdown). True when the queue is empty."""
+        deadline = time.monotonic() + timeout
+        self.wake_writer()
+        while self.store.dirty or self.writing:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._drained.clear()
+            try:
+                await asyncio.wait_for(self._drained.wait(), min(remaining, 0.1))
+            except asyncio.TimeoutError:
+                pass
+            self.wake_writer()
+        return True
+
+    # -- promotion ------------------------------------------------------------------------------------------
+    def promote(self, entries: Sequence[Entry]) -> list[asyncio.Future]:
+        """Start reading disk-only chunks into DRAM; returns the reads in flight for them."""
+        futures = []
+        if self._loop is None:
+            return futures
+        for entry in entries:
+            fut = self.loads.get(entry.key)
+            if fut is None:
+                offset = self.store.start_promote(entry)
+                if offset is None:
+                    break  # DRAM full of pinned chunks, or not promotable: the rest would not be a prefix
+                slot = self.store.host.read(offset, round_up(entry.size))
+                before = self._removing.get(entry.key)
+                fut = self._loop.run_in_executor(self.pool, self._read_job, entry, slot, before)
+                fut.add_done_callback(lambda f, e=entry: self._read_done(e, f))
+                self.loads[entry.key] = fut
+            futures.append(fut)
+        return futures
+
+    def _read_job(self, entry: Entry, slot: memoryview, before: concurrent.futures.Future | None) -> None:
+        if before is not None:
+            before.result()
+        self.disk.read_into(entry.key, slot, entry.size)
+
+    def _read_done(self, entry: Entry, fut: asyncio.Future) -> None:
+        self.loads.pop(entry.key, None)
+        error = fut.exception()
+        if error is not None:
+            logs.warning("disk_read_failed", key=entry.key.hex(), error=repr(error))
+        self.store.finish_promote(entry, error)
+
+    @staticmethod
+    async def wait_loaded(futures: list[asyncio.Future], timeout: float) -> None:
+        if futures and timeout > 0:
+            await asyncio.wait(futures, timeout=timeout)
+
+    # -- removal --------------------------------------------------------------------------------------------
+    def remove_file(self, key: bytes, quarantine: str | None = None) -> None:
+        before = self._removing.get(key)
+        fut = self.pool.submit(self._remove_job, key, quarantine, before)
+        self._removing[key] = fut
+        if self._loop is not None:
+            fut.add_done_callback(lambda f: self._call_soon(self._removed, key, f))
+
+    def _call_soon(self, fn, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass  # the loop has closed: shutting down, the removal itself is done
+
+    def _remove_job(self, key: bytes, quarantine: str | None, before: concurrent.futures.Future | None) -> None:
+        if before is not None:
+            before.result()
+        if quarantine is None:
+            self.disk.remove(key)
+        else:
+            self.disk.quarantine(key, quarantine)
+
+    def _removed(self, key: bytes, fut: concurrent.futures.Future) -> None:
+        if self._removing.get(key) is fut:
+            del self._removing[key]
+        if fut.exception() is not None:
+            logs.warning("disk_remove_failed", key=key.hex(), error=repr(fut.exception()))
+
+    # -- upkeep ---------------------------------------------------------------------------------------------
+    def check_space(self) -> None:
+        """Clear the 'disk full' state once the filesystem has room again."""
+        if self.store.disk_full_reason:
+            if shutil.disk_usage(self.disk.directory).free >= self.store.disk_full_need:
+                self.store.disk_full_reason = ""
+                logs.info("disk_space_back", directory=self.disk.directory)
+
+    def stats(self) -> dict[str, int]:
+        return {"write_queue_chunks": len(self.store.dirty), "write_queue_bytes": self.store.dirty_bytes,
+                "writes_in_flight": self.writing, "reads_in_flight": len(self.loads)}
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)

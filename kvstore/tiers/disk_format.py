@@ -1,0 +1,108 @@
+"""On-disk chunk format: one file per chunk, a 4 KiB header block followed by the payload.
+
+Layout (little-endian)::
+
+    0   8  magic        b"KVSCHUNK"
+    8   2  version      FORMAT_VERSION
+    10  2  flags        bit 0: payload is lz4-compressed (block format, raw length known)
+    12  2  ns_len       bytes of the UTF-8 namespace stored at offset 64
+    14  2  reserved     0
+    16 16  key          the chunk's 16-byte chained key
+    32  8  raw_len      length of the chunk as put
+    40  8  stored_len   length of the payload on disk (== raw_len unless compressed)
+    48  8  payload_sum  xxh3-64 of the stored payload
+    56  8  header_sum   xxh3-64 of bytes 0..56 and the namespace
+    64  …  namespace
+    4096   payload (stored_len bytes); the file is exactly HEADER_BYTES + stored_len long
+
+The header fills one 4 KiB block so that the payload starts block-aligned: O_DIRECT reads and writes move the
+payload straight between the device and a page-aligned slot of the host arena, with no staging copy. The header
+carries its own checksum so that the index is rebuilt at start from headers alone (one 4 KiB read per file,
+thousands of files a second) and still rejects a torn or foreign header; the payload checksum is checked on
+every read, where a failure is a miss, never data. xxh3-64 runs at memory bandwidth, far above any NVMe.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+MAGIC = b"KVSCHUNK"
+FORMAT_VERSION = 1
+HEADER_BYTES = 4096
+FLAG_LZ4 = 1
+KEY_BYTES = 16
+MAX_NAMESPACE_BYTES = HEADER_BYTES - 64
+
+_FIXED = struct.Struct("<8sHHHH16sQQQ")
+_SUM = struct.Struct("<Q")
+assert _FIXED.size == 56
+
+
+class FormatError(ValueError):
+    """A header that is not ours, torn, or inconsistent with its file."""
+
+
+@dataclass(frozen=True)
+class ChunkHeader:
+    key: bytes
+    namespace: str
+    raw_len: int
+    stored_len: int
+    payload_sum: int
+    flags: int = 0
+
+    @property
+    def compressed(self) -> bool:
+        return bool(self.flags & FLAG_LZ4)
+
+    @property
+    def file_len(self) -> int:
+        return HEADER_BYTES + self.stored_len
+
+
+def checksum(data: bytes | memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def pack_header(header: ChunkHeader, into: memoryview | bytearray | None = None) -> bytes | memoryview:
+    """The 4 KiB header block; written into ``into`` (an aligned buffer) when given."""
+    ns = header.namespace.encode()
+    if len(ns) > MAX_NAMESPACE_BYTES:
+        raise ValueError(f"namespace of {len(ns)} bytes does not fit the header ({MAX_NAMESPACE_BYTES} max)")
+    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, header.flags, len(ns), 0, header.key,
+                        header.raw_len, header.stored_len, header.payload_sum)
+    block = into if into is not None else bytearray(HEADER_BYTES)
+    block[:HEADER_BYTES] = bytes(HEADER_BYTES)
+    block[0:56] = fixed
+    block[56:64] = _SUM.pack(checksum(fixed + ns))
+    block[64:64 + len(ns)] = ns
+    return block if into is not None else bytes(block)
+
+
+def unpack_header(block: bytes | memoryview, file_len: int | None = None) -> ChunkHeader:
+    """Parse and check a header block; ``file_len`` (when known) must match. Raises FormatError."""
+    if len(block) < 64:
+        raise FormatError(f"header is {len(block)} bytes, shorter than the fixed part")
+    fixed = bytes(block[0:56])
+    magic, version, flags, ns_len, _, key, raw_len, stored_len, payload_sum = _FIXED.unpack(fixed)
+    if magic != MAGIC:
+        raise FormatError("bad magic: not a kvstore chunk file")
+    if version != FORMAT_VERSION:
+        raise FormatError(f"format version {version}, this daemon reads {FORMAT_VERSION}")
+    if ns_len > MAX_NAMESPACE_BYTES or 64 + ns_len > len(block):
+        raise FormatError(f"namespace length {ns_len} out of range")
+    ns = bytes(block[64:64 + ns_len])
+    (header_sum,) = _SUM.unpack(bytes(block[56:64]))
+    if checksum(fixed + ns) != header_sum:
+        raise FormatError("header checksum mismatch")
+    if flags & ~FLAG_LZ4:
+        raise FormatError(f"unknown flags {flags:#x}")
+    if stored_len == 0 or raw_len == 0 or (not flags & FLAG_LZ4 and stored_len != raw_len):
+        raise FormatError(f"inconsistent lengths raw={raw_len} stored={stored_len}")
+    header = ChunkHeader(key, ns.decode(errors="replace"), raw_len, stored_len, payload_sum, flags)
+    if file_len is not None and file_len != header.file_len:
+        raise FormatError(f"file is {file_len} bytes, header says {header.file_len}")
+    return header
