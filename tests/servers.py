@@ -30,6 +30,7 @@ from pathlib import Path
 
 __all__ = [
     "MooncakeCluster",
+    "RedisCluster",
     "RedisServer",
     "ServerProcess",
     "free_port",
@@ -43,10 +44,22 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(below: int = 65536, also: int = 0) -> int:
+    """A free loopback port under ``below``; with ``also``, port + ``also`` is free too."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port >= below:
+            continue
+        if also:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port + also))
+                except OSError:
+                    continue
+        return port
+    raise RuntimeError("no free port pair found")
 
 
 def mooncake_binary(name: str) -> str | None:
@@ -157,10 +170,12 @@ class ServerProcess:
 class RedisServer:
     """``redis-server`` on a free loopback port; ``url`` is ``redis://127.0.0.1:PORT``."""
 
-    def __init__(self, workdir: Path, binary: str = "redis-server", maxmemory: str | None = None):
+    def __init__(self, workdir: Path, binary: str = "redis-server", maxmemory: str | None = None,
+                 extra: list[str] | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        # A cluster node also listens on port + 10000 (its cluster bus).
+        self.port = free_port(55536, 10000) if extra and "--cluster-enabled" in extra else free_port()
         argv = [
             binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(self.workdir), "--protected-mode", "yes",
@@ -168,6 +183,7 @@ class RedisServer:
         ]
         if maxmemory:
             argv += ["--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru"]
+        argv += extra or []
         self.server = ServerProcess(argv, self.port, self.workdir / "redis.log")
 
     @property
@@ -191,6 +207,53 @@ class RedisServer:
         self.server.resume()
 
     def __enter__(self) -> "RedisServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class RedisCluster:
+    """Three ``redis-server`` masters joined into a Redis Cluster by ``redis-cli --cluster create``.
+
+    ``url`` is ``redis://127.0.0.1:PORT?cluster=1`` (any node; the client reads the slot map).
+    """
+
+    def __init__(self, workdir: Path, binary: str = "redis-server", cli: str = "redis-cli", nodes: int = 3):
+        self.workdir = Path(workdir)
+        self.cli = cli
+        self.nodes = [
+            RedisServer(self.workdir / f"node{i}", binary,
+                        extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                               "--cluster-node-timeout", "2000"])
+            for i in range(nodes)
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.nodes[0].port}?cluster=1"
+
+    def start(self) -> "RedisCluster":
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        subprocess.run([self.cli, "--cluster", "create", *addresses, "--cluster-replicas", "0",
+                        "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = [subprocess.run([self.cli, "-p", str(node.port), "cluster", "info"],
+                                     capture_output=True, text=True, timeout=10).stdout
+                      for node in self.nodes]
+            if all("cluster_state:ok" in state for state in states):
+                return self
+            time.sleep(0.1)
+        raise TimeoutError("redis cluster did not reach cluster_state:ok")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> "RedisCluster":
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -18,9 +18,9 @@ import pytest
 from kvstore.remote import Health, RemoteError, open_backend, record
 
 try:
-    from servers import MooncakeCluster, RedisServer, require
+    from servers import MooncakeCluster, RedisCluster, RedisServer, free_port, require
 except ImportError:   # tests/ imported as a package
-    from tests.servers import MooncakeCluster, RedisServer, require
+    from tests.servers import MooncakeCluster, RedisCluster, RedisServer, free_port, require
 
 TIMEOUT = 0.5          # backend deadline for metadata calls in these tests
 SLACK = 0.75           # scheduling allowance on a busy 2-core machine
@@ -316,3 +316,22 @@ def test_public_surface():
     assert set(remote.__all__) == {"Health", "RemoteBackend", "RemoteError", "open_backend"}
     for name in remote.__all__:
         assert hasattr(remote, name)
+
+
+def test_redis_cluster_down_at_start_is_an_outage():
+    with open_backend(f"redis://127.0.0.1:{free_port()}?cluster=1", timeout=TIMEOUT) as b:
+        t0 = time.monotonic()
+        assert b.batch_exists([b"k" * 16]) == 0
+        assert time.monotonic() - t0 < TIMEOUT + SLACK
+        assert not b.healthy
+
+
+def test_redis_cluster_round_trip(tmp_path):
+    with RedisCluster(tmp_path, binary=require("redis-server"), cli=require("redis-cli")) as cluster:
+        with open_backend(cluster.url, timeout=TIMEOUT) as b:
+            keys, payloads = chunks(12, 4096)          # spread over the three masters' slots
+            assert b.batch_put(keys, payloads) == 12
+            assert b.batch_exists(keys) == 12
+            assert [bytes(v) for v in b.batch_get(keys)] == payloads
+            assert b.delete(keys[:1]) == 1
+            assert b.batch_exists(keys) == 0 and b.stats()["errors"] == 0

@@ -50,9 +50,23 @@ class RedisBackend(RemoteBackend):
                       socket_connect_timeout=self.timeout, health_check_interval=0)
         if cluster:
             from redis.cluster import RedisCluster
-            self._client = RedisCluster.from_url(client_url, **common)
+            # RedisCluster reads the slot map when built: build it on first use,
+            # on a worker thread, so that a cluster that is down at start-up is
+            # an outage like any other rather than an error in the constructor.
+            self._factory = lambda: RedisCluster.from_url(client_url, **common)
+            self._conn = None
         else:
-            self._client = redis.Redis.from_url(client_url, retry=Retry(NoBackoff(), 0), **common)
+            self._factory = None
+            self._conn = redis.Redis.from_url(client_url, retry=Retry(NoBackoff(), 0), **common)
+
+    @property
+    def _client(self):
+        if self._conn is None:
+            try:
+                self._conn = self._factory()
+            except self._errors as exc:
+                raise RemoteError(f"redis cluster unreachable: {exc}") from exc
+        return self._conn
 
     def _pipeline(self):
         return self._client.pipeline(transaction=False)
@@ -87,7 +101,8 @@ class RedisBackend(RemoteBackend):
         self._client.ping()
 
     def _close(self) -> None:
-        self._client.close()
+        if self._conn is not None:
+            self._conn.close()
 
     def delete(self, keys, namespace: str | None = None) -> int:
         """Remove values (for tests and operators); returns how many existed."""
