@@ -92,6 +92,18 @@ def test_round_trip(backend):
     assert stats["hits"] == 8 and stats["get_bytes"] == 2 * sum(map(len, payloads))
 
 
+def test_lookup_gives_payload_sizes_for_exact_slots(backend):
+    keys, payloads = chunks(4, 1000)
+    payloads[1] = os.urandom(70_000)
+    assert backend.batch_put(keys[:2] + keys[3:], payloads[:2] + payloads[3:]) == 3
+    sizes = backend.batch_lookup(keys)
+    assert sizes == [1000, 70_000]                      # leading run only
+    slots = [bytearray(n) for n in sizes]
+    assert backend.batch_get_into(keys[:2], slots) == sizes
+    assert [bytes(s) for s in slots] == payloads[:2]
+    assert backend.batch_lookup([]) == []
+
+
 def test_get_into_a_larger_buffer(backend):
     keys, payloads = chunks(2, 10_000)
     backend.batch_put(keys, payloads)
@@ -186,6 +198,7 @@ def test_stopped_server_degrades_to_misses_and_recovers(kind, server, backend, c
     assert backend.batch_exists(keys) == 0
     assert time.monotonic() - t0 < TIMEOUT + SLACK
     assert backend.health is Health.DOWN
+    assert backend.batch_lookup(keys) == []
 
     t0 = time.monotonic()                             # while down: no waiting at all
     for _ in range(50):

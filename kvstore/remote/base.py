@@ -20,9 +20,9 @@ hit slower and never hands out bad bytes:
   it (counted) when the queue already holds ``max_pending_bytes`` or the store
   is down: the remote copy is a cache, not a journal.
 
-Subclasses implement five small methods on object *names* (already derived
-from namespace and key): ``_exists``, ``_get``, ``_put``, ``_probe`` and
-``_close``, plus optionally ``_get_into`` / ``register_memory`` for zero-copy.
+Subclasses implement six small methods on object *names* (already derived
+from namespace and key): ``_exists``, ``_sizes``, ``_get``, ``_put``,
+``_probe`` and ``_close``, plus optionally ``_get_into`` / ``register_memory`` for zero-copy.
 They may block; they raise on store failure and return ``None``/``False`` for
 a plain miss.
 """
@@ -113,6 +113,24 @@ class RemoteBackend:
                 break
             count += 1
         return count
+
+    def batch_lookup(self, keys: Sequence[bytes], namespace: str | None = None) -> list[int]:
+        """Payload sizes of the leading ``keys`` the store holds ([] on any failure).
+
+        One batched metadata call. Promotion uses it to allocate slots of the
+        exact size before ``batch_get_into``. A value's size is read from the
+        store, not validated: the get that follows still checks the record.
+        """
+        if not keys:
+            return []
+        names = [self.object_name(k, namespace) for k in keys]
+        sizes = self._call(self._reads, self.timeout, self._sizes, names)
+        out: list[int] = []
+        for size in sizes or ():
+            if size is None or size < record.HEADER_SIZE:
+                break
+            out.append(size - record.HEADER_SIZE)
+        return out
 
     def batch_get(self, keys: Sequence[bytes], namespace: str | None = None) -> list[memoryview | None]:
         """Validated payloads, ``None`` for a missing or bad value (all ``None`` on failure).
@@ -271,6 +289,10 @@ class RemoteBackend:
     # ------------------------------------------------------- subclass surface
 
     def _exists(self, names: list[str]) -> list[bool]:
+        raise NotImplementedError
+
+    def _sizes(self, names: list[str]) -> list[int | None]:
+        """Stored value sizes (header included), ``None`` where absent."""
         raise NotImplementedError
 
     def _get(self, names: list[str]) -> list[Any]:

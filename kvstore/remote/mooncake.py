@@ -86,6 +86,14 @@ def _handle_view(handle: Any) -> memoryview:
     return memoryview(array).cast("B")
 
 
+def _replica_size(replicas: Any) -> int | None:
+    """Size of the first complete memory replica of a value, if any."""
+    for replica in replicas or ():
+        if replica.is_memory_replica() and str(replica.status).endswith("COMPLETE"):
+            return int(replica.get_memory_descriptor().buffer_descriptor.size)
+    return None
+
+
 class MooncakeBackend(RemoteBackend):
     scheme = "mooncake"
 
@@ -189,6 +197,14 @@ class MooncakeBackend(RemoteBackend):
     def _exists(self, names: list[str]) -> list[bool]:
         self._ensure()
         return [code == 1 for code in self._check_codes(self._store.batch_is_exist(names))]
+
+    def _sizes(self, names: list[str]) -> list[int | None]:
+        self._ensure()
+        found = self._store.batch_get_replica_desc(names)
+        if not found:
+            # Absent keys and an unreachable master both give nothing; ask the master.
+            self._check_codes(self._store.batch_is_exist(names[:1]))
+        return [_replica_size(found.get(name)) for name in names]
 
     def _get(self, names: list[str]) -> list[Any]:
         self._ensure()

@@ -84,6 +84,12 @@ class RedisBackend(RemoteBackend):
             pipe.exists(name)
         return [item == 1 for item in self._run(pipe)]
 
+    def _sizes(self, names: list[str]) -> list[int | None]:
+        pipe = self._pipeline()
+        for name in names:
+            pipe.strlen(name)
+        return [item if isinstance(item, int) and item > 0 else None for item in self._run(pipe)]
+
     def _get(self, names: list[str]) -> list[Any]:
         pipe = self._pipeline()
         for name in names:
