@@ -234,6 +234,14 @@ class RedisCluster:
         return f"redis://127.0.0.1:{self.nodes[0].port}?cluster=1"
 
     def start(self) -> "RedisCluster":
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
         for node in self.nodes:
             node.start()
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
@@ -245,7 +253,7 @@ class RedisCluster:
                                      capture_output=True, text=True, timeout=10).stdout
                       for node in self.nodes]
             if all("cluster_state:ok" in state for state in states):
-                return self
+                return
             time.sleep(0.1)
         raise TimeoutError("redis cluster did not reach cluster_state:ok")
 
@@ -310,9 +318,13 @@ class MooncakeCluster:
         return f"mooncake://{self.master_address}?metadata={self.metadata}"
 
     def start(self) -> "MooncakeCluster":
-        self.master.start()
-        wait_port(self.http_port)
-        self.node.start()
+        try:
+            self.master.start()
+            wait_port(self.http_port)
+            self.node.start()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
