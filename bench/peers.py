@@ -12,7 +12,8 @@ Peers, each started by this script on loopback and stopped afterwards:
 * ``redis``: ``redis-server`` through redis-py: one pipelined round trip of ``SET``s / ``GET``s (each value then
   copied into its destination buffer), and one ``EXISTS k1 .. k16``.
 * ``lmcache``: LMCache's multiprocess server (``lmcache server``, L1 in DRAM) from its own virtualenv
-  (``$LMCACHE_VENV``, default ``~/.cache/kvstore-bench/lmcache-venv``), driven by a small worker run in that
+  (``$LMCACHE_VENV``, default ``~/.cache/kvstore-bench/lmcache-venv``; ``--install-lmcache`` creates it with
+  ``lmcache`` installed ``--no-deps`` plus its dependencies that need no CUDA, over the system's CPU torch), driven by a small worker run in that
   virtualenv through LMCache's engine-driven CPU path: register a KV layout, prepare/commit store into the
   server's shared-memory slots, lookup + prefetch, prepare/commit retrieve. Without a GPU this is the path an
   engine worker would use. Reported as unavailable, with the reason, when it is not installed or does not start;
@@ -334,12 +335,28 @@ print(json.dumps({"transfer": type(ctx).__name__, "put_s": put_s, "get_s": get_s
 """
 
 
+# LMCache's runtime dependencies that import without CUDA; its CUDA ones (cupy, cuda-python, cufile) and torch
+# are left out: the virtualenv sees the system's CPU torch through --system-site-packages.
+LMCACHE_DEPS = ["numba", "msgspec", "blake3", "sortedcontainers", "cachetools", "psutil", "py-cpuinfo", "pyyaml",
+                "prometheus_client", "aiofiles", "aiofile", "safetensors", "setuptools_scm", "httpx", "fastapi",
+                "uvicorn", "httptools", "opentelemetry-api", "opentelemetry-sdk",
+                "opentelemetry-exporter-prometheus", "nvtx", "pyzmq", "redis", "aiohttp", "numpy"]
+
+
+def install_lmcache(spec: str = "lmcache") -> None:
+    """Create LMCache's own virtualenv: ``lmcache`` without its dependencies, then the non-CUDA ones."""
+    if not (LMCACHE_VENV / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(LMCACHE_VENV)], check=True)
+    pip = [str(LMCACHE_VENV / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "--no-deps", spec], check=True)
+    subprocess.run([*pip, *LMCACHE_DEPS], check=True)
+
+
 def lmcache_status(quick: bool) -> str | None:
     """``None`` if LMCache's server is installed and worth starting, else why not."""
     exe = LMCACHE_VENV / "bin" / "lmcache"
     if not exe.exists():
-        return (f"not installed: no {exe} (python -m venv --system-site-packages {LMCACHE_VENV}; "
-                f"{LMCACHE_VENV}/bin/pip install --no-deps lmcache, then its non-CUDA dependencies)")
+        return f"not installed: no {exe} (python bench/peers.py --install-lmcache creates it)"
     if quick:
         return "not started in --quick (a cold start of its server takes ~45 s here)"
     return None
@@ -511,7 +528,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions; print JSON only, write nothing")
     ap.add_argument("--peers", default=",".join(ALL_PEERS), help="comma-separated subset of " + ",".join(ALL_PEERS))
+    ap.add_argument("--install-lmcache", action="store_true",
+                    help=f"create LMCache's virtualenv ({LMCACHE_VENV}, or $LMCACHE_VENV) first")
     args = ap.parse_args()
+    if args.install_lmcache:
+        install_lmcache()
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     unknown = set(peers) - set(ALL_PEERS)
     if unknown:
