@@ -1,0 +1,460 @@
+"""The remote tier's contract: batched exists/get/put with deadlines and an outage breaker.
+
+A remote store (Redis/Valkey, Mooncake Store) sits below the disk tier. It is
+an optimisation twice removed, so the one rule is that it never makes a local
+hit slower and never hands out bad bytes:
+
+* **Deadlines.** Every store call runs on a small worker pool; the caller
+  waits at most ``timeout`` seconds for a metadata call (exists, probe) and
+  ``timeout + bytes / min_rate`` for a data call, then treats the call as
+  failed. A client library stuck in a reconnect loop keeps only its worker.
+* **Breaker.** The first failed call (error or deadline) opens the breaker and
+  logs one warning for the outage. While open, calls return a miss at once
+  without touching the store (counted as ``skipped``); at most one probe every
+  ``retry_interval`` seconds, started by traffic and never waited for, checks
+  whether the store is back. The probe's success closes the breaker and logs
+  one line with the outage's length. No timer thread, no blocked caller.
+* **Records.** Values carry ``record``'s header and checksum; a value that
+  fails validation is a miss (counted as ``corrupt``), never KV bytes.
+* **Best-effort writes.** ``submit_put`` queues a background write and drops
+  it (counted) when the queue already holds ``max_pending_bytes`` or the store
+  is down: the remote copy is a cache, not a journal.
+
+Subclasses implement six small methods on object *names* (already derived
+from namespace and key): ``_exists``, ``_sizes``, ``_get``, ``_put``,
+``_probe`` and ``_close``, plus optionally ``_get_into`` / ``register_memory`` for zero-copy.
+They may block; they raise on store failure and return ``None``/``False`` for
+a plain miss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import enum
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from . import record
+
+__all__ = ["Health", "RemoteBackend", "RemoteError"]
+
+log = logging.getLogger("kvstore.remote")
+
+MiB = 1 << 20
+
+
+class RemoteError(Exception):
+    """A store call failed (connection, protocol or server error)."""
+
+
+class Health(enum.Enum):
+    UP = "up"
+    DOWN = "down"
+
+
+class RemoteBackend:
+    """Base of remote-store backends; see the module docstring for the behaviour."""
+
+    scheme = ""
+
+    def __init__(self, url: str, *, namespace: str = "kvstore", timeout: float = 1.0,
+                 retry_interval: float = 1.0, min_rate: float = 256 * MiB,
+                 max_pending_bytes: int = 1 << 30, workers: int = 2):
+        self.url = url
+        self.namespace = namespace
+        self.timeout = float(timeout)
+        self.retry_interval = float(retry_interval)
+        self.min_rate = float(min_rate)
+        self.max_pending_bytes = int(max_pending_bytes)
+        self._reads = cf.ThreadPoolExecutor(workers, thread_name_prefix="remote-read")
+        self._writes = cf.ThreadPoolExecutor(workers, thread_name_prefix="remote-write")
+        self._lock = threading.Lock()
+        self._health = Health.UP
+        self._down_since = 0.0
+        self._next_probe = 0.0
+        self._probing = False
+        self._pending_bytes = 0
+        self._size_hint = 0          # largest value seen: sizes a batch_get deadline
+        self._closed = False
+        self._inflight = 0           # store calls running on a worker
+        self._idle = threading.Condition(self._lock)
+        self.counters: dict[str, int] = dict.fromkeys((
+            "calls", "errors", "timeouts", "skipped", "outages", "hits", "misses",
+            "corrupt", "puts", "put_bytes", "get_bytes", "put_dropped"), 0)
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def health(self) -> Health:
+        return self._health
+
+    @property
+    def healthy(self) -> bool:
+        return self._health is Health.UP
+
+    def object_name(self, key: bytes, namespace: str | None = None) -> str:
+        return record.object_name(self.namespace if namespace is None else namespace, key)
+
+    def batch_exists(self, keys: Sequence[bytes], namespace: str | None = None) -> int:
+        """How many leading ``keys`` the store holds (0 on any failure)."""
+        if not keys:
+            return 0
+        names = [self.object_name(k, namespace) for k in keys]
+        found = self._call(self._reads, self.timeout, self._exists, names)
+        if found is None:
+            return 0
+        count = 0
+        for present in found:
+            if not present:
+                break
+            count += 1
+        return count
+
+    def batch_lookup(self, keys: Sequence[bytes], namespace: str | None = None) -> list[int]:
+        """Payload sizes of the leading ``keys`` the store holds ([] on any failure).
+
+        One batched metadata call. Promotion uses it to allocate slots of the
+        exact size before ``batch_get_into``. A value's size is read from the
+        store, not validated: the get that follows still checks the record.
+        """
+        if not keys:
+            return []
+        names = [self.object_name(k, namespace) for k in keys]
+        sizes = self._call(self._reads, self.timeout, self._sizes, names)
+        out: list[int] = []
+        for size in sizes or ():
+            if size is None or size < record.HEADER_SIZE:
+                break
+            out.append(size - record.HEADER_SIZE)
+        return out
+
+    def batch_get(self, keys: Sequence[bytes], namespace: str | None = None) -> list[memoryview | None]:
+        """Validated payloads, ``None`` for a missing or bad value (all ``None`` on failure).
+
+        Callers use the leading run of non-``None`` entries.
+        """
+        if not keys:
+            return []
+        ns = self.namespace if namespace is None else namespace
+        names = [record.object_name(ns, k) for k in keys]
+        deadline = self._data_deadline(self._size_hint * len(keys))
+        values = self._call(self._reads, deadline, self._get, names)
+        if values is None:
+            return [None] * len(keys)
+        out: list[memoryview | None] = []
+        for key, value in zip(keys, values):
+            out.append(None if value is None else self._validated(value, ns, key))
+        return out
+
+    def batch_get_into(self, keys: Sequence[bytes], buffers: Sequence[Any],
+                       namespace: str | None = None) -> list[int | None]:
+        """Read each value's payload into the writable buffer given for it.
+
+        Returns the payload length written per key, or ``None`` for a miss, a
+        bad value, a buffer too small, or any failure (then the buffer's bytes
+        are unspecified).
+        """
+        if len(keys) != len(buffers):
+            raise ValueError("one buffer per key")
+        if not keys:
+            return []
+        ns = self.namespace if namespace is None else namespace
+        names = [record.object_name(ns, k) for k in keys]
+        views = [memoryview(b).cast("B") for b in buffers]
+        deadline = self._data_deadline(sum(v.nbytes for v in views))
+        result = self._call(self._reads, deadline, self._get_into, names, ns, list(keys), views)
+        if result is None:
+            return [None] * len(keys)
+        return [self._count_get(n) for n in result]
+
+    def batch_put(self, keys: Sequence[bytes], payloads: Sequence[Any],
+                  namespace: str | None = None) -> int:
+        """Store ``payloads`` under ``keys`` and wait; return how many were stored."""
+        if len(keys) != len(payloads):
+            raise ValueError("one payload per key")
+        if not keys:
+            return 0
+        views = [memoryview(p).cast("B") for p in payloads]
+        nbytes = sum(v.nbytes for v in views)
+        ns = self.namespace if namespace is None else namespace
+        stored = self._call(self._writes, self._data_deadline(nbytes), self._put_records, ns, list(keys), views)
+        return 0 if stored is None else stored
+
+    def submit_put(self, keys: Sequence[bytes], payloads: Sequence[Any],
+                   namespace: str | None = None) -> cf.Future | None:
+        """Queue a background put; ``None`` if dropped (store down or queue full).
+
+        The payload buffers must stay valid until the returned future is done;
+        its result is the number of values stored (0 on failure, never raises).
+        """
+        if len(keys) != len(payloads):
+            raise ValueError("one payload per key")
+        views = [memoryview(p).cast("B") for p in payloads]
+        nbytes = sum(v.nbytes for v in views)
+        with self._lock:
+            if (self._closed or not self._allow_locked()
+                    or self._pending_bytes + nbytes > self.max_pending_bytes):
+                self.counters["put_dropped"] += len(keys)
+                return None
+            self._pending_bytes += nbytes
+        ns = self.namespace if namespace is None else namespace
+
+        def run() -> int:
+            try:
+                stored = self._call(self._writes, self._data_deadline(nbytes), self._put_records,
+                                    ns, list(keys), views)
+                return 0 if stored is None else stored
+            finally:
+                with self._lock:
+                    self._pending_bytes -= nbytes
+
+        return _BACKGROUND.submit(run)
+
+    async def abatch_exists(self, keys, namespace=None) -> int:
+        return await asyncio.to_thread(self.batch_exists, keys, namespace)
+
+    async def abatch_get(self, keys, namespace=None):
+        return await asyncio.to_thread(self.batch_get, keys, namespace)
+
+    async def abatch_get_into(self, keys, buffers, namespace=None):
+        return await asyncio.to_thread(self.batch_get_into, keys, buffers, namespace)
+
+    async def abatch_put(self, keys, payloads, namespace=None) -> int:
+        return await asyncio.to_thread(self.batch_put, keys, payloads, namespace)
+
+    def register_memory(self, buffer: Any) -> bool:
+        """Offer a long-lived region (the host arena) for zero-copy transfers.
+
+        A hint: returns whether the backend will transfer straight to and
+        from it. Buffers outside registered memory still work, with a copy.
+        """
+        return False
+
+    def check(self, timeout: float | None = None) -> bool:
+        """Probe the store now and wait for the answer; update the health state."""
+        fut = self._reads.submit(self._tracked, self._probe)
+        try:
+            fut.result(self.timeout if timeout is None else timeout)
+        except Exception as exc:   # noqa: BLE001 - any failure means "down"
+            self._failed(exc if not isinstance(exc, cf.TimeoutError) else "probe timed out")
+            return False
+        self._recovered()
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            out: dict[str, Any] = dict(self.counters)
+            out["up"] = int(self._health is Health.UP)
+            out["pending_put_bytes"] = self._pending_bytes
+        return out
+
+    def close(self, wait: float = 5.0) -> None:
+        """Stop taking calls, let running ones finish (up to ``wait`` s), close the client.
+
+        A client whose calls are still stuck after ``wait`` is left open rather
+        than closed under a running call (which native clients do not survive).
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._writes.shutdown(wait=False, cancel_futures=True)
+        self._reads.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + wait
+        with self._idle:
+            while self._inflight and time.monotonic() < deadline:
+                self._idle.wait(deadline - time.monotonic())
+            if self._inflight:
+                log.warning("remote store %s: %d calls still running at close; "
+                            "leaving its client open", self.url, self._inflight)
+                return
+        try:
+            self._close()
+        except Exception:   # noqa: BLE001 - closing a dead connection may fail
+            log.debug("closing %s failed", self.url, exc_info=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url} {self._health.value}>"
+
+    # ------------------------------------------------------- subclass surface
+
+    def _exists(self, names: list[str]) -> list[bool]:
+        raise NotImplementedError
+
+    def _sizes(self, names: list[str]) -> list[int | None]:
+        """Stored value sizes (header included), ``None`` where absent."""
+        raise NotImplementedError
+
+    def _get(self, names: list[str]) -> list[Any]:
+        """Whole stored values (bytes-like) or ``None`` where absent."""
+        raise NotImplementedError
+
+    def _put(self, names: list[str], headers: list[bytes], payloads: list[memoryview]) -> list[bool]:
+        """Store ``header + payload`` under each name; per-name success."""
+        raise NotImplementedError
+
+    def _probe(self) -> None:
+        """Raise if the store cannot serve calls now."""
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        pass
+
+    def _get_into(self, names: list[str], namespace: str, keys: list[bytes],
+                  views: list[memoryview]) -> list[int | None]:
+        """Default: fetch whole values, validate, copy the payload into place.
+
+        Returns per key the payload length, ``None`` (miss) or ``-1`` (bad value).
+        """
+        out: list[int | None] = []
+        for key, value, view in zip(keys, self._get(names), views):
+            if value is None:
+                out.append(None)
+                continue
+            try:
+                payload = record.decode(value, namespace, key)
+            except record.RecordError:
+                out.append(-1)
+                continue
+            if payload.nbytes > view.nbytes:
+                out.append(-1)
+                continue
+            view[:payload.nbytes] = payload
+            out.append(payload.nbytes)
+        return out
+
+    # ---------------------------------------------------------------- private
+
+    def _tracked(self, fn, *args):
+        with self._lock:
+            self._inflight += 1
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._inflight -= 1
+                if not self._inflight:
+                    self._idle.notify_all()
+
+    def _put_records(self, namespace: str, keys: list[bytes], views: list[memoryview]) -> int:
+        headers = [record.encode_header(namespace, k, v) for k, v in zip(keys, views)]
+        done = self._put([record.object_name(namespace, k) for k in keys], headers, views)
+        stored = sum(1 for ok in done if ok)
+        with self._lock:
+            self.counters["puts"] += stored
+            self.counters["put_bytes"] += sum(v.nbytes for v, ok in zip(views, done) if ok)
+        return stored
+
+    def _validated(self, value: Any, namespace: str, key: bytes) -> memoryview | None:
+        try:
+            payload = record.decode(value, namespace, key)
+        except record.RecordError as exc:
+            log.debug("remote value for %s rejected: %s", bytes(key).hex(), exc)
+            return self._count_get(-1)
+        self._count_get(payload.nbytes)
+        return payload
+
+    def _count_get(self, n: int | None):
+        with self._lock:
+            if n is None:
+                self.counters["misses"] += 1
+                return None
+            if n < 0:
+                self.counters["corrupt"] += 1
+                self.counters["misses"] += 1
+                return None
+            self.counters["hits"] += 1
+            self.counters["get_bytes"] += n
+            self._size_hint = max(self._size_hint, n + record.HEADER_SIZE)
+            return n
+
+    def _data_deadline(self, nbytes: int) -> float:
+        return self.timeout + nbytes / self.min_rate
+
+    def _call(self, pool: cf.ThreadPoolExecutor, deadline: float, fn, *args):
+        """Run ``fn(*args)`` on ``pool`` within ``deadline`` s; ``None`` on any failure."""
+        with self._lock:
+            if self._closed or not self._allow_locked():
+                self.counters["skipped"] += 1
+                return None
+            self.counters["calls"] += 1
+        try:
+            fut = pool.submit(self._tracked, fn, *args)
+        except RuntimeError:        # pool shut down by close()
+            return None
+        try:
+            result = fut.result(deadline)
+        except cf.TimeoutError:
+            with self._lock:
+                self.counters["timeouts"] += 1
+            self._failed(f"{fn.__name__.strip('_')} timed out after {deadline:.2f}s")
+            return None
+        except Exception as exc:   # noqa: BLE001 - the store failing is a miss
+            self._failed(exc)
+            return None
+        return result
+
+    def _allow_locked(self) -> bool:
+        """Whether a call may go to the store; in an outage, maybe start a probe."""
+        if self._health is Health.UP:
+            return True
+        now = time.monotonic()
+        if not self._probing and now >= self._next_probe:
+            self._probing = True
+            try:
+                self._reads.submit(self._tracked, self._run_probe)
+            except RuntimeError:
+                self._probing = False
+        return False
+
+    def _run_probe(self) -> None:
+        try:
+            self._probe()
+        except Exception as exc:   # noqa: BLE001
+            with self._lock:
+                self._probing = False
+                self._next_probe = time.monotonic() + self.retry_interval
+            log.debug("remote store %s still down: %s", self.url, exc)
+            return
+        with self._lock:
+            self._probing = False
+        self._recovered()
+
+    def _failed(self, exc: Any) -> None:
+        with self._lock:
+            self.counters["errors"] += 1
+            was_up = self._health is Health.UP
+            if was_up:
+                self._health = Health.DOWN
+                self._down_since = time.monotonic()
+                self._next_probe = self._down_since + self.retry_interval
+                self.counters["outages"] += 1
+        if was_up:
+            log.warning("remote store %s unavailable (%s); remote lookups are misses "
+                        "until it answers again", self.url, exc)
+        else:
+            log.debug("remote store %s: %s", self.url, exc)
+
+    def _recovered(self) -> None:
+        with self._lock:
+            if self._health is Health.UP:
+                return
+            self._health = Health.UP
+            down_for = time.monotonic() - self._down_since
+            skipped = self.counters["skipped"]
+        log.warning("remote store %s is back after %.1fs (%d calls skipped in total)",
+                    self.url, down_for, skipped)
+
+
+# Background puts wait on their own deadline; this pool only hosts those waits.
+_BACKGROUND = cf.ThreadPoolExecutor(4, thread_name_prefix="remote-put")
