@@ -89,7 +89,8 @@ class Daemon:
         self._prepare_socket_dir()
         self._take_lock()
         arena = SharedArena.create(arena_path_for(self.config.socket), self.config.host_mem)
-        self.store = Store(HostTier(arena), self.config.lease_ttl, self.config.reserve_ttl, disk=self._open_disk())
+        self.store = Store(HostTier(arena), self.config.lease_ttl, self.config.reserve_ttl, disk=self._open_disk(),
+                           policy=self.config.eviction_policy)
         if self.store.disk is not None:
             self._rebuild_index(self.store.disk)
             self.manager = TierManager(self.store, self.store.disk, self.config.disk_io_depth,

@@ -36,7 +36,7 @@ from ..errors import LeaseError, ReservationError, StoreFullError
 from ..tiers.disk import DiskTier
 from ..tiers.host import HostTier
 from .entry import DiskState, Entry, State
-from .eviction import LruQueue
+from .policies import DEFAULT_POLICY, make_queue
 from .handles import Handle, HandleTable
 
 
@@ -115,10 +115,12 @@ class Reservation:
 
 class Store:
     def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float,
-                 clock: Callable[[], float] = time.monotonic, disk: DiskTier | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, disk: DiskTier | None = None,
+                 policy: str = DEFAULT_POLICY) -> None:
         self.host = host
         self.disk = disk
-        self.disk_lru = LruQueue()
+        self.policy = policy                 # eviction order of both tiers (policies.py)
+        self.disk_lru = make_queue(policy)
         self.dirty: deque[Entry] = deque()   # write-back queue, commit order (prefixes first)
         self.dirty_bytes = 0                 # bytes queued or being written
         self.io: DiskIo | None = None        # set by the tier manager
@@ -129,7 +131,7 @@ class Store:
         self.reserve_ttl = reserve_ttl
         self.clock = clock
         self.index: dict[bytes, Entry] = {}
-        self.lru = LruQueue()
+        self.lru = make_queue(policy)
         self.leases: HandleTable[list[Entry]] = HandleTable("lease", LeaseError)
         self.reservations: HandleTable[Reservation] = HandleTable("reservation", ReservationError)
         self.counters = StoreCounters()
