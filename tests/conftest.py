@@ -124,8 +124,9 @@ def start_daemon() -> Iterator:
             d.stop()
         except Exception:
             d.kill()
-    for path in dirs:
-        shutil.rmtree(path, ignore_errors=True)
+    if not os.environ.get("KVSTORE_KEEP_TEST_DIRS"):  # set it to read the daemon logs of a failed test
+        for path in dirs:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

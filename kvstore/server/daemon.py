@@ -11,7 +11,7 @@ Stop (SIGTERM or SIGINT), bounded by ``shutdown_timeout``: tell the service mana
 the socket file so that no new local client can connect, and refuse requests that start new work (hello,
 lookup, reserve, put, get) with ``UnavailableError`` while still answering those that finish work (commit,
 abort, release, ...), until no reservation is outstanding: a put that was being written completes. Then stop
-the receivers without losing a received message, answer what is still queued, flush the store where it has
+taking messages without losing a received one, answer what is still queued, flush the store where it has
 something to persist, close the sockets, remove the arena and exit 0. Should any step hang, a timer ends the
 process (exit 1) at twice the timeout.
 
@@ -30,7 +30,6 @@ import time
 from typing import Any
 
 import zmq
-import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from .. import logs
@@ -49,6 +48,7 @@ from ..tiers.arena import SharedArena, arena_path_for
 from ..tiers.host import HostTier
 from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
+from .reactor import SocketReactor
 from .session import Session
 
 SWEEP_INTERVAL = 0.25
@@ -67,12 +67,11 @@ class Daemon:
         self.requests = 0
         self.errors = 0
         self._lock_fd: int | None = None
-        self._ctx = zmq.asyncio.Context()
-        self._sockets: list[tuple[str, zmq.asyncio.Socket]] = []
-        self._pending_recv: dict[str, asyncio.Future] = {}
+        self._ctx = zmq.Context()
+        self._sockets: list[tuple[str, zmq.Socket]] = []
+        self._reactors: list[SocketReactor] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False      # refuse new work (see FINISHING_OPS)
-        self._receiving = True     # receive loops run while this is set
         self._curve: ServerCurve | None = None  # CURVE on tcp:// (security/curve.py), when configured
         self.store: Store  # set in open()
         self.registry = CollectorRegistry()
@@ -223,7 +222,9 @@ class Daemon:
         if self.manager is not None:
             self.manager.start(loop)
         self._start_metrics()
-        receivers = [asyncio.create_task(self._receive_loop(t, s)) for t, s in self._sockets]
+        self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks) for t, s in self._sockets]
+        for reactor in self._reactors:
+            reactor.start()
         background = [asyncio.create_task(self._sweep_loop())]
         interval = watchdog_interval()
         if interval is not None:
@@ -231,7 +232,7 @@ class Daemon:
         logs.info("ready", pid=os.getpid(), config=self.config.describe())
         self.on_ready()
         await stop.wait()
-        await self.shutdown(receivers)
+        await self.shutdown()
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
@@ -245,7 +246,7 @@ class Daemon:
             notify("WATCHDOG=1")
             await asyncio.sleep(interval)
 
-    async def shutdown(self, receivers: list[asyncio.Task]) -> None:
+    async def shutdown(self) -> None:
         """The bounded stop sequence described in the module docstring."""
         loop = asyncio.get_running_loop()
         timeout = self.config.shutdown_timeout
@@ -258,13 +259,11 @@ class Daemon:
                   reservations=len(self.store.reservations), timeout=timeout)
         while len(self.store.reservations) and loop.time() < deadline:
             await asyncio.sleep(0.01)  # puts being written get until the deadline to commit or abort
-        self._receiving = False
-        for fut in self._pending_recv.values():
-            if not fut.done():
-                fut.cancel()  # a receive not yet completed leaves its message queued in the socket
-        if receivers:
-            await asyncio.wait(receivers, timeout=max(0.0, deadline - loop.time()))
-        answered = await self._answer_queued(deadline)
+        for reactor in self._reactors:
+            reactor.stop()  # what is already queued stays in the socket and is answered next
+        answered = 0
+        for reactor in self._reactors:
+            answered += await reactor.answer_queued(deadline)
         unfinished = len(self.store.reservations)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=max(0.0, deadline - loop.time()))
@@ -276,24 +275,6 @@ class Daemon:
         self._flush_store()
         logs.info("drained", answered=answered, unfinished_reservations=unfinished,
                   took_s=round(timeout - (deadline - loop.time()), 3))
-
-    async def _answer_queued(self, deadline: float) -> int:
-        """Answer the messages already queued in the sockets (without waiting for more)."""
-        loop = asyncio.get_running_loop()
-        answered = 0
-        for transport, sock in self._sockets:
-            while loop.time() < deadline:
-                try:
-                    msg = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False).result()
-                except zmq.Again:
-                    break
-                reply = self.handle_message(transport, msg)
-                if asyncio.iscoroutine(reply):
-                    reply = await reply
-                if reply is not None:
-                    await sock.send_multipart(reply, copy=len(reply) == 2)
-                answered += 1
-        return answered
 
     def _flush_store(self) -> None:
         """Persist what the store's guarantee needs before exit, where the store has such a step."""
@@ -313,33 +294,13 @@ class Daemon:
         return asyncio.run_coroutine_threadsafe(take(), loop).result(SNAPSHOT_TIMEOUT)
 
     # -- requests -------------------------------------------------------------------------------------------
-    async def _receive_loop(self, transport: str, sock: zmq.asyncio.Socket) -> None:
-        while self._receiving:
-            fut = self._pending_recv[transport] = sock.recv_multipart(copy=False)
-            try:
-                msg = await fut
-            except asyncio.CancelledError:
-                if fut.cancelled() and not self._receiving:
-                    return  # stopped while waiting: nothing was received
-                raise
-            reply = self.handle_message(transport, msg)
-            if asyncio.iscoroutine(reply):
-                task = asyncio.create_task(self._reply_later(sock, reply))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            elif reply is not None:
-                await sock.send_multipart(reply, copy=len(reply) == 2)
-
-    async def _reply_later(self, sock: zmq.asyncio.Socket, pending: Any) -> None:
-        reply = await pending
-        await sock.send_multipart(reply, copy=len(reply) == 2)
-
     async def _finish(self, routing_id: bytes, rid: int | None, pending: Any) -> list[Any]:
         """Await a handler that had to wait (disk reads, write-back back-pressure), mapping errors as below."""
         try:
             reply = await pending
         except RequestError as exc:
             self.errors += 1
+            logs.debug("request_error", error=type(exc).__name__, msg=exc.message)
             reply = [error_reply(rid, exc)]
         except Exception as exc:  # a bug: answer, log, keep serving
             self.errors += 1
