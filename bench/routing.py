@@ -37,9 +37,10 @@ TRACE = "/work/shared/traces/conversation_trace.jsonl"
 CHUNK = 64 << 20
 
 
-def run(requests: list, names: list[str], capacity: Capacity, mode: str, in_flight: int, seed: int) -> dict:
+def run(requests: list, names: list[str], capacity: Capacity, mode: str, in_flight: int, seed: int,
+        load_factor: float = 1.25) -> dict:
     sims = {name: SimulatedStore(capacity) for name in names}
-    router = Router(names, lambda keys: {n: s.cached(keys) for n, s in sims.items()})
+    router = Router(names, lambda keys: {n: s.cached(keys) for n, s in sims.items()}, load_factor)
     rng = random.Random(seed)
     window: deque[str] = deque()
     hits: Counter = Counter()

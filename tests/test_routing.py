@@ -149,3 +149,13 @@ def test_cli_routes_by_hash_when_no_daemon_answers():
     assert result.returncode == 0, result.stderr
     first, second = result.stdout.split()
     assert first == second   # same first chunk, both under the bound (ceil(1.25 * 2 / 2) = 2)
+
+
+def test_conversations_after_a_shared_system_prompt_spread_over_the_fleet():
+    names = ["a", "b", "c", "d"]
+    router = Router(names, lambda keys: {n: 1 for n in names})   # every instance holds the shared first chunk
+    chosen = Counter(router.route([b"system prompt", i.to_bytes(8, "little")]).instance for i in range(400))
+    assert set(chosen) == set(names) and min(chosen.values()) > 400 * 0.15
+    again = Router(names, lambda keys: {n: 1 for n in names})
+    assert again.route([b"system prompt", (7).to_bytes(8, "little")]).instance == \
+        Router(names, lambda keys: {n: 1 for n in names}).route([b"system prompt", (7).to_bytes(8, "little")]).instance

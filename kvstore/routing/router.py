@@ -3,10 +3,13 @@
 Each engine instance has its own daemon, so a prefix is only reusable on the instance that computed it. The
 router asks every instance how many leading chunks of the request it holds (``lookup``: at most a deadline
 long; an instance that does not answer in time counts as holding nothing) and picks, among the instances under
-their load bound, the one with the longest cached prefix; ties go to the one met first on the consistent-hash
-walk of the first chunk key, so equal candidates are chosen the same way every time. When no eligible instance
-holds any of it, the request goes by consistent hashing with bounded loads (``hashring.py``) of its first chunk
-key, so requests that share a first chunk (a system prompt) meet on one instance until it has its share.
+their load bound, the one with the longest cached prefix. When no eligible instance holds any of it, the request
+goes by consistent hashing with bounded loads (``hashring.py``) of its first chunk key, so requests that share a
+first chunk meet on one instance until it has its share. Ties between instances holding the same prefix are
+broken the same way, by the ring walk of the first chunk *none of them* holds: when every instance holds a
+shared system prompt, hashing the first chunk would send every new conversation down the same walk (one
+instance full, the next full, the last idle — seen on Mooncake's trace, whose requests all share their first
+block); hashing the chunk after the shared part spreads them.
 
 The bound applies to affinity too: an instance at its share is not chosen even if it holds the longest prefix
 (the next-best one is), so a popular prefix cannot pile every request onto one instance.
@@ -40,10 +43,14 @@ class Router:
     def route(self, keys: Sequence[bytes]) -> Decision:
         """Choose the instance for a request (its chunk keys) and count it as in flight there."""
         counts = dict(self.lookup(keys)) if keys else {}
-        bound = self.ring.bound()
-        eligible = [n for n in self.ring.order(keys[0] if keys else b"") if self.ring.loads[n] < bound]
-        best = max(eligible, key=lambda n: counts.get(n) or 0)   # the first of equals: ring order
-        cached = counts.get(best) or 0
+        ring, bound = self.ring, self.ring.bound()
+        eligible = [n for n in ring.names if ring.loads[n] < bound]
+        cached = max(counts.get(n) or 0 for n in eligible)
+        # Equals are met in the ring order of the first chunk no instance holds (the first chunk when none holds
+        # any): requests that agree up to that chunk go the same way, and different continuations of a prefix
+        # every instance holds (a shared system prompt) spread over the fleet.
+        split = keys[min(cached, len(keys) - 1)] if keys else b""
+        best = next(n for n in ring.order(split) if ring.loads[n] < bound and (counts.get(n) or 0) == cached)
         decision = Decision(best, "prefix" if cached else "hash", cached, counts)
         self.ring.start(best)
         return decision
