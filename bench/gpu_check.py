@@ -40,7 +40,6 @@ import sys
 import tempfile
 import time
 import traceback
-import types
 from typing import Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -39,8 +39,14 @@ class Transport:
         self._pending: dict[int, list[Any]] = {}   # replies received for an id someone still waits on
         self._outstanding: set[int] = set()         # ids sent and not yet given up on
 
-    def send(self, header: dict[str, Any], payloads: list[Any] | None = None, timeout: float | None = None) -> int:
-        """Send a request; return its id. Retries while no connection is up, until the timeout."""
+    def send(self, header: dict[str, Any], payloads: list[Any] | None = None, timeout: float | None = None,
+             want_reply: bool = True) -> int:
+        """Send a request; return its id. Retries while no connection is up, until the timeout.
+
+        With ``want_reply=False`` the reply is dropped when it arrives (for requests whose outcome the caller
+        cannot act on, such as releasing a lease); requests on one connection are handled in order, so a later
+        request still sees its effect.
+        """
         rid = next(self._ids)
         frames = [encode({**header, "id": rid})] + list(payloads or [])
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -48,7 +54,8 @@ class Transport:
             while True:
                 try:
                     self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=len(frames) == 1)
-                    self._outstanding.add(rid)
+                    if want_reply:
+                        self._outstanding.add(rid)
                     return rid
                 except zmq.Again:
                     if time.monotonic() >= deadline:

@@ -294,19 +294,24 @@ class Daemon:
         return asyncio.run_coroutine_threadsafe(take(), loop).result(SNAPSHOT_TIMEOUT)
 
     # -- requests -------------------------------------------------------------------------------------------
-    async def _finish(self, routing_id: bytes, rid: int | None, pending: Any) -> list[Any]:
-        """Await a handler that had to wait (disk reads, write-back back-pressure), mapping errors as below."""
+    async def _finish(self, routing_id: bytes, rid: int | None, op: Op, started: float, pending: Any) -> list[Any]:
+        """Await a handler that had to wait (disk reads, write-back back-pressure)."""
         try:
             reply = await pending
-        except RequestError as exc:
-            self.errors += 1
-            logs.debug("request_error", error=type(exc).__name__, msg=exc.message)
-            reply = [error_reply(rid, exc)]
-        except Exception as exc:  # a bug: answer, log, keep serving
-            self.errors += 1
-            logs.error("internal_error", error=repr(exc))
-            reply = [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
+        except Exception as exc:
+            reply = self._failure_reply(rid, exc)
+        self.latency.observe(op, time.perf_counter() - started)
         return [routing_id] + reply
+
+    def _failure_reply(self, rid: int | None, exc: Exception) -> list[Any]:
+        """The one place an exception becomes an error reply: request errors as they are, anything else as an
+        InternalError (a bug: answered and logged, and the daemon keeps serving)."""
+        self.errors += 1
+        if isinstance(exc, RequestError):
+            logs.debug("request_error", error=type(exc).__name__, msg=exc.message)
+            return [error_reply(rid, exc)]
+        logs.error("internal_error", error=repr(exc))
+        return [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
 
     def handle_message(self, transport: str, msg: list[Any]) -> Any:
         """Handle one received multipart message; return the reply frames (routing id first), or a coroutine
@@ -335,15 +340,9 @@ class Daemon:
                     raise VersionError("send HELLO (protocol version and namespace) before any other request")
                 reply = HANDLERS[op](self, session, header, payload)
                 if asyncio.iscoroutine(reply):
-                    return self._finish(routing_id, rid, reply)
-        except RequestError as exc:
-            self.errors += 1
-            logs.debug("request_error", error=type(exc).__name__, msg=exc.message)
-            reply = [error_reply(rid, exc)]
-        except Exception as exc:  # a bug: answer, log, keep serving
-            self.errors += 1
-            logs.error("internal_error", error=repr(exc))
-            reply = [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
+                    return self._finish(routing_id, rid, op, started, reply)
+        except Exception as exc:
+            reply = self._failure_reply(rid, exc)
         if op is not None:
             self.latency.observe(op, time.perf_counter() - started)
         return [routing_id] + reply

@@ -1,0 +1,173 @@
+"""The daemon as every connector sees it: keys, lookup, load, store; any failure is a miss.
+
+The cache is an optimisation. Each method here turns a daemon that is down,
+slow, full or answering errors (and a chunk whose size does not match the
+geometry) into "nothing cached" or "nothing saved", logs it once per kind, and
+lets the engine run its normal prefill.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+import kvstore
+
+from .layout import KVGeometry, chunk_from_buffer
+
+log = logging.getLogger("kvstore.connectors")
+
+
+class DaemonLink:
+    """A client connected on first use, and again a while after any failure.
+
+    A daemon that is down or hung costs one timeout per `retry_s`, not one per
+    request: between a failure and the next attempt `client()` is None.
+    """
+
+    def __init__(self, connect: Callable[[], kvstore.Client], retry_s: float = 5.0) -> None:
+        self._connect = connect
+        self._client: kvstore.Client | None = None
+        self._retry_s = retry_s
+        self._next_try = 0.0
+
+    @classmethod
+    def to(cls, address: str | None, chunk_tokens: int, timeout: float = 2.0, **kw: Any) -> "DaemonLink":
+        return cls(lambda: kvstore.connect(address, chunk_tokens=chunk_tokens, timeout=timeout), **kw)
+
+    def client(self) -> kvstore.Client | None:
+        if self._client is None and time.monotonic() >= self._next_try:
+            try:
+                self._client = self._connect()
+            except Exception as exc:  # noqa: BLE001
+                self.failed(exc)
+                log.warning("kvstore daemon unavailable, running without the cache: %s", exc)
+        return self._client
+
+    def failed(self, exc: BaseException) -> None:
+        """Drop the client after an error; try again in `retry_s`."""
+        if isinstance(exc, (ValueError, kvstore.RequestError)):
+            return  # the daemon answered (full, bad request...) or the input was ours: it is up
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self._client = None
+        self._next_try = time.monotonic() + self._retry_s
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class _Fixed:
+    """A link over a client the caller owns: never closed or replaced here."""
+
+    def __init__(self, client: kvstore.Client) -> None:
+        self._client = client
+
+    def client(self) -> kvstore.Client:
+        return self._client
+
+    def failed(self, exc: BaseException) -> None:
+        pass
+
+
+class ChunkStore:
+    """Chunks of one namespace and geometry, through a client or a `DaemonLink`."""
+
+    def __init__(self, link: kvstore.Client | DaemonLink, namespace: str, geometry: KVGeometry) -> None:
+        self.link = link if isinstance(link, DaemonLink) else _Fixed(link)
+        self.namespace = namespace
+        self.geometry = geometry
+        self._warned: set[str] = set()
+
+    def keys(self, token_ids: Sequence[int] | torch.Tensor, salt: str = "") -> list[bytes]:
+        """One chained key per full chunk of `token_ids` (`salt`: a per-request cache salt)."""
+        ns = self.namespace + (f";request-salt={salt}" if salt else "")
+        return kvstore.chunk_keys(ns, token_ids, self.geometry.chunk_tokens)
+
+    def _client(self) -> kvstore.Client:
+        client = self.link.client()
+        if client is None:
+            raise kvstore.DaemonUnavailable("kvstore daemon unavailable (waiting to reconnect)")
+        return client
+
+    def lookup(self, keys: Sequence[bytes]) -> int:
+        """Leading `keys` stored, 0 when the daemon cannot say. Pins nothing."""
+        if not keys:
+            return 0
+        try:
+            return self._client().lookup(keys)
+        except Exception as exc:  # noqa: BLE001 - any failure is a miss
+            self._warn("lookup", exc)
+            return 0
+
+    def lookup_tiers(self, keys: Sequence[bytes]) -> tuple[int, dict[str, int]]:
+        """Like `lookup`, with how many of the hits each tier holds."""
+        if not keys:
+            return 0, {}
+        try:
+            found = self._client().lookup_tiers(keys)
+            return found.count, dict(found.tiers)
+        except Exception as exc:  # noqa: BLE001
+            self._warn("lookup", exc)
+            return 0, {}
+
+    def load(self, keys: Sequence[bytes], device: torch.device | str = "cpu") -> torch.Tensor:
+        """The longest loadable prefix of `keys` as `[n, *chunk_shape]` on `device`.
+
+        Bytes are copied out of the leased views before the lease ends. A chunk
+        of the wrong size ends the prefix there.
+        """
+        out = self.geometry.empty_chunks(0, device)
+        if not keys:
+            return out
+        try:
+            with self._client().get(keys) as views:
+                chunks = []
+                for view in views:
+                    try:
+                        chunks.append(chunk_from_buffer(view, self.geometry))
+                    except ValueError as exc:
+                        self._warn("chunk size", exc)
+                        break
+                if chunks:
+                    out = self.geometry.empty_chunks(len(chunks), device)
+                    for i, chunk in enumerate(chunks):
+                        out[i].copy_(chunk)
+                    if out.is_cuda:
+                        torch.cuda.current_stream(out.device).synchronize()
+            return out
+        except Exception as exc:  # noqa: BLE001
+            self._warn("get", exc)
+            return self.geometry.empty_chunks(0, device)
+
+    def store(self, keys: Sequence[bytes], chunks: torch.Tensor, first: int) -> int:
+        """Store `chunks` under `keys[first:first + len(chunks)]`; returns chunks written.
+
+        `keys` is the whole chain so that the parent of the first new chunk is
+        known to the daemon (it evicts continuations before their prefixes).
+        """
+        if len(chunks) == 0:
+            return 0
+        new_keys = list(keys[first:first + len(chunks)])
+        parent = keys[first - 1] if first > 0 else None
+        try:
+            return self._client().put(new_keys, list(chunks), parent=parent)
+        except Exception as exc:  # noqa: BLE001
+            self._warn("put", exc)
+            return 0
+
+    def _warn(self, what: str, exc: BaseException) -> None:
+        self.link.failed(exc)
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("kvstore %s failed, running without the cache: %s", what, exc)
+        else:
+            log.debug("kvstore %s failed: %s", what, exc)

@@ -1,0 +1,330 @@
+"""Chunk byte layout and namespaces shared by every engine connector.
+
+The chunk layout
+----------------
+A chunk is `chunk_tokens` consecutive tokens of one sequence, all layers, held
+as one contiguous tensor of shape
+
+    [layers, 2, chunk_tokens, kv_heads, head_dim]      (axis 1: 0 = K, 1 = V)
+
+in the model's dtype, and stored as the raw bytes of that tensor. Keeping tokens
+before heads makes any run of tokens within a layer one contiguous slab, which
+is what paged engines address (a block is a run of tokens). Every connector
+speaks this one layout, so the bytes of a prefix do not depend on the engine
+that computed them; `LAYOUT_VERSION` changes whenever it does.
+
+Engine layouts
+--------------
+Engines hold KV in three shapes. Each converter below moves a batch of chunks
+with a fixed number of tensor operations per layer (never a Python loop over
+tokens), on whatever device the engine's tensors live:
+
+* dense per layer, `[batch, kv_heads, seq, head_dim]` for K and for V
+  (transformers `DynamicCache`): `dense_to_chunks` / `chunks_to_dense`;
+* paged per layer, `[num_blocks, kv_heads, block_size, head_dim_k + head_dim_v]`
+  with K then V on the last axis (vLLM's logical per-layer view; its physical
+  stride order may differ and does not matter here), addressed through a
+  request's block table: `gather_paged` / `scatter_paged`;
+* host pages (SGLang HiCache), one page per chunk in one of its named layouts:
+  `page_to_chunk` / `chunk_into_page`.
+
+Namespaces
+----------
+A chunk key commits to a namespace string naming everything that makes the
+bytes differ: model identity, dtype, layer count, kv heads, head dim, chunk
+size, tensor-parallel rank and size, layout version and an optional salt
+(`namespace`). Two models that differ in any of these can never read each
+other's chunks.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+LAYOUT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """What fixes the size and shape of a chunk."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    chunk_tokens: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_kv_heads", "head_dim", "chunk_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def chunk_shape(self) -> tuple[int, int, int, int, int]:
+        return (self.num_layers, 2, self.chunk_tokens, self.num_kv_heads, self.head_dim)
+
+    @property
+    def chunk_nbytes(self) -> int:
+        n = 1
+        for d in self.chunk_shape:
+            n *= d
+        return n * dtype_size(self.dtype)
+
+    def empty_chunks(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """An uninitialised `[n, *chunk_shape]` tensor."""
+        return torch.empty((n, *self.chunk_shape), dtype=self.dtype, device=device)
+
+
+def dtype_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def namespace(
+    model_id: str,
+    geometry: KVGeometry,
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    salt: str = "",
+) -> str:
+    """The namespace string for chunks of this model, shard and layout."""
+    if not 0 <= tp_rank < tp_size:
+        raise ValueError(f"tp_rank {tp_rank} outside tp_size {tp_size}")
+    g = geometry
+    parts = [
+        f"kvstore-chunk-v{LAYOUT_VERSION}",
+        f"model={model_id}",
+        f"dtype={dtype_name(g.dtype)}",
+        f"layers={g.num_layers}",
+        f"kv_heads={g.num_kv_heads}",
+        f"head_dim={g.head_dim}",
+        f"chunk={g.chunk_tokens}",
+        f"tp={tp_rank}/{tp_size}",
+    ]
+    if salt:
+        parts.append(f"salt={salt}")
+    return ";".join(parts)
+
+
+# --------------------------------------------------------------------------
+# bytes <-> chunk tensors
+
+
+def chunk_from_buffer(buffer: memoryview | bytes, geometry: KVGeometry) -> torch.Tensor:
+    """A CPU tensor of `chunk_shape` viewing `buffer` (no copy).
+
+    The view is only valid while the buffer is; callers copy it out before a
+    lease over shared memory ends. Raises ValueError on a size mismatch.
+    """
+    if memoryview(buffer).nbytes != geometry.chunk_nbytes:
+        raise ValueError(
+            f"chunk holds {memoryview(buffer).nbytes} bytes, expected {geometry.chunk_nbytes}"
+        )
+    with warnings.catch_warnings():
+        # Read-only shared memory is fine: the tensor is only ever read.
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.frombuffer(buffer, dtype=torch.uint8)
+    return raw.view(geometry.dtype).view(geometry.chunk_shape)
+
+
+def chunks_from_buffers(
+    buffers: Sequence[memoryview | bytes],
+    geometry: KVGeometry,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Copy `buffers` into one `[n, *chunk_shape]` tensor on `device`."""
+    out = geometry.empty_chunks(len(buffers), device)
+    for i, buf in enumerate(buffers):
+        out[i].copy_(chunk_from_buffer(buf, geometry), non_blocking=False)
+    return out
+
+
+# --------------------------------------------------------------------------
+# dense per-layer K/V  ([batch, heads, seq, dim], transformers)
+
+
+def dense_to_chunks(
+    keys: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    first_chunk: int,
+    num_chunks: int,
+    geometry: KVGeometry,
+    batch_index: int = 0,
+) -> torch.Tensor:
+    """Chunks `first_chunk .. first_chunk + num_chunks` of one sequence.
+
+    `keys[l]` and `values[l]` are `[batch, kv_heads, seq, head_dim]`. Returns a
+    `[num_chunks, *chunk_shape]` tensor on the same device.
+    """
+    _check_layers(len(keys), len(values), geometry)
+    t = geometry.chunk_tokens
+    start, end = first_chunk * t, (first_chunk + num_chunks) * t
+    out = geometry.empty_chunks(num_chunks, keys[0].device)
+    for layer, pair in enumerate(zip(keys, values)):
+        for kv, src in enumerate(pair):
+            seq = src[batch_index, :, start:end, :]  # [H, n*T, D]
+            if seq.shape[1] != end - start:
+                raise ValueError(f"layer {layer} holds {src.shape[2]} tokens, need {end}")
+            tokens = seq.unflatten(1, (num_chunks, t)).permute(1, 2, 0, 3)
+            out[:, layer, kv].copy_(tokens)
+    return out
+
+
+def chunks_to_dense(chunks: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per-layer `[1, kv_heads, n * chunk_tokens, head_dim]` K and V tensors."""
+    n, layers, _, t, heads, dim = chunks.shape
+    keys, values = [], []
+    for layer in range(layers):
+        for kv, sink in ((0, keys), (1, values)):
+            tokens = chunks[:, layer, kv]  # [n, T, H, D]
+            dense = tokens.permute(2, 0, 1, 3).reshape(heads, n * t, dim)
+            sink.append(dense.unsqueeze(0).contiguous())
+    return keys, values
+
+
+# --------------------------------------------------------------------------
+# paged per-layer K/V ([blocks, heads, block_size, 2*dim], vLLM)
+
+
+def paged_slots(
+    block_table: torch.Tensor, start: int, end: int, block_size: int, kernel_block_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block index, offset) in a paged cache of each token position in `[start, end)`.
+
+    `block_table` holds a request's block ids of `block_size` tokens. An engine
+    may split each such block into `block_size // kernel_block_size` kernel
+    blocks, in which case the cache's first axis counts kernel blocks.
+    """
+    kbs = kernel_block_size or block_size
+    if block_size % kbs:
+        raise ValueError(f"kernel block size {kbs} does not divide block size {block_size}")
+    positions = torch.arange(start, end, device=block_table.device)
+    within = positions % block_size
+    blocks = block_table[positions // block_size] * (block_size // kbs) + within // kbs
+    return blocks, within % kbs
+
+
+def gather_paged_layer(
+    cache: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
+) -> None:
+    """Copy the slots' K and V of one layer into `out`, a `[n, 2, T, H, D]` view."""
+    n, _, t, _, d = out.shape
+    rows = cache[slots[0], :, slots[1]].unflatten(0, (n, t))  # [n, T, H, 2D]
+    out[:, 0].copy_(rows[..., :d])
+    out[:, 1].copy_(rows[..., d:])
+
+
+def gather_paged(
+    layers: Sequence[torch.Tensor],
+    block_table: torch.Tensor,
+    first_chunk: int,
+    num_chunks: int,
+    geometry: KVGeometry,
+    block_size: int | None = None,
+) -> torch.Tensor:
+    """Chunks of one request read out of paged per-layer caches.
+
+    `layers[l]` is `[num_blocks, kv_heads, kernel_block_size, 2 * head_dim]`;
+    `block_table` holds the request's block ids in token order (a 1-D integer
+    tensor on the caches' device); `block_size` is the tokens a block id
+    covers (default: the caches' own block size). Returns
+    `[num_chunks, *chunk_shape]` on the caches' device.
+    """
+    _check_layers(len(layers), len(layers), geometry)
+    t = geometry.chunk_tokens
+    kbs = layers[0].shape[2]
+    slots = paged_slots(block_table, first_chunk * t, (first_chunk + num_chunks) * t, block_size or kbs, kbs)
+    out = geometry.empty_chunks(num_chunks, layers[0].device)
+    for layer, cache in enumerate(layers):
+        gather_paged_layer(cache, slots, out[:, layer])
+    return out
+
+
+def scatter_paged(
+    chunks: torch.Tensor,
+    layers: Sequence[torch.Tensor],
+    block_table: torch.Tensor,
+    first_chunk: int,
+    skip_tokens: int = 0,
+    block_size: int | None = None,
+) -> None:
+    """Write `chunks` (starting at chunk `first_chunk`) into paged caches.
+
+    The first `skip_tokens` tokens of the run are left alone: they sit in
+    blocks the engine already holds (its own prefix cache), which may be shared
+    with other requests.
+    """
+    n, num_layers, _, t, _, d = chunks.shape
+    if num_layers != len(layers):
+        raise ValueError(f"chunks hold {num_layers} layers, engine has {len(layers)}")
+    start = first_chunk * t + skip_tokens
+    end = (first_chunk + n) * t
+    if start >= end:
+        return
+    kbs = layers[0].shape[2]
+    blocks, offsets = paged_slots(block_table, start, end, block_size or kbs, kbs)
+    src = chunks.to(layers[0].device, non_blocking=True)
+    for layer, cache in enumerate(layers):
+        tokens = src[:, layer].permute(1, 0, 2, 3, 4).flatten(1, 2)[:, skip_tokens:]  # [2, m, H, D]
+        cache[blocks, :, offsets, :d] = tokens[0]
+        cache[blocks, :, offsets, d:] = tokens[1]
+
+
+# --------------------------------------------------------------------------
+# host pages (SGLang HiCache)
+
+# For each named host layout: the permutation taking one page as the engine
+# holds it (after dropping a leading singleton page axis where it has one) to
+# the chunk layout [layers, 2, tokens, heads, dim].
+PAGE_LAYOUTS: dict[str, tuple[str, tuple[int, ...]]] = {
+    # name: (engine axes, permutation to the chunk layout)
+    "layer_first": ("2 L T H D", (1, 0, 2, 3, 4)),
+    "page_first": ("2 T L H D", (2, 0, 1, 3, 4)),
+    "page_first_direct": ("2 L T H D", (1, 0, 2, 3, 4)),
+    "page_head": ("2 H T L D", (3, 0, 2, 1, 4)),
+}
+
+
+def page_shape(layout: str, geometry: KVGeometry) -> tuple[int, ...]:
+    """The shape of one host page as the engine holds it in `layout`."""
+    g = geometry
+    sizes = {"2": 2, "L": g.num_layers, "T": g.chunk_tokens, "H": g.num_kv_heads, "D": g.head_dim}
+    if layout not in PAGE_LAYOUTS:
+        raise ValueError(f"unsupported host page layout {layout!r}")
+    shape = tuple(sizes[a] for a in PAGE_LAYOUTS[layout][0].split())
+    return shape[:1] + (1,) + shape[1:] if layout in ("page_first_direct", "page_head") else shape
+
+
+def page_to_chunk(page: torch.Tensor, layout: str) -> torch.Tensor:
+    """A chunk-layout view of one engine host page (no copy)."""
+    return _page_view(page, layout).permute(PAGE_LAYOUTS[layout][1])
+
+
+def chunk_into_page(chunk: torch.Tensor, page: torch.Tensor, layout: str) -> None:
+    """Copy a `[*chunk_shape]` chunk into one engine host page, in place."""
+    page_to_chunk(page, layout).copy_(chunk)
+
+
+def _page_view(page: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout not in PAGE_LAYOUTS:
+        raise ValueError(f"unsupported host page layout {layout!r}")
+    if page.dim() == 6:  # [2, 1, ...] for the one-page-axis layouts
+        page = page.squeeze(1)
+    if page.dim() != 5:
+        raise ValueError(f"host page of shape {tuple(page.shape)} is not 5-D")
+    return page
+
+
+def _check_layers(n_k: int, n_v: int, geometry: KVGeometry) -> None:
+    if n_k != geometry.num_layers or n_v != geometry.num_layers:
+        raise ValueError(
+            f"got {n_k} K and {n_v} V layers, geometry has {geometry.num_layers}"
+        )

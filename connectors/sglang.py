@@ -1,0 +1,188 @@
+"""SGLang connector: a HiCache storage backend (the third tier under SGLang's GPU and host caches).
+
+    python -m sglang.launch_server --model-path MODEL --enable-hierarchical-cache \\
+        --hicache-storage-backend dynamic \\
+        --hicache-storage-backend-extra-config '{"backend_name": "kvstore",
+            "module_path": "kvstore.connectors.sglang", "class_name": "KVStoreHiCacheStorage",
+            "interface_v1": 1, "address": "ipc:///run/kvstore/kvstore.sock"}'
+
+SGLang moves KV between its host pool and storage one page (`page_size`
+tokens, all layers) at a time, named by its own chained page hashes. Each page
+is stored as one kvstore chunk in the common chunk layout
+(`kvstore.connectors.layout`): SGLang's hash is re-keyed under a namespace
+derived from the model and the host pool's geometry (dtype, layers, kv heads,
+head dim, page size, tensor-parallel rank and size), so pages of another model
+or shard never match.
+
+`batch_exists` returns the leading hit count. `batch_get` / `batch_set` move
+flat pages (the generic path); with `"interface_v1": 1` SGLang calls
+`batch_get_v1` / `batch_set_v1` instead, which read and write the host pool's
+pages in place by their host indices, without a staging page. A daemon that is
+down or erroring means misses and dropped writes, never an error in SGLang.
+
+Extra config: `address`, `timeout` (default 2 s), `retry_s` (default 5 s),
+`model_id` (default: SGLang's model name), `cache_salt`.
+
+Supported: MHA host pools (`layer_first`, `page_first`, `page_first_direct`,
+`page_head` layouts) with equal K and V head dims. MLA and hybrid pools leave
+the backend disabled (every lookup misses).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Optional
+
+import torch
+import xxhash
+
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+)
+
+import kvstore
+
+from ._store import ChunkStore, DaemonLink
+from .layout import PAGE_LAYOUTS, KVGeometry, chunk_into_page, namespace, page_shape, page_to_chunk
+
+log = logging.getLogger("kvstore.connectors.sglang")
+
+__all__ = ["KVStoreHiCacheStorage"]
+
+
+class KVStoreHiCacheStorage(HiCacheStorage):
+    """HiCache pages in a kvstore daemon."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None) -> None:
+        self.config = storage_config
+        extra = storage_config.extra_config or {}
+        self._address = extra.get("address")
+        self._timeout = float(extra.get("timeout", 2.0))
+        self._retry_s = float(extra.get("retry_s", 5.0))
+        self._model_id = str(extra.get("model_id") or storage_config.model_name or "unknown-model")
+        self._salt = str(extra.get("cache_salt", ""))
+        self._store: ChunkStore | None = None
+        self._layout = ""
+        self._root = b""
+
+    # -- set-up ------------------------------------------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        geometry = _geometry(mem_pool_host, self.config)
+        if geometry is None:
+            log.warning("kvstore storage disabled: unsupported host pool %s", type(mem_pool_host).__name__)
+            return
+        c = self.config
+        salt = ";".join(s for s in (self._salt, f"pp={c.pp_rank}/{c.pp_size}" if c.pp_size > 1 else "") if s)
+        ns = namespace(f"sglang:{self._model_id}", geometry, tp_rank=c.tp_rank, tp_size=c.tp_size, salt=salt)
+        link = DaemonLink.to(self._address, geometry.chunk_tokens, self._timeout, retry_s=self._retry_s)
+        self._store = ChunkStore(link, ns, geometry)
+        self._layout = mem_pool_host.layout
+        self._root = kvstore.keys.namespace_root(ns)
+
+    def _keys(self, keys: List[str]) -> list[bytes]:
+        """SGLang's page hashes (already chained over the prefix) re-keyed under our namespace."""
+        return [xxhash.xxh3_128_digest(self._root + k.encode()) for k in keys]
+
+    def _parent(self, extra_info: Optional[HiCacheStorageExtraInfo]) -> list[bytes]:
+        prefix = extra_info.prefix_keys if extra_info is not None else None
+        return self._keys(prefix[-1:]) if prefix else []
+
+    # -- lookups -----------------------------------------------------------------------------------------
+    def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        if self._store is None or not keys:
+            return 0
+        return self._store.lookup(self._keys(keys))
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    # -- generic path: flat pages ------------------------------------------------------------------------
+    def batch_get(
+        self, keys: List[str], target_locations: Optional[Any] = None, target_sizes: Optional[Any] = None
+    ) -> List[torch.Tensor | None]:
+        out: List[torch.Tensor | None] = [None] * len(keys)
+        if self._store is None or not keys:
+            return out
+        chunks = self._store.load(self._keys(keys))
+        shape = page_shape(self._layout, self._store.geometry)
+        for i, chunk in enumerate(chunks):
+            target = target_locations[i] if target_locations is not None else None
+            if target is None:
+                target = torch.empty(shape, dtype=chunk.dtype)
+            chunk_into_page(chunk, target.view(shape), self._layout)
+            out[i] = target
+        return out
+
+    def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
+        return self.batch_get([key], [target_location] if target_location is not None else None)[0]
+
+    def batch_set(
+        self,
+        keys: List[str],
+        values: Optional[Any] = None,
+        target_locations: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
+        if self._store is None or not keys or values is None:
+            return False
+        shape = page_shape(self._layout, self._store.geometry)
+        chunks = torch.stack([page_to_chunk(v.view(shape), self._layout) for v in values])
+        return self._put(self._keys(keys), chunks, []) == len(keys)
+
+    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> bool:
+        return self.batch_set([key], [value])
+
+    # -- v1: in place, by host index ---------------------------------------------------------------------
+    def batch_get_v1(
+        self, keys: List[str], host_indices: torch.Tensor, extra_info: Optional[HiCacheStorageExtraInfo] = None
+    ) -> List[bool]:
+        done = [False] * len(keys)
+        if self._store is None or not keys:
+            return done
+        chunks = self._store.load(self._keys(keys))
+        for i, chunk in enumerate(chunks):
+            chunk_into_page(chunk, self._host_page(host_indices, i), self._layout)
+            done[i] = True
+        return done
+
+    def batch_set_v1(
+        self, keys: List[str], host_indices: torch.Tensor, extra_info: Optional[HiCacheStorageExtraInfo] = None
+    ) -> List[bool]:
+        if self._store is None or not keys:
+            return [False] * len(keys)
+        chunks = torch.stack([page_to_chunk(self._host_page(host_indices, i), self._layout)
+                              for i in range(len(keys))])
+        ok = self._put(self._keys(keys), chunks, self._parent(extra_info)) == len(keys)
+        return [ok] * len(keys)
+
+    def _host_page(self, host_indices: torch.Tensor, i: int) -> torch.Tensor:
+        page_size = self._store.geometry.chunk_tokens
+        return self.mem_pool_host.get_data_page(int(host_indices[i * page_size]), flat=False)
+
+    def _put(self, keys: list[bytes], chunks: torch.Tensor, parent: list[bytes]) -> int:
+        """Store pages; a page already stored counts as written."""
+        assert self._store is not None
+        chain = parent + keys
+        written = self._store.store(chain, chunks, len(parent))
+        if written == len(keys):
+            return written
+        return self._store.lookup(keys)  # put skips pages already stored: count what is there
+
+    def clear(self) -> None:
+        return  # pages are shared with other engines; the daemon evicts them
+
+    def get_stats(self) -> None:
+        return None
+
+
+def _geometry(pool: Any, config: HiCacheStorageConfig) -> KVGeometry | None:
+    if config.is_mla_model or getattr(pool, "layout", None) not in PAGE_LAYOUTS:
+        return None
+    head_dim = getattr(pool, "head_dim", None)
+    if head_dim is None or getattr(pool, "v_head_dim", head_dim) != head_dim or not hasattr(pool, "head_num"):
+        return None
+    return KVGeometry(pool.layer_num, pool.head_num, head_dim, pool.dtype, pool.page_size)
