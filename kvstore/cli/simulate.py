@@ -83,8 +83,8 @@ def _capacity(args: argparse.Namespace) -> Any:
     host = parse_size(args.host_mem, "--host-mem")
     disk = parse_size(args.disk_size, "--disk-size")
     if parse_size(args.gpu_mem, "--gpu-mem"):
-        raise ConfigError("--gpu-mem: the Store does not place chunks in a GPU tier yet, so there is no GPU tier "
-                          "to simulate; size host and disk, and leave --gpu-mem out")
+        raise ConfigError("--gpu-mem: the simulator has no payload-less GPU tier yet, so it cannot size one; "
+                          "size host and disk, and leave --gpu-mem out")
     if chunk <= 0:
         raise ConfigError("--chunk-bytes: must be positive (the KV bytes of one block, e.g. 64MiB)")
     if host < _slot(chunk):

@@ -4,6 +4,12 @@ Over ``ipc://`` the client maps the daemon's shared arena: ``put`` reserves slot
 slot with one memcpy and commits; ``get`` takes a lease and returns zero-copy views of the leased slots. Over
 ``tcp://`` the same calls carry the bytes in ZeroMQ frames. If the daemon restarts, the client says hello
 again (re-mapping the new arena) and retries the request once.
+
+``gpu=True`` (engines on the daemon's GPU): the client asks for the GPU tier's pool at hello, maps it once
+(``kvstore.gpu.engine.MappedPool``) and page-locks its own mapping of the arena; ``get`` then returns a
+``uint8`` tensor view of the pool for every chunk the GPU tier holds, and memoryviews for the others. Only such
+clients import torch. Without the mapping (no GPU tier, another GPU, CUDA IPC refused) everything is read from
+DRAM as usual: the daemon copies GPU-only chunks down for readers that do not map the pool.
 """
 
 from __future__ import annotations
@@ -34,14 +40,18 @@ class LookupResult:
 
 
 class Lease:
-    """Zero-copy views of leased chunks; the chunks stay pinned until ``release`` (or the lease TTL)."""
+    """Zero-copy views of leased chunks; the chunks stay pinned until ``release`` (or the lease TTL).
 
-    def __init__(self, client: "Client", lease_id: int, views: list[memoryview]) -> None:
+    A view is a memoryview of the shared arena, or — for a client that maps the GPU pool — a ``uint8`` tensor of
+    the pool for a chunk the GPU tier holds (``tiers[i]`` says which: "gpu" or "host")."""
+
+    def __init__(self, client: "Client", lease_id: int, views: list[Any], tiers: list[str] | None = None) -> None:
         self._client = client
         self.id = lease_id
         self.views = views
+        self.tiers = tiers if tiers is not None else ["host"] * len(views)
 
-    def __enter__(self) -> list[memoryview]:
+    def __enter__(self) -> list[Any]:
         return self.views
 
     def __exit__(self, *exc: object) -> None:
@@ -58,7 +68,8 @@ class Lease:
     def release(self) -> None:
         """Unpin the chunks. The views are invalid afterwards (using them raises ValueError)."""
         for view in self.views:
-            view.release()
+            if isinstance(view, memoryview):
+                view.release()
         self.views = []
         if self.id:
             lease_id, self.id = self.id, 0
@@ -83,7 +94,7 @@ class Client:
     def __init__(self, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, timeout: float = 5.0,
                  client_id: str | None = None, use_arena: bool | None = None,
-                 curve: ClientCurve | None = None) -> None:
+                 curve: ClientCurve | None = None, gpu: bool = False) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
             raise ValueError(f"address must start with ipc:// or tcp://, got {self.address!r}")
@@ -97,6 +108,10 @@ class Client:
         self._arena: SharedArena | None = None
         self._arena_view: memoryview | None = None
         self._arena_file: tuple[int, int] | None = None
+        self.want_gpu = gpu and self.use_arena
+        self._gpu_pool: Any = None        # kvstore.gpu.engine.MappedPool, when the daemon's pool is mapped
+        self._gpu_info: dict[str, Any] | None = None
+        self._pinned: Any = None          # kvstore.gpu.pinned.PinnedRegion of our arena mapping
         self.server_info: dict[str, Any] = {}
         self._hello()
 
@@ -106,7 +121,7 @@ class Client:
         header, _ = self._transport.call({
             "op": Op.HELLO, "version": PROTOCOL_VERSION, "namespace": self.namespace,
             "client_id": self.client_id, "chunk_tokens": self.chunk_tokens,
-            "pid": pid, "pid_start": pid_start, "arena": self.use_arena,
+            "pid": pid, "pid_start": pid_start, "arena": self.use_arena, "gpu": self.want_gpu,
         })
         self.server_info = header
         arena = header.get("arena")
@@ -120,8 +135,38 @@ class Client:
             self._arena_view = self._arena.view()
         elif not arena:
             self._detach_arena()
+        self._attach_gpu(header.get("gpu") if self._arena is not None else None)
+
+    def _attach_gpu(self, info: dict[str, Any] | None) -> None:
+        """Map the daemon's GPU pool (once per daemon) and pin our arena mapping for async host<->GPU copies."""
+        if info == self._gpu_info and (info is None or self._gpu_pool is not None):
+            return
+        self._detach_gpu()
+        self._gpu_info = info
+        if not info:
+            return
+        from ..gpu.engine import MappedPool, pin_mapping  # torch: only for clients that ask for the GPU tier
+
+        self._gpu_pool = MappedPool.from_hello(info)
+        if self._gpu_pool is not None and self._gpu_pool.device.type == "cuda" and self._arena is not None:
+            self._pinned = pin_mapping(self._arena.buf, self._arena.size)
+
+    def _detach_gpu(self) -> None:
+        if self._pinned is not None:
+            self._pinned.unpin()
+            self._pinned = None
+        if self._gpu_pool is not None:
+            self._gpu_pool.close()
+            self._gpu_pool = None
+        self._gpu_info = None
+
+    @property
+    def gpu_pool(self) -> Any:
+        """The mapped GPU pool (``kvstore.gpu.engine.MappedPool``), or None."""
+        return self._gpu_pool
 
     def _detach_arena(self) -> None:
+        self._detach_gpu()   # unpin before unmapping
         if self._arena_view is not None:
             try:
                 self._arena_view.release()
@@ -205,12 +250,15 @@ class Client:
         """
         if not keys:
             return Lease(self, 0, [])
-        header, payload = self._call({"op": Op.GET, "keys": list(keys), "inline": self._arena_view is None})
+        header, payload = self._call({"op": Op.GET, "keys": list(keys), "inline": self._arena_view is None,
+                                      "gpu": self._gpu_pool is not None})
         slots = header["slots"]
         if self._arena_view is None:
             return Lease(self, 0, [frame.buffer for frame in payload])
-        views = [self._arena_view[off:off + size] for off, size in slots]
-        return Lease(self, int(header["lease"]), views)
+        tiers = header.get("tiers") or ["host"] * len(slots)
+        views = [self._gpu_pool.view(off, size) if tier == "gpu" and self._gpu_pool is not None
+                 else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
+        return Lease(self, int(header["lease"]), views, list(tiers))
 
     def delete(self, keys: Sequence[bytes]) -> int:
         if not keys:

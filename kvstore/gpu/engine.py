@@ -27,24 +27,43 @@ from .pinned import PinnedRegion, pin
 class MappedPool:
     """The daemon's GPU pool as seen from an engine process."""
 
-    def __init__(self, buffer: torch.Tensor, export: PoolExport) -> None:
+    def __init__(self, buffer: torch.Tensor, export: PoolExport | None, mapping: Any = None) -> None:
         self.buffer = buffer
         self.export = export
+        self._mapping = mapping   # the shared file of a CPU-backed test pool (None for CUDA IPC)
 
     @classmethod
     def from_hello(cls, info: dict[str, Any] | None) -> "MappedPool | None":
         if not info:
             return None
         try:
+            if info.get("device") == "cpu":
+                return cls._map_cpu_pool(info)
             export = PoolExport.from_wire(info)
             return cls(import_pool(export), export)
         except Exception as exc:  # noqa: BLE001 - no mapping means host-tier reads, never a failure
             logs.warning("gpu_pool_unmapped", reason=repr(exc), fallback="host tier")
             return None
 
+    @classmethod
+    def _map_cpu_pool(cls, info: dict[str, Any]) -> "MappedPool":
+        """The CPU-backed pool of a daemon started with the testing switch (``gpu/settings.py``)."""
+        from ..tiers.arena import SharedArena
+
+        nbytes = int(info["nbytes"])
+        mapping = SharedArena.attach(str(info["path"]), nbytes)
+        return cls(torch.frombuffer(mapping.buf, dtype=torch.uint8, count=nbytes), None, mapping)
+
     @property
     def device(self) -> torch.device:
         return self.buffer.device
+
+    def close(self) -> None:
+        """Drop this process's mapping (views taken from it must be gone first)."""
+        self.buffer = torch.empty(0, dtype=torch.uint8, device=self.buffer.device)
+        if self._mapping is not None:
+            self._mapping.close()
+            self._mapping = None
 
     def view(self, offset: int, nbytes: int) -> torch.Tensor:
         if offset < 0 or nbytes < 0 or offset + nbytes > self.buffer.numel():

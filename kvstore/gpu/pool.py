@@ -3,11 +3,14 @@
 The pool is one ``uint8`` tensor allocated once at start (``torch.empty`` on ``cuda:N`` in the daemon, on
 ``cpu`` in tests: the bookkeeping is the same code). One allocation means one CUDA IPC handle for the whole
 tier, so an engine maps it once at connect time and every chunk afterwards is an (offset, size) into that
-mapping. Slots are aligned to ``ALIGN`` bytes (4 KiB), which keeps every slot 16-byte aligned for vectorised
+mapping. In tests the pool may instead lie in a caller's shared-memory buffer on ``cpu`` (``backing``), so that
+another process maps it the way an engine maps the CUDA pool. Slots are aligned to ``ALIGN`` bytes (4 KiB), which keeps every slot 16-byte aligned for vectorised
 copies; allocation and free are O(1) (``kvstore.tiers.allocator``).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -19,11 +22,17 @@ ALIGN = 4096
 class DevicePool:
     """``capacity`` bytes on ``device``; hands out byte ranges and tensor views of them."""
 
-    def __init__(self, capacity: int, device: torch.device | str) -> None:
+    def __init__(self, capacity: int, device: torch.device | str, backing: Any = None) -> None:
         if capacity < ALIGN:
             raise ValueError(f"a device pool needs at least {ALIGN} bytes, got {capacity}")
         self.device = torch.device(device)
-        self.buffer = torch.empty(capacity // ALIGN * ALIGN, dtype=torch.uint8, device=self.device)
+        size = capacity // ALIGN * ALIGN
+        if backing is None:
+            self.buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+        elif self.device.type == "cpu":
+            self.buffer = torch.frombuffer(backing, dtype=torch.uint8, count=size)
+        else:
+            raise ValueError(f"only a cpu pool can lie in a host buffer; this one is on {self.device}")
         self.allocator = ExtentAllocator(self.buffer.numel(), ALIGN)
         self.slots = 0
 

@@ -11,7 +11,8 @@ polls. Contract with the tier manager:
   free the host slot (or keep both and drop either later: the bytes are identical).
 
 The tier also owns the pinned registration of the host arena, so that the daemon pins and unpins in one
-place. Everything runs on CPU tensors in tests (``device="cpu"``): same bookkeeping, synchronous copies.
+place. Everything runs on CPU tensors in tests (``device="cpu"``): same bookkeeping, synchronous copies; with
+``shared_path`` the CPU pool is a shared-memory file that clients map instead of a CUDA IPC handle.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..tiers.arena import SharedArena
 from .copies import CopyEngine, Transfer
 from .ipc import PoolExport, export_pool
 from .pinned import PinnedRegion, pin
@@ -43,8 +45,11 @@ class GpuTier:
     name = "gpu"
 
     def __init__(self, capacity: int, device: torch.device | str, host_buf: Any | None = None,
-                 host_nbytes: int = 0) -> None:
-        self.pool = DevicePool(capacity, device)
+                 host_nbytes: int = 0, shared_path: str | None = None) -> None:
+        self.shared: SharedArena | None = None
+        if shared_path is not None and torch.device(device).type == "cpu":
+            self.shared = SharedArena.create(shared_path, capacity)
+        self.pool = DevicePool(capacity, device, self.shared.buf if self.shared is not None else None)
         self.copies = CopyEngine(self.pool.device)
         self.host: torch.Tensor | None = None
         self.pinned: PinnedRegion | None = None
@@ -110,6 +115,9 @@ class GpuTier:
 
     def hello_info(self) -> dict[str, Any] | None:
         """The ``gpu`` field of the HELLO reply (msgpack-friendly), or None."""
+        if self.shared is not None:  # the CPU-backed test tier: a file to map, like the host arena
+            return {"capacity": self.capacity_bytes, "pinned_host": False, "device": "cpu",
+                    "path": self.shared.path, "nbytes": self.pool.buffer.numel()}
         export = self.export()
         if export is None:
             return None
@@ -124,3 +132,6 @@ class GpuTier:
             self.pinned.unpin()
             self.pinned = None
         self.pool.close()
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None

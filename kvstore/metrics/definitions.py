@@ -146,6 +146,11 @@ METRICS: tuple[MetricDef, ...] = (
     _m("disk_write_queue_bytes", "gauge", "Bytes waiting for or in write-back.", "disk.write_queue_bytes"),
     _m("disk_writes_in_flight", "gauge", "Disk writes in flight.", "disk.writes_in_flight"),
     _m("disk_reads_in_flight", "gauge", "Disk reads (promotions) in flight.", "disk.reads_in_flight"),
+    _m("gpu_copies_down", "counter", "GPU-tier chunks copied back into DRAM before leaving the GPU tier.",
+       "counters.gpu_copies_down"),
+    _m("gpu_copies_in_flight", "gauge", "Copies between the GPU tier and DRAM in flight.", "gpu.copies_in_flight"),
+    _m("gpu_promotions_wanted", "gauge", "Chunks waiting for promotion to the GPU tier.", "gpu.promotions_wanted"),
+    _m("gpu_bytes_leaving", "gauge", "Bytes of GPU slots being copied down.", "gpu.bytes_leaving"),
     _m("uptime_seconds", "gauge", "Seconds since the daemon started.", "uptime_s"),
     # latency, observed by the dispatcher
     _m("request_duration_seconds", "histogram",

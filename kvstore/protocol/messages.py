@@ -91,6 +91,7 @@ class Hello:
     pid: int
     pid_start: int
     want_arena: bool
+    want_gpu: bool
 
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "Hello":
@@ -102,6 +103,7 @@ class Hello:
             pid=read_int(h, "pid", 0, 1 << 31, default=0),
             pid_start=read_int(h, "pid_start", 0, 1 << 62, default=0),
             want_arena=read_bool(h, "arena", default=False),
+            want_gpu=read_bool(h, "gpu", default=False),
         )
 
 
@@ -145,11 +147,12 @@ class Get:
     keys: list[bytes]
     inline: bool
     wait_ms: int
+    gpu: bool      # the caller maps the GPU pool: GPU-tier chunks may be handed out as GPU slots
 
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "Get":
         return cls(keys=read_keys(h), inline=read_bool(h, "inline", False),
-                   wait_ms=read_int(h, "wait_ms", 0, 60_000, default=2_000))
+                   wait_ms=read_int(h, "wait_ms", 0, 60_000, default=2_000), gpu=read_bool(h, "gpu", False))
 
 
 @dataclass(frozen=True)

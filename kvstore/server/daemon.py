@@ -15,6 +15,10 @@ taking messages without losing a received one, answer what is still queued, flus
 something to persist, close the sockets, remove the arena and exit 0. Should any step hang, a timer ends the
 process (exit 1) at twice the timeout.
 
+GPU tier (``--gpu-mem``): created in ``open`` on the host arena (which it page-locks), exported once (its HELLO
+field is computed at start and handed to every client that asks), moved by the GPU mover's task, drained before
+the disk flush at stop and closed before the arena (unpin before unmap).
+
 Metrics: every request's time is observed per operation in ``handle_message``; the store's gauges and counters
 are read from a ``stats()`` snapshot taken on the event loop when Prometheus scrapes (``kvstore/metrics/``).
 """
@@ -40,6 +44,7 @@ from ..metrics.collector import StatsCollector
 from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, op_of, request_id_of
+from ..store.gpu_mover import GpuMover
 from ..store.manager import TierManager
 from ..security.curve import ServerCurve
 from ..store.store import Store
@@ -81,6 +86,8 @@ class Daemon:
         self._tasks: set[asyncio.Task] = set()
         self._disk_lock_fd: int | None = None
         self.manager: TierManager | None = None
+        self.gpu_mover: GpuMover | None = None
+        self.gpu_hello: dict[str, Any] | None = None   # the HELLO reply's "gpu" field (exported once)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -88,8 +95,16 @@ class Daemon:
         self._prepare_socket_dir()
         self._take_lock()
         arena = SharedArena.create(arena_path_for(self.config.socket), self.config.host_mem)
+        try:
+            gpu = self._open_gpu(arena)
+        except BaseException:
+            arena.close()
+            raise
         self.store = Store(HostTier(arena), self.config.lease_ttl, self.config.reserve_ttl, disk=self._open_disk(),
-                           policy=self.config.eviction_policy)
+                           gpu=gpu, policy=self.config.eviction_policy)
+        if gpu is not None:
+            self.gpu_mover = GpuMover(self.store, gpu)
+            self.gpu_hello = gpu.hello_info()
         if self.store.disk is not None:
             self._rebuild_index(self.store.disk)
             self.manager = TierManager(self.store, self.store.disk, self.config.disk_io_depth,
@@ -100,6 +115,22 @@ class Daemon:
                 self._curve = ServerCurve(self.config.curve_server_key, self.config.curve_client_keys)
                 self._curve.start(self._ctx)
             self._bind("tcp", "tcp://" + self.config.tcp)
+
+    def _open_gpu(self, arena: SharedArena) -> Any:
+        """The GPU tier on ``cuda:N`` (or on cpu under the testing switch, ``gpu/settings.py``), or None."""
+        if not self.config.gpu_mem:
+            return None
+        from ..gpu.settings import TEST_DEVICE_ENV, tier_device  # imports torch: only with a GPU tier
+        from ..gpu.tier import GpuTier
+
+        device = tier_device(self.config.gpu_device)
+        shared = arena_path_for(self.config.socket + "#gpu") if device == "cpu" else None
+        if shared is not None:
+            logs.warning("gpu_tier_on_cpu", reason=f"{TEST_DEVICE_ENV}=cpu: a CPU-backed GPU tier, for tests only")
+        gpu = GpuTier(self.config.gpu_mem, device, arena.buf, arena.size, shared_path=shared)
+        logs.info("gpu_tier", device=str(gpu.device), capacity_bytes=gpu.capacity_bytes,
+                  host_pinned=bool(gpu.pinned and gpu.pinned.pinned))
+        return gpu
 
     def _open_disk(self) -> DiskTier | None:
         if not self.config.disk_enabled:
@@ -194,6 +225,10 @@ class Daemon:
         if self.manager is not None:
             self.manager.close()
         if getattr(self, "store", None) is not None:
+            if self.gpu_mover is not None:
+                self.gpu_mover.close()
+            if self.store.gpu is not None:
+                self.store.gpu.close()   # unpins the arena: before the arena is unmapped
             self.store.host.close()
         if self._disk_lock_fd is not None:
             os.close(self._disk_lock_fd)
@@ -226,6 +261,8 @@ class Daemon:
         for reactor in self._reactors:
             reactor.start()
         background = [asyncio.create_task(self._sweep_loop())]
+        if self.gpu_mover is not None:
+            background.append(self.gpu_mover.start(loop))
         interval = watchdog_interval()
         if interval is not None:
             background.append(asyncio.create_task(self._watchdog_loop(interval)))
@@ -267,6 +304,8 @@ class Daemon:
         unfinished = len(self.store.reservations)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=max(0.0, deadline - loop.time()))
+        if self.gpu_mover is not None:
+            await self.gpu_mover.drain()
         if self.manager is not None:
             started = time.monotonic()
             queued = self.store.dirty_bytes
@@ -390,6 +429,7 @@ class Daemon:
             "hit_tokens": self.hit_tokens,
             "counters": {**counters.__dict__, **self.store.tier_counters.__dict__},
             "disk": self.manager.stats() if self.manager is not None else None,
+            "gpu": self.gpu_mover.stats() if self.gpu_mover is not None else None,
             "leases": len(self.store.leases),
             "reservations": len(self.store.reservations),
             "sessions": len(self.sessions),
@@ -406,6 +446,11 @@ class Daemon:
         if disk is not None:
             tiers["disk"] = {"capacity_bytes": disk.capacity_bytes, "used_bytes": disk.used_bytes,
                              "chunks": disk.chunks}
+        gpu = self.store.gpu
+        if gpu is not None:
+            used = gpu.usage()
+            tiers = {"gpu": {"capacity_bytes": used.capacity_bytes, "used_bytes": used.used_bytes,
+                             "chunks": used.chunks, "device": str(gpu.device)}, **tiers}
         return tiers
 
 

@@ -9,6 +9,7 @@ through ``protocol/messages.py``.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any, Callable
 
 from .._version import __version__
@@ -106,29 +107,40 @@ def _put_inline_now(d: "Daemon", s: Session, h: dict, frames: list, keys: list, 
 
 def handle_get(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
     req = m.Get.parse(h)
-    if d.manager is not None and req.wait_ms > 0:
-        on_disk = d.store.to_promote(req.keys)
-        if on_disk:
-            loads = d.manager.promote(on_disk)
-            if loads:
-                async def later() -> Frames:
-                    await d.manager.wait_loaded(loads, req.wait_ms / 1000)
-                    return _get_now(d, s, h, req)
-                return later()
-    return _get_now(d, s, h, req)
+    gpu_ok = req.gpu and not req.inline and s.arena and d.gpu_mover is not None
+    waits: list[asyncio.Future] = []
+    if req.wait_ms > 0:
+        if d.manager is not None:
+            on_disk = d.store.to_promote(req.keys)
+            if on_disk:
+                waits += d.manager.promote(on_disk)
+        if d.gpu_mover is not None and not gpu_ok:
+            waits += d.gpu_mover.fetch_down(d.store.gpu_only(req.keys))  # this reader cannot map the GPU pool
+    waits = [w for w in waits if not w.done()]
+    if waits:
+        async def later() -> Frames:
+            await asyncio.wait(waits, timeout=req.wait_ms / 1000)
+            return _get_now(d, s, h, req, gpu_ok)
+        return later()
+    return _get_now(d, s, h, req, gpu_ok)
 
 
-def _get_now(d: "Daemon", s: Session, h: dict, req: m.Get) -> Frames:
-    handle, entries = d.store.get(s.owner, req.keys)
+def _get_now(d: "Daemon", s: Session, h: dict, req: m.Get, gpu_ok: bool) -> Frames:
+    handle, entries = d.store.get(s.owner, req.keys, gpu_ok)
+    if d.gpu_mover is not None and d.store.gpu_wanted:
+        d.gpu_mover.wake()
     if handle is None:
-        return [ok_reply(h["id"], lease=0, slots=[])]
+        return [ok_reply(h["id"], lease=0, slots=[], tiers=[])]
     if req.inline or not s.arena:
         # Bytes travel in frames: copy them out now and release at once, so no pin outlives this request.
         payloads = [bytes(d.store.host.read(e.host_offset, e.size)) for e in entries]
         d.store.release(s.owner, handle.id)
-        return [ok_reply(h["id"], lease=0, slots=[[0, e.size] for e in entries])] + payloads
-    slots = [[e.host_offset, e.size] for e in entries]
-    return [ok_reply(h["id"], lease=handle.id, slots=slots, ttl=d.store.lease_ttl)]
+        return [ok_reply(h["id"], lease=0, slots=[[0, e.size] for e in entries], tiers=["host"] * len(entries))] \
+            + payloads
+    on_gpu = [gpu_ok and e.gpu_offset is not None for e in entries]
+    slots = [[e.gpu_offset if g else e.host_offset, e.size] for e, g in zip(entries, on_gpu)]
+    tiers = ["gpu" if g else "host" for g in on_gpu]
+    return [ok_reply(h["id"], lease=handle.id, slots=slots, tiers=tiers, ttl=d.store.lease_ttl)]
 
 
 def handle_release(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
@@ -184,6 +196,7 @@ def hello_reply(d: "Daemon", owner: bytes, transport: str, h: dict) -> tuple[Ses
         "version": PROTOCOL_VERSION,
         "server_version": __version__,
         "arena": {"path": d.store.host.arena.path, "size": d.store.host.arena.size} if arena else None,
+        "gpu": d.gpu_hello if arena and req.want_gpu else None,
         "lease_ttl": d.store.lease_ttl,
         "reserve_ttl": d.store.reserve_ttl,
         "max_batch": MAX_BATCH,

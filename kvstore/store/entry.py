@@ -31,7 +31,10 @@ class Entry:
     doomed: bool = False   # deleted while pinned or busy with I/O: freed when the last of those ends
     disk: DiskState = DiskState.NONE
     disk_bytes: int = 0    # bytes charged to the disk tier for this chunk (0 when none)
-    loading: Any = None    # while being promoted from disk: the host offset being filled
+    loading: Any = None    # while being filled from disk or from the GPU tier: the host offset being filled
+    gpu_offset: int | None = None   # slot in the GPU tier's pool, when a copy lives there
+    gpu_loading: int | None = None  # while being promoted from DRAM: the GPU slot being filled
+    hits: int = 0          # gets that found it; the second one in DRAM asks for promotion to the GPU tier
 
     @property
     def readable(self) -> bool:
@@ -39,5 +42,6 @@ class Entry:
 
     @property
     def busy(self) -> bool:
-        """Whether some operation still uses the host slot or the file (so neither may be freed yet)."""
-        return self.pins > 0 or self.disk is DiskState.WRITING or self.loading is not None
+        """Whether some operation still uses a slot or the file (so none of them may be freed yet)."""
+        return (self.pins > 0 or self.disk is DiskState.WRITING or self.loading is not None
+                or self.gpu_loading is not None)

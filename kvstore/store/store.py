@@ -22,6 +22,14 @@ of it runs on the event loop. Leaving the host tier is a *demotion* (the slot is
 chunk is on disk, and an eviction otherwise; leaving the disk tier is an eviction unless the chunk is still in
 DRAM. A chunk being written keeps its place in the host LRU (so a chain keeps its order) but is skipped as a
 victim until its write ends; a chunk being promoted is out of the disk LRU until its read ends.
+
+With a GPU tier (``Entry.gpu_offset``, a third LRU queue ``gpu_lru``) puts still land in DRAM; the second get
+that finds a chunk in DRAM asks for its promotion (``gpu_wanted``), which the GPU mover (``gpu_mover.py``) runs
+as an asynchronous copy between ``start_gpu_promote`` and ``finish_gpu_promote``. The DRAM copy is kept, so a
+GPU copy can usually leave for free; DRAM pressure may drop the DRAM copy of a chunk held in the GPU tier (it
+then lives there alone), and such a chunk is copied back down (``start_gpu_demote`` / ``finish_gpu_demote``)
+before its GPU slot is freed. A leased chunk is in no LRU queue, so it is never chosen for demotion, and a GPU
+slot whose chunk was leased during its copy down is kept until the lease ends.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import errno
 import time
 from dataclasses import dataclass, field
 from collections import deque
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ..errors import LeaseError, ReservationError, StoreFullError
 from ..tiers.disk import DiskTier
@@ -38,6 +46,9 @@ from ..tiers.host import HostTier
 from .entry import DiskState, Entry, State
 from .policies import DEFAULT_POLICY, make_queue
 from .handles import Handle, HandleTable
+
+if TYPE_CHECKING:
+    from ..gpu.tier import GpuTier
 
 
 @dataclass
@@ -78,6 +89,13 @@ class TierCounters:
     io_errors: int = 0
     quarantined: int = 0
     unwritten_evictions: int = 0     # evicted from DRAM while still waiting for write-back
+    promotions_host_gpu: int = 0
+    promoted_bytes_host_gpu: int = 0
+    demotions_gpu_host: int = 0      # left the GPU tier with a DRAM copy (kept, or copied down)
+    demoted_bytes_gpu_host: int = 0
+    demotions_gpu_disk: int = 0      # left the GPU tier with only a disk copy below it
+    demoted_bytes_gpu_disk: int = 0
+    gpu_copies_down: int = 0         # demotions that had to copy the bytes back into DRAM first
 
 
 class DiskIo(Protocol):
@@ -90,6 +108,9 @@ class DiskIo(Protocol):
 
 HOST_HIGH_WATERMARK = 0.95
 HOST_LOW_WATERMARK = 0.85
+GPU_HIGH_WATERMARK = 0.95
+GPU_LOW_WATERMARK = 0.85
+GPU_PROMOTE_HITS = 2    # the second get that finds a chunk in DRAM asks for its promotion
 
 
 @dataclass(frozen=True)
@@ -116,10 +137,13 @@ class Reservation:
 class Store:
     def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float,
                  clock: Callable[[], float] = time.monotonic, disk: DiskTier | None = None,
-                 policy: str = DEFAULT_POLICY) -> None:
+                 gpu: "GpuTier | None" = None, policy: str = DEFAULT_POLICY) -> None:
         self.host = host
         self.disk = disk
-        self.policy = policy                 # eviction order of both tiers (policies.py)
+        self.gpu = gpu
+        self.policy = policy                 # eviction order of every tier (policies.py)
+        self.gpu_lru = make_queue(policy)
+        self.gpu_wanted: dict[bytes, Entry] = {}   # promotion requests, oldest first (drained by the mover)
         self.disk_lru = make_queue(policy)
         self.dirty: deque[Entry] = deque()   # write-back queue, commit order (prefixes first)
         self.dirty_bytes = 0                 # bytes queued or being written
@@ -155,7 +179,8 @@ class Store:
         c.lookup_keys += len(keys)
         c.hit_keys += len(found)
         self.disk_lru.touch_chain(found)
-        return LookupResult(len(found), ["host" if e.host_offset is not None else "disk" for e in found])
+        self.gpu_lru.touch_chain(found)
+        return LookupResult(len(found), [top_tier(e) for e in found])
 
     # -- two-phase put --------------------------------------------------------------------------------------
     def reserve(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
@@ -214,13 +239,17 @@ class Store:
         return len(res.entries)
 
     # -- leased reads ---------------------------------------------------------------------------------------
-    def get(self, owner: bytes, keys: Sequence[bytes]) -> tuple[Handle[list[Entry]] | None, list[Entry]]:
-        """Pin the longest prefix of ``keys`` held in DRAM under a new lease (None when there is none)."""
+    def get(self, owner: bytes, keys: Sequence[bytes],
+            gpu_ok: bool = False) -> tuple[Handle[list[Entry]] | None, list[Entry]]:
+        """Pin the longest prefix of ``keys`` held in DRAM (or in the GPU tier, when the caller maps it) under a
+        new lease (None when there is none)."""
         found = []
         for entry in self.leading(keys):
-            if entry.host_offset is None:
+            if entry.host_offset is None and not (gpu_ok and entry.gpu_offset is not None):
                 break
             found.append(entry)
+        if self.gpu is not None:
+            self._count_hits(found)
         c = self.counters
         c.gets += 1
         c.get_chunks += len(found)
@@ -284,7 +313,7 @@ class Store:
         demoted = 0
         while self.host.used_bytes > HOST_LOW_WATERMARK * self.host.capacity_bytes:
             victim = self.lru.peek_oldest()
-            if victim is None or victim.disk is not DiskState.STORED:
+            if victim is None or victim.disk is not DiskState.STORED or victim.gpu_loading is not None:
                 break
             self.lru.pop_oldest()
             self._drop_host_copy(victim)
@@ -354,8 +383,8 @@ class Store:
 
     def start_promote(self, entry: Entry) -> int | None:
         """Give a disk-only chunk a host slot to be read into; None if it is not promotable or DRAM is full."""
-        if entry.host_offset is not None or entry.loading is not None or entry.disk is not DiskState.STORED \
-                or not entry.readable:
+        if entry.host_offset is not None or entry.gpu_offset is not None or entry.loading is not None \
+                or entry.disk is not DiskState.STORED or not entry.readable:
             return None
         try:
             offset = self._allocate(entry.size)
@@ -404,9 +433,14 @@ class Store:
             budget -= entry.size
             if budget < 0:
                 break
-            if entry.host_offset is None:
+            if entry.host_offset is None and entry.gpu_offset is None:
                 chosen.append(entry)
         return chosen
+
+    def gpu_only(self, keys: Sequence[bytes]) -> list[Entry]:
+        """The chunks of the longest stored prefix of ``keys`` that only the GPU tier holds in memory: what a
+        reader without the GPU mapping needs copied down before it can read them."""
+        return [e for e in self.leading(keys) if e.host_offset is None and e.gpu_offset is not None]
 
     def committed_chunks(self) -> int:
         return sum(1 for e in self.index.values() if e.state is State.COMMITTED)
@@ -424,7 +458,7 @@ class Store:
                     raise StoreFullError(
                         f"host tier is full: no room for a {size}-byte chunk and every stored chunk is leased or "
                         f"being written ({self.host.used_bytes} of {self.host.capacity_bytes} bytes in use)")
-                if victim.disk is DiskState.WRITING:
+                if victim.disk is DiskState.WRITING or victim.gpu_loading is not None:
                     skipped.append(victim)
                     continue
                 self._drop_host_copy(victim)
@@ -434,9 +468,13 @@ class Store:
     def _drop_host_copy(self, entry: Entry) -> None:
         """An unpinned chunk leaves DRAM (it is already out of the host LRU): demoted if on disk, else evicted."""
         if entry.disk is DiskState.STORED:
-            self._free(entry)
+            self._free_host(entry)   # a GPU copy, if any, stays
             self.tier_counters.demotions_host_disk += 1
             self.tier_counters.demoted_bytes_host_disk += entry.size
+            return
+        if entry.gpu_offset is not None:
+            self._forget_disk(entry)   # a queued write needs the DRAM slot; the GPU copy is queued when it sinks
+            self._free_host(entry)
             return
         if entry.disk is DiskState.QUEUED:
             self.tier_counters.unwritten_evictions += 1
@@ -475,7 +513,7 @@ class Store:
         self.tier_counters.evictions_disk += 1
         self.tier_counters.evicted_bytes_disk += entry.size
         self._drop_disk_copy(entry)
-        if entry.host_offset is None and entry.loading is None and not entry.doomed:
+        if entry.host_offset is None and entry.gpu_offset is None and entry.loading is None and not entry.doomed:
             del self.index[entry.key]
             self.lru.remove(entry)
             self.counters.evictions += 1
@@ -508,9 +546,21 @@ class Store:
         self._forget_disk(entry)
 
     def _free(self, entry: Entry) -> None:
+        self._free_host(entry)
+        self._free_gpu(entry)
+
+    def _free_host(self, entry: Entry) -> None:
         if entry.host_offset is not None:
             self.host.free(entry.host_offset)
             entry.host_offset = None
+
+    def _free_gpu(self, entry: Entry) -> None:
+        if entry.gpu_offset is not None:
+            assert self.gpu is not None
+            self.gpu.free(entry.gpu_offset)
+            entry.gpu_offset = None
+            entry.hits = 0   # back up only on new repeated hits: a demoted chunk must not bounce straight back
+            self.gpu_lru.remove(entry)
 
     def _drop_reserved(self, entries: list[Entry]) -> None:
         for entry in entries:
@@ -522,12 +572,14 @@ class Store:
         del self.index[entry.key]
         self.lru.remove(entry)
         self.disk_lru.remove(entry)
+        self.gpu_wanted.pop(entry.key, None)
         entry.doomed = True
         self._release_if_idle(entry)
 
     def _pin(self, entry: Entry) -> None:
         if entry.pins == 0:
             self.lru.remove(entry)
+            self.gpu_lru.remove(entry)
         entry.pins += 1
 
     def _unpin_chain(self, entries: list[Entry]) -> None:
@@ -541,4 +593,125 @@ class Store:
                 self._release_if_idle(entry)
             else:
                 back_in_queue.append(entry)
-        self.lru.add_chain(back_in_queue)
+        self.lru.add_chain([e for e in back_in_queue if e.host_offset is not None])
+        self.gpu_lru.add_chain([e for e in back_in_queue if e.gpu_offset is not None])
+
+    # -- GPU tier: called by the GPU mover (gpu_mover.py) ---------------------------------------------------
+    def _count_hits(self, found: list[Entry]) -> None:
+        for entry in found:
+            if entry.gpu_offset is not None:
+                continue
+            entry.hits += 1
+            if entry.hits >= GPU_PROMOTE_HITS and entry.gpu_loading is None:
+                self.gpu_wanted[entry.key] = entry
+
+    def start_gpu_promote(self, entry: Entry) -> int | None:
+        """Give a DRAM chunk a GPU slot to be copied into; None if it is not promotable or no slot frees up."""
+        if self.gpu is None or not entry.readable or self.index.get(entry.key) is not entry \
+                or entry.host_offset is None or entry.gpu_offset is not None or entry.gpu_loading is not None:
+            return None
+        offset = self._allocate_gpu(entry.size)
+        if offset is not None:
+            entry.gpu_loading = offset
+        return offset
+
+    def finish_gpu_promote(self, entry: Entry, ok: bool) -> bool:
+        """The copy into the GPU slot ended: publish the slot (or give it back on failure or delete)."""
+        assert self.gpu is not None
+        offset, entry.gpu_loading = entry.gpu_loading, None
+        if not ok or entry.doomed:
+            self.gpu.free(offset)
+            if entry.doomed:
+                self._release_if_idle(entry)
+            return False
+        entry.gpu_offset = offset
+        if entry.pins == 0:
+            self.gpu_lru.add_chain([entry])
+        self.tier_counters.promotions_host_gpu += 1
+        self.tier_counters.promoted_bytes_host_gpu += entry.size
+        return True
+
+    def gpu_over_high(self, leaving: int = 0) -> bool:
+        return self.gpu is not None and self.gpu.used_bytes - leaving > GPU_HIGH_WATERMARK * self.gpu.capacity_bytes
+
+    def gpu_over_low(self, leaving: int = 0) -> bool:
+        return self.gpu is not None and self.gpu.used_bytes - leaving > GPU_LOW_WATERMARK * self.gpu.capacity_bytes
+
+    def start_gpu_demote(self, entry: Entry, to_host: bool = False) -> int | None:
+        """Move a chunk out of the GPU tier. Free at once when a DRAM copy exists, or a disk copy and
+        ``to_host`` is false (returns None); otherwise returns the host slot the GPU slot must be copied into
+        before ``finish_gpu_demote``. Raises StoreFullError when DRAM has no room for it."""
+        assert self.gpu is not None
+        self.gpu_lru.remove(entry)
+        if entry.host_offset is not None or (entry.disk is DiskState.STORED and not to_host):
+            to_host = entry.host_offset is not None
+            self._free_gpu(entry)
+            self._count_gpu_demotion(entry, "host" if to_host else "disk")
+            return None
+        try:
+            entry.loading = self._allocate(entry.size)
+        except StoreFullError:
+            if entry.pins == 0:
+                self.gpu_lru.push_oldest([entry])
+            raise
+        return entry.loading
+
+    def gpu_victim(self) -> Entry | None:
+        """The GPU chunk to demote next: the least recently used one that is not leased."""
+        return self.gpu_lru.peek_oldest()
+
+    def finish_gpu_demote(self, entry: Entry, ok: bool) -> None:
+        """The copy down ended: the chunk lives in DRAM (and its GPU slot goes, unless it was leased meanwhile)."""
+        offset, entry.loading = entry.loading, None
+        if not ok or entry.doomed:
+            self.host.free(offset)
+            if entry.doomed:
+                self._release_if_idle(entry)
+            elif entry.pins == 0:
+                self.gpu_lru.push_oldest([entry])
+            return
+        entry.host_offset = offset
+        self.tier_counters.gpu_copies_down += 1
+        if entry.pins == 0:
+            self.lru.add_chain([entry])
+            self._free_gpu(entry)
+            self._count_gpu_demotion(entry, "host")
+        if self.disk is not None and entry.disk is DiskState.NONE:
+            entry.disk = DiskState.QUEUED   # it lost its queued write when it left DRAM for the GPU tier
+            self.dirty.append(entry)
+            self.dirty_bytes += entry.size
+            self.disk_lru.add_newest(entry)
+            if self.io is not None:
+                self.io.wake_writer()
+
+    def _count_gpu_demotion(self, entry: Entry, to: str) -> None:
+        tc = self.tier_counters
+        setattr(tc, f"demotions_gpu_{to}", getattr(tc, f"demotions_gpu_{to}") + 1)
+        setattr(tc, f"demoted_bytes_gpu_{to}", getattr(tc, f"demoted_bytes_gpu_{to}") + entry.size)
+
+    def _allocate_gpu(self, size: int) -> int | None:
+        """A GPU slot, making room by dropping GPU copies that have a copy below (oldest first); None if even
+        then there is none: copies that must be copied down first are the background demotion's job."""
+        assert self.gpu is not None
+        skipped: list[Entry] = []
+        try:
+            while True:
+                offset = self.gpu.allocate(size)
+                if offset is not None:
+                    return offset
+                victim = self.gpu_lru.pop_oldest()
+                if victim is None:
+                    return None
+                if victim.host_offset is None and victim.disk is not DiskState.STORED:
+                    skipped.append(victim)
+                    continue
+                self.start_gpu_demote(victim)
+        finally:
+            self.gpu_lru.push_oldest(skipped)
+
+
+def top_tier(entry: Entry) -> str:
+    """The fastest tier that holds the chunk."""
+    if entry.gpu_offset is not None:
+        return "gpu"
+    return "host" if entry.host_offset is not None else "disk"

@@ -1,0 +1,200 @@
+"""The GPU mover: promotions into the GPU tier and demotions out of it, as copies polled by event.
+
+The Store decides and accounts (it allocates and frees every slot, see ``store.py``); the mover runs the copies.
+A promotion copies a chunk's DRAM slot into a fresh GPU slot; a demotion either frees the GPU slot at once (the
+chunk still has a DRAM or disk copy: the usual case, since promotion keeps the DRAM copy) or copies it into a
+fresh DRAM slot first. Copies are queued on the tier's side streams (``gpu/copies.py``) and return a
+``Transfer``; the mover's task polls ``Transfer.done()`` every millisecond while any is in flight and sleeps
+otherwise, so the event loop never blocks on the GPU. Only when a copy is done does the Store publish the new
+slot or free the old one: a reader never sees a half-copied chunk.
+
+When it runs: after a get asked for promotions (``wake``), and every ``IDLE_S`` to keep the GPU tier between its
+watermarks (above the high one it demotes the least recently used unleased chunks until under the low one).
+A reader that cannot map the GPU pool (a tcp:// client, or one that did not ask for it) gets the chunks only the
+GPU tier holds copied down first (``fetch_down``), bounded by its get's ``wait_ms``. On a CPU-backed tier
+(tests) the copies complete as they are queued, through the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import logs
+from ..errors import StoreFullError
+from .entry import Entry
+from .store import Store
+
+if TYPE_CHECKING:
+    from ..gpu.tier import GpuTier
+
+POLL_S = 0.001        # while copies are in flight
+IDLE_S = 0.25         # watermark check when nothing happens
+MAX_IN_FLIGHT = 64    # promotions queued on the GPU at once
+
+
+@dataclass(eq=False)
+class Move:
+    entry: Entry
+    up: bool                                # promotion (DRAM -> GPU) or demotion (GPU -> DRAM)
+    transfer: Any                           # kvstore.gpu.copies.Transfer
+    done: asyncio.Future | None = None      # demotions: resolved when the chunk is readable from DRAM
+
+
+class GpuMover:
+    def __init__(self, store: Store, gpu: GpuTier) -> None:
+        self.store = store
+        self.gpu = gpu
+        self.moves: list[Move] = []
+        self.down: dict[bytes, asyncio.Future] = {}
+        self.leaving = 0   # bytes of GPU slots being copied down (freed when their copy ends)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task:
+        """Start the mover's task (the caller cancels it at shutdown, after ``drain``)."""
+        self._loop = loop
+        self._wake = asyncio.Event()
+        self._task = loop.create_task(self._run())
+        return self._task
+
+    def wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            try:
+                self.step()
+            except Exception as exc:  # noqa: BLE001 - a bug here must not stop the tier
+                logs.error("gpu_mover_error", error=repr(exc))
+            if self.moves:
+                await asyncio.sleep(POLL_S)
+                continue
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), IDLE_S)
+            except asyncio.TimeoutError:
+                pass
+
+    def step(self) -> None:
+        self._poll()
+        self._promote_wanted()
+        self._rebalance()
+        self._poll()   # copies on a CPU tier are done at once
+
+    # -- promotion --------------------------------------------------------------------------------------------
+    def _promote_wanted(self) -> None:
+        wanted = self.store.gpu_wanted
+        while wanted and len(self.moves) < MAX_IN_FLIGHT:
+            entry = wanted.pop(next(iter(wanted)))
+            offset = self.store.start_gpu_promote(entry)
+            if offset is None:
+                continue
+            try:
+                transfer = self.gpu.copy_from_host(entry.host_offset, entry.size, offset)
+            except Exception as exc:  # noqa: BLE001 - a failed copy leaves the chunk where it was
+                logs.warning("gpu_promote_failed", key=entry.key.hex(), error=repr(exc))
+                self.store.finish_gpu_promote(entry, False)
+                continue
+            self.moves.append(Move(entry, True, transfer))
+
+    # -- demotion ---------------------------------------------------------------------------------------------
+    def _rebalance(self) -> None:
+        if not self.store.gpu_over_high(self.leaving):
+            return
+        while self.store.gpu_over_low(self.leaving):
+            victim = self.store.gpu_victim()
+            if victim is None:
+                break
+            try:
+                self.demote(victim)
+            except StoreFullError:
+                break   # DRAM is full of leased chunks: try again on the next round
+
+    def demote(self, entry: Entry, to_host: bool = False) -> asyncio.Future | None:
+        """Move one chunk out of the GPU tier (into DRAM, when ``to_host``, even if it is on disk). Returns the
+        copy's future, or None when it left at once. Raises StoreFullError when it needs DRAM and DRAM has no
+        room."""
+        pending = self.down.get(entry.key)
+        if pending is not None:
+            return pending
+        if entry.gpu_offset is None or entry.loading is not None:
+            return None
+        gpu_offset = entry.gpu_offset
+        host_offset = self.store.start_gpu_demote(entry, to_host)
+        if host_offset is None:
+            return None
+        try:
+            transfer = self.gpu.copy_to_host(gpu_offset, entry.size, host_offset)
+        except Exception as exc:  # noqa: BLE001 - the chunk stays in the GPU tier
+            logs.warning("gpu_demote_failed", key=entry.key.hex(), error=repr(exc))
+            self.store.finish_gpu_demote(entry, False)
+            return None
+        assert self._loop is not None
+        done = self._loop.create_future()
+        self.down[entry.key] = done
+        self.leaving += entry.size
+        self.moves.append(Move(entry, False, transfer, done))
+        return done
+
+    def fetch_down(self, entries: Sequence[Entry]) -> list[asyncio.Future]:
+        """Copy chunks only the GPU tier holds into DRAM, for a reader that cannot map the GPU pool."""
+        futures = []
+        if self._loop is None:
+            return futures
+        for entry in entries:
+            try:
+                fut = self.demote(entry, to_host=True)
+            except StoreFullError:
+                break
+            if fut is not None:
+                futures.append(fut)
+        self._poll()
+        return futures
+
+    # -- completion -------------------------------------------------------------------------------------------
+    def _poll(self) -> None:
+        if not self.moves:
+            return
+        pending = []
+        for move in self.moves:
+            if move.transfer.done():
+                self._finish(move, True)
+            else:
+                pending.append(move)
+        self.moves = pending
+
+    def _finish(self, move: Move, ok: bool) -> None:
+        if move.up:
+            self.store.finish_gpu_promote(move.entry, ok)
+            return
+        self.leaving -= move.entry.size
+        self.down.pop(move.entry.key, None)
+        self.store.finish_gpu_demote(move.entry, ok)
+        if move.done is not None and not move.done.done():
+            move.done.set_result(ok)
+
+    def stats(self) -> dict[str, int]:
+        return {"copies_in_flight": len(self.moves), "promotions_wanted": len(self.store.gpu_wanted),
+                "bytes_leaving": self.leaving}
+
+    async def drain(self) -> None:
+        """At shutdown: stop starting copies and let those in flight end (and be published)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        while self.moves:
+            self._poll()
+            if self.moves:
+                await asyncio.sleep(POLL_S)
+
+    def close(self) -> None:
+        """Wait for any copy still queued, so that the GPU pool and the arena can go."""
+        for move in self.moves:
+            move.transfer.wait()
+        self.moves = []
