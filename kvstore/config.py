@@ -108,6 +108,15 @@ def _read_io_depth(value: Any, name: str) -> int:
     return depth
 
 
+def _read_policy(value: Any, name: str) -> str:
+    from .store.policies import POLICIES
+
+    text = _read_str(value, name).lower()
+    if text not in POLICIES:
+        raise ConfigError(f"{name}: must be one of {', '.join(POLICIES)}; got {value!r}")
+    return text
+
+
 def default_disk_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "kvstore")
@@ -130,6 +139,12 @@ def _read_gpu_device(value: Any, name: str) -> int:
     if index < 0:
         raise ConfigError(f"{name}: device index must be 0 or more, got {index}")
     return index
+
+
+def _default_policy() -> str:
+    from .store.policies import DEFAULT_POLICY
+
+    return DEFAULT_POLICY
 
 
 @dataclass(frozen=True)
@@ -160,6 +175,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("disk_queue", lambda v, n: parse_size(v, n), lambda: 0,
             "bytes waiting for write-back before puts wait (0: a quarter of the host tier)", "SIZE"),
     Setting("disk_io_depth", _read_io_depth, lambda: 4, "disk writes in flight (reads get as many again)", "N"),
+    Setting("eviction_policy", _read_policy, lambda: _default_policy(),
+            "eviction order of the tiers: chain-lru, lru or s3-fifo (see kvstore simulate)", "POLICY"),
     Setting("log_level", _read_log_level, lambda: "info", "debug, info, warning or error", "LEVEL"),
     Setting("metrics_port", _read_port, lambda: 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
     Setting("metrics_host", _read_host, lambda: "127.0.0.1",
@@ -191,6 +208,7 @@ class ServerConfig:
     disk_compression: str
     disk_queue: int
     disk_io_depth: int
+    eviction_policy: str
     log_level: str
     metrics_port: int
     metrics_host: str
