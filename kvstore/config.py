@@ -120,8 +120,8 @@ def _read_remote(value: Any, name: str) -> str:
     scheme, sep, rest = text.partition("://")
     accepted = ", ".join(s + "://" for s in REMOTE_SCHEMES)
     if not sep or scheme.lower() not in REMOTE_SCHEMES:
-        raise ConfigError(f"{name}: unknown remote store {value!r}; accepted schemes: {accepted} "
-                          f"(e.g. redis://127.0.0.1:6379 or mooncake://MASTER:50051?metadata=http://MASTER:8080/metadata)")
+        raise ConfigError(f"{name}: unknown remote store {value!r}; accepted schemes: {accepted} (e.g. "
+                          f"redis://127.0.0.1:6379 or mooncake://MASTER:50051?metadata=http://MASTER:8080/metadata)")
     host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
     if not host:
         raise ConfigError(f"{name}: {value!r} names no host; write {scheme}://HOST:PORT")

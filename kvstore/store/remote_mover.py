@@ -38,7 +38,8 @@ import asyncio
 import concurrent.futures
 import time
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .. import logs
 from .entry import Entry
@@ -170,7 +171,7 @@ class RemoteMover:
                 loaded = self._leading_whole(entries, got)
                 published = self.store.finish_remote_fetch(entries, loaded)
                 entries = []
-        except Exception as exc:   # a bug here must not leave slots reserved forever
+        except Exception as exc:   # noqa: BLE001 - a bug here must not leave slots reserved forever
             logs.error("remote_fetch_failed", error=repr(exc))
             if not sized.done():
                 sized.set_result(0)
