@@ -145,6 +145,15 @@ def _read_remote_wait(value: Any, name: str) -> float:
     return seconds
 
 
+def _read_policy(value: Any, name: str) -> str:
+    from .store.policies import POLICIES
+
+    text = _read_str(value, name).lower()
+    if text not in POLICIES:
+        raise ConfigError(f"{name}: must be one of {', '.join(POLICIES)}; got {value!r}")
+    return text
+
+
 def default_disk_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "kvstore")
@@ -167,6 +176,12 @@ def _read_gpu_device(value: Any, name: str) -> int:
     if index < 0:
         raise ConfigError(f"{name}: device index must be 0 or more, got {index}")
     return index
+
+
+def _default_policy() -> str:
+    from .store.policies import DEFAULT_POLICY
+
+    return DEFAULT_POLICY
 
 
 @dataclass(frozen=True)
@@ -202,6 +217,8 @@ SETTINGS: tuple[Setting, ...] = (
             "mooncake://MASTER:PORT?metadata=URL (default: none)", "URL"),
     Setting("remote_wait", _read_remote_wait, lambda: 0.1,
             "how long a lookup that misses locally waits for the remote store's answer", "SECONDS"),
+    Setting("eviction_policy", _read_policy, lambda: _default_policy(),
+            "eviction order of the tiers: chain-lru, lru or s3-fifo (see kvstore simulate)", "POLICY"),
     Setting("log_level", _read_log_level, lambda: "info", "debug, info, warning or error", "LEVEL"),
     Setting("metrics_port", _read_port, lambda: 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
     Setting("metrics_host", _read_host, lambda: "127.0.0.1",
@@ -235,6 +252,7 @@ class ServerConfig:
     disk_io_depth: int
     remote: str
     remote_wait: float
+    eviction_policy: str
     log_level: str
     metrics_port: int
     metrics_host: str

@@ -111,7 +111,7 @@ class Daemon:
             arena.close()
             raise
         self.store = Store(HostTier(arena), self.config.lease_ttl, self.config.reserve_ttl, disk=self._open_disk(),
-                           gpu=gpu)
+                           gpu=gpu, policy=self.config.eviction_policy)
         if gpu is not None:
             self.gpu_mover = GpuMover(self.store, gpu)
             self.gpu_hello = gpu.hello_info()

@@ -1,5 +1,8 @@
 """Eviction order: least recently used first, continuations before the prefixes they hang from.
 
+Every eviction queue (this one, ``PrefixFirstLruQueue`` below, ``s3fifo.S3FifoQueue``) has the interface of
+``EvictionQueue``; ``policies.py`` names them for the ``eviction_policy`` setting.
+
 The queue holds exactly the chunks that may be evicted now (committed, unpinned); pinning removes a chunk and
 unpinning puts it back, so choosing a victim is one pop, never a scan. It is an ``OrderedDict`` rather than a
 heap of timestamps because every operation — touch, remove from the middle, pop the oldest — is O(1) on it.
@@ -12,9 +15,33 @@ prefix more recent than its continuations: the LRU order alone evicts the deepes
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Protocol
 
 from .entry import Entry
+
+
+class EvictionQueue(Protocol):
+    """What the Store asks of an eviction order. It holds exactly the chunks that may be evicted now."""
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, entry: Entry) -> bool: ...
+
+    def __iter__(self) -> Iterator[Entry]: ...
+
+    def add_chain(self, chain: Iterable[Entry]) -> None: ...
+
+    def touch_chain(self, chain: Iterable[Entry]) -> None: ...
+
+    def remove(self, entry: Entry) -> None: ...
+
+    def add_newest(self, entry: Entry) -> None: ...
+
+    def push_oldest(self, entries: list[Entry]) -> None: ...
+
+    def peek_oldest(self) -> Entry | None: ...
+
+    def pop_oldest(self) -> Entry | None: ...
 
 
 class LruQueue:
@@ -63,3 +90,18 @@ class LruQueue:
         if not self._order:
             return None
         return self._order.popitem(last=False)[1]
+
+
+class PrefixFirstLruQueue(LruQueue):
+    """Plain LRU for comparison: chains are touched prefix first, so a prefix is older than its continuations
+    and goes first, leaving them unreachable until they age out too."""
+
+    def add_chain(self, chain: Iterable[Entry]) -> None:
+        for entry in chain:
+            self._order[entry.key] = entry
+            self._order.move_to_end(entry.key)
+
+    def touch_chain(self, chain: Iterable[Entry]) -> None:
+        for entry in chain:
+            if entry.key in self._order:
+                self._order.move_to_end(entry.key)

@@ -50,7 +50,7 @@ from ..errors import LeaseError, ReservationError, StoreFullError
 from ..tiers.disk import DiskTier
 from ..tiers.host import HostTier
 from .entry import DiskState, Entry, State
-from .eviction import LruQueue
+from .policies import DEFAULT_POLICY, make_queue
 from .handles import Handle, HandleTable
 
 if TYPE_CHECKING:
@@ -151,13 +151,14 @@ class Reservation:
 class Store:
     def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float,
                  clock: Callable[[], float] = time.monotonic, disk: DiskTier | None = None,
-                 gpu: "GpuTier | None" = None) -> None:
+                 gpu: "GpuTier | None" = None, policy: str = DEFAULT_POLICY) -> None:
         self.host = host
         self.disk = disk
         self.gpu = gpu
-        self.gpu_lru = LruQueue()
+        self.policy = policy                 # eviction order of every tier (policies.py)
+        self.gpu_lru = make_queue(policy)
         self.gpu_wanted: dict[bytes, Entry] = {}   # promotion requests, oldest first (drained by the mover)
-        self.disk_lru = LruQueue()
+        self.disk_lru = make_queue(policy)
         self.dirty: deque[Entry] = deque()   # write-back queue, commit order (prefixes first)
         self.dirty_bytes = 0                 # bytes queued or being written
         self.io: DiskIo | None = None        # set by the tier manager
@@ -169,7 +170,7 @@ class Store:
         self.reserve_ttl = reserve_ttl
         self.clock = clock
         self.index: dict[bytes, Entry] = {}
-        self.lru = LruQueue()
+        self.lru = make_queue(policy)
         self.leases: HandleTable[list[Entry]] = HandleTable("lease", LeaseError)
         self.reservations: HandleTable[Reservation] = HandleTable("reservation", ReservationError)
         self.counters = StoreCounters()

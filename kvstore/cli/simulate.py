@@ -1,0 +1,142 @@
+"""``kvstore simulate``: capacity planning — replay a request trace through the daemon's Store at given tier sizes.
+
+Prints the token hit rate each tier would serve, next to the hit rate with unbounded capacity, so that an
+operator sees how far the sizes are from the ceiling; ``--sweep`` also draws hit rate against capacity as a PNG
+and ``--json`` prints the figures as one JSON object. See ``kvstore/sim/replay.py`` for what is simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ..errors import ConfigError
+from ..units import format_size, parse_size
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..store.policies import DEFAULT_POLICY, POLICIES
+
+    p = sub.add_parser("simulate", help="replay a request trace at given tier sizes and report token hit rates")
+    p.add_argument("trace", metavar="TRACE", help="JSON lines in Mooncake's format (timestamp, input_length, "
+                                                  "output_length, hash_ids)")
+    p.add_argument("--host-mem", required=True, metavar="SIZE", help="host DRAM tier size (e.g. 64GiB)")
+    p.add_argument("--disk-size", default="0", metavar="SIZE", help="disk tier size (default: 0, no disk tier)")
+    p.add_argument("--gpu-mem", default="0", metavar="SIZE", help="GPU HBM tier size (default: 0)")
+    p.add_argument("--chunk-bytes", required=True, metavar="SIZE",
+                   help="KV bytes of one trace block (e.g. 64MiB: 512 tokens of Llama-3-8B in bf16)")
+    p.add_argument("--block-tokens", type=_positive_int, default=512, metavar="N",
+                   help="tokens per trace block (default: %(default)s, as in Mooncake's traces)")
+    p.add_argument("--policy", default=DEFAULT_POLICY, choices=[*POLICIES, "all"],
+                   help="eviction policy (default: %(default)s); all: one row (and curve) per policy")
+    p.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="replay the first N requests")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--sweep", action="store_true", help="also replay at 0.5 %%..100 %% of the distinct blocks "
+                                                        "and draw hit rate against capacity")
+    p.add_argument("--out", default="hit-rate-sweep.png", metavar="PNG", help="--sweep: the plot (default: %(default)s)")
+    p.set_defaults(run=run)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..sim.replay import Capacity, replay, unbounded
+    from ..sim.trace import distinct_blocks, read_trace
+    from ..store.policies import POLICIES
+
+    capacity = _capacity(args)
+    requests = read_trace(args.trace, args.limit, args.block_tokens)
+    blocks = distinct_blocks(requests)
+    policies = list(POLICIES) if args.policy == "all" else [args.policy]
+    results = [replay(requests, capacity, p, args.block_tokens) for p in policies]
+    ceiling = unbounded(requests, capacity.chunk_bytes, args.block_tokens)
+    report: dict[str, Any] = {
+        "trace": args.trace, "requests": len(requests), "input_tokens": ceiling.input_tokens,
+        "distinct_blocks": blocks, "chunk_bytes": capacity.chunk_bytes,
+        "host_bytes": capacity.host_bytes, "disk_bytes": capacity.disk_bytes,
+        "host_chunks": capacity.host_bytes // _slot(capacity.chunk_bytes),
+        "disk_chunks": _disk_chunks(capacity),
+        "unbounded_hit_rate": round(ceiling.hit_rate(), 5),
+        "results": [r.to_json() for r in results],
+    }
+    if args.sweep:
+        report["sweep"] = _sweep(args, requests, capacity, policies, blocks, ceiling.hit_rate(), results)
+    if args.json:
+        json.dump(report, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        _print_table(report, results)
+    return 0
+
+
+def _capacity(args: argparse.Namespace) -> Any:
+    from ..sim.replay import Capacity
+
+    chunk = parse_size(args.chunk_bytes, "--chunk-bytes")
+    host = parse_size(args.host_mem, "--host-mem")
+    disk = parse_size(args.disk_size, "--disk-size")
+    if parse_size(args.gpu_mem, "--gpu-mem"):
+        raise ConfigError("--gpu-mem: the simulator has no payload-less GPU tier yet, so it cannot size one; "
+                          "size host and disk, and leave --gpu-mem out")
+    if chunk <= 0:
+        raise ConfigError("--chunk-bytes: must be positive (the KV bytes of one block, e.g. 64MiB)")
+    if host < _slot(chunk):
+        raise ConfigError(f"--host-mem: {format_size(host)} cannot hold one {format_size(chunk)} chunk; "
+                          f"raise --host-mem or lower --chunk-bytes")
+    capacity = Capacity(host, disk, chunk)
+    if disk and not _disk_chunks(capacity):
+        raise ConfigError(f"--disk-size: {format_size(disk)} cannot hold one {format_size(chunk)} chunk file; "
+                          f"raise it or give 0 for no disk tier")
+    return capacity
+
+
+def _slot(chunk_bytes: int) -> int:
+    return -(-chunk_bytes // 4096) * 4096
+
+
+def _disk_chunks(capacity: Any) -> int:
+    from ..tiers.disk import DiskTier
+
+    return capacity.disk_bytes // DiskTier.footprint(capacity.chunk_bytes) if capacity.disk_bytes else 0
+
+
+def _sweep(args: argparse.Namespace, requests: list, capacity: Any, policies: list[str], blocks: int,
+           ceiling: float, results: list) -> dict[str, Any]:
+    from ..sim.sweep import plot, sweep
+
+    points = sweep(requests, capacity.chunk_bytes, policies, blocks, block_tokens=args.block_tokens)
+    configured = (capacity.host_bytes + capacity.disk_bytes, results[0].hit_rate())
+    title = (f"{os.path.basename(args.trace)}: {len(requests):,} requests, {blocks:,} distinct blocks of "
+             f"{format_size(capacity.chunk_bytes)}")
+    plot(points, ceiling, args.out, configured if len(policies) == 1 else None, title)
+    if not args.json:
+        print(f"plot: {args.out}")
+    return {"plot": args.out, "points": [{"policy": p.policy, "fraction": p.fraction,
+                                          "capacity_bytes": p.capacity_bytes, "hit_rate": round(p.hit_rate, 5)}
+                                         for p in points]}
+
+
+def _print_table(report: dict[str, Any], results: list) -> None:
+    blocks = report["distinct_blocks"]
+    ceiling = report["unbounded_hit_rate"]
+    print(f"{report['requests']:,} requests, {report['input_tokens']:,} input tokens, {blocks:,} distinct blocks "
+          f"({format_size(blocks * report['chunk_bytes'])} at {format_size(report['chunk_bytes'])} a block)")
+    print(f"host tier {format_size(report['host_bytes'])} = {report['host_chunks']:,} chunks "
+          f"({100 * report['host_chunks'] / blocks:.1f} % of the blocks); disk tier "
+          f"{format_size(report['disk_bytes'])} = {report['disk_chunks']:,} chunks "
+          f"({100 * report['disk_chunks'] / blocks:.1f} %)")
+    print(f"{'policy':<10} {'host':>7} {'disk':>7} {'total':>7} {'of ceiling':>11} {'seconds':>8}")
+    for r in results:
+        share = r.hit_rate() / ceiling if ceiling else 0.0
+        print(f"{r.policy:<10} {100 * r.hit_rate('host'):6.2f}% {100 * r.hit_rate('disk'):6.2f}% "
+              f"{100 * r.hit_rate():6.2f}% {100 * share:10.1f}% {r.seconds:8.1f}")
+        if r.put_failures:
+            print(f"  {r.put_failures:,} puts did not fit in the host tier (a request larger than it)")
+    print(f"{'unbounded':<10} {'':>7} {'':>7} {100 * ceiling:6.2f}%")

@@ -1,0 +1,1 @@
+"""Capacity planning: replay request traces through the daemon's own Store over payload-less tiers."""

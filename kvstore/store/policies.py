@@ -1,0 +1,26 @@
+"""The eviction policies the ``eviction_policy`` setting names, each an ``eviction.EvictionQueue``.
+
+``chain-lru`` (the default): least recently used first, chains touched deepest first so that continuations go
+before their prefixes. ``lru``: plain LRU, chains touched prefix first (a prefix can leave before its
+continuations, stranding them). ``s3-fifo``: frequency-aware FIFO queues (see ``s3fifo.py``).
+``kvstore simulate`` compares them on a trace; the README's "Capacity planning" section has the figures.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .eviction import EvictionQueue, LruQueue, PrefixFirstLruQueue
+from .s3fifo import S3FifoQueue
+
+DEFAULT_POLICY = "chain-lru"
+POLICIES: dict[str, Callable[[], EvictionQueue]] = {
+    "chain-lru": LruQueue,
+    "lru": PrefixFirstLruQueue,
+    "s3-fifo": S3FifoQueue,
+}
+
+
+def make_queue(policy: str) -> EvictionQueue:
+    """A new empty queue of the named policy (the name is checked where settings are read)."""
+    return POLICIES[policy]()
