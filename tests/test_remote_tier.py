@@ -92,6 +92,9 @@ def test_chunk_put_on_a_is_read_exactly_on_b(redis_server, two_hosts):
     assert unmapped_paths(stats) == []                   # every remote number has a metric
     # B does not send chunks it fetched back to the store
     assert stats["remote"]["puts"] == 0
+    shown = subprocess.run([sys.executable, "-m", "kvstore", "stats", "--socket", b.address[len("ipc://"):]],
+                           check=False, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "remote store" in shown.stdout and "3 chunks found" in shown.stdout
 
 
 def test_local_prefix_then_remote_continuation(redis_server, two_hosts):
