@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -33,10 +32,10 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from _common import memcpy_seconds, start_daemon, write_result  # noqa: E402
-from servers import MooncakeCluster, RedisServer, mooncake_binary  # noqa: E402
+from _common import memcpy_seconds, start_daemon, write_result
+from servers import MooncakeCluster, RedisServer, mooncake_binary
 
-import kvstore  # noqa: E402
+import kvstore
 
 BATCH = 16
 CHUNK = 2 << 20
