@@ -93,6 +93,16 @@ class DaemonProc:
         return kvstore.connect(self.address, **kwargs)
 
 
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` passes; True if it held."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
 def short_tempdir() -> str:
     # ipc:// socket paths are limited to 107 characters; pytest's tmp_path can be longer.
     return tempfile.mkdtemp(prefix="kvs-", dir="/tmp")

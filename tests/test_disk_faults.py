@@ -10,9 +10,10 @@ import glob
 import os
 import shutil
 import subprocess
-import time
 
 import pytest
+
+from conftest import wait_for as _wait_for
 
 import kvstore
 
@@ -36,12 +37,7 @@ def disk_errors(c: kvstore.Client) -> int:
 
 
 def wait_for(predicate, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
+    return _wait_for(predicate, timeout)
 
 
 def put_chain(c: kvstore.Client, seed: int, chunks: int) -> list[bytes]:

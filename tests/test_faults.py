@@ -18,19 +18,14 @@ import time
 
 import pytest
 
+from conftest import wait_for
+
 import kvstore
 from kvstore.protocol.wire import Op
 
 from workload import CHUNK_TOKENS, NAMESPACE, parse_counts, payload_for, payload_ok, total, worker_command
 
 
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def persistence_args(workdir: str) -> list[str]:

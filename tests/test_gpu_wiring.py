@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
+
+from conftest import wait_for as _wait_for
 import torch
 from workload import payload_for
 
@@ -24,11 +25,8 @@ def read(view) -> bytes:
 
 
 def wait_for(predicate, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    if not _wait_for(predicate, timeout, interval=0.02):
+        raise AssertionError(f"timed out waiting for {what}")
 
 
 def counters(client) -> dict:

@@ -11,16 +11,11 @@ import time
 
 import pytest
 
+from conftest import wait_for
+
 import kvstore
 
 
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_lease_expires_and_chunk_becomes_evictable(start_daemon):

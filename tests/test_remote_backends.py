@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from conftest import wait_for
+
 from kvstore.remote import Health, RemoteError, open_backend, record
 
 try:
@@ -67,13 +69,8 @@ def raw_put(backend, name: str, value: bytes) -> None:
         assert backend._store.put(name, value) == 0
 
 
-def wait_until(predicate, timeout: float = 30.0, step: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
+def wait_until(predicate, timeout: float = 30.0) -> bool:
+    return wait_for(predicate, timeout, interval=0.1)
 
 
 # --------------------------------------------------------------- round trips

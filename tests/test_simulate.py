@@ -161,7 +161,7 @@ def test_cli_names_the_bad_trace_line(tmp_path, line, message):
     trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n' + line + "\n")
     result = run_cli("simulate", str(trace), "--chunk-bytes", "1MiB", "--host-mem", "4MiB")
     assert result.returncode == 2
-    assert f"bad.jsonl:2: " in result.stderr and message in result.stderr
+    assert "bad.jsonl:2: " in result.stderr and message in result.stderr
 
 
 @pytest.mark.parametrize("flags, message", [

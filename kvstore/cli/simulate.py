@@ -47,7 +47,7 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..sim.replay import Capacity, replay, unbounded
+    from ..sim.replay import replay, unbounded
     from ..sim.trace import distinct_blocks, read_trace
     from ..store.policies import POLICIES
 

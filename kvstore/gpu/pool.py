@@ -34,7 +34,6 @@ class DevicePool:
         else:
             raise ValueError(f"only a cpu pool can lie in a host buffer; this one is on {self.device}")
         self.allocator = ExtentAllocator(self.buffer.numel(), ALIGN)
-        self.slots = 0
 
     @property
     def capacity_bytes(self) -> int:
@@ -44,16 +43,16 @@ class DevicePool:
     def used_bytes(self) -> int:
         return self.allocator.used_bytes
 
+    @property
+    def slots(self) -> int:
+        return self.allocator.extents
+
     def allocate(self, nbytes: int) -> int | None:
         """Byte offset of a fresh slot of at least ``nbytes``, or None when no free extent is large enough."""
-        offset = self.allocator.allocate(nbytes)
-        if offset is not None:
-            self.slots += 1
-        return offset
+        return self.allocator.allocate(nbytes)
 
     def free(self, offset: int) -> None:
         self.allocator.free(offset)
-        self.slots -= 1
 
     def view(self, offset: int, nbytes: int) -> torch.Tensor:
         """The bytes of a slot, as a 1-D ``uint8`` tensor sharing the pool's memory."""

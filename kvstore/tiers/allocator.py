@@ -102,6 +102,11 @@ class ExtentAllocator:
         return self._allocated[offset // self.align] * self.align
 
     @property
+    def extents(self) -> int:
+        """How many allocated extents are live (a tier's chunk or slot count)."""
+        return len(self._allocated)
+
+    @property
     def used_bytes(self) -> int:
         return self.used_units * self.align
 

@@ -21,7 +21,6 @@ class HostTier:
     def __init__(self, arena: SharedArena) -> None:
         self.arena = arena
         self.allocator = ExtentAllocator(arena.size)
-        self.chunks = 0
         self._view = arena.view()
 
     @property
@@ -32,15 +31,15 @@ class HostTier:
     def used_bytes(self) -> int:
         return self.allocator.used_bytes
 
+    @property
+    def chunks(self) -> int:
+        return self.allocator.extents
+
     def allocate(self, nbytes: int) -> int | None:
-        offset = self.allocator.allocate(nbytes)
-        if offset is not None:
-            self.chunks += 1
-        return offset
+        return self.allocator.allocate(nbytes)
 
     def free(self, offset: int) -> None:
         self.allocator.free(offset)
-        self.chunks -= 1
 
     def read(self, offset: int, nbytes: int) -> memoryview:
         """A view of a stored chunk's bytes (valid while the chunk is pinned)."""
