@@ -108,6 +108,43 @@ def _read_io_depth(value: Any, name: str) -> int:
     return depth
 
 
+REMOTE_SCHEMES = ("redis", "rediss", "valkey", "valkeys", "mooncake")
+
+
+def _read_remote(value: Any, name: str) -> str:
+    """A remote store URL, or "" (no remote tier). Only the scheme and a host are checked here; the backend
+    reads the rest, and a store that is down at start is an outage like any other, not an error."""
+    text = _read_str(value, name).strip()
+    if not text:
+        return ""
+    scheme, sep, rest = text.partition("://")
+    accepted = ", ".join(s + "://" for s in REMOTE_SCHEMES)
+    if not sep or scheme.lower() not in REMOTE_SCHEMES:
+        raise ConfigError(f"{name}: unknown remote store {value!r}; accepted schemes: {accepted} (e.g. "
+                          f"redis://127.0.0.1:6379 or mooncake://MASTER:50051?metadata=http://MASTER:8080/metadata)")
+    host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    if not host:
+        raise ConfigError(f"{name}: {value!r} names no host; write {scheme}://HOST:PORT")
+    return text
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (``scheme://user:password@host``) replaced, for logs."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, host = netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}{slash}{tail}"
+
+
+def _read_remote_wait(value: Any, name: str) -> float:
+    seconds = parse_seconds(value, name)
+    if seconds > 10:
+        raise ConfigError(f"{name}: {seconds}s would let a slow remote store stall lookups; give at most 10s")
+    return seconds
+
+
 def _read_policy(value: Any, name: str) -> str:
     from .store.policies import POLICIES
 
@@ -175,6 +212,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("disk_queue", lambda v, n: parse_size(v, n), lambda: 0,
             "bytes waiting for write-back before puts wait (0: a quarter of the host tier)", "SIZE"),
     Setting("disk_io_depth", _read_io_depth, lambda: 4, "disk writes in flight (reads get as many again)", "N"),
+    Setting("remote", _read_remote, lambda: "",
+            "remote store below the disk tier: redis://HOST:PORT (rediss://, ?cluster=1 for Redis Cluster) or "
+            "mooncake://MASTER:PORT?metadata=URL (default: none)", "URL"),
+    Setting("remote_wait", _read_remote_wait, lambda: 0.1,
+            "how long a lookup that misses locally waits for the remote store's answer", "SECONDS"),
     Setting("eviction_policy", _read_policy, lambda: _default_policy(),
             "eviction order of the tiers: chain-lru, lru or s3-fifo (see kvstore simulate)", "POLICY"),
     Setting("log_level", _read_log_level, lambda: "info", "debug, info, warning or error", "LEVEL"),
@@ -208,6 +250,8 @@ class ServerConfig:
     disk_compression: str
     disk_queue: int
     disk_io_depth: int
+    remote: str
+    remote_wait: float
     eviction_policy: str
     log_level: str
     metrics_port: int
@@ -229,6 +273,8 @@ class ServerConfig:
         value = getattr(self, name)
         if name == "disk_size" and value < 0:
             return "auto"
+        if name == "remote":
+            return redact_url(value)
         sized = ("host_mem", "max_chunk", "gpu_mem", "disk_size", "disk_queue")
         return format_size(value).replace(" ", "") if name in sized else str(value)
 

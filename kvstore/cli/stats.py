@@ -93,6 +93,11 @@ def render_table(stats: dict[str, Any]) -> None:
                          ("evictions", c["evictions"]), ("active leases", stats["leases"]),
                          ("reservations", stats["reservations"]), ("clients", stats["sessions"])):
         summary.add_row(label, str(value))
+    remote = stats.get("remote")
+    if remote:
+        state = "up" if remote["up"] else "down"
+        summary.add_row("remote store", f"{state}, {remote['lookup_chunks']} chunks found, {remote['puts']} sent, "
+                                        f"{remote['put_dropped']} dropped, {remote['outages']} outages")
     console.print(summary)
 
 

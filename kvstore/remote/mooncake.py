@@ -114,6 +114,7 @@ class MooncakeBackend(RemoteBackend):
         os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(max(100, int(self.timeout * 1000))))
         os.environ.setdefault("MC_RPC_CONNECT_TIMEOUT_MS", str(max(100, int(self.timeout * 1000))))
         os.environ.setdefault("GLOG_minloglevel", "3")
+        os.environ.setdefault("MC_LOG_LEVEL", "ERROR")   # the client's own switch; glog's is not read
         try:
             from mooncake.store import MooncakeDistributedStore
         except ImportError as exc:   # pragma: no cover - depends on the install
@@ -200,11 +201,16 @@ class MooncakeBackend(RemoteBackend):
 
     def _sizes(self, names: list[str]) -> list[int | None]:
         self._ensure()
-        found = self._store.batch_get_replica_desc(names)
-        if not found:
-            # Absent keys and an unreachable master both give nothing; ask the master.
-            self._check_codes(self._store.batch_is_exist(names[:1]))
-        return [_replica_size(found.get(name)) for name in names]
+        # Existence first: the replica query logs an error line per absent key, and a lookup's tail is
+        # usually absent. Only the leading present names are asked for their sizes.
+        codes = self._check_codes(self._store.batch_is_exist(names))
+        leading = 0
+        while leading < len(names) and codes[leading] == 1:
+            leading += 1
+        if not leading:
+            return [None] * len(names)
+        found = self._store.batch_get_replica_desc(names[:leading])
+        return [_replica_size(found.get(name)) for name in names[:leading]] + [None] * (len(names) - leading)
 
     def _get(self, names: list[str]) -> list[Any]:
         self._ensure()

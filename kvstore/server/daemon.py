@@ -19,6 +19,10 @@ GPU tier (``--gpu-mem``): created in ``open`` on the host arena (which it page-l
 field is computed at start and handed to every client that asks), moved by the GPU mover's task, drained before
 the disk flush at stop and closed before the arena (unpin before unmap).
 
+Remote tier (``--remote URL``): the backend is opened in ``open`` (which never blocks: a store that is down at
+start is an outage, not an error), offered the host arena for zero-copy transfers, and driven by the remote mover
+(``store/remote_mover.py``); its puts in flight are awaited at stop and it is closed before the arena.
+
 Metrics: every request's time is observed per operation in ``handle_message``; the store's gauges and counters
 are read from a ``stats()`` snapshot taken on the event loop when Prometheus scrapes (``kvstore/metrics/``).
 """
@@ -38,7 +42,7 @@ from prometheus_client import CollectorRegistry
 
 from .. import logs
 from .._version import __version__
-from ..config import ServerConfig
+from ..config import ServerConfig, redact_url
 from ..errors import ConfigError, InternalError, RequestError, UnavailableError, VersionError
 from ..metrics.collector import StatsCollector
 from ..metrics.exporter import MetricsExporter
@@ -46,6 +50,7 @@ from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, op_of, request_id_of
 from ..store.gpu_mover import GpuMover
 from ..store.manager import TierManager
+from ..store.remote_mover import RemoteMover
 from ..security.curve import ServerCurve
 from ..store.store import Store
 from ..tiers.disk import DiskTier, auto_disk_size
@@ -57,6 +62,10 @@ from .reactor import SocketReactor
 from .session import Session
 
 SWEEP_INTERVAL = 0.25
+REMOTE_NAMESPACE = "kvstore"   # store-wide: chunk keys already commit to each client's namespace
+REMOTE_TIMEOUT = 1.0           # deadline of a remote metadata call (data calls add bytes / 256 MiB/s)
+REMOTE_RETRY = 1.0             # while the remote store is down, probe it at most this often
+REMOTE_MAX_PENDING = 1 << 30   # bytes of background puts in flight (and pinned), at most a quarter of DRAM
 SNAPSHOT_TIMEOUT = 5.0
 # While stopping, requests that would start new work are refused; these finish work already started.
 FINISHING_OPS = frozenset({Op.PING, Op.COMMIT, Op.ABORT, Op.RELEASE, Op.EXTEND, Op.DELETE, Op.CLEAR, Op.STATS})
@@ -88,6 +97,7 @@ class Daemon:
         self.manager: TierManager | None = None
         self.gpu_mover: GpuMover | None = None
         self.gpu_hello: dict[str, Any] | None = None   # the HELLO reply's "gpu" field (exported once)
+        self.remote: RemoteMover | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -109,6 +119,8 @@ class Daemon:
             self._rebuild_index(self.store.disk)
             self.manager = TierManager(self.store, self.store.disk, self.config.disk_io_depth,
                                        self.config.disk_queue_limit)
+        if self.config.remote:
+            self.remote = RemoteMover(self.store, self._open_remote(), self.config.chunk_limit)
         self._bind("ipc", "ipc://" + self.config.socket)
         if self.config.tcp:
             if self.config.curve_server_key:
@@ -131,6 +143,20 @@ class Daemon:
         logs.info("gpu_tier", device=str(gpu.device), capacity_bytes=gpu.capacity_bytes,
                   host_pinned=bool(gpu.pinned and gpu.pinned.pinned))
         return gpu
+
+    def _open_remote(self) -> Any:
+        """The remote store's backend (constructing it never waits for the store)."""
+        from ..remote import RemoteError, open_backend   # imports the store's client library: only when asked
+
+        try:
+            backend = open_backend(self.config.remote, namespace=REMOTE_NAMESPACE, timeout=REMOTE_TIMEOUT,
+                                   retry_interval=REMOTE_RETRY,
+                                   max_pending_bytes=min(REMOTE_MAX_PENDING, self.config.host_mem // 4))
+        except (RemoteError, ValueError) as exc:
+            raise ConfigError(f"--remote: {exc}") from None
+        zero_copy = backend.register_memory(self.store.host.arena.buf)
+        logs.info("remote_tier", url=redact_url(self.config.remote), zero_copy=zero_copy)
+        return backend
 
     def _open_disk(self) -> DiskTier | None:
         if not self.config.disk_enabled:
@@ -224,6 +250,8 @@ class Daemon:
             self._remove_socket_file()
         if self.manager is not None:
             self.manager.close()
+        if self.remote is not None:
+            self.remote.close()   # its workers read and write the arena: before the arena is unmapped
         if getattr(self, "store", None) is not None:
             if self.gpu_mover is not None:
                 self.gpu_mover.close()
@@ -256,6 +284,8 @@ class Daemon:
             loop.add_signal_handler(sig, stop.set)
         if self.manager is not None:
             self.manager.start(loop)
+        if self.remote is not None:
+            self.remote.start(loop)
         self._start_metrics()
         self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks) for t, s in self._sockets]
         for reactor in self._reactors:
@@ -306,6 +336,9 @@ class Daemon:
             await asyncio.wait(list(self._tasks), timeout=max(0.0, deadline - loop.time()))
         if self.gpu_mover is not None:
             await self.gpu_mover.drain()
+        if self.remote is not None:
+            sent = await self.remote.drain(max(0.0, deadline - loop.time()))
+            logs.info("remote_drained", complete=sent)
         if self.manager is not None:
             started = time.monotonic()
             queued = self.store.dirty_bytes
@@ -430,6 +463,7 @@ class Daemon:
             "counters": {**counters.__dict__, **self.store.tier_counters.__dict__},
             "disk": self.manager.stats() if self.manager is not None else None,
             "gpu": self.gpu_mover.stats() if self.gpu_mover is not None else None,
+            "remote": self.remote.stats() if self.remote is not None else None,
             "leases": len(self.store.leases),
             "reservations": len(self.store.reservations),
             "sessions": len(self.sessions),

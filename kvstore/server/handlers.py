@@ -1,10 +1,10 @@
 """One handler per wire operation.
 
 A handler takes the daemon, the caller's session, the decoded header and any payload frames, and returns the
-reply as a list of frames (header first), or — when it has to wait for the disk — a coroutine that returns
-them (the dispatcher awaits it without blocking other requests). It raises a ``RequestError`` for anything the caller got wrong; the
-dispatcher in ``daemon.py`` turns that into an error reply. Handlers never trust the header: every field goes
-through ``protocol/messages.py``.
+reply as a list of frames (header first), or — when it has to wait for the disk or the remote store — a coroutine
+that returns them (the dispatcher awaits it without blocking other requests). It raises a ``RequestError`` for
+anything the caller got wrong; the dispatcher in ``daemon.py`` turns that into an error reply. Handlers never
+trust the header: every field goes through ``protocol/messages.py``.
 """
 
 from __future__ import annotations
@@ -30,16 +30,27 @@ def handle_ping(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
     return [ok_reply(h["id"])]
 
 
-def handle_lookup(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
+def handle_lookup(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
     req = m.Lookup.parse(h)
     result = d.store.lookup(req.keys)
-    d.count_lookup_tokens(s, len(req.keys), result.count)
     if req.promote and d.manager is not None and "disk" in result.tiers:
         d.manager.promote(d.store.to_promote(req.keys))
     tiers: dict[str, int] = {}
     for name in result.tiers:
         tiers[name] = tiers.get(name, 0) + 1
-    return [ok_reply(h["id"], count=result.count, tiers=tiers)]
+    if d.remote is None or not req.promote or result.count == len(req.keys):
+        d.count_lookup_tokens(s, len(req.keys), result.count)
+        return [ok_reply(h["id"], count=result.count, tiers=tiers)]
+
+    async def with_remote() -> Frames:
+        # The local walk missed: ask the remote store for the rest of the chain, for at most --remote-wait.
+        extra = await d.remote.continuation(s.namespace, req.keys, result.count, d.config.remote_wait)
+        if extra:
+            tiers["remote"] = extra
+            d.store.count_remote_hits(extra)
+        d.count_lookup_tokens(s, len(req.keys), result.count + extra)
+        return [ok_reply(h["id"], count=result.count + extra, tiers=tiers)]
+    return with_remote()
 
 
 def _throttled(d: "Daemon", nbytes: int, then: Callable[[], Frames]) -> Any:
@@ -116,6 +127,8 @@ def handle_get(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
                 waits += d.manager.promote(on_disk)
         if d.gpu_mover is not None and not gpu_ok:
             waits += d.gpu_mover.fetch_down(d.store.gpu_only(req.keys))  # this reader cannot map the GPU pool
+        if d.remote is not None:
+            waits += d.remote.pending(req.keys)   # chunks a lookup found in the remote store, still arriving
     waits = [w for w in waits if not w.done()]
     if waits:
         async def later() -> Frames:

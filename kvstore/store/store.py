@@ -30,6 +30,12 @@ GPU copy can usually leave for free; DRAM pressure may drop the DRAM copy of a c
 then lives there alone), and such a chunk is copied back down (``start_gpu_demote`` / ``finish_gpu_demote``)
 before its GPU slot is freed. A leased chunk is in no LRU queue, so it is never chosen for demotion, and a GPU
 slot whose chunk was leased during its copy down is kept until the lease ends.
+
+With a remote tier (``remote_mover.py``) every commit is handed to ``remote`` (the mover), which pins the new
+chunks (``pin_chain``) while a background put reads their slots and unpins them (``unpin_chain``) when it ends.
+Chunks found in the remote store get host slots from ``start_remote_fetch`` as RESERVED entries (invisible to
+readers; a put of the same key sees them as being written) and are published, or dropped, by
+``finish_remote_fetch``; published ones are queued for the disk like a put.
 """
 
 from __future__ import annotations
@@ -96,6 +102,8 @@ class TierCounters:
     demotions_gpu_disk: int = 0      # left the GPU tier with only a disk copy below it
     demoted_bytes_gpu_disk: int = 0
     gpu_copies_down: int = 0         # demotions that had to copy the bytes back into DRAM first
+    promotions_remote_host: int = 0  # chunks fetched from the remote store into DRAM
+    promoted_bytes_remote_host: int = 0
 
 
 class DiskIo(Protocol):
@@ -104,6 +112,12 @@ class DiskIo(Protocol):
     def wake_writer(self) -> None: ...
 
     def remove_file(self, key: bytes, quarantine: str | None = None) -> None: ...
+
+
+class RemoteSink(Protocol):
+    """What the Store tells the remote mover: these chunks were just committed by a put."""
+
+    def after_commit(self, entries: list[Entry]) -> None: ...
 
 
 HOST_HIGH_WATERMARK = 0.95
@@ -148,6 +162,7 @@ class Store:
         self.dirty: deque[Entry] = deque()   # write-back queue, commit order (prefixes first)
         self.dirty_bytes = 0                 # bytes queued or being written
         self.io: DiskIo | None = None        # set by the tier manager
+        self.remote: RemoteSink | None = None   # set by the remote mover
         self.tier_counters = TierCounters()
         self.disk_full_reason = ""           # set when the filesystem said ENOSPC; puts fail until cleared
         self.disk_full_need = 0              # free bytes that clear it (checked by the tier manager)
@@ -219,14 +234,9 @@ class Store:
         for entry in res.entries:
             entry.state = State.COMMITTED
         self.lru.add_chain(res.entries)
-        if self.disk is not None and res.entries:
-            for entry in res.entries:
-                entry.disk = DiskState.QUEUED
-                self.dirty.append(entry)
-                self.dirty_bytes += entry.size
-            self.disk_lru.add_chain(res.entries)
-            if self.io is not None:
-                self.io.wake_writer()
+        self._queue_writes(res.entries)
+        if self.remote is not None and res.entries:
+            self.remote.after_commit(res.entries)
         c = self.counters
         c.puts += 1
         c.put_chunks += len(res.entries)
@@ -268,6 +278,10 @@ class Store:
     def extend(self, owner: bytes, lease_id: int) -> float:
         handle = self.leases.extend(owner, lease_id, self.clock())
         return handle.deadline - self.clock()
+
+    def count_remote_hits(self, chunks: int) -> None:
+        """A lookup found ``chunks`` more in the remote store (or being fetched from it) past its local walk."""
+        self.counters.hit_keys += chunks
 
     # -- removal --------------------------------------------------------------------------------------------
     def delete(self, keys: Sequence[bytes]) -> int:
@@ -445,7 +459,64 @@ class Store:
     def committed_chunks(self) -> int:
         return sum(1 for e in self.index.values() if e.state is State.COMMITTED)
 
+    # -- remote tier: called by the remote mover (remote_mover.py) -------------------------------------------
+    def pin_chain(self, entries: Sequence[Entry]) -> None:
+        """Keep committed chunks' slots in place (out of every LRU) until ``unpin_chain``: a remote put reads them."""
+        for entry in entries:
+            self._pin(entry)
+
+    def unpin_chain(self, entries: Sequence[Entry]) -> None:
+        self._unpin_chain(list(entries))
+
+    def start_remote_fetch(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
+                           parent: bytes | None) -> list[Entry]:
+        """Host slots for chunks the remote store holds, in chain order, as RESERVED entries. Stops at a key already
+        indexed (stored, or being written or fetched), at a slot that cannot be had without evicting pinned
+        chunks, and where the chain would pass half the host tier (it would evict its own prefix)."""
+        budget = self.host.capacity_bytes // 2
+        entries: list[Entry] = []
+        prev = parent
+        for key, size in zip(keys, sizes):
+            budget -= size
+            if budget < 0 or key in self.index:
+                break
+            try:
+                offset = self._allocate(size)
+            except StoreFullError:
+                break
+            entry = Entry(key, size, namespace, prev, State.RESERVED, host_offset=offset)
+            self.index[key] = entry
+            entries.append(entry)
+            prev = key
+        return entries
+
+    def finish_remote_fetch(self, entries: Sequence[Entry], loaded: int) -> int:
+        """The first ``loaded`` entries hold their bytes: publish them (and queue them for the disk); free the
+        rest. Returns how many were published."""
+        good = list(entries[:loaded])
+        for entry in good:
+            entry.state = State.COMMITTED
+        self.lru.add_chain(good)
+        self._queue_writes(good)
+        self._drop_reserved(list(entries[loaded:]))
+        tc = self.tier_counters
+        tc.promotions_remote_host += len(good)
+        tc.promoted_bytes_remote_host += sum(e.size for e in good)
+        return len(good)
+
     # -- internals: the one place each resource is taken and given back ---------------------------------------
+    def _queue_writes(self, entries: list[Entry]) -> None:
+        """Queue newly committed chunks for write-back to the disk tier (commit order: prefixes first)."""
+        if self.disk is None or not entries:
+            return
+        for entry in entries:
+            entry.disk = DiskState.QUEUED
+            self.dirty.append(entry)
+            self.dirty_bytes += entry.size
+        self.disk_lru.add_chain(entries)
+        if self.io is not None:
+            self.io.wake_writer()
+
     def _allocate(self, size: int) -> int:
         skipped: list[Entry] = []   # chunks being written: their slots are in use until the write ends
         try:

@@ -1,0 +1,229 @@
+"""The remote mover: write-back to a remote store after commit, and promotion from it when a lookup misses.
+
+A remote store (Redis/Valkey, Mooncake Store; ``kvstore/remote/``) sits below the disk tier and is shared by the
+daemons of several hosts: what one host's engines computed, another host's engines can load.
+
+Write-back at commit. Every chunk a put commits is sent in the background, one batched put per commit, straight
+from its host slot (zero-copy on Mooncake, whose client reads the registered arena). The chunks are pinned
+(``Store.pin_chain``) until the put ends, so that their slots are neither freed nor reused while a worker reads
+them. Commit rather than "once on disk": another host can find a chunk as early as possible, the disk and the
+remote store are written in parallel from the same slot, and a daemon without a disk tier shares its chunks too.
+Chunks fetched from the remote store, and chunks found on disk at start, are not sent again. The bytes pinned by
+puts in flight are bounded by the backend's ``max_pending_bytes`` (a quarter of the host tier at most): a commit
+past the bound, or one made while the store is down, is not sent (counted as ``put_dropped``) rather than pinning
+DRAM that puts need. The remote copy is a cache, not a journal.
+
+Promotion at lookup. When a lookup's local walk stops at a miss, the chain's continuation is asked of the store in
+one batched metadata call (``batch_lookup``: the payload sizes of the leading chunks it holds). The Store reserves
+host slots of exactly those sizes (RESERVED entries, invisible to readers), and one batched read fills them
+(``batch_get_into``). The leading run that arrived whole and intact is published and queued for the disk like a
+put; the rest is freed. The lookup waits for the metadata answer at most ``--remote-wait`` and counts those chunks
+as tier "remote"; the data transfer continues in the background, and a get of those chunks waits for it (bounded
+by its ``wait_ms``) as a get of disk-only chunks waits for their reads. Chunks already being fetched are counted,
+never asked for twice. A lookup that found every chunk locally never talks to the store: a slow store cannot slow
+a local hit.
+
+Bad values. A value the store lists but that cannot be read back whole and intact (a checksum failure, a value
+replaced in between) is remembered for ``BAD_TTL`` seconds (at most ``BAD_MAX`` keys), so that lookups stop
+offering a chunk that every get would then miss.
+
+Failure. Every store call has a deadline and runs on this mover's threads, never on the event loop. While the store
+is down the backend answers at once (its breaker, ``remote/base.py``) and probes it now and then, so lookups fall
+back to the local tiers within one deadline and the remote tier returns by itself with the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from .. import logs
+from .entry import Entry
+from .store import Store
+
+MAX_FETCH = 256          # chunks asked for in one lookup (the Store also stops at half the host tier)
+BAD_TTL = 60.0           # seconds a value that could not be read back is not offered again
+BAD_MAX = 4096
+WORKERS = 4              # threads that wait on store calls (each call has its own deadline)
+DRAIN_MAX = 5.0          # at stop, how long puts in flight may take to finish
+
+
+class RemoteMover:
+    def __init__(self, store: Store, backend: Any, chunk_limit: int) -> None:
+        self.store = store
+        self.backend = backend
+        self.chunk_limit = chunk_limit
+        self.pool = concurrent.futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="kvstore-remote")
+        self.loads: dict[bytes, asyncio.Future] = {}   # key -> its fetch (result: chunks published)
+        self.bad: OrderedDict[bytes, float] = OrderedDict()   # key -> until when it is not offered
+        self.puts_in_flight = 0
+        self.pinned_bytes = 0
+        self.lookups = 0          # lookups that asked the store
+        self.lookup_chunks = 0    # chunks those lookups counted as remote hits
+        self.lookup_late = 0      # answers that came after the lookup had replied
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fetches: set[asyncio.Task] = set()
+        self._put_done = asyncio.Event()
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.store.remote = self
+
+    # -- write-back ---------------------------------------------------------------------------------------
+    def after_commit(self, entries: list[Entry]) -> None:
+        """Send freshly committed chunks to the store, their slots pinned until the put ends."""
+        entries = [e for e in entries if e.host_offset is not None]
+        if not entries or self._loop is None:
+            return
+        views = [self.store.host.read(e.host_offset, e.size) for e in entries]
+        self.store.pin_chain(entries)   # before any worker can read the slots
+        fut = self.backend.submit_put([e.key for e in entries], views)
+        if fut is None:   # store down or queue full: counted by the backend
+            self.store.unpin_chain(entries)
+            return
+        nbytes = sum(e.size for e in entries)
+        self.puts_in_flight += 1
+        self.pinned_bytes += nbytes
+        fut.add_done_callback(lambda f: self._call_soon(self._put_finished, entries, nbytes))
+
+    def _put_finished(self, entries: list[Entry], nbytes: int) -> None:
+        self.puts_in_flight -= 1
+        self.pinned_bytes -= nbytes
+        self.store.unpin_chain(entries)
+        self._put_done.set()
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait (at stop) for the puts in flight, so that they reach the store and unpin their chunks."""
+        deadline = time.monotonic() + min(timeout, DRAIN_MAX)
+        while self.puts_in_flight and time.monotonic() < deadline:
+            self._put_done.clear()
+            try:
+                await asyncio.wait_for(self._put_done.wait(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                break
+        return not self.puts_in_flight
+
+    # -- promotion ----------------------------------------------------------------------------------------
+    async def continuation(self, namespace: str, keys: Sequence[bytes], start: int, wait: float) -> int:
+        """How many of ``keys[start:]`` (the local walk stopped at ``start``) are being fetched or were found in
+        the store within ``wait`` seconds; those found start their fetch into DRAM."""
+        n = start
+        while n < len(keys) and keys[n] in self.loads:
+            n += 1
+        if n == len(keys) or not self._worth_asking(keys[n]):
+            return n - start
+        self.lookups += 1
+        sized: asyncio.Future = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(self._fetch(namespace, list(keys[n:n + MAX_FETCH]),
+                                               keys[n - 1] if n else None, sized))
+        self._fetches.add(task)
+        task.add_done_callback(self._fetches.discard)
+        try:
+            found = await asyncio.wait_for(asyncio.shield(sized), wait)
+        except asyncio.TimeoutError:
+            self.lookup_late += 1
+            found = 0
+        self.lookup_chunks += found
+        return n - start + found
+
+    def pending(self, keys: Sequence[bytes]) -> list[asyncio.Future]:
+        """The fetches in flight for the chunks right after the longest readable prefix of ``keys``."""
+        futures: list[asyncio.Future] = []
+        for key in keys[len(self.store.leading(keys)):]:
+            fut = self.loads.get(key)
+            if fut is None:
+                break
+            if fut not in futures:
+                futures.append(fut)
+        return futures
+
+    def _worth_asking(self, key: bytes) -> bool:
+        if key in self.store.index:   # being written by a put: not ours to fetch
+            return False
+        until = self.bad.get(key)
+        if until is None:
+            return True
+        if until > time.monotonic():
+            return False
+        del self.bad[key]
+        return True
+
+    async def _fetch(self, namespace: str, keys: list[bytes], parent: bytes | None, sized: asyncio.Future) -> None:
+        loop = asyncio.get_running_loop()
+        entries: list[Entry] = []
+        done = loop.create_future()
+        published = 0
+        try:
+            sizes = await loop.run_in_executor(self.pool, self.backend.batch_lookup, keys)
+            sizes = self._plausible(sizes)
+            entries = self.store.start_remote_fetch(namespace, keys[:len(sizes)], sizes, parent)
+            for entry in entries:
+                self.loads[entry.key] = done
+            sized.set_result(len(entries))
+            if entries:
+                views = [self.store.host.read(e.host_offset, e.size) for e in entries]
+                got = await loop.run_in_executor(self.pool, self.backend.batch_get_into,
+                                                 [e.key for e in entries], views)
+                loaded = self._leading_whole(entries, got)
+                published = self.store.finish_remote_fetch(entries, loaded)
+                entries = []
+        except Exception as exc:   # noqa: BLE001 - a bug here must not leave slots reserved forever
+            logs.error("remote_fetch_failed", error=repr(exc))
+            if not sized.done():
+                sized.set_result(0)
+        finally:
+            if entries:
+                self.store.finish_remote_fetch(entries, 0)
+            for key in keys:
+                if self.loads.get(key) is done:
+                    del self.loads[key]
+            done.set_result(published)
+
+    def _plausible(self, sizes: list[int]) -> list[int]:
+        """The leading sizes a chunk can have here (the store's answer is not trusted with our memory)."""
+        out = []
+        for size in sizes:
+            if not 0 < size <= self.chunk_limit:
+                break
+            out.append(size)
+        return out
+
+    def _leading_whole(self, entries: list[Entry], got: list[int | None]) -> int:
+        """How many leading chunks arrived whole; the first one that did not, while the store answers, is bad."""
+        loaded = 0
+        for entry, length in zip(entries, got):
+            if length != entry.size:
+                if self.backend.healthy:
+                    self._remember_bad(entry.key)
+                break
+            loaded += 1
+        return loaded
+
+    def _remember_bad(self, key: bytes) -> None:
+        self.bad[key] = time.monotonic() + BAD_TTL
+        self.bad.move_to_end(key)
+        while len(self.bad) > BAD_MAX:
+            self.bad.popitem(last=False)
+        logs.debug("remote_value_unreadable", key=key.hex())
+
+    # -- upkeep -------------------------------------------------------------------------------------------
+    def _call_soon(self, fn: Any, *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass   # the loop has closed: stopping, nothing left to unpin
+
+    def stats(self) -> dict[str, int]:
+        return {**self.backend.stats(), "lookups": self.lookups, "lookup_chunks": self.lookup_chunks,
+                "lookup_late": self.lookup_late, "fetching_chunks": len(self.loads),
+                "puts_in_flight": self.puts_in_flight, "pinned_bytes": self.pinned_bytes,
+                "unreadable_keys": len(self.bad)}
+
+    def close(self) -> None:
+        """Stop the workers (each call ends by its deadline), then the backend: before the arena is unmapped."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.backend.close()
