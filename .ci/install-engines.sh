@@ -25,6 +25,7 @@ IMPORT_DEPS=(
   psutil cbor2 openai openai-harmony pillow pybase64 cachetools msgspec
   xgrammar apache-tvm-ffi fastapi starlette opentelemetry-api
   partial-json-parser llguidance triton
+  urllib3 aiohttp requests cloudpickle py-cpuinfo orjson ipython
 )
 
 torch_before="$("$PY" -c 'import torch; print(torch.__version__)')"
@@ -33,16 +34,23 @@ installed_version() {
   "$PY" -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p'
 }
 
-want=()
-[ "$(installed_version vllm)" = "$VLLM_VERSION" ] || want+=("vllm==$VLLM_VERSION")
-[ "$(installed_version sglang)" = "$SGLANG_VERSION" ] || want+=("sglang==$SGLANG_VERSION")
+# The engines themselves without their dependencies (they pin CUDA builds); the pure-Python modules their
+# interfaces import with theirs (torch is already installed, so a torch requirement is satisfied as it is).
+engines=()
+[ "$(installed_version vllm)" = "$VLLM_VERSION" ] || engines+=("vllm==$VLLM_VERSION")
+[ "$(installed_version sglang)" = "$SGLANG_VERSION" ] || engines+=("sglang==$SGLANG_VERSION")
+deps=()
 for pkg in "${IMPORT_DEPS[@]}"; do
-  [ -n "$(installed_version "$pkg")" ] || want+=("$pkg")
+  [ -n "$(installed_version "$pkg")" ] || deps+=("$pkg")
 done
 
-if [ "${#want[@]}" -gt 0 ]; then
-  echo "install-engines: installing ${want[*]}"
-  "$PY" -m pip install --no-deps --disable-pip-version-check -q "${want[@]}"
+if [ "${#deps[@]}" -gt 0 ]; then
+  echo "install-engines: installing ${deps[*]}"
+  "$PY" -m pip install --disable-pip-version-check -q "${deps[@]}"
+fi
+if [ "${#engines[@]}" -gt 0 ]; then
+  echo "install-engines: installing ${engines[*]} (without their dependencies)"
+  "$PY" -m pip install --no-deps --disable-pip-version-check -q "${engines[@]}"
 else
   echo "install-engines: vllm $VLLM_VERSION and sglang $SGLANG_VERSION already installed"
 fi
@@ -58,5 +66,6 @@ VLLM_TARGET_DEVICE="${VLLM_TARGET_DEVICE:-cpu}" "$PY" - <<'PYCHECK'
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1  # noqa: F401
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: F401
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage  # noqa: F401
+import vllm.config  # noqa: F401
 print("install-engines: engine interfaces import")
 PYCHECK
