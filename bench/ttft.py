@@ -152,8 +152,8 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.layers, args.hidden, args.repeat = args.layers or 2, args.hidden or 256, 1
-    args.layers = args.layers or (24 if args.device == "cuda" else 6)
-    args.hidden = args.hidden or (2048 if args.device == "cuda" else 512)
+    args.layers = args.layers or (24 if args.device == "cuda" else 8)
+    args.hidden = args.hidden or (2048 if args.device == "cuda" else 640)
     torch.set_grad_enabled(False)
 
     model = build_model(args)
