@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "trace": args.trace, "requests": len(requests), "input_tokens": ceiling.input_tokens,
         "distinct_blocks": blocks, "chunk_bytes": capacity.chunk_bytes,
-        "host_bytes": capacity.host_bytes, "disk_bytes": capacity.disk_bytes,
+        "gpu_bytes": capacity.gpu_bytes, "host_bytes": capacity.host_bytes, "disk_bytes": capacity.disk_bytes,
+        "gpu_chunks": capacity.gpu_bytes // _slot(capacity.chunk_bytes),
         "host_chunks": capacity.host_bytes // _slot(capacity.chunk_bytes),
         "disk_chunks": _disk_chunks(capacity),
         "unbounded_hit_rate": round(ceiling.hit_rate(), 5),
@@ -82,15 +83,16 @@ def _capacity(args: argparse.Namespace) -> Any:
     chunk = parse_size(args.chunk_bytes, "--chunk-bytes")
     host = parse_size(args.host_mem, "--host-mem")
     disk = parse_size(args.disk_size, "--disk-size")
-    if parse_size(args.gpu_mem, "--gpu-mem"):
-        raise ConfigError("--gpu-mem: the simulator has no payload-less GPU tier yet, so it cannot size one; "
-                          "size host and disk, and leave --gpu-mem out")
+    gpu = parse_size(args.gpu_mem, "--gpu-mem")
     if chunk <= 0:
         raise ConfigError("--chunk-bytes: must be positive (the KV bytes of one block, e.g. 64MiB)")
     if host < _slot(chunk):
         raise ConfigError(f"--host-mem: {format_size(host)} cannot hold one {format_size(chunk)} chunk; "
                           f"raise --host-mem or lower --chunk-bytes")
-    capacity = Capacity(host, disk, chunk)
+    if gpu and gpu < _slot(chunk):
+        raise ConfigError(f"--gpu-mem: {format_size(gpu)} cannot hold one {format_size(chunk)} chunk; "
+                          f"raise it or give 0 for no GPU tier")
+    capacity = Capacity(host, disk, chunk, gpu)
     if disk and not _disk_chunks(capacity):
         raise ConfigError(f"--disk-size: {format_size(disk)} cannot hold one {format_size(chunk)} chunk file; "
                           f"raise it or give 0 for no disk tier")
@@ -132,11 +134,15 @@ def _print_table(report: dict[str, Any], results: list) -> None:
           f"({100 * report['host_chunks'] / blocks:.1f} % of the blocks); disk tier "
           f"{format_size(report['disk_bytes'])} = {report['disk_chunks']:,} chunks "
           f"({100 * report['disk_chunks'] / blocks:.1f} %)")
-    print(f"{'policy':<10} {'host':>7} {'disk':>7} {'total':>7} {'of ceiling':>11} {'seconds':>8}")
+    tiers = ["gpu", "host", "disk"] if report["gpu_bytes"] else ["host", "disk"]
+    if report["gpu_bytes"]:
+        print(f"GPU tier {format_size(report['gpu_bytes'])} = {report['gpu_chunks']:,} chunks "
+              f"({100 * report['gpu_chunks'] / blocks:.1f} % of the blocks)")
+    print(f"{'policy':<10} " + " ".join(f"{t:>7}" for t in tiers) + f" {'total':>7} {'of ceiling':>11} {'seconds':>8}")
     for r in results:
         share = r.hit_rate() / ceiling if ceiling else 0.0
-        print(f"{r.policy:<10} {100 * r.hit_rate('host'):6.2f}% {100 * r.hit_rate('disk'):6.2f}% "
-              f"{100 * r.hit_rate():6.2f}% {100 * share:10.1f}% {r.seconds:8.1f}")
+        print(f"{r.policy:<10} " + " ".join(f"{100 * r.hit_rate(t):6.2f}%" for t in tiers)
+              + f" {100 * r.hit_rate():6.2f}% {100 * share:10.1f}% {r.seconds:8.1f}")
         if r.put_failures:
             print(f"  {r.put_failures:,} puts did not fit in the host tier (a request larger than it)")
-    print(f"{'unbounded':<10} {'':>7} {'':>7} {100 * ceiling:6.2f}%")
+    print(f"{'unbounded':<10} " + " ".join(f"{'':>7}" for _ in tiers) + f" {100 * ceiling:6.2f}%")

@@ -5,7 +5,10 @@ write-back queue, demotion watermarks, promotion budget) over payload-less tiers
 tier manager's threads are replaced: ``SimulatedStore`` is the Store's ``io`` and completes every write-back the
 moment it is queued and every promotion the moment it starts, through the Store's own hooks (``next_write`` /
 ``finish_write``, ``start_promote`` / ``finish_promote``). So the figures assume the disk keeps up — the
-capacity question, not the bandwidth one (``bench/disk.py`` answers that).
+capacity question, not the bandwidth one (``bench/disk.py`` answers that). With a GPU tier, the GPU mover's
+work — promotion on repeated hits, demotion past the high watermark — runs after each request through the
+Store's ``start_gpu_*`` / ``finish_gpu_*`` hooks, every copy complete at once, and reads map the GPU pool (an
+engine on the daemon's GPU).
 
 Per request, as an engine's connector would: look the chain up (which touches it and reports the tier of each
 leading chunk), promote the disk-only chunks, take and release a lease on them (as a load would), then put the
@@ -45,6 +48,7 @@ class Capacity:
     host_bytes: int
     disk_bytes: int
     chunk_bytes: int
+    gpu_bytes: int = 0
 
 
 @dataclass
@@ -53,7 +57,7 @@ class ReplayResult:
     capacity: Capacity
     requests: int = 0
     input_tokens: int = 0
-    hit_tokens: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0})
+    hit_tokens: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0})  # + "gpu" with a GPU tier
     put_failures: int = 0
     evictions: int = 0          # chunks that left the cache entirely
     demotions: int = 0          # host → disk
@@ -82,8 +86,10 @@ class SimulatedStore:
     def __init__(self, capacity: Capacity, policy: str = DEFAULT_POLICY) -> None:
         self.chunk_bytes = capacity.chunk_bytes
         disk = VirtualDisk(capacity.disk_bytes) if capacity.disk_bytes else None
+        # The GPU tier's accounting is an extent allocator with a capacity, like the host tier's.
+        gpu = HostTier(VirtualArena(capacity.gpu_bytes)) if capacity.gpu_bytes else None
         self.store = Store(HostTier(VirtualArena(capacity.host_bytes)), TTL, TTL, clock=lambda: 0.0, disk=disk,
-                           policy=policy)
+                           gpu=gpu, policy=policy)
         self.store.io = self
         self.put_failures = 0
 
@@ -110,7 +116,7 @@ class SimulatedStore:
         found = store.lookup(keys)
         self._promote(store.to_promote(keys))
         if found.count:
-            lease, _ = store.get(OWNER, keys[:found.count])
+            lease, _ = store.get(OWNER, keys[:found.count], gpu_ok=store.gpu is not None)
             if lease is not None:
                 store.release(OWNER, lease.id)
         rest = keys[found.count:]
@@ -122,7 +128,31 @@ class SimulatedStore:
                 self.put_failures += 1
             else:
                 store.commit(OWNER, handle.id)
+        self._move_gpu()
         return found.tiers
+
+    def _move_gpu(self) -> None:
+        """The GPU mover's round (``gpu_mover.py``), with every copy complete at once."""
+        store = self.store
+        if store.gpu is None:
+            return
+        wanted = store.gpu_wanted
+        while wanted:
+            entry = wanted.pop(next(iter(wanted)))
+            if store.start_gpu_promote(entry) is not None:
+                store.finish_gpu_promote(entry, True)
+        if not store.gpu_over_high():
+            return
+        while store.gpu_over_low():
+            victim = store.gpu_victim()
+            if victim is None:
+                break
+            try:
+                host_offset = store.start_gpu_demote(victim)
+            except StoreFullError:
+                break   # DRAM holds only pinned chunks: as the mover, try again next round
+            if host_offset is not None:
+                store.finish_gpu_demote(victim, True)
 
     def _promote(self, entries: list[Entry]) -> None:
         for entry in entries:
@@ -155,6 +185,8 @@ def replay(requests: Sequence[Request], capacity: Capacity, policy: str = DEFAUL
         result.input_tokens += request.input_length
     result.requests = len(requests)
     result.hit_tokens = {"host": hits["host"], "disk": hits["disk"]}
+    if capacity.gpu_bytes:
+        result.hit_tokens = {"gpu": hits["gpu"], **result.hit_tokens}
     result.put_failures = sim.put_failures
     result.evictions = sim.store.counters.evictions
     result.demotions = sim.store.tier_counters.demotions_host_disk
