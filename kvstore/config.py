@@ -28,7 +28,7 @@ IPC_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 def default_runtime_dir() -> str:
     base = os.environ.get("XDG_RUNTIME_DIR")
     if base and os.path.isdir(base) and os.access(base, os.W_OK):
-        return os.path.join(base, "kvstore")
+        return os.path.join(base, "kvstore", "chunks")   # beside kvstore/native, the built kernels
     return f"/tmp/kvstore-{os.getuid()}"
 
 
@@ -156,7 +156,7 @@ def _read_policy(value: Any, name: str) -> str:
 
 def default_disk_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "kvstore")
+    return os.path.join(base, "kvstore", "chunks")   # beside kvstore/native, the built kernels
 
 
 def _read_host(value: Any, name: str) -> str:
