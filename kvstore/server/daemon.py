@@ -164,14 +164,9 @@ class Daemon:
         directory = self.config.disk_dir
         size = self.config.disk_size if self.config.disk_size > 0 else auto_disk_size(directory)
         disk = DiskTier(directory, size, compress=self.config.disk_compression == "lz4")
-        fd = os.open(os.path.join(disk.directory, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConfigError(f"--disk-dir: another kvstore daemon uses {disk.directory}; "
-                              f"give each daemon its own --disk-dir") from None
-        self._disk_lock_fd = fd
+        self._disk_lock_fd = exclusive_lock(
+            os.path.join(disk.directory, ".lock"),
+            f"--disk-dir: another kvstore daemon uses {disk.directory}; give each daemon its own --disk-dir")
         return disk
 
     def _rebuild_index(self, disk: DiskTier) -> None:
@@ -205,15 +200,10 @@ class Daemon:
             raise ConfigError(f"--socket: directory {directory} is not writable; choose another --socket")
 
     def _take_lock(self) -> None:
-        lock_path = self.config.socket + ".lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConfigError(f"another kvstore daemon is already serving on {self.config.socket}; "
-                              f"stop it first or choose another --socket") from None
-        self._lock_fd = fd
+        self._lock_fd = exclusive_lock(
+            self.config.socket + ".lock",
+            f"another kvstore daemon is already serving on {self.config.socket}; "
+            f"stop it first or choose another --socket")
         if os.path.exists(self.config.socket):
             logs.warning("stale_socket_removed", path=self.config.socket)
             os.unlink(self.config.socket)
@@ -504,6 +494,17 @@ def _arm_hard_stop(seconds: float) -> None:
     timer = threading.Timer(seconds, overrun)
     timer.daemon = True
     timer.start()
+
+
+def exclusive_lock(path: str, held_message: str) -> int:
+    """Hold an exclusive flock on ``path`` for the process's life (the kernel drops it if we crash)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(held_message) from None
+    return fd
 
 
 def run_daemon(config: ServerConfig) -> int:
