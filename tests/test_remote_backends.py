@@ -276,7 +276,9 @@ def test_redis_maxmemory_eviction_is_tolerated(tmp_path):
                 b.batch_put([k], [p])
             got = b.batch_get(keys)
             held = [g is not None for g in got]
-            assert not held[0] and held[-1]           # oldest evicted, newest kept
+            # Redis's LRU is sampled, so which keys go is not exact: some went, some stayed, and every one that
+            # stayed reads back exactly; the vanished ones are misses, not errors.
+            assert not all(held) and any(held)
             assert all(bytes(g) == p for g, p in zip(got, payloads) if g is not None)
             assert b.healthy and b.stats()["errors"] == 0
 
