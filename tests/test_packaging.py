@@ -44,3 +44,12 @@ def test_wire_error_codes_are_unique_and_stable():
     codes = {cls.__name__: cls.code for cls in errors.RequestError.__subclasses__()}
     assert len(set(codes.values())) == len(codes)
     assert codes["BadRequestError"] == 1 and codes["StoreFullError"] == 5 and codes["InternalError"] == 11
+
+
+def test_every_setting_is_documented_in_the_readme():
+    from kvstore.config import SETTINGS
+
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    missing = [s.name for s in SETTINGS if f"`--{s.name.replace('_', '-')}" not in readme]
+    assert not missing, f"settings missing from the README's flag table: {missing}"
