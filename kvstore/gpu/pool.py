@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from ..tiers.allocator import ExtentAllocator
+from ..tiers.allocator import ExtentAllocator, ExtentSpace
 
 ALIGN = 4096
 
 
-class DevicePool:
+class DevicePool(ExtentSpace):
     """``capacity`` bytes on ``device``; hands out byte ranges and tensor views of them."""
 
     def __init__(self, capacity: int, device: torch.device | str, backing: Any = None) -> None:
@@ -34,25 +34,6 @@ class DevicePool:
         else:
             raise ValueError(f"only a cpu pool can lie in a host buffer; this one is on {self.device}")
         self.allocator = ExtentAllocator(self.buffer.numel(), ALIGN)
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self.allocator.capacity
-
-    @property
-    def used_bytes(self) -> int:
-        return self.allocator.used_bytes
-
-    @property
-    def slots(self) -> int:
-        return self.allocator.extents
-
-    def allocate(self, nbytes: int) -> int | None:
-        """Byte offset of a fresh slot of at least ``nbytes``, or None when no free extent is large enough."""
-        return self.allocator.allocate(nbytes)
-
-    def free(self, offset: int) -> None:
-        self.allocator.free(offset)
 
     def view(self, offset: int, nbytes: int) -> torch.Tensor:
         """The bytes of a slot, as a 1-D ``uint8`` tensor sharing the pool's memory."""

@@ -17,11 +17,11 @@ place. Everything runs on CPU tensors in tests (``device="cpu"``): same bookkeep
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..tiers.allocator import ExtentSpace
 from ..tiers.arena import SharedArena
 from .copies import CopyEngine, Transfer
 from .ipc import PoolExport, export_pool
@@ -29,19 +29,12 @@ from .pinned import PinnedRegion, pin
 from .pool import DevicePool
 
 
-@dataclass(frozen=True)
-class TierUsage:
-    capacity_bytes: int
-    used_bytes: int
-    chunks: int
-
-
 def host_tensor(buf: Any, nbytes: int) -> torch.Tensor:
     """A ``uint8`` tensor over the first ``nbytes`` of a writable host buffer (the shared arena)."""
     return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
 
 
-class GpuTier:
+class GpuTier(ExtentSpace):
     name = "gpu"
 
     def __init__(self, capacity: int, device: torch.device | str, host_buf: Any | None = None,
@@ -50,6 +43,7 @@ class GpuTier:
         if shared_path is not None and torch.device(device).type == "cpu":
             self.shared = SharedArena.create(shared_path, capacity)
         self.pool = DevicePool(capacity, device, self.shared.buf if self.shared is not None else None)
+        self.allocator = self.pool.allocator
         self.copies = CopyEngine(self.pool.device)
         self.host: torch.Tensor | None = None
         self.pinned: PinnedRegion | None = None
@@ -63,20 +57,6 @@ class GpuTier:
     def device(self) -> torch.device:
         return self.pool.device
 
-    @property
-    def capacity_bytes(self) -> int:
-        return self.pool.capacity_bytes
-
-    @property
-    def used_bytes(self) -> int:
-        return self.pool.used_bytes
-
-    def allocate(self, nbytes: int) -> int | None:
-        return self.pool.allocate(nbytes)
-
-    def free(self, offset: int) -> None:
-        self.pool.free(offset)
-
     def read(self, offset: int, nbytes: int) -> torch.Tensor:
         """A device view of a stored chunk (valid while the chunk is pinned)."""
         return self.pool.view(offset, nbytes)
@@ -86,9 +66,6 @@ class GpuTier:
         src = data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
         src = src.reshape(-1).view(torch.uint8)
         self.pool.view(offset, src.numel()).copy_(src)
-
-    def usage(self) -> TierUsage:
-        return TierUsage(self.capacity_bytes, self.used_bytes, self.pool.slots)
 
     # -- moving chunks between this tier and the host arena ---------------------------------------------------
     def _host_slot(self, host_offset: int, nbytes: int) -> torch.Tensor:

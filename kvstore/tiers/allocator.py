@@ -148,3 +148,39 @@ class ExtentAllocator:
         if not members:
             del self._bins[cls]
             self._nonempty &= ~(1 << cls)
+
+
+@dataclass(frozen=True)
+class TierUsage:
+    capacity_bytes: int
+    used_bytes: int
+    chunks: int
+
+
+class ExtentSpace:
+    """What every memory tier (host arena, GPU pool) answers from its extent allocator ``self.allocator``:
+    capacity, use, how many chunks, allocate and free. Subclasses add where the bytes are."""
+
+    allocator: ExtentAllocator
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.allocator.capacity
+
+    @property
+    def used_bytes(self) -> int:
+        return self.allocator.used_bytes
+
+    @property
+    def chunks(self) -> int:
+        return self.allocator.extents
+
+    def allocate(self, nbytes: int) -> int | None:
+        """Byte offset of a fresh slot of at least ``nbytes``, or None when no free extent is large enough."""
+        return self.allocator.allocate(nbytes)
+
+    def free(self, offset: int) -> None:
+        self.allocator.free(offset)
+
+    def usage(self) -> TierUsage:
+        return TierUsage(self.capacity_bytes, self.used_bytes, self.chunks)
