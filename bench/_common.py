@@ -77,7 +77,8 @@ def start_daemon(*args: str, tcp: bool = True) -> BenchDaemon:
     return BenchDaemon(workdir, proc, "tcp://" + tcp_addr if tcp_addr else None)
 
 
-def median_seconds(fn: Callable[[], None], repeat: int, warmup: int = 1) -> float:
+def sample_seconds(fn: Callable[[], None], repeat: int, warmup: int = 1) -> list[float]:
+    """The time of each of ``repeat`` calls of ``fn``, after ``warmup`` untimed ones."""
     for _ in range(warmup):
         fn()
     times = []
@@ -85,7 +86,11 @@ def median_seconds(fn: Callable[[], None], repeat: int, warmup: int = 1) -> floa
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn: Callable[[], None], repeat: int, warmup: int = 1) -> float:
+    return statistics.median(sample_seconds(fn, repeat, warmup))
 
 
 def memcpy_seconds(nbytes: int, repeat: int) -> float:

@@ -14,15 +14,16 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
 from kvstore.ops import PagedKV, gather, native, registry, scatter  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import median_seconds  # noqa: E402
 
 SHAPES = {
     "llama3_8b": dict(layers=32, blocks=80, block_size=16, heads=8, dim=128, chunk_tokens=256),
@@ -31,13 +32,7 @@ SHAPES = {
 
 
 def median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return median_seconds(fn, reps) * 1e3
 
 
 def bench_shape(name: str, shape: dict, reps: int) -> dict:

@@ -45,7 +45,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from _common import RESULTS_DIR, machine, median_seconds, memcpy_seconds, start_daemon, write_result  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS_DIR, machine, median_seconds, memcpy_seconds, sample_seconds, start_daemon, write_result,
+)
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
 BATCH = 16
@@ -76,13 +78,7 @@ class Payloads:
 
 
 def latency(fn, calls: int) -> dict:
-    fn()
-    lat = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        lat.append(time.perf_counter() - t0)
-    lat.sort()
+    lat = sorted(sample_seconds(fn, calls))
     return {"exists_p50_us": lat[len(lat) // 2] * 1e6, "exists_p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6}
 
 
