@@ -4,9 +4,8 @@ real GPU, measures bandwidths next to their limits, and writes everything as JSO
     PYTHONPATH=/path/to/wheels python3 bench/gpu_check.py --out "$OUT"
 
 Needs only the packages of a stock GPU image (torch with CUDA) plus pyzmq and lz4 on PYTHONPATH; kvstore need
-not be installed: the repository root is put on sys.path, ``kvstore.connectors`` is mapped onto the top-level
-``connectors/`` folder by a small import shim (what ``pip install`` does through its package-dir mapping), and
-the daemon runs as ``python3 -m kvstore`` from the repository root with the same PYTHONPATH.
+not be installed: the repository root is put on sys.path (and on every child's PYTHONPATH), and the daemon
+runs as ``python3 -m kvstore`` from the repository root.
 
 Every sub-check runs on its own; a failure is recorded (with its traceback) and the next one runs. The JSON is
 rewritten after each sub-check, and an alarm stops the whole run after ``--budget`` seconds (default 285) and
@@ -47,42 +46,14 @@ from typing import Any, Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-SHIM = (
-    "import sys, types, os\n"
-    f"sys.path.insert(0, {ROOT!r})\n"
-    "try:\n"
-    "    import kvstore.connectors\n"
-    "except ImportError:\n"
-    "    import kvstore\n"
-    "    m = types.ModuleType('kvstore.connectors')\n"
-    f"    m.__path__ = [os.path.join({ROOT!r}, 'connectors')]\n"
-    "    sys.modules['kvstore.connectors'] = m\n"
-    "    kvstore.connectors = m\n"
-)
-
 RESULTS: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "checks": {}}
 CHILDREN: list[subprocess.Popen] = []
 OUT_PATH = ""
 DEVICE = "cuda"  # "cpu" with --cpu-dry-run: exercises the script's own logic on a machine without a GPU
 
 
-def install_shim() -> None:
-    exec(SHIM, {})  # noqa: S102 - our own constant
-
-
-SHIM_DIR = ""  # holds a sitecustomize.py with SHIM, so that every descendant process gets the mapping too
-
-
-def write_sitecustomize() -> str:
-    """Grandchildren (a test's own subprocesses) start from scratch: give them the shim through sitecustomize."""
-    directory = tempfile.mkdtemp(prefix="kvstore-shim-")
-    with open(os.path.join(directory, "sitecustomize.py"), "w") as f:
-        f.write("try:\n" + "".join("    " + line + "\n" for line in SHIM.splitlines()) + "except Exception:\n    pass\n")
-    return directory
-
-
 def child_env(**extra: str) -> dict[str, str]:
-    paths = [p for p in (SHIM_DIR, ROOT) if p] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **extra}
 
 
@@ -241,7 +212,7 @@ def check_kernels(r: dict) -> None:
     r["ok"] = all(v for k, v in r.items() if k.endswith("_equal"))
 
 
-PRODUCER = SHIM + """
+PRODUCER = """
 import json, sys, torch
 from kvstore.gpu.tier import GpuTier
 tier = GpuTier(int(sys.argv[1]), "cuda:0")
@@ -510,7 +481,7 @@ def check_hf_e2e(r: dict, timeout: float) -> None:
         r["ok"] = False
         r["error"] = "no HuggingFace end-to-end test file (tests/test_hf*.py) in this tree"
         return
-    code = SHIM + ("import pytest\n"
+    code = ("import sys, pytest\n"
                    f"sys.exit(pytest.main(['-q', '-x', '-p', 'no:cacheprovider', *{[os.path.join('tests', t) for t in tests]!r}]))\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=child_env(KVSTORE_TEST_DEVICE=DEVICE),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -551,9 +522,6 @@ def main() -> int:
 
     signal.signal(signal.SIGALRM, on_alarm)
     signal.alarm(int(args.budget))
-    install_shim()
-    global SHIM_DIR
-    SHIM_DIR = write_sitecustomize()
     try:
         run_check("env", check_env)
         if args.cpu_dry_run:

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def source_packages() -> set[str]:
     found = set()
-    for top, name in (("kvstore", "kvstore"), ("connectors", "kvstore.connectors")):
+    for top, name in (("kvstore", "kvstore"),):
         for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, top)):
             dirnames[:] = [d for d in dirnames if d != "__pycache__"]
             if "__init__.py" in filenames:
