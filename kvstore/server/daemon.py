@@ -59,6 +59,7 @@ from ..tiers.host import HostTier
 from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor
+from .safeguards import Safeguards
 from .session import Session
 
 SWEEP_INTERVAL = 0.25
@@ -98,6 +99,7 @@ class Daemon:
         self.gpu_mover: GpuMover | None = None
         self.gpu_hello: dict[str, Any] | None = None   # the HELLO reply's "gpu" field (exported once)
         self.remote: RemoteMover | None = None
+        self.safeguards: Safeguards  # set in open(): checksums, scrubs, verification, key parameters
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -121,6 +123,7 @@ class Daemon:
                                        self.config.disk_queue_limit)
         if self.config.remote:
             self.remote = RemoteMover(self.store, self._open_remote(), self.config.chunk_limit)
+        self.safeguards = Safeguards(self.store, self.manager, self.config.scrub_rate)
         self._bind("ipc", "ipc://" + self.config.socket)
         if self.config.tcp:
             if self.config.curve_server_key:
@@ -175,7 +178,8 @@ class Daemon:
         found = disk.scan()
         adopted = 0
         for header, _mtime in sorted(found.chunks, key=lambda c: c[1]):
-            if self.store.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len)):
+            if self.store.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len),
+                                header.payload_sum if header.raw_sum else None):
                 adopted += 1
             else:
                 disk.remove(header.key)  # over a lowered cap, or a duplicate
@@ -242,6 +246,8 @@ class Daemon:
             self.manager.close()
         if self.remote is not None:
             self.remote.close()   # its workers read and write the arena: before the arena is unmapped
+        if getattr(self, "safeguards", None) is not None:
+            self.safeguards.close()   # its worker hashes arena slots: before the arena is unmapped
         if getattr(self, "store", None) is not None:
             if self.gpu_mover is not None:
                 self.gpu_mover.close()
@@ -280,7 +286,7 @@ class Daemon:
         self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks) for t, s in self._sockets]
         for reactor in self._reactors:
             reactor.start()
-        background = [asyncio.create_task(self._sweep_loop())]
+        background = [asyncio.create_task(self._sweep_loop()), *self.safeguards.start(loop, self.remote)]
         if self.gpu_mover is not None:
             background.append(self.gpu_mover.start(loop))
         interval = watchdog_interval()
@@ -454,6 +460,7 @@ class Daemon:
             "disk": self.manager.stats() if self.manager is not None else None,
             "gpu": self.gpu_mover.stats() if self.gpu_mover is not None else None,
             "remote": self.remote.stats() if self.remote is not None else None,
+            **self.safeguards.stats(),
             "leases": len(self.store.leases),
             "reservations": len(self.store.reservations),
             "sessions": len(self.sessions),

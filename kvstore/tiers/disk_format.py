@@ -4,13 +4,14 @@ Layout (little-endian)::
 
     0   8  magic        b"KVSCHUNK"
     8   2  version      FORMAT_VERSION
-    10  2  flags        bit 0: payload is lz4-compressed (block format, raw length known)
+    10  2  flags        bit 0: payload is lz4-compressed (block format, raw length known);
+                        bit 1: payload_sum covers the raw chunk (after decompression), not the stored bytes
     12  2  ns_len       bytes of the UTF-8 namespace stored at offset 64
     14  2  reserved     0
     16 16  key          the chunk's 16-byte chained key
     32  8  raw_len      length of the chunk as put
     40  8  stored_len   length of the payload on disk (== raw_len unless compressed)
-    48  8  payload_sum  xxh3-64 of the stored payload
+    48  8  payload_sum  xxh3-64 of the chunk (of the stored payload in lz4 files without bit 1)
     56  8  header_sum   xxh3-64 of bytes 0..56 and the namespace
     64  …  namespace
     4096   payload (stored_len bytes); the file is exactly HEADER_BYTES + stored_len long
@@ -20,6 +21,11 @@ payload straight between the device and a page-aligned slot of the host arena, w
 carries its own checksum so that the index is rebuilt at start from headers alone (one 4 KiB read per file,
 thousands of files a second) and still rejects a torn or foreign header; the payload checksum is checked on
 every read, where a failure is a miss, never data. xxh3-64 runs at memory bandwidth, far above any NVMe.
+
+The payload sum is the chunk's own checksum, the one it carries in DRAM from commit on (``store/integrity.py``):
+a write checks the slot against it and stores it, a read returns it, so the sum is computed once per chunk and
+never again for the disk. For an uncompressed payload it is the sum of the stored bytes as well; lz4 files
+written before the flag existed sum their compressed bytes, and are read as before.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ MAGIC = b"KVSCHUNK"
 FORMAT_VERSION = 1
 HEADER_BYTES = 4096
 FLAG_LZ4 = 1
+FLAG_RAW_SUM = 2
 KEY_BYTES = 16
 MAX_NAMESPACE_BYTES = HEADER_BYTES - 64
 
@@ -57,6 +64,11 @@ class ChunkHeader:
     @property
     def compressed(self) -> bool:
         return bool(self.flags & FLAG_LZ4)
+
+    @property
+    def raw_sum(self) -> bool:
+        """Whether ``payload_sum`` is the chunk's own checksum (always so for uncompressed payloads)."""
+        return bool(self.flags & FLAG_RAW_SUM) or not self.compressed
 
     @property
     def file_len(self) -> int:
@@ -98,7 +110,7 @@ def unpack_header(block: bytes | memoryview, file_len: int | None = None) -> Chu
     (header_sum,) = _SUM.unpack(bytes(block[56:64]))
     if checksum(fixed + ns) != header_sum:
         raise FormatError("header checksum mismatch")
-    if flags & ~FLAG_LZ4:
+    if flags & ~(FLAG_LZ4 | FLAG_RAW_SUM):
         raise FormatError(f"unknown flags {flags:#x}")
     if stored_len == 0 or raw_len == 0 or (not flags & FLAG_LZ4 and stored_len != raw_len):
         raise FormatError(f"inconsistent lengths raw={raw_len} stored={stored_len}")
