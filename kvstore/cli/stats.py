@@ -93,6 +93,10 @@ def render_table(stats: dict[str, Any]) -> None:
                          ("evictions", c["evictions"]), ("active leases", stats["leases"]),
                          ("reservations", stats["reservations"]), ("clients", stats["sessions"])):
         summary.add_row(label, str(value))
+    from .watch import Sample, integrity_rows
+
+    for label, text, bad in integrity_rows(Sample.of(stats)):
+        summary.add_row(label, f"[red]{text}[/red]" if bad else text)
     remote = stats.get("remote")
     if remote:
         state = "up" if remote["up"] else "down"

@@ -84,7 +84,7 @@ class TierManager:
     def _write_job(self, entry: Entry, slot: memoryview, before: concurrent.futures.Future | None) -> int:
         if before is not None:
             before.result()
-        return self.disk.write(entry.key, entry.namespace, slot, entry.size, entry.checksum)
+        return self.disk.write(entry.key, entry.namespace, slot, entry.size, entry.checksum, entry.parent)
 
     def _write_done(self, entry: Entry, fut: asyncio.Future) -> None:
         self.writing -= 1

@@ -347,12 +347,13 @@ class Store(DamageMixin):
         return demoted
 
     # -- disk tier: called by the tier manager ----------------------------------------------------------------
-    def adopt(self, key: bytes, size: int, namespace: str, footprint: int, checksum: int | None = None) -> bool:
+    def adopt(self, key: bytes, size: int, namespace: str, footprint: int, checksum: int | None = None,
+              parent: bytes | None = None) -> bool:
         """Index a chunk found on disk at start (call oldest first). False when it does not fit the cap."""
         assert self.disk is not None
         if key in self.index or not self._charge_disk(footprint):
             return False
-        entry = Entry(key, size, namespace, None, State.COMMITTED, disk=DiskState.STORED, disk_bytes=footprint,
+        entry = Entry(key, size, namespace, parent, State.COMMITTED, disk=DiskState.STORED, disk_bytes=footprint,
                       checksum=checksum)
         self.index[key] = entry
         self.disk_lru.add_newest(entry)

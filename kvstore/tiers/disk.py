@@ -146,7 +146,8 @@ class DiskTier:
         return os.O_DIRECT if self.direct else 0
 
     # -- file I/O (worker threads) ---------------------------------------------------------------------------
-    def write(self, key: bytes, namespace: str, slot: memoryview, size: int, expected: int | None = None) -> int:
+    def write(self, key: bytes, namespace: str, slot: memoryview, size: int, expected: int | None = None,
+              parent: bytes | None = None) -> int:
         """Write the chunk whose bytes are ``slot[:size]`` (``slot`` page-aligned, ``len(slot)`` rounded up to a
         block). ``expected`` is the chunk's checksum: the slot is checked against it on the way (DamagedSource
         when it differs: the DRAM copy changed since commit) and it is the sum the header carries. Returns the
@@ -166,7 +167,7 @@ class DiskTier:
             stored = size
             if len(slot) % BLOCK or len(slot) < size:
                 raise ValueError("slot must be block-rounded and hold the chunk")
-        header = ChunkHeader(key, namespace, size, stored, raw_sum, flags)
+        header = ChunkHeader(key, namespace, size, stored, raw_sum, flags, parent)
         block = memoryview(self._scratch.header)
         pack_header(header, block)
         final = self.path_for(key)

@@ -39,7 +39,8 @@ class VirtualDisk(DiskTier):
         self.used_bytes = 0
         self.chunks = 0
 
-    def write(self, key: bytes, namespace: str, slot: memoryview, size: int, expected: int | None = None) -> int:
+    def write(self, key: bytes, namespace: str, slot: memoryview, size: int, expected: int | None = None,
+              parent: bytes | None = None) -> int:
         return size
 
     def read_into(self, key: bytes, slot: memoryview, size: int) -> int | None:
