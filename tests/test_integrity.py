@@ -211,3 +211,25 @@ def test_client_with_other_key_parameters_gets_a_clear_error(host_only):
     late = d.client(namespace="scrub", chunk_tokens=128)   # nothing held any more: accepted
     late.close()
     c.close()
+
+
+def test_damaged_gpu_copy_is_found_by_scrub_and_the_dram_copy_served(start_daemon):
+    from kvstore.tiers.arena import arena_path_for
+
+    d = start_daemon("--gpu-mem", "1MiB", "--disk-size", "0", env={"KVSTORE_GPU_TIER_DEVICE": "cpu"})
+    c = d.client(namespace="gpu", chunk_tokens=4)
+    keys = c.chunk_keys(list(range(16)))
+    payloads = [os.urandom(100_000) for _ in keys]
+    c.put(keys, payloads)
+    sums_taken(c, 4)
+    for _ in range(2):   # the second get asks for promotion; the slots are checked before the copies up
+        with c.get(keys):
+            pass
+    assert wait_for(lambda: c.lookup_tiers(keys).tiers == {"gpu": 4})
+    damage(arena_path_for(d.socket_path + "#gpu"), [payloads[1]])   # the CPU-backed GPU pool's own file
+    code, report = scrub_cli(d)
+    assert report["tiers"]["gpu"]["corrupt"] == 1 and report["tiers"]["host"]["corrupt"] == 0
+    assert report["dropped"] == 0 and c.stats()["integrity"]["repaired"] == 1   # the DRAM copy stays
+    assert c.lookup_tiers(keys).tiers == {"gpu": 3, "host": 1}
+    assert stored(c, keys, payloads) == 4
+    c.close()

@@ -286,7 +286,7 @@ class Daemon:
         self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks) for t, s in self._sockets]
         for reactor in self._reactors:
             reactor.start()
-        background = [asyncio.create_task(self._sweep_loop()), *self.safeguards.start(loop, self.remote)]
+        background = [asyncio.create_task(self._sweep_loop()), *self.safeguards.start(loop, self.remote, self.gpu_mover)]
         if self.gpu_mover is not None:
             background.append(self.gpu_mover.start(loop))
         interval = watchdog_interval()

@@ -24,6 +24,7 @@ from ..store.scrub import Scrubber
 from .compat import NamespaceParams
 
 if TYPE_CHECKING:
+    from ..store.gpu_mover import GpuMover
     from ..store.manager import TierManager
     from ..store.remote_mover import RemoteMover
     from ..store.store import Store
@@ -49,10 +50,14 @@ class Safeguards:
         self.remote: "RemoteMover | None" = None
         self.reported = 0   # chunks clients reported as failing their checksum in a view
 
-    def start(self, loop: asyncio.AbstractEventLoop, remote: "RemoteMover | None") -> list[asyncio.Task]:
-        """Start taking sums; the background scrub's task when ``--scrub-rate`` asks for one."""
+    def start(self, loop: asyncio.AbstractEventLoop, remote: "RemoteMover | None",
+              gpu_mover: "GpuMover | None") -> list[asyncio.Task]:
+        """Start taking sums (and checking around GPU copies); the background scrub's task when
+        ``--scrub-rate`` asks for one."""
         self.remote = remote
         self.integrity.start(loop)
+        if gpu_mover is not None:
+            gpu_mover.integrity = self.integrity
         if not self.scrub_rate:
             return []
         logs.info("scrub_background", rate=self.scrub_rate)
