@@ -128,10 +128,7 @@ def test_verified_get_waits_for_the_sum_of_a_fresh_commit(host_only):
 
 
 def test_damaged_dram_copy_is_repaired_from_its_disk_copy(daemon):
-    c = daemon.client(namespace="repair")
-    keys, payloads = chain(c, 5)
-    c.put(keys, payloads)
-    assert wait_for(lambda: c.stats()["counters"]["disk_writes"] >= 4)
+    c, keys, payloads = on_disk(daemon, "repair", 5)
     damage(arena_of(c), [payloads[1]])
     code, report = scrub_cli(daemon)
     assert report["tiers"]["host"]["corrupt"] == 1 and report["dropped"] == 0
@@ -142,11 +139,17 @@ def test_damaged_dram_copy_is_repaired_from_its_disk_copy(daemon):
     c.close()
 
 
-def test_damaged_disk_copy_of_a_chunk_in_dram_is_rewritten_never_served(daemon):
-    c = daemon.client(namespace="disk")
-    keys, payloads = chain(c, 6)
+def on_disk(daemon, namespace: str, seed: int) -> tuple[kvstore.Client, list[bytes], list[bytes]]:
+    """A chain of four chunks put and written back to the disk tier."""
+    c = daemon.client(namespace=namespace)
+    keys, payloads = chain(c, seed)
     c.put(keys, payloads)
     assert wait_for(lambda: c.stats()["counters"]["disk_writes"] >= 4)
+    return c, keys, payloads
+
+
+def test_damaged_disk_copy_of_a_chunk_in_dram_is_rewritten_never_served(daemon):
+    c, keys, payloads = on_disk(daemon, "disk", 6)
     name = keys[2].hex()
     path = os.path.join(daemon.workdir, "disk", name[:2], name + ".kv")
     damage_file(path, 4096 + 100)
@@ -164,10 +167,7 @@ def test_damaged_disk_copy_of_a_chunk_in_dram_is_rewritten_never_served(daemon):
 
 
 def test_damaged_file_without_dram_copy_is_a_miss_and_drops_its_continuations(daemon):
-    c = daemon.client(namespace="cold")
-    keys, payloads = chain(c, 9)
-    c.put(keys, payloads)
-    assert wait_for(lambda: c.stats()["counters"]["disk_writes"] >= 4)
+    c, keys, payloads = on_disk(daemon, "cold", 9)
     c.close()
     daemon.restart()
     name = keys[1].hex()

@@ -11,13 +11,12 @@ answered.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from ..errors import DaemonUnavailable
 from ..units import format_size, parse_size
-from .stats import address_of, open_client
+from .stats import address_of, open_client, show
 
 EXIT_DAMAGED = 3
 
@@ -65,8 +64,5 @@ def run(args: argparse.Namespace) -> int:
     except DaemonUnavailable as exc:
         print(f"kvstore: error: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(report, sort_keys=True))
-    else:
-        render(report)
+    show(report, args.json, render)
     return EXIT_DAMAGED if report["corrupt"] else 0

@@ -113,8 +113,13 @@ def run(args: argparse.Namespace) -> int:
     except DaemonUnavailable as exc:
         print(f"kvstore: error: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(stats, sort_keys=True))
-    else:
-        render_table(stats)
+    show(stats, args.json, render_table)
     return 0
+
+
+def show(result: dict[str, Any], as_json: bool, render: Any) -> None:
+    """One JSON object, or ``render``'s table."""
+    if as_json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        render(result)

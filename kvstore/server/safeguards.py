@@ -87,8 +87,10 @@ class Safeguards:
         return dropped
 
     def stats(self) -> dict[str, Any]:
-        return {"integrity": {**asdict(self.store.integrity), "sums_pending": len(self.integrity.pending),
-                              "reported": self.reported},
+        integrity = asdict(self.store.integrity)
+        if self.remote is not None:   # values the store returned that failed their record's checks
+            integrity["corrupt_remote"] += int(self.remote.backend.stats().get("corrupt", 0))
+        return {"integrity": {**integrity, "sums_pending": len(self.integrity.pending), "reported": self.reported},
                 "scrub": self.scrubber.stats(), "verify": asdict(self.verify)}
 
     def close(self) -> None:

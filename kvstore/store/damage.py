@@ -71,10 +71,10 @@ class DamageMixin:
     def damaged(self: "Store", entry: Entry, tier: str) -> int:
         """``entry``'s copy in ``tier`` failed its checksum: repair from another copy or drop the chunk and its
         continuations. Returns the chunks dropped from the index (0 when repaired or already gone)."""
+        if self.index.get(entry.key) is not entry or not entry.readable:
+            return 0   # gone meanwhile: nothing is counted for a copy that is no longer ours
         c = self.integrity
         setattr(c, f"corrupt_{tier}", getattr(c, f"corrupt_{tier}") + 1)
-        if self.index.get(entry.key) is not entry or not entry.readable:
-            return 0
         if self._repair(entry, tier):
             c.repaired += 1
             return 0

@@ -13,8 +13,10 @@ the sum (the hash time: ~3 ms for a 32 MiB chunk) in which a scribble would be s
 
 The chunk is readable at once; what waits for its sum is what carries the sum: the write-back to disk and the put
 to the remote store start when it is known (``Store.checksummed``), and a get that asks for verification waits
-for it (``waits``). While a sum is taken the slot is held (``Store.begin_check``), so it cannot be reused under
-the hash.
+for it (``waits``). A slot being summed is not held: puts back to back must be able to evict the previous
+put's chunks at once (holding them made a small tier full of chunks being summed). A chunk that left its slot
+while its sum was taken (evicted, or moved) gets no sum from that job: a hash of a reused slot is never kept.
+Re-checks (``check_host``) do hold the slot (``Store.begin_check``): a false alarm there would drop a chunk.
 
 ``check_host`` re-hashes host slots (for a scrub, a client's report of a bad view, or before a copy to the GPU
 tier) and hands copies that fail to the Store's damage path (``damage.py``).
@@ -62,26 +64,29 @@ class Integrity:
             return
         assert self._loop is not None
         views = [self.store.host.read(e.host_offset, e.size) for e in entries]
-        self.store.begin_check(entries)
+        offsets = [e.host_offset for e in entries]
         fut = self._loop.run_in_executor(self.pool, _sums, views)
         for entry in entries:
             self.pending[entry.key] = fut
-        fut.add_done_callback(lambda f: self._summed(entries, f))
+        fut.add_done_callback(lambda f: self._summed(entries, offsets, f))
 
-    def _summed(self, entries: list[Entry], fut: asyncio.Future) -> None:
+    def _summed(self, entries: list[Entry], offsets: list[int | None], fut: asyncio.Future) -> None:
         for entry in entries:
             if self.pending.get(entry.key) is fut:
                 del self.pending[entry.key]
-        self.store.end_check(entries)
         if fut.cancelled() or fut.exception() is not None:
             logs.error("checksum_failed", error=repr(None if fut.cancelled() else fut.exception()))
             return
         c = self.store.integrity
-        for entry, value in zip(entries, fut.result()):
+        summed = []
+        for entry, offset, value in zip(entries, offsets, fut.result()):
+            if entry.host_offset != offset or self.store.index.get(entry.key) is not entry:
+                continue   # it left the slot while the hash read it: the value may be another chunk's bytes
             entry.checksum = value
+            summed.append(entry)
             c.sums += 1
             c.sum_bytes += entry.size
-        self.store.checksummed(entries)
+        self.store.checksummed(summed)
 
     def waits(self, keys: Sequence[bytes]) -> list[asyncio.Future]:
         """The sum jobs still running for any of ``keys``."""
