@@ -13,10 +13,13 @@ the sum (the hash time: ~3 ms for a 32 MiB chunk) in which a scribble would be s
 
 The chunk is readable at once; what waits for its sum is what carries the sum: the write-back to disk and the put
 to the remote store start when it is known (``Store.checksummed``), and a get that asks for verification waits
-for it (``waits``). A slot being summed is not held: puts back to back must be able to evict the previous
-put's chunks at once (holding them made a small tier full of chunks being summed). A chunk that left its slot
-while its sum was taken (evicted, or moved) gets no sum from that job: a hash of a reused slot is never kept.
-Re-checks (``check_host``) do hold the slot (``Store.begin_check``): a false alarm there would drop a chunk.
+for it (``waits``). With a disk tier, summing is the first step of write-back: the slot is held as a slot being
+written is (``Store.begin_check``: not evicted, so a chunk is not lost between its commit and its write), and its
+bytes count as waiting for write-back (``Store.dirty_bytes``), so puts feel the write-back's back-pressure from
+commit on (``manager.py``). Without one, the slot is not held: puts back to back must be able to evict the
+previous put's chunks at once. Either way a chunk that left its slot while its sum was taken gets no sum from
+that job: a hash of a reused slot is never kept. Re-checks (``check_host``) always hold the slot: a false alarm
+there would drop a chunk.
 
 ``check_host`` re-hashes host slots (for a scrub, a client's report of a bad view, or before a copy to the GPU
 tier) and hands copies that fail to the Store's damage path (``damage.py``).
@@ -65,15 +68,29 @@ class Integrity:
         assert self._loop is not None
         views = [self.store.host.read(e.host_offset, e.size) for e in entries]
         offsets = [e.host_offset for e in entries]
+        self._count_waiting(entries, 1)
+        if self.store.disk is not None:
+            self.store.begin_check(entries)
         fut = self._loop.run_in_executor(self.pool, _sums, views)
+        done = self._loop.create_future()   # resolved once the sums are set (not merely computed)
         for entry in entries:
-            self.pending[entry.key] = fut
-        fut.add_done_callback(lambda f: self._summed(entries, offsets, f))
+            self.pending[entry.key] = done
+        fut.add_done_callback(lambda f: self._summed(entries, offsets, f, done))
 
-    def _summed(self, entries: list[Entry], offsets: list[int | None], fut: asyncio.Future) -> None:
-        for entry in entries:
-            if self.pending.get(entry.key) is fut:
-                del self.pending[entry.key]
+    def _summed(self, entries: list[Entry], offsets: list[int | None], fut: asyncio.Future,
+                done: asyncio.Future) -> None:
+        try:
+            self._take_sums(entries, offsets, fut)
+        finally:
+            for entry in entries:
+                if self.pending.get(entry.key) is done:
+                    del self.pending[entry.key]
+            done.set_result(None)
+
+    def _take_sums(self, entries: list[Entry], offsets: list[int | None], fut: asyncio.Future) -> None:
+        self._count_waiting(entries, -1)
+        if self.store.disk is not None:
+            self.store.end_check(entries)
         if fut.cancelled() or fut.exception() is not None:
             logs.error("checksum_failed", error=repr(None if fut.cancelled() else fut.exception()))
             return
@@ -87,6 +104,10 @@ class Integrity:
             c.sums += 1
             c.sum_bytes += entry.size
         self.store.checksummed(summed)
+
+    def _count_waiting(self, entries: list[Entry], sign: int) -> None:
+        if self.store.disk is not None:
+            self.store.dirty_bytes += sign * sum(e.size for e in entries)
 
     def waits(self, keys: Sequence[bytes]) -> list[asyncio.Future]:
         """The sum jobs still running for any of ``keys``."""
