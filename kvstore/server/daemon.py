@@ -151,6 +151,7 @@ class Daemon:
                 self._curve.start(self._ctx)
                 take(self._curve.stop)
             self._bind("tcp", "tcp://" + self.config.tcp)
+        self._start_metrics()   # a port in use is a start-up failure like any other
 
     def _bind(self, transport: str, address: str) -> None:
         sock = self._ctx.socket(zmq.ROUTER)
@@ -198,7 +199,6 @@ class Daemon:
             self.manager.start(loop)
         if self.remote is not None:
             self.remote.start(loop)
-        self._start_metrics()
         self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks) for t, s in self._sockets]
         for reactor in self._reactors:
             reactor.start()
