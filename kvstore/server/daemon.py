@@ -44,7 +44,6 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from .. import logs
-from .._version import __version__
 from ..config import ServerConfig
 from ..errors import ConfigError, InternalError, RequestError, UnavailableError, VersionError
 from ..metrics.collector import StatsCollector
