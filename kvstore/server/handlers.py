@@ -183,7 +183,7 @@ def handle_delete(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
 
 
 def handle_clear(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
-    return [ok_reply(h["id"], cleared=d.store.clear())]
+    return [ok_reply(h["id"], cleared=d.store.clear(s.namespace))]   # the caller's namespace only
 
 
 def handle_stats(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
