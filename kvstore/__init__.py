@@ -12,7 +12,8 @@
 from ._version import __version__
 from .client.client import Client, Lease, LookupResult, connect
 from .errors import (
-    BadRequestError, ConfigError, DaemonUnavailable, InternalError, KVStoreError, LeaseError, LimitError,
+    BadRequestError, ConfigError, DaemonUnavailable, IncompatibleError, InternalError, KVStoreError, LeaseError,
+    LimitError,
     NotFoundError, PermissionDeniedError, RequestError, ReservationError, StoreFullError, UnavailableError,
     UnknownOpError, VersionError,
 )
@@ -22,5 +23,5 @@ __all__ = [
     "__version__", "connect", "Client", "Lease", "LookupResult", "chunk_keys",
     "KVStoreError", "ConfigError", "DaemonUnavailable", "RequestError", "BadRequestError", "UnknownOpError",
     "VersionError", "LimitError", "StoreFullError", "NotFoundError", "LeaseError", "ReservationError",
-    "PermissionDeniedError", "UnavailableError", "InternalError",
+    "PermissionDeniedError", "UnavailableError", "InternalError", "IncompatibleError",
 ]

@@ -239,6 +239,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu_mem", lambda v, n: parse_size(v, n), lambda: 0,
             "size of the GPU HBM tier (0: none); needs a CUDA GPU", "SIZE"),
     Setting("gpu_device", _read_gpu_device, lambda: 0, "CUDA device index of the GPU tier", "N"),
+    Setting("scrub_rate", lambda v, n: parse_size(v, n), lambda: 0,
+            "background scrub: check every chunk's copies at this many bytes per second (0: off)", "BYTES"),
     Setting("curve_server_key", _read_str, lambda: "",
             "the daemon's CURVE .key_secret file (from `kvstore keygen`): encrypt and authenticate --tcp", "FILE"),
     Setting("curve_client_keys", _read_str, lambda: "",
@@ -270,6 +272,7 @@ class ServerConfig:
     shutdown_timeout: float
     gpu_mem: int
     gpu_device: int
+    scrub_rate: int
     curve_server_key: str
     curve_client_keys: str
 
@@ -287,7 +290,7 @@ class ServerConfig:
             return "auto"
         if name == "remote":
             return redact_url(value)
-        sized = ("host_mem", "max_chunk", "gpu_mem", "disk_size", "disk_queue")
+        sized = ("host_mem", "max_chunk", "gpu_mem", "disk_size", "disk_queue", "scrub_rate")
         return format_size(value).replace(" ", "") if name in sized else str(value)
 
     @property

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from ..config import default_socket
 from ..errors import DaemonUnavailable, LeaseError, VersionError
+from ..keys import KEY_SCHEME
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
 from ..protocol.wire import PROTOCOL_VERSION, Op
@@ -128,7 +129,8 @@ class Client:
     def __init__(self, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, timeout: float = 5.0,
                  client_id: str | None = None, use_arena: bool | None = None,
-                 curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False) -> None:
+                 curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False,
+                 key_scheme: str = KEY_SCHEME, hash_seed: int = 0) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
             raise ValueError(f"address must start with ipc:// or tcp://, got {self.address!r}")
@@ -137,6 +139,8 @@ class Client:
         self.namespace = namespace
         self.chunk_tokens = chunk_tokens
         self.client_id = client_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # How this client's keys are made: a daemon holding chunks of the namespace made otherwise refuses it.
+        self.key_scheme, self.hash_seed = key_scheme, hash_seed
         self.use_arena = self.address.startswith("ipc://") if use_arena is None else use_arena
         self._transport = Transport(self.address, timeout, curve)
         self._arena: SharedArena | None = None
@@ -159,6 +163,7 @@ class Client:
             "op": Op.HELLO, "version": PROTOCOL_VERSION, "namespace": self.namespace,
             "client_id": self.client_id, "chunk_tokens": self.chunk_tokens,
             "pid": pid, "pid_start": pid_start, "arena": self.use_arena, "gpu": self.want_gpu,
+            "key_scheme": self.key_scheme, "hash_seed": self.hash_seed,
         })
         self.server_info = header
         arena = header.get("arena")
@@ -283,24 +288,56 @@ class Client:
         header, _ = self._call({"op": Op.PUT_INLINE, "keys": list(keys), "parent": parent}, payloads)
         return int(header["committed"])
 
-    def get(self, keys: Sequence[bytes]) -> Lease:
+    def get(self, keys: Sequence[bytes], verify: bool = False) -> Lease:
         """Lease the longest stored prefix of ``keys``; ``len(lease.views) <= len(keys)``.
 
         Use as ``with client.get(keys) as views:``. Over ipc:// the views are zero-copy windows on the shared
-        arena, valid until the lease is released; over tcp:// they are the received frames.
+        arena, valid until the lease is released; over tcp:// they are the received frames. ``verify``: check
+        every view against the chunk's checksum and hand out only the leading run that matches (see
+        ``client/verify.py``); a chunk that fails is a miss, reported to the daemon.
         """
         if not keys:
             return Lease(self, 0, [])
         sent = time.monotonic()
         header, payload = self._call({"op": Op.GET, "keys": list(keys), "inline": self._arena_view is None,
-                                      "gpu": self._gpu_pool is not None})
+                                      "gpu": self._gpu_pool is not None and not verify, "verify": verify})
         slots = header["slots"]
         if self._arena_view is None:
-            return Lease(self, 0, [frame.buffer for frame in payload])
-        tiers = header.get("tiers") or ["host"] * len(slots)
-        views = [self._gpu_pool.view(off, size) if tier == "gpu" and self._gpu_pool is not None
-                 else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
-        return Lease(self, int(header["lease"]), views, list(tiers), sent + float(header.get("ttl", math.inf)))
+            lease = Lease(self, 0, [frame.buffer for frame in payload])
+        else:
+            tiers = header.get("tiers") or ["host"] * len(slots)
+            views = [self._gpu_pool.view(off, size) if tier == "gpu" and self._gpu_pool is not None
+                     else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
+            lease = Lease(self, int(header["lease"]), views, list(tiers),
+                          sent + float(header.get("ttl", math.inf)))
+        return self._verified(lease, list(keys), header.get("sums", [])) if verify else lease
+
+    def _verified(self, lease: Lease, keys: list[bytes], sums: list[int | None]) -> Lease:
+        from .verify import verified_prefix
+
+        good, failed = verified_prefix(lease.views, sums)
+        if failed:
+            self._call({"op": Op.CORRUPT, "keys": [keys[i] for i in failed]})
+        for view in lease.views[good:]:
+            if isinstance(view, memoryview):
+                view.release()
+        lease.views, lease.tiers = lease.views[:good], lease.tiers[:good]
+        return lease
+
+    def scrub(self, rate: int = 0, timeout: float = 3600.0) -> dict[str, Any]:
+        """Have the daemon check every copy of every chunk now (at most ``rate`` bytes/s, 0: no bound); its
+        counts per tier. Waits up to ``timeout`` seconds."""
+        header, _ = self._transport.call({"op": Op.SCRUB, "rate": rate}, timeout=timeout)
+        return header["scrub"]
+
+    def report_verify(self, namespace: str, keys: Sequence[bytes], checks: int, mismatches: int,
+                      max_difference: float, first_bad: int | None = None) -> int:
+        """Tell the daemon how computed KV compared with its chunks ``keys``; a mismatch makes it drop the chain
+        from ``keys[first_bad]``. Returns the chunks it dropped."""
+        header, _ = self._call({"op": Op.VERIFY, "namespace": namespace, "keys": list(keys), "checks": checks,
+                                "mismatches": mismatches, "max_difference": float(max_difference),
+                                "first_bad": first_bad})
+        return int(header["dropped"])
 
     def delete(self, keys: Sequence[bytes]) -> int:
         if not keys:

@@ -60,6 +60,7 @@ from ..tiers.host import HostTier
 from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor
+from .safeguards import Safeguards
 from .session import Session
 from .stats import daemon_stats
 from .startup import Claims, check_socket_path, check_writable_dir, exclusive_lock, remove_stale_socket
@@ -101,6 +102,7 @@ class Daemon:
         self.gpu_mover: GpuMover | None = None
         self.gpu_hello: dict[str, Any] | None = None   # the HELLO reply's "gpu" field (exported once)
         self.remote: RemoteMover | None = None
+        self.safeguards: Safeguards  # set in open(): checksums, scrubs, verification, key parameters
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -141,6 +143,8 @@ class Daemon:
         if self.config.remote:
             self.remote = RemoteMover(self.store, open_remote(self.config, arena, claims), self.config.chunk_limit)
             take(lambda: self.remote.close(self._remote_close_wait))   # its workers use the arena
+        self.safeguards = Safeguards(self.store, self.manager, self.config.scrub_rate)
+        take(self.safeguards.close)   # its worker hashes arena slots: before the arena is unmapped
         take(self._remove_socket_file)   # after the ipc socket is closed (registered below)
         self._bind("ipc", "ipc://" + path)
         claims.leftovers.append(path)
@@ -201,7 +205,8 @@ class Daemon:
         self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks) for t, s in self._sockets]
         for reactor in self._reactors:
             reactor.start()
-        background = [asyncio.create_task(self._sweep_loop())]
+        background = [asyncio.create_task(self._sweep_loop()),
+                      *self.safeguards.start(loop, self.remote, self.gpu_mover)]
         if self.gpu_mover is not None:
             background.append(self.gpu_mover.start(loop))
         interval = watchdog_interval()

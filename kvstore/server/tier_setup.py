@@ -47,7 +47,8 @@ def rebuild_index(store: Store, disk: DiskTier) -> None:
     found = disk.scan()
     adopted = 0
     for header, _mtime in sorted(found.chunks, key=lambda c: c[1]):
-        if store.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len)):
+        if store.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len),
+                       header.payload_sum if header.raw_sum else None, header.parent):
             adopted += 1
         else:
             disk.remove(header.key)  # over a lowered cap, or a duplicate
