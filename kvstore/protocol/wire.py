@@ -12,6 +12,9 @@ Requests are matched to replies by ``id`` alone, so a client may have many reque
 may answer them out of order. The first request of a connection must be HELLO (protocol version, namespace,
 client id); every other request before it gets a VersionError reply.
 
+Keys travel either as a list of 16-byte bins or packed into one bin of 16 × n bytes (the client's form on the hot
+operations: one msgpack object instead of n, cheaper to encode, decode and validate).
+
 Adding an operation: append a new member to ``Op`` (never renumber or reuse a value), add its argument schema
 to ``kvstore/protocol/messages.py``, its handler in ``kvstore/server/handlers.py``, and a client method.
 Error codes live in ``kvstore/errors.py`` and are append-only too.
@@ -50,6 +53,7 @@ class Op(enum.IntEnum):
     CLEAR = 11
     PUT_INLINE = 12
     EXTEND = 13
+    LOOKUP_SEEN = 14   # lookups a client answered from the shared index: touch and count them (client/shared_index.py)
 
 
 def _check_unique_ops() -> None:

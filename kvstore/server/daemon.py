@@ -48,7 +48,9 @@ from ..metrics.collector import StatsCollector
 from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, op_of, request_id_of
+from ..protocol.index_layout import REMOTE, supported as shared_index_supported
 from ..store.gpu_mover import GpuMover
+from ..store.published_index import PublishedIndex, index_path_for
 from ..store.manager import TierManager
 from ..store.remote_mover import RemoteMover
 from ..security.curve import ServerCurve
@@ -98,6 +100,7 @@ class Daemon:
         self.gpu_mover: GpuMover | None = None
         self.gpu_hello: dict[str, Any] | None = None   # the HELLO reply's "gpu" field (exported once)
         self.remote: RemoteMover | None = None
+        self.index: PublishedIndex | None = None       # the lookup index clients read in shared memory
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -112,6 +115,7 @@ class Daemon:
             raise
         self.store = Store(HostTier(arena), self.config.lease_ttl, self.config.reserve_ttl, disk=self._open_disk(),
                            gpu=gpu, policy=self.config.eviction_policy)
+        self._open_index()
         if gpu is not None:
             self.gpu_mover = GpuMover(self.store, gpu)
             self.gpu_hello = gpu.hello_info()
@@ -127,6 +131,17 @@ class Daemon:
                 self._curve = ServerCurve(self.config.curve_server_key, self.config.curve_client_keys)
                 self._curve.start(self._ctx)
             self._bind("tcp", "tcp://" + self.config.tcp)
+
+    def _open_index(self) -> None:
+        """Publish the lookup index in shared memory (x86-64 only: see protocol/index_layout.py)."""
+        if shared_index_supported():
+            self.index = PublishedIndex(index_path_for(self.config.socket), self.config.host_mem >> 16)
+            self.index.set_flag(REMOTE, bool(self.config.remote))
+            self.store.published = self.index
+
+    @property
+    def index_path(self) -> str | None:
+        return self.index.path if self.index is not None else None
 
     def _open_gpu(self, arena: SharedArena) -> Any:
         """The GPU tier on ``cuda:N`` (or on cpu under the testing switch, ``gpu/settings.py``), or None."""
@@ -247,6 +262,9 @@ class Daemon:
                 self.gpu_mover.close()
             if self.store.gpu is not None:
                 self.store.gpu.close()   # unpins the arena: before the arena is unmapped
+            if self.index is not None:
+                self.store.published = None
+                self.index.close()
             self.store.host.close()
         if self._disk_lock_fd is not None:
             os.close(self._disk_lock_fd)
@@ -310,6 +328,8 @@ class Daemon:
         deadline = loop.time() + timeout
         _arm_hard_stop(2 * timeout + 1)
         self.stopping = True
+        if self.index is not None:
+            self.index.close_to_readers()   # lookups go to the socket, which refuses them
         notify("STOPPING=1", "STATUS=stopping")
         self._remove_socket_file()  # no new local client can connect from here on
         logs.info("stopping", sessions=len(self.sessions), leases=len(self.store.leases),
@@ -427,6 +447,8 @@ class Daemon:
             self.sweep()
 
     def sweep(self) -> None:
+        if self.index is not None:
+            self.index.beat()
         if self.manager is not None:
             self.store.rebalance()
             self.manager.check_space()

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 from ..errors import LeaseError, ReservationError, StoreFullError
 from ..tiers.disk import DiskTier
 from ..tiers.host import HostTier
+from ..protocol.index_layout import STATE_OF_TIER
 from .entry import DiskState, Entry, State
 from .policies import DEFAULT_POLICY, make_queue
 from .handles import Handle, HandleTable
@@ -114,6 +115,14 @@ class DiskIo(Protocol):
     def remove_file(self, key: bytes, quarantine: str | None = None) -> None: ...
 
 
+class IndexSink(Protocol):
+    """Where the Store publishes each key's readable state for clients (``published_index.py``)."""
+
+    def set(self, key: bytes, state: int) -> None: ...
+
+    def remove(self, key: bytes) -> None: ...
+
+
 class RemoteSink(Protocol):
     """What the Store tells the remote mover: these chunks were just committed by a put."""
 
@@ -163,6 +172,7 @@ class Store:
         self.dirty_bytes = 0                 # bytes queued or being written
         self.io: DiskIo | None = None        # set by the tier manager
         self.remote: RemoteSink | None = None   # set by the remote mover
+        self.published: IndexSink | None = None   # the shared lookup index, when the daemon publishes one
         self.tier_counters = TierCounters()
         self.disk_full_reason = ""           # set when the filesystem said ENOSPC; puts fail until cleared
         self.disk_full_need = 0              # free bytes that clear it (checked by the tier manager)
@@ -188,14 +198,22 @@ class Store:
 
     def lookup(self, keys: Sequence[bytes]) -> LookupResult:
         found = self.leading(keys)
+        self._touch_looked_up(found, len(keys), len(found))
+        return LookupResult(len(found), [top_tier(e) for e in found])
+
+    def note_lookup(self, asked: int, found_keys: Sequence[bytes]) -> None:
+        """A lookup a client answered from the shared index (``found_keys`` leading keys of ``asked``): touch the
+        chain, or what is left of it, and count the lookup as ``lookup`` would have."""
+        self._touch_looked_up(self.leading(found_keys), asked, len(found_keys))
+
+    def _touch_looked_up(self, found: list[Entry], asked: int, hits: int) -> None:
         self.lru.touch_chain(found)
-        c = self.counters
-        c.lookups += 1
-        c.lookup_keys += len(keys)
-        c.hit_keys += len(found)
         self.disk_lru.touch_chain(found)
         self.gpu_lru.touch_chain(found)
-        return LookupResult(len(found), [top_tier(e) for e in found])
+        c = self.counters
+        c.lookups += 1
+        c.lookup_keys += asked
+        c.hit_keys += hits
 
     # -- two-phase put --------------------------------------------------------------------------------------
     def reserve(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
@@ -233,6 +251,7 @@ class Store:
         res = self.reservations.take(owner, rid).payload
         for entry in res.entries:
             entry.state = State.COMMITTED
+            self._sync(entry.key)
         self.lru.add_chain(res.entries)
         self._queue_writes(res.entries)
         if self.remote is not None and res.entries:
@@ -343,6 +362,7 @@ class Store:
         entry = Entry(key, size, namespace, None, State.COMMITTED, disk=DiskState.STORED, disk_bytes=footprint)
         self.index[key] = entry
         self.disk_lru.add_newest(entry)
+        self._sync(key)
         return True
 
     def next_write(self) -> Entry | None:
@@ -414,6 +434,7 @@ class Store:
         tc = self.tier_counters
         if error is None and not entry.doomed:
             entry.host_offset = offset
+            self._sync(entry.key)
             self.lru.add_chain([entry])
             self.disk_lru.add_chain([entry])
             tc.promotions_disk_host += 1
@@ -435,6 +456,7 @@ class Store:
                 self.lru.remove(entry)
             self._drop_disk_copy(entry, quarantine=str(error) if bad else None)
             entry.doomed = True
+            self._sync(entry.key)
         self._release_if_idle(entry)
         return False
 
@@ -496,6 +518,7 @@ class Store:
         good = list(entries[:loaded])
         for entry in good:
             entry.state = State.COMMITTED
+            self._sync(entry.key)
         self.lru.add_chain(good)
         self._queue_writes(good)
         self._drop_reserved(list(entries[loaded:]))
@@ -505,6 +528,18 @@ class Store:
         return len(good)
 
     # -- internals: the one place each resource is taken and given back ---------------------------------------
+    def _sync(self, key: bytes) -> None:
+        """Publish ``key``'s readable state as it is now (called after every change to it): its fastest tier, or
+        gone. Read from the index rather than from a changed entry, since a doomed entry freed late must not
+        unlist the new chunk stored under its key since."""
+        if self.published is None:
+            return
+        entry = self.index.get(key)
+        if entry is not None and entry.readable:
+            self.published.set(key, STATE_OF_TIER[top_tier(entry)])
+        else:
+            self.published.remove(key)
+
     def _queue_writes(self, entries: list[Entry]) -> None:
         """Queue newly committed chunks for write-back to the disk tier (commit order: prefixes first)."""
         if self.disk is None or not entries:
@@ -554,6 +589,7 @@ class Store:
 
     def _evict(self, entry: Entry) -> None:
         del self.index[entry.key]
+        self._sync(entry.key)
         self.disk_lru.remove(entry)
         self._forget_disk(entry)
         self._free(entry)
@@ -586,6 +622,7 @@ class Store:
         self._drop_disk_copy(entry)
         if entry.host_offset is None and entry.gpu_offset is None and entry.loading is None and not entry.doomed:
             del self.index[entry.key]
+            self._sync(entry.key)
             self.lru.remove(entry)
             self.counters.evictions += 1
             self.counters.evicted_bytes += entry.size
@@ -624,12 +661,14 @@ class Store:
         if entry.host_offset is not None:
             self.host.free(entry.host_offset)
             entry.host_offset = None
+            self._sync(entry.key)
 
     def _free_gpu(self, entry: Entry) -> None:
         if entry.gpu_offset is not None:
             assert self.gpu is not None
             self.gpu.free(entry.gpu_offset)
             entry.gpu_offset = None
+            self._sync(entry.key)
             entry.hits = 0   # back up only on new repeated hits: a demoted chunk must not bounce straight back
             self.gpu_lru.remove(entry)
 
@@ -641,6 +680,7 @@ class Store:
 
     def _remove_committed(self, entry: Entry) -> None:
         del self.index[entry.key]
+        self._sync(entry.key)
         self.lru.remove(entry)
         self.disk_lru.remove(entry)
         self.gpu_wanted.pop(entry.key, None)
@@ -696,6 +736,7 @@ class Store:
                 self._release_if_idle(entry)
             return False
         entry.gpu_offset = offset
+        self._sync(entry.key)
         if entry.pins == 0:
             self.gpu_lru.add_chain([entry])
         self.tier_counters.promotions_host_gpu += 1
@@ -742,6 +783,7 @@ class Store:
                 self.gpu_lru.push_oldest([entry])
             return
         entry.host_offset = offset
+        self._sync(entry.key)
         self.tier_counters.gpu_copies_down += 1
         if entry.pins == 0:
             self.lru.add_chain([entry])
