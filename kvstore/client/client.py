@@ -24,11 +24,13 @@ from ..errors import DaemonUnavailable, KVStoreError, VersionError
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
 from ..protocol.messages import wire_keys
+from ..protocol.stream import SUFFIX as STREAM_SUFFIX
 from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
 from ..tiers.arena import SharedArena
 from .buffers import copy_into, nbytes_of
 from .shared_index import SeenNotes, SharedIndexView
+from .stream_transport import StreamLost, StreamTransport
 from .transport import Transport
 
 DEFAULT_NAMESPACE = "default"
@@ -97,7 +99,7 @@ class Client:
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, timeout: float = 5.0,
                  client_id: str | None = None, use_arena: bool | None = None,
                  curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False,
-                 shared_index: bool = True) -> None:
+                 shared_index: bool = True, stream: bool = True) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
             raise ValueError(f"address must start with ipc:// or tcp://, got {self.address!r}")
@@ -107,7 +109,11 @@ class Client:
         self.chunk_tokens = chunk_tokens
         self.client_id = client_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.use_arena = self.address.startswith("ipc://") if use_arena is None else use_arena
-        self._transport = Transport(self.address, timeout, curve)
+        self._zmq = Transport(self.address, timeout, curve)
+        self._transport: Transport | StreamTransport = self._zmq   # where requests go: the stream when there is one
+        # Local clients send their requests on the daemon's stream socket (protocol/stream.py) when it has one
+        self.want_stream = stream and self.use_arena and self.address.startswith("ipc://")
+        self.timeout = timeout
         self._arena: SharedArena | None = None
         self._arena_view: memoryview | None = None
         self._arena_file: tuple[int, int] | None = None
@@ -129,11 +135,15 @@ class Client:
     # -- session --------------------------------------------------------------------------------------------
     def _hello(self) -> None:
         pid, pid_start = self_identity()
-        header, _ = self._transport.call({
+        hello = {
             "op": Op.HELLO, "version": PROTOCOL_VERSION, "namespace": self.namespace,
             "client_id": self.client_id, "chunk_tokens": self.chunk_tokens,
             "pid": pid, "pid_start": pid_start, "arena": self.use_arena, "gpu": self.want_gpu,
-        })
+        }
+        header = self._hello_on_stream(hello)
+        if header is None:
+            self._transport = self._zmq
+            header, _ = self._zmq.call(hello)
         self.server_info = header
         arena = header.get("arena")
         # A restarted daemon makes a new arena file under the same path: compare the file, not just its name,
@@ -152,6 +162,26 @@ class Client:
             from ..gpu.engine import pin_mapping  # torch: only for clients that ask for pinning
 
             self._pinned = pin_mapping(self._arena.buf, self._arena.size)
+
+    def _hello_on_stream(self, hello: dict[str, Any]) -> dict[str, Any] | None:
+        """Say hello on the daemon's stream socket and send everything there from now on; None when there is
+        none to use (not a local client, no such socket, or it refused us): ZeroMQ then carries the requests."""
+        if self._transport is not self._zmq:
+            self._transport.close()
+            self._transport = self._zmq
+        if not self.want_stream:
+            return None
+        try:
+            stream = StreamTransport(self.address[len("ipc://"):] + STREAM_SUFFIX, self.timeout)
+        except OSError:
+            return None
+        try:
+            header, _ = stream.call(hello)
+        except KVStoreError:
+            stream.close()
+            return None
+        self._transport = stream
+        return header
 
     def _attach_index(self, path: str | None) -> None:
         """Map the daemon's lookup index; a restarted daemon has a new file under the same name."""
@@ -212,10 +242,10 @@ class Client:
             self._send_seen()   # first, so that this request sees those lookups' effect
         try:
             return self._transport.call(header, payloads)
-        except VersionError:
+        except (VersionError, StreamLost):
             if not retry:
                 raise
-            self._hello()  # the daemon restarted and forgot us
+            self._hello()  # the daemon restarted and forgot us (or closed our stream)
             return self._transport.call(header, payloads)
 
     # -- keys -----------------------------------------------------------------------------------------------
@@ -333,7 +363,9 @@ class Client:
                 self._transport.call({"op": Op.LOOKUP_SEEN, **note}, timeout=1.0)
             except KVStoreError:
                 pass
-        self._transport.close()
+        if self._transport is not self._zmq:
+            self._transport.close()
+        self._zmq.close()
         self._detach_index()
         self._detach_arena()
 

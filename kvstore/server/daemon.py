@@ -62,6 +62,7 @@ from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor
 from .session import Session
+from .stream import SUFFIX as STREAM_SUFFIX, StreamServer
 
 SWEEP_INTERVAL = 0.25
 REMOTE_NAMESPACE = "kvstore"   # store-wide: chunk keys already commit to each client's namespace
@@ -101,6 +102,7 @@ class Daemon:
         self.gpu_hello: dict[str, Any] | None = None   # the HELLO reply's "gpu" field (exported once)
         self.remote: RemoteMover | None = None
         self.index: PublishedIndex | None = None       # the lookup index clients read in shared memory
+        self.stream: StreamServer | None = None        # the local stream socket (server/stream.py)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -248,6 +250,8 @@ class Daemon:
         for _, sock in self._sockets:
             sock.close(linger=0)
         self._sockets.clear()
+        if self.stream is not None:
+            self.stream.remove_file()   # its connections were closed on the loop (shutdown)
         if self._curve is not None:
             self._curve.stop()
         self._ctx.term()
@@ -298,6 +302,7 @@ class Daemon:
         self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks) for t, s in self._sockets]
         for reactor in self._reactors:
             reactor.start()
+        await self._start_stream(loop)
         background = [asyncio.create_task(self._sweep_loop())]
         if self.gpu_mover is not None:
             background.append(self.gpu_mover.start(loop))
@@ -311,6 +316,20 @@ class Daemon:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+
+    async def _start_stream(self, loop: asyncio.AbstractEventLoop) -> None:
+        stream = StreamServer(self, self.config.socket + STREAM_SUFFIX)
+        if await stream.start(loop):
+            self.stream = stream
+
+    @property
+    def stream_path(self) -> str | None:
+        return self.stream.path if self.stream is not None and self.stream.listening else None
+
+    def track_task(self, task: asyncio.Task) -> None:
+        """A reply that had to wait runs as a task; stopping waits for these."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def on_ready(self) -> None:
         """The sockets accept requests: tell the service manager (a no-op without NOTIFY_SOCKET)."""
@@ -332,12 +351,16 @@ class Daemon:
             self.index.close_to_readers()   # lookups go to the socket, which refuses them
         notify("STOPPING=1", "STATUS=stopping")
         self._remove_socket_file()  # no new local client can connect from here on
+        if self.stream is not None:
+            self.stream.stop_accepting()
         logs.info("stopping", sessions=len(self.sessions), leases=len(self.store.leases),
                   reservations=len(self.store.reservations), timeout=timeout)
         while len(self.store.reservations) and loop.time() < deadline:
             await asyncio.sleep(0.01)  # puts being written get until the deadline to commit or abort
         for reactor in self._reactors:
             reactor.stop()  # what is already queued stays in the socket and is answered next
+        if self.stream is not None:
+            self.stream.pause()   # the stream has no queue: what it read was answered as it came
         answered = 0
         for reactor in self._reactors:
             answered += await reactor.answer_queued(deadline)
@@ -355,6 +378,8 @@ class Daemon:
             flushed = await self.manager.flush()
             logs.info("disk_flushed", complete=flushed, bytes=queued, seconds=round(time.monotonic() - started, 3))
         self._flush_store()
+        if self.stream is not None:
+            self.stream.close()
         logs.info("drained", answered=answered, unfinished_reservations=unfinished,
                   took_s=round(timeout - (deadline - loop.time()), 3))
 
@@ -376,14 +401,14 @@ class Daemon:
         return asyncio.run_coroutine_threadsafe(take(), loop).result(SNAPSHOT_TIMEOUT)
 
     # -- requests -------------------------------------------------------------------------------------------
-    async def _finish(self, routing_id: bytes, rid: int | None, op: Op, started: float, pending: Any) -> list[Any]:
+    async def _finish(self, rid: int | None, op: Op, started: float, pending: Any) -> list[Any]:
         """Await a handler that had to wait (disk reads, write-back back-pressure)."""
         try:
             reply = await pending
         except Exception as exc:
             reply = self._failure_reply(rid, exc)
         self.latency.observe(op, time.perf_counter() - started)
-        return [routing_id] + reply
+        return reply
 
     def _failure_reply(self, rid: int | None, exc: Exception) -> list[Any]:
         """The one place an exception becomes an error reply: request errors as they are, anything else as an
@@ -396,21 +421,27 @@ class Daemon:
         return [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
 
     def handle_message(self, transport: str, msg: list[Any]) -> Any:
-        """Handle one received multipart message; return the reply frames (routing id first), or a coroutine
-        returning them when the handler has to wait (it runs as a task; the loop keeps serving)."""
+        """Handle one received ZeroMQ multipart message; return the reply frames (routing id first), or a
+        coroutine returning them when the handler has to wait (it runs as a task; the loop keeps serving)."""
         if len(msg) < 2:
             return None  # nothing to answer: no routing id and header
         routing_id = msg[0].bytes
-        owner = transport[0].encode() + routing_id
+        reply = self.handle_request(transport, transport[0].encode() + routing_id, msg[1].buffer, msg[2:])
+        if asyncio.iscoroutine(reply):
+            return _routed(routing_id, reply)
+        return [routing_id] + reply
+
+    def handle_request(self, transport: str, owner: bytes, raw_header: Any, payload: list[Any]) -> Any:
+        """Handle one request of ``owner`` (whatever carried it); return the reply frames (header first), or a
+        coroutine returning them."""
         rid: int | None = None
         op: Op | None = None
         self.requests += 1
         started = time.perf_counter()
         try:
-            header = decode_header(msg[1].buffer)
+            header = decode_header(raw_header)
             rid = request_id_of(header)
             op = op_of(header)
-            payload = msg[2:]
             if self.stopping and op not in FINISHING_OPS:
                 raise UnavailableError("the daemon is shutting down; retry once it is back")
             if op is Op.HELLO:
@@ -422,12 +453,12 @@ class Daemon:
                     raise VersionError("send HELLO (protocol version and namespace) before any other request")
                 reply = HANDLERS[op](self, session, header, payload)
                 if asyncio.iscoroutine(reply):
-                    return self._finish(routing_id, rid, op, started, reply)
+                    return self._finish(rid, op, started, reply)
         except Exception as exc:
             reply = self._failure_reply(rid, exc)
         if op is not None:
             self.latency.observe(op, time.perf_counter() - started)
-        return [routing_id] + reply
+        return reply
 
     def _add_session(self, session: Session) -> None:
         old = self.sessions.get(session.owner)
@@ -457,10 +488,17 @@ class Daemon:
             logs.info("expired", leases=leases, reservations=reservations)
         for owner, session in list(self.sessions.items()):
             if session.process_gone():
-                del self.sessions[owner]
-                leases, reservations = self.store.drop_owner(owner)
-                logs.info("client_gone", client_id=session.client_id, pid=session.pid,
-                          leases=leases, reservations=reservations)
+                self.drop_session(owner, "process_gone")
+
+    def drop_session(self, owner: bytes, reason: str) -> None:
+        """A client is gone (its process died, or its stream closed): drop its pins now."""
+        session = self.sessions.pop(owner, None)
+        if session is None:
+            return
+        leases, reservations = self.store.drop_owner(owner)
+        if leases or reservations or reason != "connection_closed":
+            logs.info("client_gone", client_id=session.client_id, pid=session.pid, reason=reason,
+                      leases=leases, reservations=reservations)
 
     def stats(self) -> dict[str, Any]:
         usage = self.store.host.usage()
@@ -498,6 +536,10 @@ class Daemon:
             tiers = {"gpu": {"capacity_bytes": used.capacity_bytes, "used_bytes": used.used_bytes,
                              "chunks": used.chunks, "device": str(gpu.device)}, **tiers}
         return tiers
+
+
+async def _routed(routing_id: bytes, pending: Any) -> list[Any]:
+    return [routing_id] + await pending
 
 
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:

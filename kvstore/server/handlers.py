@@ -220,6 +220,7 @@ def hello_reply(d: "Daemon", owner: bytes, transport: str, h: dict) -> tuple[Ses
         "server_version": __version__,
         "arena": {"path": d.store.host.arena.path, "size": d.store.host.arena.size} if arena else None,
         "index": d.index_path if arena else None,
+        "stream": d.stream_path if arena else None,
         "gpu": d.gpu_hello if arena and req.want_gpu else None,
         "lease_ttl": d.store.lease_ttl,
         "reserve_ttl": d.store.reserve_ttl,
