@@ -156,7 +156,9 @@ class Client:
             self._arena_view = self._arena.view()
         elif not arena:
             self._detach_arena()
-        self._attach_index(header.get("index") if self.want_shared_index else None)
+        # The index is read only while our stream to its writer is open: a daemon that died shows there at once
+        on_stream = isinstance(self._transport, StreamTransport)
+        self._attach_index(header.get("index") if self.want_shared_index and on_stream else None)
         self._attach_gpu(header.get("gpu") if self._arena is not None else None)
         if self.pin_arena and self._pinned is None and self._arena is not None:
             from ..gpu.engine import pin_mapping  # torch: only for clients that ask for pinning
@@ -169,6 +171,7 @@ class Client:
         if self._transport is not self._zmq:
             self._transport.close()
             self._transport = self._zmq
+            self._detach_index()   # read only while on a stream (see _hello)
         if not self.want_stream:
             return None
         try:
@@ -242,11 +245,15 @@ class Client:
             self._send_seen()   # first, so that this request sees those lookups' effect
         try:
             return self._transport.call(header, payloads)
-        except (VersionError, StreamLost):
+        except StreamLost as exc:
+            self._hello()  # the daemon restarted (or stopped: DaemonUnavailable from here)
+            if not retry:  # as on ZeroMQ, where the request would have reached a daemon that never met us
+                raise VersionError(f"the daemon restarted before this request reached it ({exc})") from exc
+        except VersionError:
             if not retry:
                 raise
-            self._hello()  # the daemon restarted and forgot us (or closed our stream)
-            return self._transport.call(header, payloads)
+            self._hello()  # the daemon restarted and forgot us
+        return self._transport.call(header, payloads)
 
     # -- keys -----------------------------------------------------------------------------------------------
     def chunk_keys(self, token_ids: Sequence[int] | Any, include_partial: bool = False,
@@ -272,7 +279,7 @@ class Client:
         shared index where it can answer (``client/shared_index.py``), else asked over the socket."""
         if not keys:
             return LookupResult(0, {})
-        if self._index is not None:
+        if self._index is not None and self._transport.alive():
             answer = self._index.lookup(keys, promote)
             if answer is not None:
                 count, tiers = answer

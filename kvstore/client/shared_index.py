@@ -4,8 +4,10 @@
 ``protocol/index_layout.py``) and returns the same answer the daemon's own walk would give — how many leading
 keys are stored and in which tier — or None when only the socket can answer correctly:
 
-* the view is stale or gone: the heartbeat is older than ``STALE_S``, the daemon is stopping (CLOSED), or the
-  table is being rebuilt (the epoch is odd or moved during the walk);
+* the view is stale or gone: the heartbeat is older than ``STALE_S`` (a stuck daemon), the daemon is stopping
+  (CLOSED), or the table is being rebuilt (the epoch is odd or moved during the walk). The client also reads
+  the view only while its stream connection to the daemon is open (``Client.lookup_tiers``): a daemon that
+  died closes it, which one non-blocking read sees at once, so a dead daemon's index never answers;
 * a slot kept changing under the reader, or a key sits past ``MAX_PROBE`` slots (the writer did not list it);
 * the lookup must start work in the daemon: a leading chunk only the disk tier holds (the daemon starts its
   promotion at lookup time), or a walk that stops short while a remote tier sits below (the daemon asks it).

@@ -102,6 +102,18 @@ class StreamTransport:
              timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
         return self.wait(self.send(header, payloads, timeout), timeout)
 
+    def alive(self) -> bool:
+        """Whether the daemon still holds its end (one non-blocking read: a dead daemon's end reads as closed).
+        Replies waiting in the socket are filed on the way."""
+        with self._lock:
+            if self.lost:
+                return False
+            try:
+                self._read_available()
+            except StreamLost:
+                return False
+            return True
+
     def close(self) -> None:
         self.lost = True
         self._sock.close()
