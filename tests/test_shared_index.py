@@ -9,6 +9,7 @@ import os
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -174,17 +175,22 @@ def test_seqlock_hides_slots_torn_by_a_concurrent_writer(index_path):
 
 # -- against a real daemon ------------------------------------------------------------------------------------
 
-def both(daemon, **kw):
-    shm = daemon.client(namespace="si", chunk_tokens=4, **kw)
-    sock = daemon.client(namespace="si", chunk_tokens=4, shared_index=False, **kw)
-    assert shm._index is not None and sock._index is None
-    return shm, sock
+@contextmanager
+def both(daemon):
+    """A client that reads the shared index and one that always asks the socket."""
+    shm = daemon.client(namespace="si", chunk_tokens=4)
+    sock = daemon.client(namespace="si", chunk_tokens=4, shared_index=False)
+    try:
+        assert shm._index is not None and sock._index is None
+        yield shm, sock
+    finally:
+        shm.close()
+        sock.close()
 
 
 def test_daemon_index_agrees_with_the_socket_through_puts_deletes_and_eviction(start_daemon):
     d = start_daemon("--host-mem", "8MiB", "--disk-size", "0")
-    shm, sock = both(d)
-    try:
+    with both(d) as (shm, sock):
         chains = [shm.chunk_keys(list(range(i * 1000, i * 1000 + 4 * 6))) for i in range(40)]
         for i, chain in enumerate(chains):
             shm.put(chain, [bytes([i]) * (64 << 10)] * len(chain))     # 40 × 384 KiB: evicts along the way
@@ -197,15 +203,11 @@ def test_daemon_index_agrees_with_the_socket_through_puts_deletes_and_eviction(s
         assert shm._index.answered > 0 and shm._index.deferred == 0
         stats = sock.stats()
         assert stats["counters"]["lookups"] >= 2 * 40
-    finally:
-        shm.close()
-        sock.close()
 
 
 def test_lookups_from_the_index_keep_the_chain_warm(start_daemon):
     d = start_daemon("--host-mem", "4MiB", "--disk-size", "0")
-    shm, sock = both(d)
-    try:
+    with both(d) as (shm, sock):
         size = 256 << 10
         warm = shm.chunk_keys(list(range(4 * 4)))
         cold = shm.chunk_keys(list(range(100, 100 + 4 * 4)))
@@ -217,15 +219,11 @@ def test_lookups_from_the_index_keep_the_chain_warm(start_daemon):
         shm.put(fill, [b"f" * size] * 10)          # 10 more chunks in a 16-chunk tier: the 2-4 oldest go
         assert sock.lookup(warm) == 4, "the chain looked up last must outlive the one never looked up"
         assert sock.lookup(cold) < 4            # the cold chain lost its deepest chunks
-    finally:
-        shm.close()
-        sock.close()
 
 
 def test_disk_only_chunks_are_looked_up_over_the_socket_which_promotes_them(start_daemon):
     d = start_daemon("--host-mem", "4MiB", "--disk-size", "64MiB")
-    shm, sock = both(d)
-    try:
+    with both(d) as (shm, sock):
         size = 256 << 10
         first = shm.chunk_keys(list(range(4 * 4)))
         shm.put(first, [b"1" * size] * 4)
@@ -242,15 +240,11 @@ def test_disk_only_chunks_are_looked_up_over_the_socket_which_promotes_them(star
         assert wait_for(lambda: shm.lookup_tiers(first, promote=False).tiers.get("host", 0) == 4)
         with shm.get(first) as views:
             assert [bytes(v[:1]) for v in views] == [b"1"] * 4
-    finally:
-        shm.close()
-        sock.close()
 
 
 def test_keys_the_table_cannot_list_are_answered_by_the_socket(start_daemon):
     d = start_daemon("--disk-size", "0")
-    shm, sock = both(d)
-    try:
+    with both(d) as (shm, sock):
         keys = colliding_keys(MAX_PROBE + 6)
         for key in keys:
             shm.put([key], [b"k" * 4096])
@@ -258,9 +252,6 @@ def test_keys_the_table_cannot_list_are_answered_by_the_socket(start_daemon):
         assert all(shm.lookup([key]) == 1 for key in keys)
         assert shm._index.deferred > deferred     # the last ones past MAX_PROBE: not listed, asked over the socket
         assert shm.lookup(keys[-1:] + [os.urandom(16)]) == 1
-    finally:
-        shm.close()
-        sock.close()
 
 
 def test_a_crashed_daemon_stops_answering_from_its_index(start_daemon):

@@ -96,16 +96,19 @@ def request_id_of(header: dict[str, Any]) -> int:
     return rid
 
 
+_OPS = {op.value: op for op in Op}   # a dict lookup: calling the enum costs about a microsecond a request
+
+
 def op_of(header: dict[str, Any]) -> Op:
     from ..errors import UnknownOpError
 
     op = header.get("op")
     if not isinstance(op, int) or isinstance(op, bool):
         raise BadRequestError("field 'op' must be an integer operation code")
-    try:
-        return Op(op)
-    except ValueError:
-        raise UnknownOpError(f"unknown operation code {op}; this daemon speaks protocol {PROTOCOL_VERSION}") from None
+    known = _OPS.get(op)
+    if known is None:
+        raise UnknownOpError(f"unknown operation code {op}; this daemon speaks protocol {PROTOCOL_VERSION}")
+    return known
 
 
 def ok_reply(rid: int, **results: Any) -> bytes:

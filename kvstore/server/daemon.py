@@ -427,7 +427,7 @@ class Daemon:
             return None  # nothing to answer: no routing id and header
         routing_id = msg[0].bytes
         reply = self.handle_request(transport, transport[0].encode() + routing_id, msg[1].buffer, msg[2:])
-        if asyncio.iscoroutine(reply):
+        if type(reply) is not list:
             return _routed(routing_id, reply)
         return [routing_id] + reply
 
@@ -452,7 +452,7 @@ class Daemon:
                 if session is None:
                     raise VersionError("send HELLO (protocol version and namespace) before any other request")
                 reply = HANDLERS[op](self, session, header, payload)
-                if asyncio.iscoroutine(reply):
+                if type(reply) is not list:   # a coroutine: the handler has to wait
                     return self._finish(rid, op, started, reply)
         except Exception as exc:
             reply = self._failure_reply(rid, exc)

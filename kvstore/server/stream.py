@@ -120,7 +120,7 @@ class StreamConnection(asyncio.Protocol):
 
     def _dispatch(self, header: bytes) -> None:
         reply = self.daemon.handle_request("ipc", self.owner, header, [])
-        if asyncio.iscoroutine(reply):
+        if type(reply) is not list:   # a coroutine: the handler has to wait
             task = asyncio.get_running_loop().create_task(self._reply_later(reply))
             self.daemon.track_task(task)
         else:
