@@ -14,13 +14,15 @@ DRAM as usual: the daemon copies GPU-only chunks down for readers that do not ma
 
 from __future__ import annotations
 
+import math
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import default_socket
-from ..errors import DaemonUnavailable, KVStoreError, VersionError
+from ..errors import DaemonUnavailable, KVStoreError, LeaseError, VersionError
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
 from ..protocol.messages import wire_keys
@@ -44,44 +46,76 @@ class LookupResult:
 
 
 class Lease:
-    """Zero-copy views of leased chunks; the chunks stay pinned until ``release`` (or the lease TTL).
+    """Zero-copy views of leased chunks; the chunks stay pinned until ``release``.
 
     A view is a memoryview of the shared arena, or — for a client that maps the GPU pool — a ``uint8`` tensor of
-    the pool for a chunk the GPU tier holds (``tiers[i]`` says which: "gpu" or "host")."""
+    the pool for a chunk the GPU tier holds (``tiers[i]`` says which: "gpu" or "host").
 
-    def __init__(self, client: "Client", lease_id: int, views: list[Any], tiers: list[str] | None = None) -> None:
+    The views never change under the reader without the reader learning it. A local client whose process the
+    daemon follows keeps its leases past the TTL for as long as it lives. Any other client (one in another pid
+    namespace) may lose a lease at its TTL, after which other chunks may be written under its views: so a
+    release later than the TTL (counted from before the get was sent, so never late) asks the daemon whether the
+    lease was still held, and ``release`` (and leaving the ``with`` block) raises ``LeaseError`` when it was not:
+    whatever was computed from the views must then be thrown away.
+    """
+
+    def __init__(self, client: "Client", lease_id: int, views: list[Any], tiers: list[str] | None = None,
+                 valid_until: float = math.inf) -> None:
         self._client = client
         self.id = lease_id
         self.views = views
         self.tiers = tiers if tiers is not None else ["host"] * len(views)
+        self._valid_until = valid_until   # time.monotonic() before which the daemon cannot have expired it
+        self._arena = client._arena       # a daemon restarted since maps another arena: these views were left alone
 
     def __enter__(self) -> list[Any]:
         return self.views
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            self.release()
+        except LeaseError:
+            if exc_type is None:
+                raise   # the block's own error, if any, is the one to report
 
     def __len__(self) -> int:
         return len(self.views)
 
     def extend(self) -> float:
         """Push the lease's deadline out by its TTL; returns the seconds left."""
+        sent = time.monotonic()
         header, _ = self._client._call({"op": Op.EXTEND, "lease": self.id})
-        return float(header["ttl"])
+        ttl = float(header["ttl"])
+        self._valid_until = max(self._valid_until, sent + ttl)
+        return ttl
 
     def release(self) -> None:
-        """Unpin the chunks. The views are invalid afterwards (using them raises ValueError)."""
+        """Unpin the chunks. The views are invalid afterwards (using them raises ValueError).
+
+        Raises LeaseError if the lease had already been taken back (see the class docstring)."""
         for view in self.views:
             if isinstance(view, memoryview):
                 view.release()
         self.views = []
-        if self.id:
-            lease_id, self.id = self.id, 0
+        if not self.id:
+            return
+        lease_id, self.id = self.id, 0
+        if time.monotonic() < self._valid_until:
             try:
-                # Nothing to wait for: an unknown or expired lease, or a restarted daemon, pins nothing anyway.
+                # Nothing to wait for: the lease is held, and a restarted daemon pins nothing anyway.
                 self._client._transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
             except DaemonUnavailable:
-                pass  # the daemon is gone: nothing is pinned
+                pass  # the daemon is gone: nothing is pinned, and nothing wrote under the views
+            return
+        if self._client._arena is not self._arena:
+            return   # the daemon restarted: nothing wrote into the old arena under these views
+        try:
+            self._client._transport.call({"op": Op.RELEASE, "lease": lease_id})   # past the TTL: was it held?
+        except (DaemonUnavailable, VersionError):
+            pass   # the daemon is gone or restarted (it wrote into a new arena, not under these views)
+        except LeaseError:
+            raise LeaseError(f"lease {lease_id} was taken back at its TTL before it was released: other chunks "
+                             f"may have been written under its views; discard what was read from them") from None
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:
@@ -339,6 +373,7 @@ class Client:
         """
         if not keys:
             return Lease(self, 0, [])
+        sent = time.monotonic()
         header, payload = self._call({"op": Op.GET, "keys": wire_keys(keys), "inline": self._arena_view is None,
                                       "gpu": self._gpu_pool is not None})
         slots = header["slots"]
@@ -347,7 +382,7 @@ class Client:
         tiers = header.get("tiers") or ["host"] * len(slots)
         views = [self._gpu_pool.view(off, size) if tier == "gpu" and self._gpu_pool is not None
                  else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
-        return Lease(self, int(header["lease"]), views, list(tiers))
+        return Lease(self, int(header["lease"]), views, list(tiers), sent + float(header.get("ttl", math.inf)))
 
     def delete(self, keys: Sequence[bytes]) -> int:
         if not keys:
@@ -356,6 +391,9 @@ class Client:
         return int(header["deleted"])
 
     def clear(self) -> int:
+        """Delete every chunk of this client's namespace; other namespaces' chunks stay. Returns how many went.
+
+        Leased chunks go from the index at once and free their space when their lease ends."""
         header, _ = self._call({"op": Op.CLEAR})
         return int(header["cleared"])
 

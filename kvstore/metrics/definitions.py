@@ -119,6 +119,8 @@ METRICS: tuple[MetricDef, ...] = (
     _m("leases_active", "gauge", "Leases held by readers now.", "leases"),
     _m("reservations_active", "gauge", "Reservations waiting for their commit now.", "reservations"),
     _m("expired_leases", "counter", "Leases that ran past their TTL.", "counters.expired_leases"),
+    _m("overdue_leases", "counter", "Leases of live local clients held past their TTL (kept until released).",
+       "leases_overdue"),
     _m("expired_reservations", "counter", "Reservations that ran past their TTL.", "counters.expired_reservations"),
     _m("clients_connected", "gauge", "Clients that said hello and have not gone.", "sessions"),
     # errors

@@ -25,6 +25,10 @@ from namespace and key): ``_exists``, ``_sizes``, ``_get``, ``_put``,
 ``_probe`` and ``_close``, plus optionally ``_get_into`` / ``register_memory`` for zero-copy.
 They may block; they raise on store failure and return ``None``/``False`` for
 a plain miss.
+
+``url`` is the shown form, password replaced (``security/redact.py``): the
+real URL stays with the subclass's client and never reaches a log line,
+``repr``, ``stats`` or an exception message.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..security.redact import redact_url
 from . import record
 
 __all__ = ["Health", "RemoteBackend", "RemoteError"]
@@ -64,7 +69,7 @@ class RemoteBackend:
     def __init__(self, url: str, *, namespace: str = "kvstore", timeout: float = 1.0,
                  retry_interval: float = 1.0, min_rate: float = 256 * MiB,
                  max_pending_bytes: int = 1 << 30, workers: int = 2):
-        self.url = url
+        self.url = redact_url(url)   # what logs, repr and errors show; subclasses connect with ``url`` itself
         self.namespace = namespace
         self.timeout = float(timeout)
         self.retry_interval = float(retry_interval)

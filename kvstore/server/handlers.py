@@ -181,7 +181,7 @@ def handle_delete(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
 
 
 def handle_clear(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
-    return [ok_reply(h["id"], cleared=d.store.clear())]
+    return [ok_reply(h["id"], cleared=d.store.clear(s.namespace))]   # the caller's namespace only
 
 
 def handle_stats(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
@@ -219,8 +219,8 @@ def hello_reply(d: "Daemon", owner: bytes, transport: str, h: dict) -> tuple[Ses
         "version": PROTOCOL_VERSION,
         "server_version": __version__,
         "arena": {"path": d.store.host.arena.path, "size": d.store.host.arena.size} if arena else None,
-        "index": d.index_path if arena else None,
-        "stream": d.stream_path if arena else None,
+        "index": d.index.path if arena and d.index is not None else None,
+        "stream": d.stream.path if arena and d.stream is not None and d.stream.listening else None,
         "gpu": d.gpu_hello if arena and req.want_gpu else None,
         "lease_ttl": d.store.lease_ttl,
         "reserve_ttl": d.store.reserve_ttl,

@@ -30,9 +30,10 @@ __all__ = ["StreamServer", "SUFFIX"]
 
 
 class StreamServer:
-    def __init__(self, daemon: "Daemon", path: str) -> None:
+    def __init__(self, daemon: "Daemon", path: str, tasks: set[asyncio.Task]) -> None:
         self.daemon = daemon
         self.path = path
+        self.tasks = tasks          # replies that had to wait, as tasks (the daemon's stop waits for them)
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[StreamConnection] = set()
         self._ids = itertools.count(1)
@@ -122,7 +123,8 @@ class StreamConnection(asyncio.Protocol):
         reply = self.daemon.handle_request("ipc", self.owner, header, [])
         if type(reply) is not list:   # a coroutine: the handler has to wait
             task = asyncio.get_running_loop().create_task(self._reply_later(reply))
-            self.daemon.track_task(task)
+            self.server.tasks.add(task)
+            task.add_done_callback(self.server.tasks.discard)
         else:
             self.write(reply)
 

@@ -223,7 +223,8 @@ class RemoteMover:
                 "puts_in_flight": self.puts_in_flight, "pinned_bytes": self.pinned_bytes,
                 "unreadable_keys": len(self.bad)}
 
-    def close(self) -> None:
-        """Stop the workers (each call ends by its deadline), then the backend: before the arena is unmapped."""
+    def close(self, wait: float = 5.0) -> None:
+        """Stop the workers (each call ends by its deadline), then the backend (its calls get ``wait`` seconds):
+        before the arena is unmapped."""
         self.pool.shutdown(wait=True, cancel_futures=True)
-        self.backend.close()
+        self.backend.close(wait)

@@ -312,13 +312,16 @@ class Store:
                 deleted += 1
         return deleted
 
-    def clear(self) -> int:
-        return self.delete([k for k, e in self.index.items() if e.state is State.COMMITTED])
+    def clear(self, namespace: str) -> int:
+        """Delete every committed chunk of ``namespace`` (and only those: other namespaces are other engines')."""
+        return self.delete([k for k, e in self.index.items()
+                            if e.state is State.COMMITTED and e.namespace == namespace])
 
-    def expire(self) -> tuple[int, int]:
-        """Release expired leases and abort expired reservations. Returns how many of each."""
+    def expire(self, keep_leases_of: Callable[[bytes], bool] | None = None) -> tuple[int, int]:
+        """Release expired leases (but those of owners ``keep_leases_of`` spares, ``handles.py``) and abort expired
+        reservations. Returns how many of each."""
         now = self.clock()
-        leases = self.leases.pop_expired(now)
+        leases = self.leases.pop_expired(now, keep_leases_of)
         for handle in leases:
             self._unpin_chain(handle.payload)
         reservations = self.reservations.pop_expired(now)

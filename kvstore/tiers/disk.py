@@ -299,10 +299,15 @@ class DiskTier:
         return None
 
 
-def auto_disk_size(directory: str) -> int:
-    """10 % of the free space of the filesystem that holds ``directory``, at most 64 GiB, in whole MiB."""
+def existing_parent(directory: str) -> str:
+    """``directory`` or its nearest existing parent: where its filesystem can be asked about."""
     probe = os.path.abspath(directory)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
-    free = shutil.disk_usage(probe).free
+    return probe
+
+
+def auto_disk_size(directory: str) -> int:
+    """10 % of the free space of the filesystem that holds ``directory``, at most 64 GiB, in whole MiB."""
+    free = shutil.disk_usage(existing_parent(directory)).free
     return min(64 << 30, free // 10) >> 20 << 20
