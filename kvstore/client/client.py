@@ -22,14 +22,18 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import default_socket
-from ..errors import DaemonUnavailable, LeaseError, VersionError
+from ..errors import DaemonUnavailable, KVStoreError, LeaseError, VersionError
 from ..keys import KEY_SCHEME
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
+from ..protocol.messages import wire_keys
+from ..protocol.stream import SUFFIX as STREAM_SUFFIX
 from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
 from ..tiers.arena import SharedArena
 from .buffers import copy_into, nbytes_of
+from .shared_index import SeenNotes, SharedIndexView
+from .stream_transport import StreamLost, StreamTransport
 from .transport import Transport
 
 DEFAULT_NAMESPACE = "default"
@@ -130,7 +134,8 @@ class Client:
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, timeout: float = 5.0,
                  client_id: str | None = None, use_arena: bool | None = None,
                  curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False,
-                 key_scheme: str = KEY_SCHEME, hash_seed: int = 0) -> None:
+                 key_scheme: str = KEY_SCHEME, hash_seed: int = 0,
+                 shared_index: bool = True, stream: bool = True) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
             raise ValueError(f"address must start with ipc:// or tcp://, got {self.address!r}")
@@ -142,7 +147,11 @@ class Client:
         # How this client's keys are made: a daemon holding chunks of the namespace made otherwise refuses it.
         self.key_scheme, self.hash_seed = key_scheme, hash_seed
         self.use_arena = self.address.startswith("ipc://") if use_arena is None else use_arena
-        self._transport = Transport(self.address, timeout, curve)
+        self._zmq = Transport(self.address, timeout, curve)
+        self._transport: Transport | StreamTransport = self._zmq   # where requests go: the stream when there is one
+        # Local clients send their requests on the daemon's stream socket (protocol/stream.py) when it has one
+        self.want_stream = stream and self.use_arena and self.address.startswith("ipc://")
+        self.timeout = timeout
         self._arena: SharedArena | None = None
         self._arena_view: memoryview | None = None
         self._arena_file: tuple[int, int] | None = None
@@ -154,17 +163,26 @@ class Client:
         self._gpu_info: dict[str, Any] | None = None
         self._pinned: Any = None          # kvstore.gpu.pinned.PinnedRegion of our arena mapping
         self.server_info: dict[str, Any] = {}
+        # Lookups from the daemon's shared-memory index (local clients; shared_index=False always asks the socket)
+        self.want_shared_index = shared_index and self.use_arena
+        self._index: SharedIndexView | None = None
+        self._index_file: tuple[int, int] | None = None
+        self._seen = SeenNotes()
         self._hello()
 
     # -- session --------------------------------------------------------------------------------------------
     def _hello(self) -> None:
         pid, pid_start = self_identity()
-        header, _ = self._transport.call({
+        hello = {
             "op": Op.HELLO, "version": PROTOCOL_VERSION, "namespace": self.namespace,
             "client_id": self.client_id, "chunk_tokens": self.chunk_tokens,
             "pid": pid, "pid_start": pid_start, "arena": self.use_arena, "gpu": self.want_gpu,
             "key_scheme": self.key_scheme, "hash_seed": self.hash_seed,
-        })
+        }
+        header = self._hello_on_stream(hello)
+        if header is None:
+            self._transport = self._zmq
+            header, _ = self._zmq.call(hello)
         self.server_info = header
         arena = header.get("arena")
         # A restarted daemon makes a new arena file under the same path: compare the file, not just its name,
@@ -177,11 +195,49 @@ class Client:
             self._arena_view = self._arena.view()
         elif not arena:
             self._detach_arena()
+        # The index is read only while our stream to its writer is open: a daemon that died shows there at once
+        on_stream = isinstance(self._transport, StreamTransport)
+        self._attach_index(header.get("index") if self.want_shared_index and on_stream else None)
         self._attach_gpu(header.get("gpu") if self._arena is not None else None)
         if self.pin_arena and self._pinned is None and self._arena is not None:
             from ..gpu.engine import pin_mapping  # torch: only for clients that ask for pinning
 
             self._pinned = pin_mapping(self._arena.buf, self._arena.size)
+
+    def _hello_on_stream(self, hello: dict[str, Any]) -> dict[str, Any] | None:
+        """Say hello on the daemon's stream socket and send everything there from now on; None when there is
+        none to use (not a local client, no such socket, or it refused us): ZeroMQ then carries the requests."""
+        if self._transport is not self._zmq:
+            self._transport.close()
+            self._transport = self._zmq
+            self._detach_index()   # read only while on a stream (see _hello)
+        if not self.want_stream:
+            return None
+        try:
+            stream = StreamTransport(self.address[len("ipc://"):] + STREAM_SUFFIX, self.timeout)
+        except OSError:
+            return None
+        try:
+            header, _ = stream.call(hello)
+        except KVStoreError:
+            stream.close()
+            return None
+        self._transport = stream
+        return header
+
+    def _attach_index(self, path: str | None) -> None:
+        """Map the daemon's lookup index; a restarted daemon has a new file under the same name."""
+        if path and self._index is not None and self._index_file == _file_identity(path):
+            return
+        self._detach_index()
+        if path:
+            self._index_file = _file_identity(path)
+            self._index = SharedIndexView.open(path)
+
+    def _detach_index(self) -> None:
+        if self._index is not None:
+            self._index.close()
+        self._index, self._index_file = None, None
 
     def _attach_gpu(self, info: dict[str, Any] | None) -> None:
         """Map the daemon's GPU pool (once per daemon) and pin our arena mapping for async host<->GPU copies."""
@@ -224,13 +280,19 @@ class Client:
 
     def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
               retry: bool = True) -> tuple[dict[str, Any], list[Any]]:
+        if self._seen:
+            self._send_seen()   # first, so that this request sees those lookups' effect
         try:
             return self._transport.call(header, payloads)
+        except StreamLost as exc:
+            self._hello()  # the daemon restarted (or stopped: DaemonUnavailable from here)
+            if not retry:  # as on ZeroMQ, where the request would have reached a daemon that never met us
+                raise VersionError(f"the daemon restarted before this request reached it ({exc})") from exc
         except VersionError:
             if not retry:
                 raise
             self._hello()  # the daemon restarted and forgot us
-            return self._transport.call(header, payloads)
+        return self._transport.call(header, payloads)
 
     # -- keys -----------------------------------------------------------------------------------------------
     def chunk_keys(self, token_ids: Sequence[int] | Any, include_partial: bool = False,
@@ -252,10 +314,30 @@ class Client:
         return self.lookup_tiers(keys).count
 
     def lookup_tiers(self, keys: Sequence[bytes], promote: bool = True) -> LookupResult:
+        """How many leading ``keys`` are stored and how many of those each tier holds. Read from the daemon's
+        shared index where it can answer (``client/shared_index.py``), else asked over the socket."""
         if not keys:
             return LookupResult(0, {})
-        header, _ = self._call({"op": Op.LOOKUP, "keys": list(keys), "promote": promote})
+        if self._index is not None and self._transport.alive():
+            answer = self._index.lookup(keys, promote)
+            if answer is not None:
+                count, tiers = answer
+                if self._seen.add(len(keys), keys[:count]):
+                    self._send_seen()
+                return LookupResult(count, tiers)
+        header, _ = self._call({"op": Op.LOOKUP, "keys": wire_keys(keys), "promote": promote})
         return LookupResult(int(header["count"]), dict(header.get("tiers", {})))
+
+    def _send_seen(self) -> None:
+        """Tell the daemon about the lookups answered from the shared index (no reply awaited; dropped when the
+        daemon is not there, like the lookups' effect on a daemon that restarted)."""
+        note = self._seen.take()
+        if note is None:
+            return
+        try:
+            self._transport.send({"op": Op.LOOKUP_SEEN, **note}, timeout=0, want_reply=False)
+        except DaemonUnavailable:
+            pass
 
     def put(self, keys: Sequence[bytes], buffers: Sequence[Any], parent: bytes | None = None) -> int:
         """Store one buffer (bytes-like or tensor) per key; keys already stored are skipped.
@@ -270,7 +352,7 @@ class Client:
         if self._arena_view is None:
             return self._put_inline(keys, buffers, parent)
         sizes = [nbytes_of(b) for b in buffers]
-        header, _ = self._call({"op": Op.RESERVE, "keys": list(keys), "sizes": sizes, "parent": parent})
+        header, _ = self._call({"op": Op.RESERVE, "keys": wire_keys(keys), "sizes": sizes, "parent": parent})
         rid = header["reservation"]
         try:
             for slot, buf in zip(header["slots"], buffers):
@@ -299,7 +381,7 @@ class Client:
         if not keys:
             return Lease(self, 0, [])
         sent = time.monotonic()
-        header, payload = self._call({"op": Op.GET, "keys": list(keys), "inline": self._arena_view is None,
+        header, payload = self._call({"op": Op.GET, "keys": wire_keys(keys), "inline": self._arena_view is None,
                                       "gpu": self._gpu_pool is not None and not verify, "verify": verify})
         slots = header["slots"]
         if self._arena_view is None:
@@ -342,7 +424,7 @@ class Client:
     def delete(self, keys: Sequence[bytes]) -> int:
         if not keys:
             return 0
-        header, _ = self._call({"op": Op.DELETE, "keys": list(keys)})
+        header, _ = self._call({"op": Op.DELETE, "keys": wire_keys(keys)})
         return int(header["deleted"])
 
     def clear(self) -> int:
@@ -357,7 +439,16 @@ class Client:
         return header["stats"]
 
     def close(self) -> None:
-        self._transport.close()
+        note = self._seen.take()
+        if note is not None:
+            try:   # awaited: closing the socket would drop a note still queued in it
+                self._transport.call({"op": Op.LOOKUP_SEEN, **note}, timeout=1.0)
+            except KVStoreError:
+                pass
+        if self._transport is not self._zmq:
+            self._transport.close()
+        self._zmq.close()
+        self._detach_index()
         self._detach_arena()
 
     def __enter__(self) -> "Client":

@@ -7,7 +7,7 @@ raise BadRequestError or LimitError naming the field. Handlers receive these dat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import math
 
@@ -67,14 +67,40 @@ def read_key(value: Any, name: str) -> bytes:
 
 
 def read_keys(h: dict[str, Any], name: str = "keys", allow_empty: bool = False) -> list[bytes]:
+    """A list of 16-byte keys, sent as a list of bins or packed into one bin of 16 × n bytes."""
     value = h.get(name)
+    if isinstance(value, bytes):
+        return _unpack_keys(value, name, allow_empty)
     if not isinstance(value, list):
         raise BadRequestError(f"field {name!r} must be a list of {KEY_BYTES}-byte keys")
     if len(value) > MAX_BATCH:
         raise LimitError(f"field {name!r} holds {len(value)} keys; the limit per request is {MAX_BATCH}")
     if not value and not allow_empty:
         raise BadRequestError(f"field {name!r} must not be empty")
-    return [read_key(k, f"{name}[{i}]") for i, k in enumerate(value)]
+    for k in value:   # the common case checked in one pass; the message names the first bad key
+        if type(k) is not bytes or len(k) != KEY_BYTES:
+            return [read_key(k, f"{name}[{i}]") for i, k in enumerate(value)]
+    return value
+
+
+def _unpack_keys(packed: bytes, name: str, allow_empty: bool) -> list[bytes]:
+    if len(packed) % KEY_BYTES:
+        raise BadRequestError(f"field {name!r} packs keys of {KEY_BYTES} bytes; {len(packed)} bytes is not a multiple")
+    count = len(packed) // KEY_BYTES
+    if count > MAX_BATCH:
+        raise LimitError(f"field {name!r} holds {count} keys; the limit per request is {MAX_BATCH}")
+    if not count and not allow_empty:
+        raise BadRequestError(f"field {name!r} must not be empty")
+    return [packed[i:i + KEY_BYTES] for i in range(0, len(packed), KEY_BYTES)]
+
+
+def wire_keys(keys: Sequence[bytes]) -> bytes | list[bytes]:
+    """What a client sends for ``keys``: packed when every key is 16 bytes, else the list (whose bad key the
+    daemon then names in its error)."""
+    for k in keys:
+        if type(k) is not bytes or len(k) != KEY_BYTES:
+            return list(keys)
+    return b"".join(keys)
 
 
 def read_sizes(h: dict[str, Any], count: int, max_size: int) -> list[int]:
@@ -220,3 +246,31 @@ class VerifyReport:
         return cls(namespace=read_str(h, "namespace", MAX_NAMESPACE_CHARS), keys=keys, checks=checks,
                    mismatches=mismatches, max_difference=read_float(h, "max_difference", 0.0, math.inf),
                    first_bad=first_bad if mismatches else None)
+
+
+MAX_SEEN_LOOKUPS = 4096
+
+
+@dataclass(frozen=True)
+class LookupSeen:
+    """Lookups a client answered from the shared index: per lookup, keys asked and the found chain."""
+
+    asked: list[int]
+    found: list[list[bytes]]
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "LookupSeen":
+        asked, found = h.get("asked"), h.get("found")
+        if not isinstance(asked, list) or not isinstance(found, list) or len(asked) != len(found):
+            raise BadRequestError("fields 'asked' and 'found' must be lists of the same length, one per lookup")
+        if len(asked) > MAX_SEEN_LOOKUPS:
+            raise LimitError(f"a LOOKUP_SEEN note holds {len(asked)} lookups; the limit is {MAX_SEEN_LOOKUPS}")
+        chains = []
+        for i, (n, packed) in enumerate(zip(asked, found)):
+            if not isinstance(packed, bytes):
+                raise BadRequestError(f"found[{i}] must be packed {KEY_BYTES}-byte keys")
+            chain = _unpack_keys(packed, f"found[{i}]", allow_empty=True)
+            if not isinstance(n, int) or isinstance(n, bool) or not len(chain) <= n <= MAX_BATCH:
+                raise BadRequestError(f"asked[{i}] must be an integer in [{len(chain)}, {MAX_BATCH}]")
+            chains.append(chain)
+        return cls(asked=asked, found=chains)

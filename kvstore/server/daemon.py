@@ -28,7 +28,11 @@ Remote tier (``--remote URL``): the backend is opened in ``open`` (which never b
 start is an outage, not an error), offered the host arena for zero-copy transfers, and driven by the remote mover
 (``store/remote_mover.py``); its puts in flight are awaited at stop and it is closed before the arena.
 
-Metrics: every request's time is observed per operation in ``handle_message``; the store's gauges and counters
+Local clients (``local_access.py``): the Store publishes its lookup index in shared memory, and requests also
+arrive on a Unix stream socket next to the ZeroMQ one (one session per connection, its pins dropped when it
+closes); both go through ``handle_request``, and both close with the ZeroMQ socket at stop.
+
+Metrics: every request's time is observed per operation in ``handle_request``; the store's gauges and counters
 are read from a ``stats()`` snapshot taken on the event loop when Prometheus scrapes (``kvstore/metrics/``).
 """
 
@@ -51,6 +55,7 @@ from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, op_of, request_id_of
 from ..store.gpu_mover import GpuMover
+from ..store.published_index import PublishedIndex
 from ..store.manager import TierManager
 from ..store.remote_mover import RemoteMover
 from ..security.curve import ServerCurve
@@ -65,6 +70,8 @@ from .session import Session
 from .stats import daemon_stats
 from .startup import Claims, check_socket_path, check_writable_dir, exclusive_lock, remove_stale_socket
 from .stopping import StopPlan, arm_forced_exit
+from .local_access import open_index, open_stream
+from .stream import StreamServer
 from .tier_setup import open_disk, open_gpu, open_remote, rebuild_index
 
 SWEEP_INTERVAL = 0.25
@@ -103,6 +110,8 @@ class Daemon:
         self.gpu_hello: dict[str, Any] | None = None   # the HELLO reply's "gpu" field (exported once)
         self.remote: RemoteMover | None = None
         self.safeguards: Safeguards  # set in open(): checksums, scrubs, verification, key parameters
+        self.index: PublishedIndex | None = None       # the lookup index clients read in shared memory
+        self.stream: StreamServer | None = None        # the local stream socket (server/stream.py)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -132,6 +141,7 @@ class Daemon:
         gpu = open_gpu(self.config, arena, claims)
         self.store = Store(host, self.config.lease_ttl, self.config.reserve_ttl, disk=disk, gpu=gpu,
                            policy=self.config.eviction_policy)
+        self.index = open_index(self.config, self.store, claims)
         if gpu is not None:
             self.gpu_mover = GpuMover(self.store, gpu)
             take(self.gpu_mover.close)   # waits for copies in flight: before the GPU pool and the arena go
@@ -205,6 +215,7 @@ class Daemon:
         self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks) for t, s in self._sockets]
         for reactor in self._reactors:
             reactor.start()
+        self.stream = await open_stream(self, loop, self._claims, self._tasks)
         background = [asyncio.create_task(self._sweep_loop()),
                       *self.safeguards.start(loop, self.remote, self.gpu_mover)]
         if self.gpu_mover is not None:
@@ -247,8 +258,12 @@ class Daemon:
         arm_forced_exit(plan.forced, lambda: list(self._claims.leftovers))
         self.stopping = True
         self._stop_event.set()   # requests waiting on the disk or the remote store: UnavailableError now
+        if self.index is not None:
+            self.index.close_to_readers()   # lookups go to the socket, which refuses them
         notify("STOPPING=1", "STATUS=stopping")
         self._remove_socket_file()  # no new local client can connect from here on
+        if self.stream is not None:
+            self.stream.stop_accepting()
         logs.info("stopping", sessions=len(self.sessions), leases=len(self.store.leases),
                   reservations=len(self.store.reservations), timeout=self.config.shutdown_timeout)
         while len(self.store.reservations) and left("drain") > 0:
@@ -269,9 +284,13 @@ class Daemon:
         self._flush_store()
         for reactor in self._reactors:
             reactor.stop()  # what is already queued stays in the socket and is answered next
+        if self.stream is not None:
+            self.stream.pause()   # the stream has no queue: what it read was answered as it came
         answered = 0
         for reactor in self._reactors:
             answered += await reactor.answer_queued(began + plan.close)
+        if self.stream is not None:
+            self.stream.close()
         self._remote_close_wait = left("close")
         logs.info("drained", answered=answered, unfinished_reservations=unfinished,
                   took_s=round(loop.time() - began, 3))
@@ -294,14 +313,14 @@ class Daemon:
         return asyncio.run_coroutine_threadsafe(take(), loop).result(SNAPSHOT_TIMEOUT)
 
     # -- requests -------------------------------------------------------------------------------------------
-    async def _finish(self, routing_id: bytes, rid: int | None, op: Op, started: float, pending: Any) -> list[Any]:
+    async def _finish(self, rid: int | None, op: Op, started: float, pending: Any) -> list[Any]:
         """Await a handler that had to wait (disk reads, write-back back-pressure, the remote store)."""
         try:
             reply = await self._unless_stopping(pending)
         except Exception as exc:
             reply = self._failure_reply(rid, exc)
         self.latency.observe(op, time.perf_counter() - started)
-        return [routing_id] + reply
+        return reply
 
     async def _unless_stopping(self, pending: Awaitable[list[Any]]) -> list[Any]:
         """``pending``'s reply, or UnavailableError as soon as the daemon starts stopping (the handler then
@@ -328,21 +347,27 @@ class Daemon:
         return [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
 
     def handle_message(self, transport: str, msg: list[Any]) -> Any:
-        """Handle one received multipart message; return the reply frames (routing id first), or a coroutine
-        returning them when the handler has to wait (it runs as a task; the loop keeps serving)."""
+        """Handle one received ZeroMQ multipart message; return the reply frames (routing id first), or a
+        coroutine returning them when the handler has to wait (it runs as a task; the loop keeps serving)."""
         if len(msg) < 2:
             return None  # nothing to answer: no routing id and header
         routing_id = msg[0].bytes
-        owner = transport[0].encode() + routing_id
+        reply = self.handle_request(transport, transport[0].encode() + routing_id, msg[1].buffer, msg[2:])
+        if type(reply) is not list:
+            return _routed(routing_id, reply)
+        return [routing_id] + reply
+
+    def handle_request(self, transport: str, owner: bytes, raw_header: Any, payload: list[Any]) -> Any:
+        """Handle one request of ``owner`` (whatever carried it: ZeroMQ or the stream socket); return the reply
+        frames (header first), or a coroutine returning them."""
         rid: int | None = None
         op: Op | None = None
         self.requests += 1
         started = time.perf_counter()
         try:
-            header = decode_header(msg[1].buffer)
+            header = decode_header(raw_header)
             rid = request_id_of(header)
             op = op_of(header)
-            payload = msg[2:]
             if self.stopping and op not in FINISHING_OPS:
                 raise UnavailableError("the daemon is shutting down; retry once it is back")
             if op is Op.HELLO:
@@ -353,13 +378,13 @@ class Daemon:
                 if session is None:
                     raise VersionError("send HELLO (protocol version and namespace) before any other request")
                 reply = HANDLERS[op](self, session, header, payload)
-                if asyncio.iscoroutine(reply):
-                    return self._finish(routing_id, rid, op, started, reply)
+                if type(reply) is not list:   # a coroutine: the handler has to wait
+                    return self._finish(rid, op, started, reply)
         except Exception as exc:
             reply = self._failure_reply(rid, exc)
         if op is not None:
             self.latency.observe(op, time.perf_counter() - started)
-        return [routing_id] + reply
+        return reply
 
     def _add_session(self, session: Session) -> None:
         old = self.sessions.get(session.owner)
@@ -379,6 +404,8 @@ class Daemon:
             self.sweep()
 
     def sweep(self) -> None:
+        if self.index is not None:
+            self.index.beat()
         if self.manager is not None:
             self.store.rebalance()
             self.manager.check_space()
@@ -392,10 +419,17 @@ class Daemon:
                                 "client's process ends")
         for owner, session in list(self.sessions.items()):
             if session.process_gone():
-                del self.sessions[owner]
-                leases, reservations = self.store.drop_owner(owner)
-                logs.info("client_gone", client_id=session.client_id, pid=session.pid,
-                          leases=leases, reservations=reservations)
+                self.drop_session(owner, "process_gone")
+
+    def drop_session(self, owner: bytes, reason: str) -> None:
+        """A client is gone (its process died, or its stream closed): drop its pins now."""
+        session = self.sessions.pop(owner, None)
+        if session is None:
+            return
+        leases, reservations = self.store.drop_owner(owner)
+        if leases or reservations or reason != "connection_closed":
+            logs.info("client_gone", client_id=session.client_id, pid=session.pid, reason=reason,
+                      leases=leases, reservations=reservations)
 
     def _process_alive(self, owner: bytes) -> bool:
         """Whether ``owner`` is a local client whose process the daemon follows (and which is still alive):
@@ -408,6 +442,10 @@ class Daemon:
 
     def auth_rejected(self) -> int:
         return self._curve.allow.rejected if self._curve is not None else 0
+
+
+async def _routed(routing_id: bytes, pending: Any) -> list[Any]:
+    return [routing_id] + await pending
 
 
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:

@@ -54,6 +54,15 @@ def handle_lookup(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
     return with_remote()
 
 
+def handle_lookup_seen(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
+    """Lookups the client answered from the shared index: the LRU touch and the counts its own lookups make."""
+    req = m.LookupSeen.parse(h)
+    for asked, found in zip(req.asked, req.found):
+        d.store.note_lookup(asked, found)
+        d.count_lookup_tokens(s, asked, len(found))
+    return [ok_reply(h["id"])]
+
+
 def _throttled(d: "Daemon", nbytes: int, then: Callable[[], Frames]) -> Any:
     """Run ``then`` now, or — when write-back is behind — once it has caught up (back-pressure)."""
     if d.manager is None or not d.manager.over_bound(nbytes):
@@ -200,6 +209,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.GET: handle_get,
     Op.RELEASE: handle_release,
     Op.EXTEND: handle_extend,
+    Op.LOOKUP_SEEN: handle_lookup_seen,
     Op.DELETE: handle_delete,
     Op.CLEAR: handle_clear,
     Op.STATS: handle_stats,
@@ -223,6 +233,8 @@ def hello_reply(d: "Daemon", owner: bytes, transport: str, h: dict) -> tuple[Ses
         "version": PROTOCOL_VERSION,
         "server_version": __version__,
         "arena": {"path": d.store.host.arena.path, "size": d.store.host.arena.size} if arena else None,
+        "index": d.index.path if arena and d.index is not None else None,
+        "stream": d.stream.path if arena and d.stream is not None and d.stream.listening else None,
         "gpu": d.gpu_hello if arena and req.want_gpu else None,
         "lease_ttl": d.store.lease_ttl,
         "reserve_ttl": d.store.reserve_ttl,

@@ -50,6 +50,7 @@ from ..errors import LeaseError, ReservationError, StoreFullError
 from ..tiers.disk import DamagedSource, DiskTier
 from ..tiers.host import HostTier
 from .damage import DamageMixin, IntegrityCounters
+from ..protocol.index_layout import STATE_OF_TIER
 from .entry import DiskState, Entry, State
 from .policies import DEFAULT_POLICY, make_queue
 from .handles import Handle, HandleTable
@@ -115,6 +116,14 @@ class DiskIo(Protocol):
     def remove_file(self, key: bytes, quarantine: str | None = None) -> None: ...
 
 
+class IndexSink(Protocol):
+    """Where the Store publishes each key's readable state for clients (``published_index.py``)."""
+
+    def set(self, key: bytes, state: int) -> None: ...
+
+    def remove(self, key: bytes) -> None: ...
+
+
 class RemoteSink(Protocol):
     """What the Store tells the remote mover: these chunks were just committed by a put."""
 
@@ -173,6 +182,7 @@ class Store(DamageMixin):
         self.remote: RemoteSink | None = None   # set by the remote mover
         self.sums: SumSink | None = None        # set by the checksummer: commits go through it first
         self.integrity = IntegrityCounters()
+        self.published: IndexSink | None = None   # the shared lookup index, when the daemon publishes one
         self.tier_counters = TierCounters()
         self.disk_full_reason = ""           # set when the filesystem said ENOSPC; puts fail until cleared
         self.disk_full_need = 0              # free bytes that clear it (checked by the tier manager)
@@ -198,14 +208,22 @@ class Store(DamageMixin):
 
     def lookup(self, keys: Sequence[bytes]) -> LookupResult:
         found = self.leading(keys)
+        self._touch_looked_up(found, len(keys), len(found))
+        return LookupResult(len(found), [top_tier(e) for e in found])
+
+    def note_lookup(self, asked: int, found_keys: Sequence[bytes]) -> None:
+        """A lookup a client answered from the shared index (``found_keys`` leading keys of ``asked``): touch the
+        chain, or what is left of it, and count the lookup as ``lookup`` would have."""
+        self._touch_looked_up(self.leading(found_keys), asked, len(found_keys))
+
+    def _touch_looked_up(self, found: list[Entry], asked: int, hits: int) -> None:
         self.lru.touch_chain(found)
-        c = self.counters
-        c.lookups += 1
-        c.lookup_keys += len(keys)
-        c.hit_keys += len(found)
         self.disk_lru.touch_chain(found)
         self.gpu_lru.touch_chain(found)
-        return LookupResult(len(found), [top_tier(e) for e in found])
+        c = self.counters
+        c.lookups += 1
+        c.lookup_keys += asked
+        c.hit_keys += hits
 
     # -- two-phase put --------------------------------------------------------------------------------------
     def reserve(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
@@ -243,6 +261,7 @@ class Store(DamageMixin):
         res = self.reservations.take(owner, rid).payload
         for entry in res.entries:
             entry.state = State.COMMITTED
+            self._sync(entry.key)
         self.lru.add_chain(res.entries)
         if self.sums is not None and res.entries:
             self.sums.after_commit(res.entries)   # then write-back and the remote put, which carry the sums
@@ -360,6 +379,7 @@ class Store(DamageMixin):
                       checksum=checksum)
         self.index[key] = entry
         self.disk_lru.add_newest(entry)
+        self._sync(key)
         return True
 
     def next_write(self) -> Entry | None:
@@ -437,6 +457,7 @@ class Store(DamageMixin):
             if entry.checksum is None:
                 entry.checksum = checksum
             entry.host_offset = offset
+            self._sync(entry.key)
             self.lru.add_chain([entry])
             self.disk_lru.add_chain([entry])
             tc.promotions_disk_host += 1
@@ -460,6 +481,7 @@ class Store(DamageMixin):
                 self.lru.remove(entry)
             self._drop_disk_copy(entry, quarantine=str(error) if bad else None)
             entry.doomed = True
+            self._sync(entry.key)
         self._release_if_idle(entry)
         return False
 
@@ -524,6 +546,7 @@ class Store(DamageMixin):
             entry.checksum = checksum
         for entry in good:
             entry.state = State.COMMITTED
+            self._sync(entry.key)
         self.lru.add_chain(good)
         self._queue_writes(good)
         self._drop_reserved(list(entries[loaded:]))
@@ -533,6 +556,18 @@ class Store(DamageMixin):
         return len(good)
 
     # -- internals: the one place each resource is taken and given back ---------------------------------------
+    def _sync(self, key: bytes) -> None:
+        """Publish ``key``'s readable state as it is now (called after every change to it): its fastest tier, or
+        gone. Read from the index rather than from a changed entry, since a doomed entry freed late must not
+        unlist the new chunk stored under its key since."""
+        if self.published is None:
+            return
+        entry = self.index.get(key)
+        if entry is not None and entry.readable:
+            self.published.set(key, STATE_OF_TIER[top_tier(entry)])
+        else:
+            self.published.remove(key)
+
     def _queue_writes(self, entries: list[Entry]) -> None:
         """Queue newly committed chunks for write-back to the disk tier (commit order: prefixes first)."""
         if self.disk is None or not entries:
@@ -582,6 +617,7 @@ class Store(DamageMixin):
 
     def _evict(self, entry: Entry) -> None:
         del self.index[entry.key]
+        self._sync(entry.key)
         self.disk_lru.remove(entry)
         self._forget_disk(entry)
         self._free(entry)
@@ -614,6 +650,7 @@ class Store(DamageMixin):
         self._drop_disk_copy(entry)
         if entry.host_offset is None and entry.gpu_offset is None and entry.loading is None and not entry.doomed:
             del self.index[entry.key]
+            self._sync(entry.key)
             self.lru.remove(entry)
             self.counters.evictions += 1
             self.counters.evicted_bytes += entry.size
@@ -652,12 +689,14 @@ class Store(DamageMixin):
         if entry.host_offset is not None:
             self.host.free(entry.host_offset)
             entry.host_offset = None
+            self._sync(entry.key)
 
     def _free_gpu(self, entry: Entry) -> None:
         if entry.gpu_offset is not None:
             assert self.gpu is not None
             self.gpu.free(entry.gpu_offset)
             entry.gpu_offset = None
+            self._sync(entry.key)
             entry.hits = 0   # back up only on new repeated hits: a demoted chunk must not bounce straight back
             self.gpu_lru.remove(entry)
 
@@ -669,6 +708,7 @@ class Store(DamageMixin):
 
     def _remove_committed(self, entry: Entry) -> None:
         del self.index[entry.key]
+        self._sync(entry.key)
         self.lru.remove(entry)
         self.disk_lru.remove(entry)
         self.gpu_wanted.pop(entry.key, None)
@@ -724,6 +764,7 @@ class Store(DamageMixin):
                 self._release_if_idle(entry)
             return False
         entry.gpu_offset = offset
+        self._sync(entry.key)
         if entry.pins == 0:
             self.gpu_lru.add_chain([entry])
         self.tier_counters.promotions_host_gpu += 1
@@ -770,6 +811,7 @@ class Store(DamageMixin):
                 self.gpu_lru.push_oldest([entry])
             return
         entry.host_offset = offset
+        self._sync(entry.key)
         self.tier_counters.gpu_copies_down += 1
         if entry.pins == 0:
             self.lru.add_chain([entry])
