@@ -13,8 +13,7 @@ from ._version import __version__
 from .client.client import Client, Lease, LookupResult, connect
 from .errors import (
     BadRequestError, ConfigError, DaemonUnavailable, IncompatibleError, InternalError, KVStoreError, LeaseError,
-    LimitError,
-    NotFoundError, PermissionDeniedError, RequestError, ReservationError, StoreFullError, UnavailableError,
+    LimitError, PermissionDeniedError, RequestError, ReservationError, StoreFullError, UnavailableError,
     UnknownOpError, VersionError,
 )
 from .keys import chunk_keys
@@ -22,6 +21,6 @@ from .keys import chunk_keys
 __all__ = [
     "__version__", "connect", "Client", "Lease", "LookupResult", "chunk_keys",
     "KVStoreError", "ConfigError", "DaemonUnavailable", "RequestError", "BadRequestError", "UnknownOpError",
-    "VersionError", "LimitError", "StoreFullError", "NotFoundError", "LeaseError", "ReservationError",
+    "VersionError", "LimitError", "StoreFullError", "LeaseError", "ReservationError",
     "PermissionDeniedError", "UnavailableError", "InternalError", "IncompatibleError",
 ]

@@ -281,7 +281,6 @@ class Daemon:
             queued = self.store.dirty_bytes
             flushed = await self.manager.flush(left("disk"))
             logs.info("disk_flushed", complete=flushed, bytes=queued, seconds=round(time.monotonic() - started, 3))
-        self._flush_store()
         for reactor in self._reactors:
             reactor.stop()  # what is already queued stays in the socket and is answered next
         if self.stream is not None:
@@ -294,12 +293,6 @@ class Daemon:
         self._remote_close_wait = left("close")
         logs.info("drained", answered=answered, unfinished_reservations=unfinished,
                   took_s=round(loop.time() - began, 3))
-
-    def _flush_store(self) -> None:
-        """Persist what the store's guarantee needs before exit, where the store has such a step."""
-        flush = getattr(self.store, "flush", None)
-        if callable(flush):
-            flush()
 
     def stats_snapshot(self) -> dict[str, Any]:
         """``stats()`` taken on the event loop, callable from any thread (the metrics exporter's)."""

@@ -40,8 +40,8 @@ import time
 from typing import Sequence
 
 from .. import logs
-from ..tiers.disk import ChecksumError, DiskTier, round_up
-from ..tiers.disk_format import FormatError
+from ..errors import ChecksumError, FormatError
+from ..tiers.disk import DiskTier, round_up
 from .entry import Entry
 from .store import Store
 

@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-from ..errors import LeaseError, ReservationError, StoreFullError
-from ..tiers.disk import DamagedSource, DiskTier
+from ..errors import ChecksumError, DamagedSource, FormatError, LeaseError, ReservationError, StoreFullError
+from ..tiers.disk import DiskTier
 from ..tiers.host import HostTier
 from .damage import DamageMixin, IntegrityCounters
 from ..protocol.index_layout import STATE_OF_TIER
@@ -467,8 +467,6 @@ class Store(DamageMixin):
             return True
         self.host.free(offset)
         if error is not None:
-            from ..tiers.disk import ChecksumError
-            from ..tiers.disk_format import FormatError
             bad = isinstance(error, (ChecksumError, FormatError))
             if bad:
                 tc.checksum_failures += 1
