@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import short_tempdir
+from daemons import run_cli, short_tempdir
 
 
 def kvstore_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvstore", *args], capture_output=True, text=True, timeout=timeout)
+    return run_cli(*args, timeout=timeout)
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:

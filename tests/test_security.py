@@ -8,7 +8,6 @@ import pwd
 import socket
 import stat
 import subprocess
-import sys
 
 import pytest
 
@@ -17,12 +16,12 @@ from kvstore.protocol.wire import Op
 from kvstore.security import ClientCurve, generate_keypair, is_loopback
 from kvstore.tiers.arena import arena_path_for
 
-from conftest import short_tempdir
+from daemons import run_cli, short_tempdir
 from workload import free_port, payload_for
 
 
 def kvstore_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvstore", *args], capture_output=True, text=True, timeout=timeout)
+    return run_cli(*args, timeout=timeout)
 
 
 def mode_of(path: str) -> int:

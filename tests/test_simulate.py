@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from kvstore.sim.replay import Capacity, block_key, hit_tokens_by_tier, replay, unbounded
 from kvstore.sim.trace import Request, distinct_blocks, read_trace
 from kvstore.store.policies import POLICIES
+
+import daemons
 
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
 CHUNK = 1 << 20
@@ -24,7 +25,7 @@ def req(ids: list[int], length: int | None = None) -> Request:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvstore", *args], capture_output=True, text=True, timeout=120)
+    return daemons.run_cli(*args, timeout=120)
 
 
 @pytest.fixture(scope="module")
