@@ -1,12 +1,13 @@
 """Put/get throughput through the client over ipc:// and tcp://, next to memcpy; lookup latency.
 
-    python bench/client_throughput.py [--quick]
+    python bench/client_throughput.py [--quick] [--out FILE]
 
 For each chunk size, a batch of 16 chunks is put (reserve → copy into the arena → commit) and read back (get →
 copy each view into a destination buffer, as an engine copies into its KV cache → release). The reference is a
 plain in-process memcpy of the same bytes into the same destination buffers, timed in the same round as the put
 and the get so that all three see the same machine noise; ratios are medians of per-round ratios. Lookup latency is the round trip of one lookup of a
-64-chunk prefix. Writes bench/results/client-throughput-<date>.json and prints a Markdown table.
+64-chunk prefix. Writes bench/results/client-throughput-<date>.json (and -latest.json) and prints a Markdown
+table; ``--quick`` writes a temporary file instead (or ``--out``), never the committed results.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore  # noqa: E402
-from _common import start_daemon, write_result  # noqa: E402
+from _common import add_output_flag, start_daemon, write_result  # noqa: E402
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
 BATCH = 16
@@ -90,7 +91,8 @@ def measure_lookup(address: str, calls: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (writes a temporary file, not bench/results/)")
+    add_output_flag(ap)
     args = ap.parse_args()
     repeat = 3 if args.quick else 9
     d = start_daemon("--host-mem", "1536MiB", "--disk-size", "0") if _has_disk_flag() else start_daemon("--host-mem", "1536MiB")
@@ -107,7 +109,8 @@ def main() -> None:
         lookup = measure_lookup(d.ipc, 500 if args.quick else 3000)
     finally:
         d.stop()
-    path = write_result("client-throughput", {"batch": BATCH, "rows": rows, "lookup_64_chunks": lookup})
+    path = write_result("client-throughput", {"batch": BATCH, "rows": rows, "lookup_64_chunks": lookup},
+                        quick=args.quick, out=args.out)
     print("| chunk | memcpy GB/s | ipc put GB/s (×memcpy) | ipc get GB/s (×memcpy) | tcp put GB/s | tcp get GB/s |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:

@@ -367,6 +367,10 @@ def check_daemon_tiers(r: dict) -> None:
     help_text = serve_flags()
     gpu = ["--gpu-mem", "64MiB", "--gpu-device", "0"]
     env = child_env(KVSTORE_GPU_TIER_DEVICE="cpu") if DEVICE == "cpu" else child_env()
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from daemons import sandbox_dirs  # HOME and XDG dirs in the workdir: defaults never reach the user's
+
+    env.update(sandbox_dirs(workdir))
     args = ["--socket", sock, "--host-mem", "128MiB", *gpu, "--log-level", "info", *disk_args(help_text, workdir)]
     r["daemon_args"] = args
     log = open(os.path.join(workdir, "daemon.log"), "wb")
