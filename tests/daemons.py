@@ -35,6 +35,7 @@ import kvstore
 from kvstore.tiers.arena import SHM_DIR, arena_path_for
 
 SCRATCH_PREFIX = "kvs-"
+OWNER_FILE = "owner.pid"     # in a scratch root: the pid of the process it belongs to (see hygiene.py)
 _scratch: list[str] = []   # the process's scratch root, once made
 
 
@@ -43,6 +44,8 @@ def scratch_root() -> str:
     if not _scratch:
         root = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir="/tmp")
         os.chmod(root, 0o711)   # others may pass through (tests of file modes), not list it
+        with open(os.path.join(root, OWNER_FILE), "w") as f:
+            f.write(str(os.getpid()))
         _scratch.append(root)
         atexit.register(remove_scratch_root)
     return _scratch[0]

@@ -115,9 +115,21 @@ def our_daemons() -> list[int]:
     return found
 
 
+def _owned_by_another_live_process(path: str) -> bool:
+    """A scratch root of another live test session or benchmark (``daemons.scratch_root``)."""
+    try:
+        with open(os.path.join(path, "owner.pid")) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return False
+    return pid != os.getpid() and os.path.exists(f"/proc/{pid}")
+
+
 def _left_behind(path: str) -> bool:
     """Nobody holds ``path``, or only processes of ours do (a daemon we failed to stop)."""
     me = os.getpid()
+    if _owned_by_another_live_process(path):
+        return False
     holders = _holders(path)
     return not holders or any(pid > 0 and me in _ancestors(pid) for pid in holders)
 

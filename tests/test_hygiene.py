@@ -138,3 +138,17 @@ def test_a_session_that_kills_its_daemon_leaves_nothing_and_passes():
         assert os.listdir(user_cache) == []
     finally:
         shutil.rmtree(user_cache)
+
+
+def test_no_test_or_benchmark_makes_its_own_directories_in_tmp():
+    """Scratch directories come from ``daemons.short_tempdir`` (the run's scratch root), never straight from /tmp."""
+    offenders = []
+    for folder in ("tests", "bench"):
+        for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+            if not name.endswith(".py") or name in ("daemons.py", "hygiene.py", "test_hygiene.py"):
+                continue
+            source = open(os.path.join(ROOT, folder, name)).read()
+            for needle in ('dir="/tmp"', "dir='/tmp'", 'join("/tmp"', '"/tmp/kvs-'):
+                if needle in source:
+                    offenders.append(f"{folder}/{name}: {needle}")
+    assert not offenders, offenders

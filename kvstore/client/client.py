@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import default_socket
-from ..errors import DaemonUnavailable, VersionError
+from ..errors import ClientClosedError, DaemonUnavailable, UsageError, VersionError
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
 from ..protocol.wire import PROTOCOL_VERSION, Op
@@ -76,8 +76,8 @@ class Lease:
             try:
                 # Nothing to wait for: an unknown or expired lease, or a restarted daemon, pins nothing anyway.
                 self._client._transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
-            except DaemonUnavailable:
-                pass  # the daemon is gone: nothing is pinned
+            except (DaemonUnavailable, ClientClosedError):
+                pass  # the daemon is gone, or our connection is: the daemon unpins a departed client's leases
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:
@@ -97,9 +97,10 @@ class Client:
                  curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
-            raise ValueError(f"address must start with ipc:// or tcp://, got {self.address!r}")
+            hint = f" (a socket path? use ipc://{self.address})" if self.address.startswith("/") else ""
+            raise UsageError(f"address must start with ipc:// or tcp://, got {self.address!r}{hint}")
         if chunk_tokens <= 0:
-            raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+            raise UsageError(f"chunk_tokens must be positive, got {chunk_tokens}")
         self.namespace = namespace
         self.chunk_tokens = chunk_tokens
         self.client_id = client_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -116,7 +117,11 @@ class Client:
         self._gpu_info: dict[str, Any] | None = None
         self._pinned: Any = None          # kvstore.gpu.pinned.PinnedRegion of our arena mapping
         self.server_info: dict[str, Any] = {}
-        self._hello()
+        try:
+            self._hello()
+        except BaseException:
+            self.close()   # no socket or mapping outlives a failed connect
+            raise
 
     # -- session --------------------------------------------------------------------------------------------
     def _hello(self) -> None:
@@ -225,7 +230,7 @@ class Client:
         written. Raises StoreFullError when the daemon cannot make room.
         """
         if len(keys) != len(buffers):
-            raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
+            raise UsageError(f"put: {len(keys)} keys but {len(buffers)} buffers")
         if not keys:
             return 0
         if self._arena_view is None:
