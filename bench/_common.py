@@ -24,8 +24,8 @@ RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 sys.path.insert(0, os.path.join(os.path.dirname(BENCH_DIR), "tests"))
 from daemons import DaemonProc, Daemons, short_tempdir  # noqa: E402  (the one way a daemon is started)
 
-__all__ = ["BenchDaemon", "DaemonProc", "RESULTS_DIR", "add_output_flag", "free_port", "machine", "median_seconds", "memcpy_seconds",
-           "sample_seconds", "short_tempdir", "start_daemon", "write_result"]
+__all__ = ["BenchDaemon", "DaemonProc", "RESULTS_DIR", "add_output_flag", "free_port", "machine", "median_seconds",
+           "memcpy_seconds", "sample_seconds", "short_tempdir", "start_daemon", "write_result"]
 
 
 def machine() -> dict:

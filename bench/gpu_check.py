@@ -12,7 +12,7 @@ rewritten after each sub-check, and an alarm stops the whole run after ``--budge
 still writes what was measured, so the command never hangs. Sub-checks:
 
   env            GPU, torch, CUDA, memlock limit, compiler
-  native_build   compile native/kvstore_copy.cu for this GPU (seconds)
+  native_build   compile kvstore/ops/native_src/kvstore_copy.cu for this GPU (seconds)
   kernels        native CUDA gather/scatter equal to the torch path (vLLM FlashAttention + FlashInfer layouts)
   hbm_tier       the HBM pool exported by CUDA IPC from another process, mapped here; bandwidth of
                  pool → vLLM paged cache (scatter) against a plain device-to-device copy of the same bytes

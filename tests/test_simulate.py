@@ -201,7 +201,8 @@ def test_cli_sweep_into_a_missing_directory_fails_before_any_work(tmp_path):
     result = run_cli("simulate", big_trace(tmp_path), "--chunk-bytes", "1MiB", "--host-mem", "4MiB", "--sweep",
                      "--out", str(out))
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip() == f"kvstore: error: --out: directory {out.parent} does not exist; create it or give another path"
+    assert result.stderr.strip() == (f"kvstore: error: --out: directory {out.parent} does not exist; "
+                                     f"create it or give another path")
 
 
 @pytest.mark.parametrize("line, message", [

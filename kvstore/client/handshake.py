@@ -49,7 +49,9 @@ class HandshakeWatch:
         """What went wrong at ``address``, if a daemon was reached at all; None if nothing answered there."""
         self.poll()
         if self.failure is None:
-            return None if not self.connected else f"something at {address} accepted the connection but no kvstore daemon answered"
+            if not self.connected:
+                return None
+            return f"something at {address} accepted the connection but no kvstore daemon answered"
         event, value = self.failure
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return (f"the kvstore daemon at {address} refused this client's CURVE key: add its .key file to the "
