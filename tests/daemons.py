@@ -32,11 +32,18 @@ import time
 from dataclasses import dataclass, field
 
 import kvstore
-from kvstore.tiers.arena import SHM_DIR, arena_path_for
+from hygiene import holders, mapped_arenas
+from kvstore.tiers.arena import arena_path_for
 
 SCRATCH_PREFIX = "kvs-"
 OWNER_FILE = "owner.pid"     # in a scratch root: the pid of the process it belongs to (see hygiene.py)
 _scratch: list[str] = []   # the process's scratch root, once made
+_arenas: set[str] = set()  # every arena a daemon of this process was seen to (or would) use
+
+
+def known_arenas() -> set[str]:
+    """The arenas of every daemon this process started through ``DaemonProc`` (for the session's check)."""
+    return set(_arenas)
 
 
 def scratch_root() -> str:
@@ -93,26 +100,6 @@ def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None, 
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def mapped_arenas(pid: int) -> set[str]:
-    """The kvstore arenas in /dev/shm that process ``pid`` maps (empty if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return set()
-    prefix = os.path.join(SHM_DIR, "kvstore.")
-    return {line.split(None, 5)[5].removesuffix(" (deleted)") for line in lines
-            if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith(prefix)}
-
-
-def arena_in_use(path: str) -> bool:
-    """Whether any live process maps ``path`` (then it is not ours to remove)."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and path in mapped_arenas(int(entry)):
-            return True
-    return False
-
-
 @dataclass
 class DaemonProc:
     """One ``kvstore serve`` process with its socket, disk dir, log and sandbox in ``workdir``."""
@@ -137,7 +124,7 @@ class DaemonProc:
 
     def start(self, wait: bool = True) -> "DaemonProc":
         self.log_path = os.path.join(self.workdir, "daemon.log")
-        self.arenas.add(arena_path_for(self.socket_path))
+        self._remember({arena_path_for(self.socket_path)})
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          env=sandbox_env(self.workdir, self.extra_env))
@@ -154,7 +141,7 @@ class DaemonProc:
                 try:
                     with kvstore.connect(self.address, timeout=0.5, use_arena=False) as c:
                         c.ping()
-                    self.arenas |= mapped_arenas(self.proc.pid)
+                    self._remember(mapped_arenas(self.proc.pid))
                     return
                 except kvstore.DaemonUnavailable:
                     pass
@@ -171,7 +158,7 @@ class DaemonProc:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
-        self.arenas |= mapped_arenas(self.proc.pid)
+        self._remember(mapped_arenas(self.proc.pid))
         self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout)
@@ -191,11 +178,15 @@ class DaemonProc:
         kwargs.setdefault("timeout", 10.0)
         return kvstore.connect(self.address, **kwargs)
 
+    def _remember(self, paths: set[str]) -> None:
+        self.arenas |= paths
+        _arenas.update(paths)
+
     def remove_leftovers(self) -> list[str]:
         """After the process is gone: unlink the arenas it left (a SIGKILL leaves one); returns them."""
         removed = []
         for path in sorted(self.arenas):
-            if os.path.exists(path) and not arena_in_use(path):
+            if os.path.exists(path) and not holders(path):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
                     removed.append(path)

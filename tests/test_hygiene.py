@@ -104,8 +104,9 @@ def test_a_session_that_leaks_fails_and_names_each_leak():
     leak_dir = f"/tmp/kvs-selftest-{token}"
     user_cache = short_tempdir("user-cache-")   # stands in for the user's ~/.cache
     try:
+        # Strict: these leaks are made by hand, so only "no other session ran" could pin them on this one.
         result = run_session(LEAKY, {"LEAK_ARENA": arena, "LEAK_DIR": leak_dir, "LEAK_USER_CACHE": user_cache,
-                                     "XDG_CACHE_HOME": user_cache})
+                                     "XDG_CACHE_HOME": user_cache, "KVSTORE_TEST_STRICT": "1"})
         out = result.stdout + result.stderr
         assert result.returncode != 0, out
         assert "did not leave the machine as it found it" in out, out

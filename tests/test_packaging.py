@@ -178,3 +178,53 @@ def test_an_installed_wheel_builds_the_native_kernels(wheel):
         assert where_from.startswith(venv + "/"), where_from
     finally:
         shutil.rmtree(where, ignore_errors=True)
+
+
+# -- the first screen: two commands, what the test command skips, and CI running it verbatim -----------------
+
+def first_screen() -> str:
+    with open(os.path.join(ROOT, "README.md")) as f:
+        return "".join(f.readlines()[:40])
+
+
+def test_readme_first_screen_has_two_commands_and_names_what_the_tests_skip():
+    screen = first_screen()
+    block = screen.split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["pip install -e . && kvstore serve", "pip install -e '.[test]' && python -m pytest"]
+    assert "torch==" not in screen and "picks the CPU build" not in screen
+    skip_line = next(line for line in screen.splitlines() if line.startswith("The test command skips"))
+    for what in ("vLLM", "SGLang", "Mooncake", "Redis", "`bash .ci/install-extras.sh`"):
+        assert what in skip_line, what
+
+
+def test_ci_installs_torch_first_and_runs_the_readme_test_command_verbatim():
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        steps = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    block = first_screen().split("```sh\n", 1)[1].split("```", 1)[0]
+    test_command = block.splitlines()[1].split("#", 1)[0].strip()
+    pip = [s for s in steps if s.startswith("pip install")]
+    assert pip[0] == "pip install torch==2.13.0"
+    assert "bash .ci/install-extras.sh" in steps and steps[-1] == test_command
+
+
+def test_install_extras_runs_every_installer_once(tmp_path):
+    ci = tmp_path / ".ci"
+    ci.mkdir()
+    shutil.copy(os.path.join(ROOT, ".ci", "install-extras.sh"), ci)
+    for name in ("install-a.sh", "install-vllm-engine.sh"):
+        (ci / name).write_text(f'echo {name} >> "$(dirname "$0")/ran"\n')
+    out = subprocess.run(["bash", str(ci / "install-extras.sh")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (ci / "ran").read_text().split() == ["install-a.sh", "install-vllm-engine.sh"]
+
+
+def test_skips_for_missing_extras_name_the_install_command():
+    import servers
+
+    for check in (lambda: servers.require("no-such-server-binary"),
+                  lambda: servers.require_module("no_such_module_for_kvstore", "the thing")):
+        with pytest.raises(pytest.skip.Exception, match=r"`bash \.ci/install-extras\.sh` installs it"):
+            if servers.in_ci():
+                pytest.skip("under CI a missing extra fails instead: `bash .ci/install-extras.sh` installs it")
+            check()
