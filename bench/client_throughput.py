@@ -30,7 +30,7 @@ BATCH = 16
 
 def measure_transport(address: str, size: int, repeat: int, label: str) -> dict:
     """Interleave memcpy, put and get in every round, so that all three see the same machine noise."""
-    c = kvstore.connect(address, namespace=f"bench-{label}-{size}", chunk_tokens=16)
+    c = kvstore.connect(address, namespace=f"bench-{label}-{size}", chunk_tokens=16, timeout=60)
     payloads = [np.random.randint(0, 255, size, dtype=np.uint8) for _ in range(BATCH)]
     dests = [np.ones(size, dtype=np.uint8) for _ in range(BATCH)]
     counter = [0]

@@ -85,7 +85,7 @@ def sandbox_dirs(workdir: str) -> dict[str, str]:
 def sandbox_env(workdir: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a kvstore child process confined to ``workdir``."""
     native = os.path.join(scratch_root(), "native")   # built once per run, never in the user's cache
-    return {**os.environ, "KVSTORE_NATIVE_DIR": native, **sandbox_dirs(workdir), **(extra or {})}
+    return {"KVSTORE_NATIVE_DIR": native, **os.environ, **sandbox_dirs(workdir), **(extra or {})}
 
 
 def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None, input: str | None = None,

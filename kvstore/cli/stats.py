@@ -64,7 +64,8 @@ def open_client(address: str, timeout: float) -> Any:
     try:
         return Client(address, namespace="kvstore-cli", timeout=timeout, use_arena=False)
     except UsageError as exc:
-        raise ConfigError(f"--address: {exc}") from None
+        flag = "--socket" if address.startswith("ipc://") else "--address"
+        raise ConfigError(f"{flag}: {exc}") from None
 
 
 def fetch_stats(address: str, timeout: float) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
 from ..tiers.arena import SharedArena
 from .buffers import copy_into, nbytes_of
+from .pages import PagePopulator
 from .transport import Transport
 
 DEFAULT_NAMESPACE = "default"
@@ -108,6 +109,7 @@ class Client:
         self._transport = Transport(self.address, timeout, curve)
         self._arena: SharedArena | None = None
         self._arena_view: memoryview | None = None
+        self._pages: PagePopulator | None = None
         self._arena_file: tuple[int, int] | None = None
         self.want_gpu = gpu and self.use_arena
         # Page-lock our arena mapping (CUDA) so that copies from leased views to the GPU are asynchronous DMA;
@@ -141,6 +143,7 @@ class Client:
             self._arena_file = _file_identity(arena["path"])
             self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
             self._arena_view = self._arena.view()
+            self._pages = PagePopulator(self._arena.buf, self._arena.size)
         elif not arena:
             self._detach_arena()
         self._attach_gpu(header.get("gpu") if self._arena is not None else None)
@@ -186,7 +189,7 @@ class Client:
                 pass  # views of live leases still point into it; the mapping goes when they do
         if self._arena is not None:
             self._arena.close()
-        self._arena, self._arena_view = None, None
+        self._arena, self._arena_view, self._pages = None, None, None
 
     def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
               retry: bool = True) -> tuple[dict[str, Any], list[Any]]:
@@ -241,6 +244,7 @@ class Client:
         try:
             for slot, buf in zip(header["slots"], buffers):
                 if slot is not None:
+                    self._pages.touch(slot[0], slot[1])
                     copy_into(self._arena_view[slot[0]:slot[0] + slot[1]], buf)
         except BaseException:
             self._call({"op": Op.ABORT, "reservation": rid}, retry=False)
@@ -268,6 +272,9 @@ class Client:
         if self._arena_view is None:
             return Lease(self, 0, [frame.buffer for frame in payload])
         tiers = header.get("tiers") or ["host"] * len(slots)
+        for (off, size), tier in zip(slots, tiers):
+            if tier != "gpu" or self._gpu_pool is None:
+                self._pages.touch(off, size)
         views = [self._gpu_pool.view(off, size) if tier == "gpu" and self._gpu_pool is not None
                  else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
         return Lease(self, int(header["lease"]), views, list(tiers))
