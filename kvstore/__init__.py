@@ -12,9 +12,9 @@
 from ._version import __version__
 from .client.client import Client, Lease, LookupResult, connect
 from .errors import (
-    BadRequestError, ClientClosedError, ConfigError, DaemonUnavailable, InternalError, KVStoreError, LeaseError,
-    LimitError, NotFoundError, PermissionDeniedError, RequestError, ReservationError, StoreFullError,
-    UnavailableError, UnknownOpError, UsageError, VersionError,
+    BadRequestError, ClientClosedError, ConfigError, DaemonUnavailable, IncompatibleError, InternalError,
+    KVStoreError, LeaseError, LimitError, NotFoundError, PermissionDeniedError, RequestError, ReservationError,
+    StoreFullError, UnavailableError, UnknownOpError, UsageError, VersionError,
 )
 from .keys import chunk_keys
 
@@ -23,4 +23,5 @@ __all__ = [
     "KVStoreError", "ConfigError", "UsageError", "ClientClosedError", "DaemonUnavailable", "RequestError",
     "BadRequestError", "UnknownOpError", "VersionError", "LimitError", "StoreFullError", "NotFoundError",
     "LeaseError", "ReservationError", "PermissionDeniedError", "UnavailableError", "InternalError",
+    "IncompatibleError",
 ]

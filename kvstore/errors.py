@@ -16,7 +16,9 @@
         ├── ReservationError      unknown, expired or foreign reservation
         ├── PermissionDeniedError the caller may not do this
         ├── UnavailableError      a tier the request needs is down or timed out
-        └── InternalError         a bug in the daemon; the daemon keeps serving
+        ├── InternalError         a bug in the daemon; the daemon keeps serving
+        └── IncompatibleError     chunk size, key scheme or hash seed differ from what the daemon holds for
+                                  the namespace (the client's keys could never hit)
 
 Wire codes are append-only: a code is never renumbered or reused.
 """
@@ -98,15 +100,19 @@ class InternalError(RequestError):
     code = 11
 
 
+class IncompatibleError(RequestError):
+    code = 12
+
+
 _BY_CODE: dict[int, type[RequestError]] = {
     cls.code: cls
     for cls in (
         BadRequestError, UnknownOpError, VersionError, LimitError, StoreFullError,
         NotFoundError, LeaseError, ReservationError, PermissionDeniedError,
-        UnavailableError, InternalError,
+        UnavailableError, InternalError, IncompatibleError,
     )
 }
-assert len(_BY_CODE) == 11, "wire error codes must be unique"
+assert len(_BY_CODE) == 12, "wire error codes must be unique"
 
 
 def error_from_code(code: int, message: str) -> RequestError:

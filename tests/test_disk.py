@@ -154,7 +154,9 @@ def small_fs():
 
 
 def test_full_filesystem_turns_puts_into_clear_errors(start_daemon, small_fs):
-    d = start_daemon("--host-mem", "32MiB", "--disk-dir", small_fs, "--disk-size", "64MiB")
+    with open(os.path.join(small_fs, "ballast"), "wb") as f:   # the filesystem fills before the tier's cap
+        f.write(b"\0" * (3 * MiB // 2))
+    d = start_daemon("--host-mem", "32MiB", "--disk-dir", small_fs, "--disk-size", "6MiB")
     with d.client(namespace="full", chunk_tokens=4) as c:
         stored = []
         with pytest.raises(kvstore.StoreFullError, match="disk tier is full"):

@@ -47,7 +47,10 @@ def test_alert_rules_parse_and_name_only_defined_metrics():
     assert doc == alerts.rules_document()
     rules = {r["alert"]: r for r in doc["groups"][0]["rules"]}
     assert set(rules) == {"KVStorePrefixHitRateLow", "KVStoreTierNearlyFull", "KVStoreGetLatencyHigh",
-                          "KVStoreChecksumFailures", "KVStoreDiskIOErrors"}
+                          "KVStoreChecksumFailures", "KVStoreDiskIOErrors", "KVStoreCorruptChunks",
+                          "KVStoreScrubFoundDamage", "KVStoreVerifyMismatch"}
+    for damage in ("KVStoreCorruptChunks", "KVStoreScrubFoundDamage", "KVStoreVerifyMismatch"):
+        assert rules[damage]["labels"]["severity"] == "critical" and "for" not in rules[damage]
     assert rules["KVStorePrefixHitRateLow"]["for"] == "10m" and "< 0.3" in rules["KVStorePrefixHitRateLow"]["expr"]
     assert rules["KVStoreTierNearlyFull"]["for"] == "5m" and "> 0.95" in rules["KVStoreTierNearlyFull"]["expr"]
     assert rules["KVStoreTierNearlyFull"]["labels"]["severity"] == "critical"
@@ -71,4 +74,5 @@ def test_dashboard_is_json_and_names_only_defined_metrics():
     for expr in exprs:
         assert queries.undefined_names(expr) == set(), expr
     titles = {p["title"] for p in board["panels"]}
-    assert {"Prefix hit rate (tokens)", "Tier fill", "Request latency p99", "Errors"} <= titles
+    assert {"Prefix hit rate (tokens)", "Tier fill", "Request latency p99", "Errors",
+            "Integrity: damaged copies and scrubs", "Verification by engines"} <= titles

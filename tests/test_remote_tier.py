@@ -123,6 +123,10 @@ def test_corrupted_value_in_the_store_is_a_miss(redis_server, two_hosts):
     assert b.lookup_tiers(keys).tiers == {"host": 1}         # and lookups stop offering it
     stats = remote_stats(b)
     assert stats["corrupt"] == 1 and stats["unreadable_keys"] == 1
+    with b.get(keys, verify=True) as views:   # the fetched chunk carries the record's checksum
+        assert [bytes(v) for v in views] == payloads[:1]
+    with a.get(keys, verify=True) as views:   # A's own copies, intact in its DRAM, are untouched
+        assert [bytes(v) for v in views] == payloads
 
 
 def test_store_outage_keeps_local_hits_and_recovers(redis_server, two_hosts):

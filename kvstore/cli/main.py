@@ -1,4 +1,4 @@
-"""``kvstore`` — the command line: ``serve``, ``stats``, ``alerts``, ``dashboard``, ``simulate``, ``route`` and the subcommands each module registers."""
+"""``kvstore`` — the command line: ``serve``, ``stats``, ``scrub``, ``alerts``, ``dashboard``, ``simulate``, ``route`` and the subcommands each module registers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Sequence
 
 from .._version import __version__
 from ..errors import ConfigError, KVStoreError
-from . import alerts, keygen, route, serve, simulate, stats
+from . import alerts, keygen, route, scrub, serve, simulate, stats
 
-SUBCOMMANDS = (serve, stats, alerts, keygen, simulate, route)
+SUBCOMMANDS = (serve, stats, scrub, alerts, keygen, simulate, route)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -108,6 +108,10 @@ def render_table(stats: dict[str, Any]) -> None:
                          ("evictions", c["evictions"]), ("active leases", stats["leases"]),
                          ("reservations", stats["reservations"]), ("clients", stats["sessions"])):
         summary.add_row(label, str(value))
+    from .watch import Sample, integrity_rows
+
+    for label, text, bad in integrity_rows(Sample.of(stats)):
+        summary.add_row(label, f"[red]{text}[/red]" if bad else text)
     remote = stats.get("remote")
     if remote:
         state = "up" if remote["up"] else "down"
@@ -124,8 +128,13 @@ def run(args: argparse.Namespace) -> int:
     except DaemonUnavailable as exc:
         print(f"kvstore: error: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(stats, sort_keys=True))
-    else:
-        render_table(stats)
+    show(stats, args.json, render_table)
     return 0
+
+
+def show(result: dict[str, Any], as_json: bool, render: Any) -> None:
+    """One JSON object, or ``render``'s table."""
+    if as_json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        render(result)

@@ -14,13 +14,16 @@ DRAM as usual: the daemon copies GPU-only chunks down for readers that do not ma
 
 from __future__ import annotations
 
+import math
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import default_socket
-from ..errors import ClientClosedError, DaemonUnavailable, UsageError, VersionError
+from ..errors import ClientClosedError, DaemonUnavailable, LeaseError, UsageError, VersionError
+from ..keys import KEY_SCHEME
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
 from ..protocol.wire import PROTOCOL_VERSION, Op
@@ -41,44 +44,76 @@ class LookupResult:
 
 
 class Lease:
-    """Zero-copy views of leased chunks; the chunks stay pinned until ``release`` (or the lease TTL).
+    """Zero-copy views of leased chunks; the chunks stay pinned until ``release``.
 
     A view is a memoryview of the shared arena, or — for a client that maps the GPU pool — a ``uint8`` tensor of
-    the pool for a chunk the GPU tier holds (``tiers[i]`` says which: "gpu" or "host")."""
+    the pool for a chunk the GPU tier holds (``tiers[i]`` says which: "gpu" or "host").
 
-    def __init__(self, client: "Client", lease_id: int, views: list[Any], tiers: list[str] | None = None) -> None:
+    The views never change under the reader without the reader learning it. A local client whose process the
+    daemon follows keeps its leases past the TTL for as long as it lives. Any other client (one in another pid
+    namespace) may lose a lease at its TTL, after which other chunks may be written under its views: so a
+    release later than the TTL (counted from before the get was sent, so never late) asks the daemon whether the
+    lease was still held, and ``release`` (and leaving the ``with`` block) raises ``LeaseError`` when it was not:
+    whatever was computed from the views must then be thrown away.
+    """
+
+    def __init__(self, client: "Client", lease_id: int, views: list[Any], tiers: list[str] | None = None,
+                 valid_until: float = math.inf) -> None:
         self._client = client
         self.id = lease_id
         self.views = views
         self.tiers = tiers if tiers is not None else ["host"] * len(views)
+        self._valid_until = valid_until   # time.monotonic() before which the daemon cannot have expired it
+        self._arena = client._arena       # a daemon restarted since maps another arena: these views were left alone
 
     def __enter__(self) -> list[Any]:
         return self.views
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            self.release()
+        except LeaseError:
+            if exc_type is None:
+                raise   # the block's own error, if any, is the one to report
 
     def __len__(self) -> int:
         return len(self.views)
 
     def extend(self) -> float:
         """Push the lease's deadline out by its TTL; returns the seconds left."""
+        sent = time.monotonic()
         header, _ = self._client._call({"op": Op.EXTEND, "lease": self.id})
-        return float(header["ttl"])
+        ttl = float(header["ttl"])
+        self._valid_until = max(self._valid_until, sent + ttl)
+        return ttl
 
     def release(self) -> None:
-        """Unpin the chunks. The views are invalid afterwards (using them raises ValueError)."""
+        """Unpin the chunks. The views are invalid afterwards (using them raises ValueError).
+
+        Raises LeaseError if the lease had already been taken back (see the class docstring)."""
         for view in self.views:
             if isinstance(view, memoryview):
                 view.release()
         self.views = []
-        if self.id:
-            lease_id, self.id = self.id, 0
+        if not self.id:
+            return
+        lease_id, self.id = self.id, 0
+        if time.monotonic() < self._valid_until:
             try:
-                # Nothing to wait for: an unknown or expired lease, or a restarted daemon, pins nothing anyway.
+                # Nothing to wait for: the lease is held, and a restarted daemon pins nothing anyway.
                 self._client._transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
             except (DaemonUnavailable, ClientClosedError):
-                pass  # the daemon is gone, or our connection is: the daemon unpins a departed client's leases
+                pass  # the daemon is gone (nothing is pinned, nothing wrote under the views), or we closed
+            return
+        if self._client._arena is not self._arena:
+            return   # the daemon restarted: nothing wrote into the old arena under these views
+        try:
+            self._client._transport.call({"op": Op.RELEASE, "lease": lease_id})   # past the TTL: was it held?
+        except (DaemonUnavailable, VersionError, ClientClosedError):
+            pass   # the daemon is gone or restarted (it wrote into a new arena, not under these views), or we closed
+        except LeaseError:
+            raise LeaseError(f"lease {lease_id} was taken back at its TTL before it was released: other chunks "
+                             f"may have been written under its views; discard what was read from them") from None
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:
@@ -95,7 +130,8 @@ class Client:
     def __init__(self, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, timeout: float = 5.0,
                  client_id: str | None = None, use_arena: bool | None = None,
-                 curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False) -> None:
+                 curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False,
+                 key_scheme: str = KEY_SCHEME, hash_seed: int = 0) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
             hint = f" (a socket path? use ipc://{self.address})" if self.address.startswith("/") else ""
@@ -105,6 +141,8 @@ class Client:
         self.namespace = namespace
         self.chunk_tokens = chunk_tokens
         self.client_id = client_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # How this client's keys are made: a daemon holding chunks of the namespace made otherwise refuses it.
+        self.key_scheme, self.hash_seed = key_scheme, hash_seed
         self.use_arena = self.address.startswith("ipc://") if use_arena is None else use_arena
         self._transport = Transport(self.address, timeout, curve)
         self._arena: SharedArena | None = None
@@ -132,6 +170,7 @@ class Client:
             "op": Op.HELLO, "version": PROTOCOL_VERSION, "namespace": self.namespace,
             "client_id": self.client_id, "chunk_tokens": self.chunk_tokens,
             "pid": pid, "pid_start": pid_start, "arena": self.use_arena, "gpu": self.want_gpu,
+            "key_scheme": self.key_scheme, "hash_seed": self.hash_seed,
         })
         self.server_info = header
         arena = header.get("arena")
@@ -258,26 +297,59 @@ class Client:
         header, _ = self._call({"op": Op.PUT_INLINE, "keys": list(keys), "parent": parent}, payloads)
         return int(header["committed"])
 
-    def get(self, keys: Sequence[bytes]) -> Lease:
+    def get(self, keys: Sequence[bytes], verify: bool = False) -> Lease:
         """Lease the longest stored prefix of ``keys``; ``len(lease.views) <= len(keys)``.
 
         Use as ``with client.get(keys) as views:``. Over ipc:// the views are zero-copy windows on the shared
-        arena, valid until the lease is released; over tcp:// they are the received frames.
+        arena, valid until the lease is released; over tcp:// they are the received frames. ``verify``: check
+        every view against the chunk's checksum and hand out only the leading run that matches (see
+        ``client/verify.py``); a chunk that fails is a miss, reported to the daemon.
         """
         if not keys:
             return Lease(self, 0, [])
+        sent = time.monotonic()
         header, payload = self._call({"op": Op.GET, "keys": list(keys), "inline": self._arena_view is None,
-                                      "gpu": self._gpu_pool is not None})
+                                      "gpu": self._gpu_pool is not None and not verify, "verify": verify})
         slots = header["slots"]
         if self._arena_view is None:
-            return Lease(self, 0, [frame.buffer for frame in payload])
-        tiers = header.get("tiers") or ["host"] * len(slots)
-        for (off, size), tier in zip(slots, tiers):
-            if tier != "gpu" or self._gpu_pool is None:
-                self._pages.touch(off, size)
-        views = [self._gpu_pool.view(off, size) if tier == "gpu" and self._gpu_pool is not None
-                 else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
-        return Lease(self, int(header["lease"]), views, list(tiers))
+            lease = Lease(self, 0, [frame.buffer for frame in payload])
+        else:
+            tiers = header.get("tiers") or ["host"] * len(slots)
+            for (off, size), tier in zip(slots, tiers):
+                if tier != "gpu" or self._gpu_pool is None:
+                    self._pages.touch(off, size)
+            views = [self._gpu_pool.view(off, size) if tier == "gpu" and self._gpu_pool is not None
+                     else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
+            lease = Lease(self, int(header["lease"]), views, list(tiers),
+                          sent + float(header.get("ttl", math.inf)))
+        return self._verified(lease, list(keys), header.get("sums", [])) if verify else lease
+
+    def _verified(self, lease: Lease, keys: list[bytes], sums: list[int | None]) -> Lease:
+        from .verify import verified_prefix
+
+        good, failed = verified_prefix(lease.views, sums)
+        if failed:
+            self._call({"op": Op.CORRUPT, "keys": [keys[i] for i in failed]})
+        for view in lease.views[good:]:
+            if isinstance(view, memoryview):
+                view.release()
+        lease.views, lease.tiers = lease.views[:good], lease.tiers[:good]
+        return lease
+
+    def scrub(self, rate: int = 0, timeout: float = 3600.0) -> dict[str, Any]:
+        """Have the daemon check every copy of every chunk now (at most ``rate`` bytes/s, 0: no bound); its
+        counts per tier. Waits up to ``timeout`` seconds."""
+        header, _ = self._transport.call({"op": Op.SCRUB, "rate": rate}, timeout=timeout)
+        return header["scrub"]
+
+    def report_verify(self, namespace: str, keys: Sequence[bytes], checks: int, mismatches: int,
+                      max_difference: float, first_bad: int | None = None) -> int:
+        """Tell the daemon how computed KV compared with its chunks ``keys``; a mismatch makes it drop the chain
+        from ``keys[first_bad]``. Returns the chunks it dropped."""
+        header, _ = self._call({"op": Op.VERIFY, "namespace": namespace, "keys": list(keys), "checks": checks,
+                                "mismatches": mismatches, "max_difference": float(max_difference),
+                                "first_bad": first_bad})
+        return int(header["dropped"])
 
     def delete(self, keys: Sequence[bytes]) -> int:
         if not keys:
@@ -286,6 +358,9 @@ class Client:
         return int(header["deleted"])
 
     def clear(self) -> int:
+        """Delete every chunk of this client's namespace; other namespaces' chunks stay. Returns how many went.
+
+        Leased chunks go from the index at once and free their space when their lease ends."""
         header, _ = self._call({"op": Op.CLEAR})
         return int(header["cleared"])
 

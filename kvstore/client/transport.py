@@ -2,7 +2,8 @@
 
 Sends never block on a daemon that is not there: the socket is ``IMMEDIATE`` (nothing is queued for a peer
 that is not connected) and sends are non-blocking, so a dead daemon shows up as DaemonUnavailable within the
-timeout rather than a hang. A reply that arrives after its caller gave up is dropped by id.
+timeout rather than a hang, and at once when an ipc:// socket file does not exist (no daemon listens there: a
+stopping daemon removes it first). A reply that arrives after its caller gave up is dropped by id.
 
 Every failure surfaces as a ``KVStoreError``: ZeroMQ errors become ``DaemonUnavailable`` (chained), a call after
 ``close()`` is ``ClientClosedError``, and on tcp:// a send that times out says why when a daemon was reached
@@ -12,6 +13,7 @@ but the CURVE handshake failed (``handshake.py``).
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from typing import Any
@@ -46,6 +48,7 @@ class Transport:
             self.close()
             raise UsageError(f"{address!r} is not a valid address (expected ipc:///path/to/kvstore.sock or "
                              f"tcp://HOST:PORT): {exc.strerror}") from exc
+        self._ipc_path = address[len("ipc://"):] if address.startswith("ipc://") else None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._pending: dict[int, list[Any]] = {}   # replies received for an id someone still waits on
@@ -71,11 +74,15 @@ class Transport:
                         self._outstanding.add(rid)
                     return rid
                 except zmq.Again:
-                    if time.monotonic() >= deadline:
+                    if time.monotonic() >= deadline or self._no_socket_file():
                         raise DaemonUnavailable(self._why_unreachable()) from None
                     time.sleep(0.005)
                 except zmq.ZMQError as exc:
                     raise self._error(exc) from exc
+
+    def _no_socket_file(self) -> bool:
+        """No connection is up and no daemon can be listening: waiting out the timeout would gain nothing."""
+        return self._ipc_path is not None and not os.path.exists(self._ipc_path)
 
     def wait(self, rid: int, timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
         """Block until the reply to ``rid`` arrives; raise its error if it is an error reply."""

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import math
+
 from ..errors import BadRequestError, LimitError
-from ..keys import KEY_BYTES
+from ..keys import KEY_BYTES, KEY_SCHEME
 from .wire import MAX_BATCH
 
 MAX_NAMESPACE_CHARS = 512
@@ -33,6 +35,18 @@ def read_bool(h: dict[str, Any], name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise BadRequestError(f"field {name!r} must be a boolean, got {type(value).__name__}")
     return value
+
+
+def read_float(h: dict[str, Any], name: str, lo: float, hi: float, default: float | None = None) -> float:
+    """A number (int or float) in [lo, hi]; +inf passes when ``hi`` is inf, NaN never does."""
+    value = h.get(name, default)
+    if value is None:
+        raise BadRequestError(f"missing field {name!r}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise BadRequestError(f"field {name!r} must be a number, got {type(value).__name__}")
+    if math.isnan(value) or not lo <= value <= hi:
+        raise BadRequestError(f"field {name!r} = {value} is out of range [{lo}, {hi}]")
+    return float(value)
 
 
 def read_str(h: dict[str, Any], name: str, max_chars: int, default: str | None = None) -> str:
@@ -92,6 +106,8 @@ class Hello:
     pid_start: int
     want_arena: bool
     want_gpu: bool
+    key_scheme: str     # how the client derives chunk keys (kvstore.keys.KEY_SCHEME for our own)
+    hash_seed: int      # a seed the client's key hash takes, 0 for none
 
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "Hello":
@@ -104,6 +120,8 @@ class Hello:
             pid_start=read_int(h, "pid_start", 0, 1 << 62, default=0),
             want_arena=read_bool(h, "arena", default=False),
             want_gpu=read_bool(h, "gpu", default=False),
+            key_scheme=read_str(h, "key_scheme", MAX_CLIENT_ID_CHARS, default=KEY_SCHEME),
+            hash_seed=read_int(h, "hash_seed", 0, (1 << 64) - 1, default=0),
         )
 
 
@@ -148,11 +166,13 @@ class Get:
     inline: bool
     wait_ms: int
     gpu: bool      # the caller maps the GPU pool: GPU-tier chunks may be handed out as GPU slots
+    verify: bool   # the caller checks what it reads: the reply carries each chunk's checksum
 
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "Get":
         return cls(keys=read_keys(h), inline=read_bool(h, "inline", False),
-                   wait_ms=read_int(h, "wait_ms", 0, 60_000, default=2_000), gpu=read_bool(h, "gpu", False))
+                   wait_ms=read_int(h, "wait_ms", 0, 60_000, default=2_000), gpu=read_bool(h, "gpu", False),
+                   verify=read_bool(h, "verify", False))
 
 
 @dataclass(frozen=True)
@@ -162,3 +182,41 @@ class Keys:
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "Keys":
         return cls(keys=read_keys(h))
+
+
+MAX_SCRUB_RATE = 1 << 50   # bytes per second; 0 is "as fast as it goes"
+
+
+@dataclass(frozen=True)
+class Scrub:
+    rate: int      # bytes checked per second at most (0: no bound)
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "Scrub":
+        return cls(rate=read_int(h, "rate", 0, MAX_SCRUB_RATE, default=0))
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """A connector computed the KV of ``keys``' chunks and compared it with the stored chunks."""
+
+    namespace: str
+    keys: list[bytes]        # the chunks compared, in chain order
+    checks: int              # chunks compared
+    mismatches: int          # chunks that differed beyond the connector's tolerance
+    max_difference: float    # largest absolute difference seen (inf for non-finite values)
+    first_bad: int | None    # index in ``keys`` of the first chunk that differed (None: none did)
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "VerifyReport":
+        keys = read_keys(h)
+        checks = read_int(h, "checks", 0, len(keys))
+        mismatches = read_int(h, "mismatches", 0, checks)
+        first_bad = h.get("first_bad")
+        if first_bad is not None:
+            first_bad = read_int(h, "first_bad", 0, len(keys) - 1)
+        if mismatches and first_bad is None:
+            raise BadRequestError("field 'first_bad' must name the first mismatching chunk when mismatches > 0")
+        return cls(namespace=read_str(h, "namespace", MAX_NAMESPACE_CHARS), keys=keys, checks=checks,
+                   mismatches=mismatches, max_difference=read_float(h, "max_difference", 0.0, math.inf),
+                   first_bad=first_bad if mismatches else None)

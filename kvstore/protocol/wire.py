@@ -50,6 +50,9 @@ class Op(enum.IntEnum):
     CLEAR = 11
     PUT_INLINE = 12
     EXTEND = 13
+    SCRUB = 14          # check every copy of every chunk now (kvstore scrub)
+    VERIFY = 15         # a connector compared computed KV with stored chunks: counts, and what to drop
+    CORRUPT = 16        # a client's view failed its checksum: the daemon checks the chunk itself
 
 
 def _check_unique_ops() -> None:

@@ -47,8 +47,9 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ..errors import LeaseError, ReservationError, StoreFullError
-from ..tiers.disk import DiskTier
+from ..tiers.disk import DamagedSource, DiskTier
 from ..tiers.host import HostTier
+from .damage import DamageMixin, IntegrityCounters
 from .entry import DiskState, Entry, State
 from .policies import DEFAULT_POLICY, make_queue
 from .handles import Handle, HandleTable
@@ -120,6 +121,13 @@ class RemoteSink(Protocol):
     def after_commit(self, entries: list[Entry]) -> None: ...
 
 
+class SumSink(Protocol):
+    """What the Store tells the checksummer (``integrity.py``): take these committed chunks' sums, then call
+    ``Store.checksummed``."""
+
+    def after_commit(self, entries: list[Entry]) -> None: ...
+
+
 HOST_HIGH_WATERMARK = 0.95
 HOST_LOW_WATERMARK = 0.85
 GPU_HIGH_WATERMARK = 0.95
@@ -148,7 +156,7 @@ class Reservation:
     present: list[Entry] = field(default_factory=list)
 
 
-class Store:
+class Store(DamageMixin):
     def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float,
                  clock: Callable[[], float] = time.monotonic, disk: DiskTier | None = None,
                  gpu: "GpuTier | None" = None, policy: str = DEFAULT_POLICY) -> None:
@@ -163,6 +171,8 @@ class Store:
         self.dirty_bytes = 0                 # bytes queued or being written
         self.io: DiskIo | None = None        # set by the tier manager
         self.remote: RemoteSink | None = None   # set by the remote mover
+        self.sums: SumSink | None = None        # set by the checksummer: commits go through it first
+        self.integrity = IntegrityCounters()
         self.tier_counters = TierCounters()
         self.disk_full_reason = ""           # set when the filesystem said ENOSPC; puts fail until cleared
         self.disk_full_need = 0              # free bytes that clear it (checked by the tier manager)
@@ -234,9 +244,10 @@ class Store:
         for entry in res.entries:
             entry.state = State.COMMITTED
         self.lru.add_chain(res.entries)
-        self._queue_writes(res.entries)
-        if self.remote is not None and res.entries:
-            self.remote.after_commit(res.entries)
+        if self.sums is not None and res.entries:
+            self.sums.after_commit(res.entries)   # then write-back and the remote put, which carry the sums
+        else:
+            self.checksummed(res.entries)
         c = self.counters
         c.puts += 1
         c.put_chunks += len(res.entries)
@@ -293,13 +304,16 @@ class Store:
                 deleted += 1
         return deleted
 
-    def clear(self) -> int:
-        return self.delete([k for k, e in self.index.items() if e.state is State.COMMITTED])
+    def clear(self, namespace: str) -> int:
+        """Delete every committed chunk of ``namespace`` (and only those: other namespaces are other engines')."""
+        return self.delete([k for k, e in self.index.items()
+                            if e.state is State.COMMITTED and e.namespace == namespace])
 
-    def expire(self) -> tuple[int, int]:
-        """Release expired leases and abort expired reservations. Returns how many of each."""
+    def expire(self, keep_leases_of: Callable[[bytes], bool] | None = None) -> tuple[int, int]:
+        """Release expired leases (but those of owners ``keep_leases_of`` spares, ``handles.py``) and abort expired
+        reservations. Returns how many of each."""
         now = self.clock()
-        leases = self.leases.pop_expired(now)
+        leases = self.leases.pop_expired(now, keep_leases_of)
         for handle in leases:
             self._unpin_chain(handle.payload)
         reservations = self.reservations.pop_expired(now)
@@ -327,7 +341,8 @@ class Store:
         demoted = 0
         while self.host.used_bytes > HOST_LOW_WATERMARK * self.host.capacity_bytes:
             victim = self.lru.peek_oldest()
-            if victim is None or victim.disk is not DiskState.STORED or victim.gpu_loading is not None:
+            if victim is None or victim.disk is not DiskState.STORED or victim.gpu_loading is not None \
+                    or victim.checking:
                 break
             self.lru.pop_oldest()
             self._drop_host_copy(victim)
@@ -335,12 +350,14 @@ class Store:
         return demoted
 
     # -- disk tier: called by the tier manager ----------------------------------------------------------------
-    def adopt(self, key: bytes, size: int, namespace: str, footprint: int) -> bool:
+    def adopt(self, key: bytes, size: int, namespace: str, footprint: int, checksum: int | None = None,
+              parent: bytes | None = None) -> bool:
         """Index a chunk found on disk at start (call oldest first). False when it does not fit the cap."""
         assert self.disk is not None
         if key in self.index or not self._charge_disk(footprint):
             return False
-        entry = Entry(key, size, namespace, None, State.COMMITTED, disk=DiskState.STORED, disk_bytes=footprint)
+        entry = Entry(key, size, namespace, parent, State.COMMITTED, disk=DiskState.STORED, disk_bytes=footprint,
+                      checksum=checksum)
         self.index[key] = entry
         self.disk_lru.add_newest(entry)
         return True
@@ -371,7 +388,8 @@ class Store:
         self.dirty_bytes -= entry.size
         tc = self.tier_counters
         if error is not None:
-            tc.io_errors += 1
+            damaged = isinstance(error, DamagedSource)   # the slot failed its check: nothing was written
+            tc.io_errors += not damaged
             tc.disk_write_skipped += 1
             if getattr(error, "errno", None) == errno.ENOSPC:
                 self.disk_full_reason = (f"disk tier is full: the filesystem of {self.disk.directory} has no space "
@@ -383,6 +401,8 @@ class Store:
             self.disk_lru.remove(entry)
             if entry.doomed:
                 self._release_if_idle(entry)
+            elif damaged:
+                self.damaged(entry, "host")
             return
         assert stored is not None
         entry.disk = DiskState.STORED
@@ -408,11 +428,14 @@ class Store:
         self.disk_lru.remove(entry)
         return offset
 
-    def finish_promote(self, entry: Entry, error: BaseException | None) -> bool:
-        """A promotion read ended. On error the chunk is a miss from now on (and its file is quarantined)."""
+    def finish_promote(self, entry: Entry, error: BaseException | None, checksum: int | None = None) -> bool:
+        """A promotion read ended (``checksum``: the one the file holds, checked against the bytes read). On error
+        the chunk is a miss from now on: a bad file is quarantined and the chunk dropped with its continuations."""
         offset, entry.loading = entry.loading, None
         tc = self.tier_counters
         if error is None and not entry.doomed:
+            if entry.checksum is None:
+                entry.checksum = checksum
             entry.host_offset = offset
             self.lru.add_chain([entry])
             self.disk_lru.add_chain([entry])
@@ -430,6 +453,8 @@ class Store:
                 tc.checksum_failures += 1
             else:
                 tc.io_errors += 1
+            if bad and not entry.doomed:
+                self.damaged(entry, "disk")
             if not entry.doomed:
                 del self.index[entry.key]
                 self.lru.remove(entry)
@@ -490,10 +515,13 @@ class Store:
             prev = key
         return entries
 
-    def finish_remote_fetch(self, entries: Sequence[Entry], loaded: int) -> int:
-        """The first ``loaded`` entries hold their bytes: publish them (and queue them for the disk); free the
-        rest. Returns how many were published."""
+    def finish_remote_fetch(self, entries: Sequence[Entry], loaded: int,
+                            sums: Sequence[int | None] = ()) -> int:
+        """The first ``loaded`` entries hold their bytes, checked against the records' ``sums``: publish them with
+        those sums (and queue them for the disk); free the rest. Returns how many were published."""
         good = list(entries[:loaded])
+        for entry, checksum in zip(good, sums):
+            entry.checksum = checksum
         for entry in good:
             entry.state = State.COMMITTED
         self.lru.add_chain(good)
@@ -529,7 +557,7 @@ class Store:
                     raise StoreFullError(
                         f"host tier is full: no room for a {size}-byte chunk and every stored chunk is leased or "
                         f"being written ({self.host.used_bytes} of {self.host.capacity_bytes} bytes in use)")
-                if victim.disk is DiskState.WRITING or victim.gpu_loading is not None:
+                if victim.disk is DiskState.WRITING or victim.gpu_loading is not None or victim.checking:
                     skipped.append(victim)
                     continue
                 self._drop_host_copy(victim)
