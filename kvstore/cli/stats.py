@@ -21,15 +21,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--address", default=None, metavar="URL",
                    help="ipc:///path or tcp://HOST:PORT instead of --socket (CURVE keys from KVSTORE_CURVE_*)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--timeout", type=_positive, default=2.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=positive_seconds, default=2.0, metavar="SECONDS",
                    help="how long to wait for the daemon's answer (default: %(default)s)")
     p.add_argument("--watch", action="store_true", help="refresh in place with rates until interrupted")
-    p.add_argument("--interval", type=_positive, default=1.0, metavar="SECONDS", help="--watch refresh period")
+    p.add_argument("--interval", type=positive_seconds, default=1.0, metavar="SECONDS", help="--watch refresh period")
     p.add_argument("--count", type=_count, default=0, metavar="N", help="--watch: stop after N refreshes (0: never)")
     p.set_defaults(run=run)
 
 
-def _positive(text: str) -> float:
+def positive_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
