@@ -2,6 +2,8 @@
 
     KVStoreError
     ├── ConfigError               bad flag, config key or value (never on the wire)
+    ├── UsageError                a client call with an invalid argument (also a ValueError)
+    ├── ClientClosedError         a call on a client after its close()
     ├── DaemonUnavailable         the daemon cannot be reached or did not answer in time
     ├── RemoteError               a remote store call failed (connection, protocol or server error)
     ├── FormatError (ValueError)  a header, file or record that is not ours, torn, or inconsistent
@@ -36,6 +38,14 @@ class KVStoreError(Exception):
 
 class ConfigError(KVStoreError):
     """A configuration file, flag or value is invalid; the message says how to fix it."""
+
+
+class UsageError(KVStoreError, ValueError):
+    """A client call was given an invalid argument (an address, sizes, buffers); the message says which."""
+
+
+class ClientClosedError(KVStoreError):
+    """The client was closed; connect again to make more calls."""
 
 
 class DaemonUnavailable(KVStoreError):

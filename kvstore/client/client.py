@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import default_socket
-from ..errors import DaemonUnavailable, KVStoreError, LeaseError, VersionError
+from ..errors import ClientClosedError, DaemonUnavailable, KVStoreError, LeaseError, UsageError, VersionError
 from ..keys import KEY_SCHEME
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
@@ -34,6 +34,7 @@ from ..tiers.arena import SharedArena
 from .buffers import copy_into, nbytes_of
 from .shared_index import SeenNotes, SharedIndexView
 from .stream_transport import StreamLost, StreamTransport
+from .pages import PagePopulator
 from .transport import Transport
 
 DEFAULT_NAMESPACE = "default"
@@ -105,15 +106,15 @@ class Lease:
             try:
                 # Nothing to wait for: the lease is held, and a restarted daemon pins nothing anyway.
                 self._client._transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
-            except DaemonUnavailable:
-                pass  # the daemon is gone: nothing is pinned, and nothing wrote under the views
+            except (DaemonUnavailable, ClientClosedError):
+                pass  # the daemon is gone (nothing is pinned, nothing wrote under the views), or we closed
             return
         if self._client._arena is not self._arena:
             return   # the daemon restarted: nothing wrote into the old arena under these views
         try:
             self._client._transport.call({"op": Op.RELEASE, "lease": lease_id})   # past the TTL: was it held?
-        except (DaemonUnavailable, VersionError):
-            pass   # the daemon is gone or restarted (it wrote into a new arena, not under these views)
+        except (DaemonUnavailable, VersionError, ClientClosedError):
+            pass   # the daemon is gone or restarted (it wrote into a new arena, not under these views), or we closed
         except LeaseError:
             raise LeaseError(f"lease {lease_id} was taken back at its TTL before it was released: other chunks "
                              f"may have been written under its views; discard what was read from them") from None
@@ -138,9 +139,10 @@ class Client:
                  shared_index: bool = True, stream: bool = True) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
-            raise ValueError(f"address must start with ipc:// or tcp://, got {self.address!r}")
+            hint = f" (a socket path? use ipc://{self.address})" if self.address.startswith("/") else ""
+            raise UsageError(f"address must start with ipc:// or tcp://, got {self.address!r}{hint}")
         if chunk_tokens <= 0:
-            raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+            raise UsageError(f"chunk_tokens must be positive, got {chunk_tokens}")
         self.namespace = namespace
         self.chunk_tokens = chunk_tokens
         self.client_id = client_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -154,6 +156,7 @@ class Client:
         self.timeout = timeout
         self._arena: SharedArena | None = None
         self._arena_view: memoryview | None = None
+        self._pages: PagePopulator | None = None
         self._arena_file: tuple[int, int] | None = None
         self.want_gpu = gpu and self.use_arena
         # Page-lock our arena mapping (CUDA) so that copies from leased views to the GPU are asynchronous DMA;
@@ -168,7 +171,11 @@ class Client:
         self._index: SharedIndexView | None = None
         self._index_file: tuple[int, int] | None = None
         self._seen = SeenNotes()
-        self._hello()
+        try:
+            self._hello()
+        except BaseException:
+            self.close()   # no socket or mapping outlives a failed connect
+            raise
 
     # -- session --------------------------------------------------------------------------------------------
     def _hello(self) -> None:
@@ -193,6 +200,7 @@ class Client:
             self._arena_file = _file_identity(arena["path"])
             self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
             self._arena_view = self._arena.view()
+            self._pages = PagePopulator(self._arena.buf, self._arena.size)
         elif not arena:
             self._detach_arena()
         # The index is read only while our stream to its writer is open: a daemon that died shows there at once
@@ -276,7 +284,7 @@ class Client:
                 pass  # views of live leases still point into it; the mapping goes when they do
         if self._arena is not None:
             self._arena.close()
-        self._arena, self._arena_view = None, None
+        self._arena, self._arena_view, self._pages = None, None, None
 
     def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
               retry: bool = True) -> tuple[dict[str, Any], list[Any]]:
@@ -346,7 +354,7 @@ class Client:
         written. Raises StoreFullError when the daemon cannot make room.
         """
         if len(keys) != len(buffers):
-            raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
+            raise UsageError(f"put: {len(keys)} keys but {len(buffers)} buffers")
         if not keys:
             return 0
         if self._arena_view is None:
@@ -357,6 +365,7 @@ class Client:
         try:
             for slot, buf in zip(header["slots"], buffers):
                 if slot is not None:
+                    self._pages.touch(slot[0], slot[1])
                     copy_into(self._arena_view[slot[0]:slot[0] + slot[1]], buf)
         except BaseException:
             self._call({"op": Op.ABORT, "reservation": rid}, retry=False)
@@ -388,6 +397,9 @@ class Client:
             lease = Lease(self, 0, [frame.buffer for frame in payload])
         else:
             tiers = header.get("tiers") or ["host"] * len(slots)
+            for (off, size), tier in zip(slots, tiers):
+                if tier != "gpu" or self._gpu_pool is None:
+                    self._pages.touch(off, size)
             views = [self._gpu_pool.view(off, size) if tier == "gpu" and self._gpu_pool is not None
                      else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
             lease = Lease(self, int(header["lease"]), views, list(tiers),
@@ -447,6 +459,7 @@ class Client:
                 pass
         if self._transport is not self._zmq:
             self._transport.close()
+            self._transport = self._zmq   # closed below: every later call raises ClientClosedError
         self._zmq.close()
         self._detach_index()
         self._detach_arena()
