@@ -96,6 +96,10 @@ class TierManager:
         self.store.rebalance()
         self._drained.set()
 
+    def queued_bytes(self) -> int:
+        """Bytes committed and waiting for (or being written to) the disk."""
+        return self.store.dirty_bytes
+
     def over_bound(self, nbytes: int) -> bool:
         """Whether queuing ``nbytes`` more would pass the write-back bound (a lone large put always passes)."""
         queued = self.store.dirty_bytes

@@ -309,6 +309,27 @@ class Store(DamageMixin):
         handle = self.leases.extend(owner, lease_id, self.clock())
         return handle.deadline - self.clock()
 
+    def read(self, entry: Entry) -> memoryview:
+        """The DRAM bytes of a chunk the caller holds a lease or reservation on."""
+        assert entry.host_offset is not None
+        return self.host.read(entry.host_offset, entry.size)
+
+    def write(self, slot: Slot, data: object) -> None:
+        """Copy a put's bytes into the slot its reservation got."""
+        self.host.write(slot.offset, data)
+
+    def arena(self) -> tuple[str, int]:
+        """The shared arena's path and size, for clients that map it."""
+        return self.host.arena.path, self.host.arena.size
+
+    def entries(self, keys: Sequence[bytes]) -> list[Entry]:
+        """The indexed entries of ``keys`` (any state), in order, skipping keys not indexed."""
+        return [e for e in (self.index.get(k) for k in keys) if e is not None]
+
+    def wants_gpu(self) -> bool:
+        """Whether some chunk asked for a GPU promotion that the GPU mover has not taken yet."""
+        return bool(self.gpu_wanted)
+
     def count_remote_hits(self, chunks: int) -> None:
         """A lookup found ``chunks`` more in the remote store (or being fetched from it) past its local walk."""
         self.counters.hit_keys += chunks
