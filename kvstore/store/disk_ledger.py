@@ -14,6 +14,7 @@ from typing import Sequence
 
 from ..errors import ChecksumError, DamagedSource, FormatError, StoreFullError
 from .entry import DiskState, Entry, State
+from .room import make_room, shed_to_low
 
 HOST_HIGH_WATERMARK = 0.95
 HOST_LOW_WATERMARK = 0.85
@@ -25,18 +26,25 @@ class DiskLedger:
     def rebalance(self) -> int:
         """Above the high watermark, drop DRAM copies of chunks already on disk (LRU first) until under the low
         one. Stops at a chunk not yet on disk: that is for the write-back to fix, not for demotion to lose."""
-        if self.disk is None or self.host.used_bytes <= HOST_HIGH_WATERMARK * self.host.capacity_bytes:
+        if self.disk is None:
             return 0
-        demoted = 0
-        while self.host.used_bytes > HOST_LOW_WATERMARK * self.host.capacity_bytes:
-            victim = self.lru.peek_oldest()
-            if victim is None or victim.disk is not DiskState.STORED or victim.gpu_loading is not None \
-                    or victim.checking:
-                break
-            self.lru.pop_oldest()
-            self._drop_host_copy(victim)
-            demoted += 1
-        return demoted
+        host = self.host
+        return shed_to_low(lambda: host.used_bytes > HOST_HIGH_WATERMARK * host.capacity_bytes,
+                           lambda: host.used_bytes > HOST_LOW_WATERMARK * host.capacity_bytes,
+                           self._next_demotable, self._demote_host_copy)
+
+    def _next_demotable(self) -> Entry | None:
+        """The oldest DRAM chunk, if its DRAM copy can go now without losing it (it is on disk)."""
+        victim = self.lru.peek_oldest()
+        if victim is None or victim.disk is not DiskState.STORED or victim.gpu_loading is not None \
+                or victim.checking:
+            return None
+        return victim
+
+    def _demote_host_copy(self, entry: Entry) -> bool:
+        self.lru.pop_oldest()
+        self._drop_host_copy(entry)
+        return True
 
     def adopt(self, key: bytes, size: int, namespace: str, footprint: int, checksum: int | None = None,
               parent: bytes | None = None) -> bool:
@@ -178,23 +186,14 @@ class DiskLedger:
             self.io.wake_writer()
 
     def _charge_disk(self, footprint: int) -> bool:
-        """Make room on disk (evicting its LRU chunks) and charge ``footprint`` bytes; False if impossible."""
+        """Make room on disk (evicting its LRU chunks) and charge ``footprint`` bytes; False if impossible. Chunks
+        queued or being written are not evictable from disk yet."""
         assert self.disk is not None
         if footprint > self.disk.capacity_bytes:
             return False
-        skipped: list[Entry] = []
-        try:
-            while not self.disk.charge(footprint):
-                victim = self.disk_lru.pop_oldest()
-                if victim is None:
-                    return False
-                if victim.disk is not DiskState.STORED:
-                    skipped.append(victim)   # queued or being written: not evictable from disk yet
-                    continue
-                self._evict_from_disk(victim)
-            return True
-        finally:
-            self.disk_lru.push_oldest(skipped)
+        disk = self.disk
+        return make_room(lambda: True if disk.charge(footprint) else None, self.disk_lru,
+                         lambda e: e.disk is DiskState.STORED, self._evict_from_disk) is not None
 
     def _evict_from_disk(self, entry: Entry) -> None:
         """A chunk leaves the disk tier (already out of the disk LRU); it is lost unless still in DRAM."""

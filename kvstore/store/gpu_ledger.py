@@ -12,6 +12,7 @@ from typing import Sequence
 
 from ..errors import StoreFullError
 from .entry import DiskState, Entry
+from .room import make_room
 
 GPU_HIGH_WATERMARK = 0.95
 GPU_LOW_WATERMARK = 0.85
@@ -128,21 +129,9 @@ class GpuLedger:
         """A GPU slot, making room by dropping GPU copies that have a copy below (oldest first); None if even
         then there is none: copies that must be copied down first are the background demotion's job."""
         assert self.gpu is not None
-        skipped: list[Entry] = []
-        try:
-            while True:
-                offset = self.gpu.allocate(size)
-                if offset is not None:
-                    return offset
-                victim = self.gpu_lru.pop_oldest()
-                if victim is None:
-                    return None
-                if victim.host_offset is None and victim.disk is not DiskState.STORED:
-                    skipped.append(victim)
-                    continue
-                self.start_gpu_demote(victim)
-        finally:
-            self.gpu_lru.push_oldest(skipped)
+        gpu = self.gpu
+        return make_room(lambda: gpu.allocate(size), self.gpu_lru,
+                         lambda e: e.host_offset is not None or e.disk is DiskState.STORED, self.start_gpu_demote)
 
     def _free_gpu(self, entry: Entry) -> None:
         if entry.gpu_offset is not None:

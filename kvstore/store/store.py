@@ -57,6 +57,7 @@ from .damage import DamageMixin, IntegrityCounters
 from .disk_ledger import DiskLedger
 from .gpu_ledger import GpuLedger
 from .remote_ledger import RemoteLedger
+from .room import make_room
 from ..protocol.index_layout import STATE_OF_TIER
 from .entry import DiskState, Entry, State
 from .policies import DEFAULT_POLICY, make_queue
@@ -335,23 +336,14 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
             self.published.remove(key)
 
     def _allocate(self, size: int) -> int:
-        skipped: list[Entry] = []   # chunks being written: their slots are in use until the write ends
-        try:
-            while True:
-                offset = self.host.allocate(size)
-                if offset is not None:
-                    return offset
-                victim = self.lru.pop_oldest()
-                if victim is None:
-                    raise StoreFullError(
-                        f"host tier is full: no room for a {size}-byte chunk and every stored chunk is leased or "
-                        f"being written ({self.host.used_bytes} of {self.host.capacity_bytes} bytes in use)")
-                if victim.disk is DiskState.WRITING or victim.gpu_loading is not None or victim.checking:
-                    skipped.append(victim)
-                    continue
-                self._drop_host_copy(victim)
-        finally:
-            self.lru.push_oldest(skipped)
+        """A DRAM slot, evicting (or demoting) the oldest unpinned chunks until one fits. A chunk being written,
+        copied to the GPU tier or checked keeps its slot (and its place in the queue)."""
+        offset = make_room(lambda: self.host.allocate(size), self.lru, _may_leave_dram, self._drop_host_copy)
+        if offset is None:
+            raise StoreFullError(
+                f"host tier is full: no room for a {size}-byte chunk and every stored chunk is leased or "
+                f"being written ({self.host.used_bytes} of {self.host.capacity_bytes} bytes in use)")
+        return offset
 
     def _drop_host_copy(self, entry: Entry) -> None:
         """An unpinned chunk leaves DRAM (it is already out of the host LRU): demoted if on disk, else evicted."""
@@ -429,6 +421,11 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
                 back_in_queue.append(entry)
         self.lru.add_chain([e for e in back_in_queue if e.host_offset is not None])
         self.gpu_lru.add_chain([e for e in back_in_queue if e.gpu_offset is not None])
+
+
+def _may_leave_dram(entry: Entry) -> bool:
+    """Whether nothing but the index uses the chunk's DRAM slot (a write, a GPU copy or a check reads it)."""
+    return entry.disk is not DiskState.WRITING and entry.gpu_loading is None and not entry.checking
 
 
 def top_tier(entry: Entry) -> str:
