@@ -1,0 +1,192 @@
+"""The test side of real vLLM engines: find the engine's virtualenv, start engines, talk to them.
+
+An engine process (``vllm_engine.py``) runs in the virtualenv that ``.ci/install-vllm-engine.sh`` makes
+(default ``<repo>/.venv-vllm``; ``KVSTORE_VLLM_VENV`` points elsewhere) with ``PYTHONPATH`` at the repository
+root, so the connector under test is the source tree's. Engines are started once per configuration and kept
+in ``POOL`` for the whole session; each test brings its own daemon on the one socket path every engine is
+configured with (``POOL.socket``), so the connector meets a fresh daemon per test, exactly as after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
+INSTALL_HINT = "bash .ci/install-vllm-engine.sh"
+START_TIMEOUT_S = 600.0
+CHUNK = 256        # connector chunk size in the tests: two of the CPU engine's 128-token blocks
+VOCAB = 512
+
+
+def engine_python() -> str | None:
+    """The engine virtualenv's python, or None when there is none."""
+    venv = Path(os.environ.get("KVSTORE_VLLM_VENV") or REPO / ".venv-vllm")
+    python = venv / "bin" / "python"
+    if not python.exists() or not list(venv.glob("lib/python*/site-packages/vllm/__init__.py")):
+        return None
+    return str(python)
+
+
+def skip_reason() -> str:
+    venv = os.environ.get("KVSTORE_VLLM_VENV") or str(REPO / ".venv-vllm")
+    return f"no vLLM engine virtualenv at {venv}: run `{INSTALL_HINT}` (or set KVSTORE_VLLM_VENV)"
+
+
+def prompts(n: int, length: int, seed: int, prefix: list[int] | None = None) -> list[list[int]]:
+    """`n` random prompts of `length` tokens (after `prefix`), different for every seed."""
+    rng = random.Random(seed)
+    head = list(prefix or [])
+    return [head + [rng.randrange(3, VOCAB) for _ in range(length - len(head))] for _ in range(n)]
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+class EngineProc:
+    """One engine process and its JSON-lines conversation."""
+
+    def __init__(self, python: str, config: dict[str, Any], log_path: str, env: dict[str, str]) -> None:
+        self.config = config
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [python, str(ENGINE_SCRIPT), "serve", json.dumps(config)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._log, env=env, cwd=str(REPO), text=True, bufsize=1,
+        )
+        self._lock = threading.Lock()
+        ready = self._read(START_TIMEOUT_S)
+        if not ready.get("ready"):
+            raise EngineError(f"engine did not start: {ready}\n{self.log_tail()}")
+
+    def _read(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not result or not result[0]:
+            self.close()
+            raise EngineError(f"engine gave no reply (exit code {self.proc.poll()}):\n{self.log_tail()}")
+        return json.loads(result[0])
+
+    def call(self, op: str, timeout: float = 300.0, **args: Any) -> dict[str, Any]:
+        with self._lock:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+            self.proc.stdin.flush()
+            reply = self._read(timeout)
+        if "error" in reply:
+            raise EngineError(f"{reply['error']}\n{reply.get('traceback', '')}")
+        return reply
+
+    def generate(self, prompts: list[list[int]], max_tokens: int = 8, **kw: Any) -> list[dict[str, Any]]:
+        return self.call("generate", prompts=prompts, max_tokens=max_tokens, **kw)["outputs"]
+
+    def reset_prefix_cache(self) -> None:
+        self.call("reset_prefix_cache")
+
+    def stats(self) -> dict[str, Any]:
+        return self.call("stats")
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            lines = Path(self.log_path).read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class EnginePool:
+    """Engines by name, started on first use and kept until `close` (or `keep` drops them)."""
+
+    def __init__(self) -> None:
+        self.engines: dict[str, EngineProc] = {}
+        self._workdir: str | None = None
+        self._model: str | None = None
+
+    @property
+    def workdir(self) -> str:
+        if self._workdir is None:
+            from conftest import short_tempdir
+
+            self._workdir = short_tempdir()
+        return self._workdir
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.workdir, "kv.sock")
+
+    @property
+    def address(self) -> str:
+        return "ipc://" + self.socket
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+        env.update(PYTHONPATH=str(REPO), VLLM_CPU_KVCACHE_SPACE="1", VLLM_TARGET_DEVICE="cpu",
+                   OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"), TOKENIZERS_PARALLELISM="false")
+        return env
+
+    def model(self) -> str:
+        if self._model is None:
+            python = engine_python()
+            assert python is not None
+            path = os.path.join(self.workdir, "model")
+            subprocess.run([python, str(ENGINE_SCRIPT), "save-model", path], check=True, env=self.env(),
+                           cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+            self._model = path
+        return self._model
+
+    def connector(self, role: str = "kv_both", **extra: Any) -> dict[str, Any]:
+        """A kv_transfer_config for the kvstore connector on the pool's socket."""
+        return {
+            "kv_connector": "KVStoreConnector", "kv_connector_module_path": "kvstore.connectors.vllm",
+            "kv_role": role, "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"address": self.address, "chunk_tokens": CHUNK, "timeout": 2.0,
+                                          "retry_s": 0.2, **extra},
+        }
+
+    def get(self, name: str, **config: Any) -> EngineProc:
+        engine = self.engines.get(name)
+        if engine is not None and engine.proc.poll() is None:
+            return engine
+        python = engine_python()
+        assert python is not None
+        config = {"model": self.model(), **config}
+        engine = EngineProc(python, config, os.path.join(self.workdir, f"engine-{name}.log"), self.env())
+        self.engines[name] = engine
+        return engine
+
+    def keep(self, *names: str) -> None:
+        """Close every engine not named (at most a few engine processes at a time)."""
+        for name in [n for n in self.engines if n not in names]:
+            self.engines.pop(name).close()
+
+    def close(self) -> None:
+        self.keep()
+        if self._workdir is not None and not os.environ.get("KVSTORE_KEEP_TEST_DIRS"):
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir, self._model = None, None
+
+
+POOL = EnginePool()
