@@ -41,6 +41,7 @@ def save_whole_prompt(eng: Engine, model, req_id: str, ids: torch.Tensor, salt: 
     meta = eng.schedule_new(req, 0, ext, ids.shape[1] - ext)
     keys, values = kv_of(model, ids)
     eng.run_step(meta, lambda: eng.write_kv(req_id, keys, values, ext, ids.shape[1]))
+    eng.drain()
     return meta
 
 
@@ -57,11 +58,11 @@ def test_shared_prefix_loads_into_other_blocks_and_continues_like_full_prefill(d
     req = request("b", second[0].tolist())
     assert two.lookup(req) == 1024
     meta = two.schedule_new(req, 0, 1024, second.shape[1] - 1024)
-    assert [(s.num_chunks, s.skip_tokens) for s in meta.loads] == [(4, 0)]
-    assert not meta.saves  # everything full is already stored
+    assert [(s.num_chunks, s.skip_tokens, s.is_async) for s in two.last_load_meta.loads] == [(4, 0, True)]
+    assert not meta.loads and not meta.saves  # loaded before it is scheduled; everything full is stored
     keys, values = kv_of(model, second)
-    assert two.run_step(meta, lambda: two.write_kv("b", keys, values, 1024, second.shape[1])) == (None, None)
-    assert two.worker.get_block_ids_with_load_errors() == set()
+    two.run_step(meta, lambda: two.write_kv("b", keys, values, 1024, second.shape[1]))
+    assert two.received == {"b"} and two.load_errors == set()
 
     loaded_k, loaded_v = two.read_kv("b", 1024)
     for layer in range(len(keys)):
@@ -85,13 +86,14 @@ def test_engine_prefix_cache_hit_is_left_alone(daemon, model):
     two = engine(daemon, model, seed=3)
     req = request("b", ids[0].tolist())
     assert two.lookup(req, local_tokens=512) == 512
-    meta = two.schedule_new(req, 512, 512, ids.shape[1] - 1024)
+    meta = two.admit(req, 512, 512)
     assert [(s.num_chunks, s.skip_tokens) for s in meta.loads] == [(4, 512)]
     table = two.blocks["b"]
     for cache in two.caches.values():
         for b in table[:512 // 16]:
             cache[b].fill_(7.0)  # blocks the engine's own prefix cache holds (and may share)
     two.run_step(meta)
+    two.wait_loaded("b")
     k, _ = two.read_kv("b", 1024)
     keys, _ = kv_of(model, ids)
     assert torch.all(k[0][:, :, :512] == 7.0)
@@ -110,7 +112,9 @@ def test_chunked_prefill_saves_chunks_as_they_complete(daemon, model):
     meta = one.schedule_cached(req, 300, 400)
     assert [(s.first_chunk, s.num_chunks) for s in meta.saves] == [(1, 1)]
     one.run_step(meta, lambda: one.write_kv("a", keys, values, 300, 700))
-    assert one.scheduler.request_finished(req, one.blocks["a"]) == (False, None)
+    assert one.finish(req) is True  # saves may be in flight: vLLM keeps the blocks until they are done
+    one.drain(finished={"a"})
+    assert one.sent == {"a"}
 
     two = engine(daemon, model, seed=2)
     req = request("b", ids[0].tolist())
@@ -125,12 +129,13 @@ def test_chunk_evicted_between_lookup_and_load_is_reported(daemon, model):
     two = engine(daemon, model, seed=2)
     req = request("b", ids[0].tolist())
     assert two.lookup(req) == 1024
-    meta = two.schedule_new(req, 0, 1024, 5)
+    meta = two.admit(req, 0, 1024)
     store = two.scheduler._stores[0]
     with daemon.client() as c:
         assert c.delete(store.keys(ids[0].tolist())[2:]) == 2
     two.run_step(meta)
-    assert two.worker.get_block_ids_with_load_errors() == set(two.blocks["b"][512 // 16:1024 // 16])
+    two.wait_loaded("b")  # a failed load is still a finished one, with its unwritten blocks reported
+    assert two.load_errors == set(two.blocks["b"][512 // 16:1024 // 16])
     assert two.worker.get_block_ids_with_load_errors() == set()
 
 
@@ -154,6 +159,7 @@ def test_bfloat16_pages_round_trip_bit_exact(daemon):
     req = request("a", ids)
     eng.lookup(req)
     eng.run_step(eng.schedule_new(req, 0, 0, n), lambda: eng.write_kv("a", keys, values, 0, n))
+    eng.drain()
     two = Engine(daemon.address, layers=3, kv_heads=4, head_dim=8, dtype=torch.bfloat16, chunk_tokens=64, seed=5)
     req = request("b", ids)
     assert two.lookup(req) == 192
@@ -172,6 +178,8 @@ def test_daemon_down_means_zero_hits_and_normal_steps(model, tmp_path):
     assert eng.lookup(req) == 0
     meta = eng.schedule_new(req, 0, 0, 600)
     assert eng.run_step(meta, lambda: eng.write_kv("a", keys, values, 0, 600)) == (None, None)
+    eng.drain()
+    assert eng.worker.stats["save_failures"] == 1
     assert eng.lookup(request("b", ids[0].tolist())) == 0
 
 

@@ -61,5 +61,13 @@ def test_second_engine_loads_what_the_first_saved(pool, kv_daemon):
     with kv_daemon.client() as c:
         assert c.stats()["chunks"] == 4 * (1100 // CHUNK)
     before = hit_tokens(kv_daemon)
-    assert_same(with_store(pool, "b").generate(batch), want)
+    b = with_store(pool, "b")
+    moved = b.stats()
+    assert_same(b.generate(batch), want)
     assert hit_tokens(kv_daemon) - before == 4 * (1100 // CHUNK) * CHUNK
+    assert delta(b.stats(), moved, "worker", "chunks_loaded") == 4 * (1100 // CHUNK)
+    assert delta(b.stats(), moved, "worker", "load_failures") == 0
+
+
+def delta(after: dict, before: dict, side: str, name: str) -> int:
+    return after.get(side, {}).get(name, 0) - before.get(side, {}).get(name, 0)
