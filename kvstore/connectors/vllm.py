@@ -266,6 +266,8 @@ class KVStoreConnector(KVConnectorBase_V1):
             return meta
         meta.loads, self._loads = list(self._loads.values()), {}
         meta.preempted = list(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        if meta.preempted:
+            self._count("preempted", len(meta.preempted))
         for new in scheduler_output.scheduled_new_reqs:
             self._tracked[new.req_id] = _Tracked(
                 list(new.prompt_token_ids or []), list(new.block_ids[0]), self._loaded.pop(new.req_id, 0),

@@ -8,9 +8,10 @@ lives in a virtualenv of its own (`.ci/install-vllm-engine.sh`) and the tests ta
 an engine start costs ~15 s, so one process serves every test of a configuration. Requests (stdin) and replies
 (stdout) are one JSON object a line; everything the engine itself prints goes to stderr. Requests:
 
-    {"op": "generate", "prompts": [[ids...], ...], "max_tokens": 8, "abort": {"3": 2}}
+    {"op": "generate", "prompts": [[ids...], ...], "max_tokens": 8, "abort": {"3": 2}, "pause_after": 2}
         -> {"outputs": [{"tokens": [...], "logprobs": [...], "ttft": s, "finished": reason}], "wall": s}
-        (`abort`: request index -> abort it after that many engine steps)
+        (`abort`: request index -> abort it after that many engine steps; `pause_after`: after that many
+        steps reply {"paused": n} and wait for a line (any) before going on, so the test can act mid-run)
     {"op": "reset_prefix_cache"} -> {"ok": true}         (vLLM forgets its own cached blocks)
     {"op": "stats"} -> {"scheduler": {...}, "worker": {...}}   (the connector's counters, if it has them)
     {"op": "exit"}
@@ -26,7 +27,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 
 def save_model(directory: str, seed: int = 0) -> None:
@@ -62,7 +63,8 @@ class Engine:
         self._next_id = 0
 
     def generate(self, prompts: list[list[int]], max_tokens: int = 8, abort: dict[str, int] | None = None,
-                 ignore_eos: bool = True) -> dict[str, Any]:
+                 ignore_eos: bool = True, pause_after: int | None = None,
+                 pause: Callable[[int], None] | None = None) -> dict[str, Any]:
         from vllm import SamplingParams
 
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=0, detokenize=False,
@@ -89,15 +91,33 @@ class Engine:
                 if out.finished:
                     slot["finished"] = completion.finish_reason or "finished"
             steps += 1
+            if pause_after is not None and steps == pause_after and pause is not None:
+                pause(steps)
             for i, after in list(abort_at.items()):
                 if steps >= after:
                     self.engine.abort_request([ids[i]])
                     outputs[i]["finished"] = outputs[i]["finished"] or "aborted"
                     del abort_at[i]
+        self._drain()
         return {"outputs": outputs, "wall": time.perf_counter() - started, "steps": steps}
 
+    def _drain(self, timeout: float = 60.0) -> None:
+        """Step until the scheduler holds no request (finished ones whose blocks wait for their saves), as a
+        server's busy loop would."""
+        core = getattr(self.engine.engine_core, "engine_core", None)
+        deadline = time.monotonic() + timeout
+        while core is not None and core.scheduler.has_requests() and time.monotonic() < deadline:
+            self.engine.step()
+            time.sleep(0.002)
+
     def reset_prefix_cache(self) -> dict[str, Any]:
+        self._drain()
         return {"ok": bool(self.engine.reset_prefix_cache())}
+
+    def chunk_keys(self, prompts: list[list[int]]) -> dict[str, Any]:
+        """The connector's chunk keys of each prompt (hex), for tests that delete chunks."""
+        store = self.engine.engine_core.engine_core.scheduler.connector._stores[0]
+        return {"keys": [[k.hex() for k in store.keys(p)] for p in prompts]}
 
     def stats(self) -> dict[str, Any]:
         found: dict[str, Any] = {}
@@ -128,6 +148,9 @@ def serve(config: dict[str, Any]) -> None:
         op = request.pop("op")
         if op == "exit":
             break
+        if op == "generate":
+            request["pause"] = lambda steps: (replies.write(json.dumps({"paused": steps}) + "\n"),
+                                              sys.stdin.readline())
         try:
             reply = getattr(engine, op)(**request)
         except Exception as exc:  # noqa: BLE001 - reported to the test, which fails with it

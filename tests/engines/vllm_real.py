@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
@@ -91,11 +91,36 @@ class EngineProc:
     def generate(self, prompts: list[list[int]], max_tokens: int = 8, **kw: Any) -> list[dict[str, Any]]:
         return self.call("generate", prompts=prompts, max_tokens=max_tokens, **kw)["outputs"]
 
+    def generate_with_pause(self, prompts: list[list[int]], pause_after: int, during: Callable[[], None],
+                            max_tokens: int = 8, timeout: float = 300.0, **kw: Any) -> list[dict[str, Any]]:
+        """Generate, stopping the engine after `pause_after` steps to run `during` (then it goes on)."""
+        with self._lock:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"op": "generate", "prompts": prompts, "max_tokens": max_tokens,
+                                              "pause_after": pause_after, **kw}) + "\n")
+            self.proc.stdin.flush()
+            reply = self._read(timeout)
+            paused = "paused" in reply
+            if paused:
+                try:
+                    during()
+                finally:
+                    self.proc.stdin.write("resume\n")
+                    self.proc.stdin.flush()
+                reply = self._read(timeout)
+        if "error" in reply:
+            raise EngineError(f"{reply['error']}\n{reply.get('traceback', '')}")
+        assert paused, f"the engine finished in fewer than {pause_after} steps"
+        return reply["outputs"]
+
     def reset_prefix_cache(self) -> None:
         self.call("reset_prefix_cache")
 
     def stats(self) -> dict[str, Any]:
         return self.call("stats")
+
+    def chunk_keys(self, prompts: list[list[int]]) -> list[list[bytes]]:
+        return [[bytes.fromhex(k) for k in keys] for keys in self.call("chunk_keys", prompts=prompts)["keys"]]
 
     def log_tail(self, n: int = 60) -> str:
         try:
@@ -172,7 +197,7 @@ class EnginePool:
             return engine
         python = engine_python()
         assert python is not None
-        config = {"model": self.model(), **config}
+        config = {"model": self.model(), "num_blocks": 256, **config}  # 32k tokens of KV: a few MiB
         engine = EngineProc(python, config, os.path.join(self.workdir, f"engine-{name}.log"), self.env())
         self.engines[name] = engine
         return engine
