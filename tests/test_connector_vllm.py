@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+import time
+
 import pytest
 import torch
 
 pytest.importorskip("vllm")
 pytest.importorskip("transformers")
 
+from conftest import wait_for  # noqa: E402
 from engines.tiny import greedy, prefill, prompt, tiny_llama  # noqa: E402
 from engines.vllm_env import Engine, request  # noqa: E402
 
@@ -192,3 +198,107 @@ def test_daemon_dies_mid_run(start_daemon, model):
     req = request("b", ids[0].tolist())
     assert one.lookup(req) == 0
     one.run_step(one.schedule_new(req, 0, 0, 600))  # saves fail quietly
+
+
+def test_scheduler_asks_the_daemon_once_per_request_and_batches_a_pass(daemon, model):
+    eng = engine(daemon, model, extra={"lookup_batch": 64})
+    ids = prompt(600, seed=12)
+    save_whole_prompt(eng, model, "stored", ids)
+    waiting = [request(f"w{i}", ids[0].tolist() if i % 2 else prompt(600, seed=100 + i)[0].tolist())
+               for i in range(256)]
+    for req in waiting:
+        eng.scheduler.on_new_request(req)
+    before = dict(eng.scheduler.stats)
+    for _ in range(3):  # the scheduler considers every waiting request again in each pass
+        found = [eng.scheduler.get_num_new_matched_tokens(req, 0)[0] for req in waiting]
+    assert found == [512 if i % 2 else 0 for i in range(256)]
+    calls = eng.scheduler.stats["lookup_calls"] - before.get("lookup_calls", 0)
+    assert calls == 256 // 64  # one round trip per 64 waiting requests, not one per request and pass
+    eng.scheduler.request_finished(waiting[0], [])
+    assert "w0" not in eng.scheduler._lookups
+
+
+def test_producer_never_loads_and_consumer_never_saves(daemon, model):
+    ids = prompt(600, seed=13)
+    producer = engine(daemon, model, seed=1, role="kv_producer")
+    save_whole_prompt(producer, model, "a", ids)
+    assert producer.lookup(request("again", ids[0].tolist())) == 0  # stored, but a producer never loads
+    consumer = engine(daemon, model, seed=2, role="kv_consumer")
+    req = request("b", ids[0].tolist())
+    assert consumer.lookup(req) == 512
+    meta = consumer.schedule_new(req, 0, 512, 600 - 512)
+    assert not meta.saves and consumer.last_load_meta.loads
+    assert consumer.finish(req) is False  # nothing saved: vLLM frees its blocks at once
+
+
+def test_unsupported_vllm_versions_are_refused_in_one_line():
+    from kvstore.connectors.vllm import check_vllm_version
+    from kvstore.errors import ConfigError
+
+    for ok in ("0.32.0", "0.33.0", "0.33.1rc1", "0.32.0+cpu"):
+        check_vllm_version(ok)
+    for bad in ("0.31.2", "0.34.0", "1.0.0", "dev"):
+        with pytest.raises(ConfigError, match=r"supports vLLM 0\.32 and 0\.33, not") as err:
+            check_vllm_version(bad)
+        assert "\n" not in str(err.value)
+
+
+@contextlib.contextmanager
+def stopped(daemon):
+    """The daemon frozen (SIGSTOP): calls to it hang until it goes on (SIGCONT) or they time out."""
+    daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+
+
+def test_saves_over_the_bytes_bound_are_dropped_not_waited_for(daemon, model):
+    eng = engine(daemon, model, extra={"max_save_bytes": 1, "timeout": 10.0})
+    ids = prompt(1100, seed=14)
+    req = request("a", ids[0].tolist())
+    keys, values = kv_of(model, ids)
+    eng.lookup(req)
+    with stopped(daemon):  # the first step's save waits on the frozen daemon, on the saver thread
+        started = time.monotonic()
+        eng.run_step(eng.schedule_new(req, 0, 0, 600), lambda: eng.write_kv("a", keys, values, 0, 600))
+        eng.run_step(eng.schedule_cached(req, 600, 500), lambda: eng.write_kv("a", keys, values, 600, 1100))
+        assert eng.worker.stats["saves_dropped"] == 2  # the second step's chunks did not fit behind the first
+        assert time.monotonic() - started < 5  # the steps never waited for the daemon
+    assert eng.finish(req) is True
+    eng.drain(finished={"a"})
+    assert eng.sent == {"a"} and eng.worker.stats["chunks_saved"] == 2
+
+
+def test_preempted_request_saves_are_settled_before_its_blocks_are_reused(daemon, model):
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    eng = engine(daemon, model, extra={"timeout": 10.0})
+    ids = prompt(600, seed=15)
+    req = request("a", ids[0].tolist())
+    keys, values = kv_of(model, ids)
+    eng.lookup(req)
+    with stopped(daemon):
+        eng.run_step(eng.schedule_new(req, 0, 0, 300), lambda: eng.write_kv("a", keys, values, 0, 300))
+        eng.run_step(eng.schedule_cached(req, 300, 300), lambda: eng.write_kv("a", keys, values, 300, 600))
+        out = SchedulerOutput.make_empty()
+        out.preempted_req_ids = {"a"}
+        meta = eng.scheduler.build_connector_meta(out)
+        assert meta.preempted == ["a"]
+        # The next step drops the queued save at once and waits for the running one before the blocks go.
+        step = threading.Thread(target=eng.run_step, args=(meta,))
+        step.start()
+        assert wait_for(lambda: eng.worker.stats["saves_dropped"] == 1)
+        assert step.is_alive()
+    step.join(10)
+    assert not step.is_alive() and not eng.worker._transfers.saving("a")
+    assert eng.worker.stats["chunks_saved"] == 1
+
+
+def test_metadata_crosses_processes():
+    import pickle
+
+    from kvstore.connectors.vllm import KVStoreConnectorMetadata, LoadSpec, SaveSpec
+
+    meta = KVStoreConnectorMetadata([LoadSpec("a", [1, 2], [3], 1, 0)], [SaveSpec("b", [4], [5], 0, 1)], ["c"])
+    assert pickle.loads(pickle.dumps(meta)) == meta

@@ -53,9 +53,9 @@ def kv_cache_config(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtyp
                          kv_cache_groups=[KVCacheGroupSpec(layer_names(layers), spec)]), spec, tensor
 
 
-def vllm_config(address: str, chunk_tokens: int, **extra) -> VllmConfig:
+def vllm_config(address: str, chunk_tokens: int, role: str = "kv_both", **extra) -> VllmConfig:
     transfer = KVTransferConfig(
-        kv_connector="KVStoreConnector", kv_connector_module_path="kvstore.connectors.vllm", kv_role="kv_both",
+        kv_connector="KVStoreConnector", kv_connector_module_path="kvstore.connectors.vllm", kv_role=role,
         kv_load_failure_policy="recompute",
         kv_connector_extra_config={"address": address, "chunk_tokens": chunk_tokens, "model_id": "tiny-llama",
                                    "timeout": 2.0, **extra},
@@ -77,9 +77,10 @@ class Engine:
     device: str = "cpu"
     extra: dict = field(default_factory=dict)
     seed: int = 0
+    role: str = "kv_both"
 
     def __post_init__(self):
-        config = vllm_config(self.address, self.chunk_tokens, **self.extra)
+        config = vllm_config(self.address, self.chunk_tokens, self.role, **self.extra)
         self.kv_config, spec, tensor = kv_cache_config(self.layers, self.kv_heads, self.head_dim, self.dtype,
                                                        self.num_blocks)
         raw = torch.zeros(tensor.size, dtype=torch.int8, device=self.device)
