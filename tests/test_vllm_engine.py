@@ -12,12 +12,11 @@ import tempfile
 import pytest
 
 from conftest import wait_for
-from engines.vllm_real import CHUNK, POOL, engine_python, prompts, skip_reason
+from engines.vllm_real import (  # noqa: F401 - plain: a helper of the tests here
+    CHUNK, POOL, assert_same, delta, engine_python, full_chunks, plain, prompts, skip_reason, stored,
+)
 
 pytestmark = pytest.mark.skipif(engine_python() is None, reason=skip_reason())
-
-LOGPROB_TOL = 1e-3
-
 
 @pytest.fixture(scope="session")
 def pool():
@@ -32,10 +31,6 @@ def kv_daemon(start_daemon, pool):
     return start_daemon("--disk-dir", disk, "--host-mem", "256MiB", workdir=pool.workdir)
 
 
-def plain(pool):
-    return pool.get("plain", prefix_caching=False)
-
-
 def with_store(pool, name: str = "a", **config):
     return pool.get(name, connector=pool.connector(), **config)
 
@@ -44,19 +39,6 @@ def small(pool):
     """A token budget of 512 (longer prompts prefill in chunks) and 24 blocks of KV cache (3,072 tokens, one of them vLLM's null block)."""
     return pool.get("small", connector=pool.connector(), max_num_batched_tokens=512, num_blocks=24,
                     max_model_len=2048)
-
-
-def stored(daemon) -> int:
-    with daemon.client() as c:
-        return int(c.stats()["chunks"])
-
-
-def delta(after: dict, before: dict, side: str, name: str) -> int:
-    return after.get(side, {}).get(name, 0) - before.get(side, {}).get(name, 0)
-
-
-def full_chunks(batch) -> int:
-    return sum((len(p) - 1) // CHUNK for p in batch)
 
 
 def loads_of(engine, batch, max_tokens: int = 8, **kw):
@@ -82,15 +64,6 @@ def test_daemon_absent_at_engine_start(pool, start_daemon):
     assert (loaded, failed) == (full_chunks(batch), 0)
 
 
-
-
-def assert_same(got, want):
-    assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert g["tokens"] == w["tokens"], f"prompt {i}: tokens differ"
-        assert len(g["logprobs"]) == len(w["logprobs"])
-        worst = max(abs(a - b) for a, b in zip(g["logprobs"], w["logprobs"]))
-        assert worst <= LOGPROB_TOL, f"prompt {i}: log-probabilities differ by {worst}"
 
 
 def hit_tokens(daemon) -> int:

@@ -47,6 +47,40 @@ def prompts(n: int, length: int, seed: int, prefix: list[int] | None = None) -> 
     return [head + [rng.randrange(3, VOCAB) for _ in range(length - len(head))] for _ in range(n)]
 
 
+LOGPROB_TOL = 1e-3
+
+
+def assert_same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    """The same greedy tokens, and log-probabilities equal to float32 rounding across batch shapes."""
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g["tokens"] == w["tokens"], f"prompt {i}: tokens differ"
+        assert len(g["logprobs"]) == len(w["logprobs"])
+        worst = max(abs(a - b) for a, b in zip(g["logprobs"], w["logprobs"]))
+        assert worst <= LOGPROB_TOL, f"prompt {i}: log-probabilities differ by {worst}"
+
+
+def plain(pool: "EnginePool") -> "EngineProc":
+    """The reference: an engine with no connector and no prefix caching (every prompt prefilled in full)."""
+    return pool.get("plain", prefix_caching=False)
+
+
+def stored(daemon: Any) -> int:
+    """Chunks the daemon holds."""
+    with daemon.client() as c:
+        return int(c.stats()["chunks"])
+
+
+def delta(after: dict[str, Any], before: dict[str, Any], side: str, name: str) -> int:
+    """How much a connector counter (`stats()`) grew."""
+    return after.get(side, {}).get(name, 0) - before.get(side, {}).get(name, 0)
+
+
+def full_chunks(batch: list[list[int]]) -> int:
+    """The chunks the connector stores of these prompts (never the one holding a prompt's last token)."""
+    return sum((len(p) - 1) // CHUNK for p in batch)
+
+
 class EngineError(RuntimeError):
     pass
 
@@ -149,6 +183,12 @@ class EnginePool:
         self.engines: dict[str, EngineProc] = {}
         self._workdir: str | None = None
         self._model: str | None = None
+
+    def use_workdir(self, path: str) -> None:
+        """Put the engines' socket (and the model) in `path`, e.g. a daemon's own directory."""
+        if self.engines:
+            raise RuntimeError("use_workdir comes before the first engine starts")
+        self._workdir, self._model = path, None
 
     @property
     def workdir(self) -> str:
