@@ -98,8 +98,9 @@ class Engine:
                     self.engine.abort_request([ids[i]])
                     outputs[i]["finished"] = outputs[i]["finished"] or "aborted"
                     del abort_at[i]
+        wall = time.perf_counter() - started  # every request finished; saves may still be on their way
         self._drain()
-        return {"outputs": outputs, "wall": time.perf_counter() - started, "steps": steps}
+        return {"outputs": outputs, "wall": wall, "drained": time.perf_counter() - started, "steps": steps}
 
     def _drain(self, timeout: float = 60.0) -> None:
         """Step until the scheduler holds no request (finished ones whose blocks wait for their saves), as a
@@ -141,6 +142,8 @@ def serve(config: dict[str, Any]) -> None:
     os.dup2(2, 1)
     if not config.get("multiprocess"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if config.get("preimport"):
+        __import__(config["preimport"])
     engine = Engine(config)
     replies.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
