@@ -302,3 +302,19 @@ def test_metadata_crosses_processes():
 
     meta = KVStoreConnectorMetadata([LoadSpec("a", [1, 2], [3], 1, 0)], [SaveSpec("b", [4], [5], 0, 1)], ["c"])
     assert pickle.loads(pickle.dumps(meta)) == meta
+
+
+def test_auto_loads_in_the_step_when_idle_and_off_it_when_busy(daemon, model):
+    ids = prompt(600, seed=16)
+    save_whole_prompt(engine(daemon, model, seed=1), model, "a", ids)
+    two = engine(daemon, model, seed=2, extra={"load_async": "auto"})
+    idle = request("idle", ids[0].tolist())
+    assert two.lookup(idle) == 512 and two.is_async["idle"] is False  # nothing runs: load before the forward
+    meta = two.schedule_new(idle, 0, 512, 600 - 512)
+    assert [s.is_async for s in meta.loads] == [False]
+    two.run_step(meta)
+    assert two.load_errors == set() and two.received == set()  # a synchronous load is never "received"
+    busy = request("busy", ids[0].tolist())
+    assert two.lookup(busy) == 512 and two.is_async["busy"] is True  # "idle" is running now
+    with pytest.raises(Exception, match="load_async"):
+        engine(daemon, model, extra={"load_async": "sometimes"})

@@ -8,8 +8,9 @@
 Extra config: `address` (default: the daemon's default socket), `chunk_tokens` (a multiple of vLLM's block
 size; default 256), `model_id` (default: the served model and revision), `cache_salt` (added to every
 namespace), `timeout` (seconds a daemon call may take, default 2), `retry_s` (how long to run without the
-daemon after it failed, default 5), `load_async` and `save_async` (default true: loads and saves off the
-engine's step), `max_save_bytes` (saves in flight, default 1 GiB; more is dropped), `lookup_batch` (waiting
+daemon after it failed, default 5), `load_async` (true: loads off the engine's step; false: in it; default
+"auto": off it while other requests run, in it when the engine is idle), `save_async` (default true: saves off
+the step), `max_save_bytes` (saves in flight, default 1 GiB; more is dropped), `lookup_batch` (waiting
 requests looked up in one daemon round trip, default 64), `gpu_tier` (CUDA engines: map the daemon's GPU
 pool, default true). `kv_role`: `kv_both`, `kv_producer` (saves, never loads) or `kv_consumer` (loads, never
 saves).
@@ -20,8 +21,10 @@ Scheduler. `get_num_new_matched_tokens` asks the daemon once per request: the fi
 considered, it and the other waiting requests not asked about yet (`on_new_request`) are looked up in one
 round trip; the answer (leading chunks stored, for every tensor-parallel rank's namespace) is kept until the
 request is scheduled or finished. It offers those chunks less what vLLM already holds, never the prompt's last
-token, and says the load is asynchronous: vLLM parks the request in WAITING_FOR_REMOTE_KVS, gives it blocks,
-and keeps running the rest of the batch. `build_connector_meta` sends the workers each step's loads and saves
+token, and says the load is asynchronous when other requests are running: vLLM parks the request in
+WAITING_FOR_REMOTE_KVS, gives it blocks, and keeps running the rest of the batch. (On an idle engine nothing
+would overlap the load, so it runs in the step before the forward, sparing the request the steps an
+asynchronous load waits to be reported.) `build_connector_meta` sends the workers each step's loads and saves
 (every full prompt chunk that becomes computed in the step and is not known stored) and the preempted requests.
 A request with saves in flight keeps its blocks after it finishes (`request_finished` returns True) until the
 workers report the saves done.
@@ -148,7 +151,7 @@ class KVStoreConnector(KVConnectorBase_V1):
                               f"block size {self._block_size}")
         self._load_enabled = self._kv_transfer_config.is_kv_consumer
         self._save_enabled = self._kv_transfer_config.is_kv_producer
-        self._load_async = bool(extra.get("load_async", True))
+        self._load_mode = _load_mode(extra.get("load_async", "auto"))
         self._save_async = bool(extra.get("save_async", True))
         self._lookup_batch = max(1, int(extra.get("lookup_batch", 64)))
         parallel = vllm_config.parallel_config
@@ -168,6 +171,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._salts: dict[str, str] = {}
         self._loads: dict[str, LoadSpec] = {}
         self._loaded: dict[str, int] = {}           # req id -> chunks loaded, until the request is tracked
+        self._async: dict[str, bool] = {}           # req id -> whether its load was offered as asynchronous
         self._tracked: dict[str, _Tracked] = {}
         # worker side
         self._transfers: Transfers | None = None
@@ -221,7 +225,11 @@ class KVStoreConnector(KVConnectorBase_V1):
         external = found[1] * self._chunk_tokens - num_computed_tokens
         if external <= 0:
             return 0, False
-        return external, self._load_async
+        # Off the step when other requests run (they keep going while this one waits for its KV); in the step
+        # when the engine is idle, where it saves the steps an asynchronous load waits for its report.
+        asynchronous = self._load_mode == "async" or (self._load_mode == "auto" and bool(self._tracked))
+        self._async[request.request_id] = asynchronous
+        return external, asynchronous
 
     def _look_up(self, request: "Request") -> None:
         """Look `request` up, and with it the waiting requests not asked about yet, in one round trip."""
@@ -257,7 +265,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         end = chunks * self._chunk_tokens
         block_ids = list(blocks.get_block_ids()[0])[: -(-end // self._block_size)]
         self._loads[rid] = LoadSpec(rid, list(request.all_token_ids[:end]), block_ids, chunks,
-                                    end - num_external_tokens, self._salts.get(rid, ""), self._load_async)
+                                    end - num_external_tokens, self._salts.get(rid, ""), self._async.pop(rid, True))
         self._loaded[rid] = chunks
         self._count("load_specs")
 
@@ -307,7 +315,7 @@ class KVStoreConnector(KVConnectorBase_V1):
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
         tracked = self._tracked.pop(rid, None)
-        for state in (self._lookups, self._unasked, self._salts, self._loads, self._loaded):
+        for state in (self._lookups, self._unasked, self._salts, self._loads, self._loaded, self._async):
             state.pop(rid, None)
         delay = tracked is not None and tracked.saving and self._save_async
         if delay:
@@ -441,6 +449,15 @@ class KVStoreConnector(KVConnectorBase_V1):
             self._transfers.close()
         for link in self._links:
             link.close()
+
+
+def _load_mode(value: Any) -> str:
+    """`load_async`: true (always off the step), false (always in it) or "auto" (off it while others run)."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or str(value).lower() in ("true", "false", "1", "0"):
+        return "async" if str(value).lower() in ("true", "1") else "sync"
+    raise ConfigError(f"kvstore load_async must be true, false or \"auto\", not {value!r}")
 
 
 def _geometry(kv_cache_config: "KVCacheConfig", chunk_tokens: int, vllm_config: "VllmConfig") -> PagedGeometry | None:

@@ -142,8 +142,6 @@ def serve(config: dict[str, Any]) -> None:
     os.dup2(2, 1)
     if not config.get("multiprocess"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if config.get("preimport"):
-        __import__(config["preimport"])
     engine = Engine(config)
     replies.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:

@@ -58,7 +58,7 @@ def vllm_config(address: str, chunk_tokens: int, role: str = "kv_both", **extra)
         kv_connector="KVStoreConnector", kv_connector_module_path="kvstore.connectors.vllm", kv_role=role,
         kv_load_failure_policy="recompute",
         kv_connector_extra_config={"address": address, "chunk_tokens": chunk_tokens, "model_id": "tiny-llama",
-                                   "timeout": 2.0, **extra},
+                                   "timeout": 2.0, "load_async": True, **extra},
     )
     return VllmConfig(kv_transfer_config=transfer, cache_config=CacheConfig(block_size=BLOCK))
 
@@ -98,6 +98,7 @@ class Engine:
         self.sent: set[str] = set()
         self.received: set[str] = set()
         self.admitted: dict[str, int] = {}  # req id -> external tokens loaded asynchronously
+        self.is_async: dict[str, bool] = {}  # req id -> what the connector said of its load
 
     def allocate(self, req_id: str, upto_tokens: int) -> list[int]:
         have = self.blocks.setdefault(req_id, [])
@@ -132,7 +133,8 @@ class Engine:
             self.seen.add(request.request_id)
             self.scheduler.on_new_request(request)
         ext, is_async = self.scheduler.get_num_new_matched_tokens(request, local_tokens)
-        assert is_async == (ext > 0 and self.scheduler._load_async)
+        assert is_async is False or ext > 0
+        self.is_async[request.request_id] = is_async
         return ext
 
     def _kv_blocks(self, req_id: str) -> KVCacheBlocks:
@@ -156,7 +158,7 @@ class Engine:
         """Allocate, notify the connector, and build the step's metadata for a new request (after its
         asynchronous load, which this runs first unless `admit` already did)."""
         rid = request.request_id
-        asynchronous = ext_tokens > 0 and self.scheduler._load_async
+        asynchronous = ext_tokens > 0 and self.is_async.get(rid, False)
         if asynchronous and rid not in self.admitted:
             self.last_load_meta = self.admit(request, local_tokens, ext_tokens)
             self.run_step(self.last_load_meta)
