@@ -136,30 +136,32 @@ def trace_prompts(limit: int, block: int = 32, max_blocks: int = 32) -> list[lis
 
 
 def replay(daemon: Any, limit: int) -> dict[str, Any]:
+    """vLLM alone ("off", and "off2": the same again, the noise floor) and vLLM + kvstore ("on")."""
     requests = trace_prompts(limit)
     small = dict(max_num_batched_tokens=4096, num_blocks=128, max_model_len=4096)  # 16k tokens of KV
-    off = POOL.get("replay-off", **small)
-    on = POOL.get("replay-on", connector=POOL.connector(chunk_tokens=128), **small)
+    engines = {"off": POOL.get("replay-off", **small), "off2": POOL.get("replay-off2", **small),
+               "on": POOL.get("replay-on", connector=POOL.connector(chunk_tokens=128), **small)}
     with daemon_client(daemon) as c:
         c.clear()
-    walls = {"off": 0.0, "on": 0.0}
-    tokens = {"off": 0, "on": 0}
-    ttft: dict[str, list[float]] = {"off": [], "on": []}
-    for i in range(0, len(requests), 8):
+    walls = {name: 0.0 for name in engines}
+    tokens = {name: 0 for name in engines}
+    ttft: dict[str, list[float]] = {name: [] for name in engines}
+    names = list(engines)
+    for g, i in enumerate(range(0, len(requests), 8)):
         group = requests[i:i + 8]
-        for name, engine in ([("off", off), ("on", on)] if (i // 8) % 2 == 0 else [("on", on), ("off", off)]):
-            result = timed(engine, group, 8)
+        for name in names[g % 3:] + names[:g % 3]:
+            result = timed(engines[name], group, 8)
             walls[name] += result["wall"]
             tokens[name] += result["tokens"]
             ttft[name] += result["ttft"]
-    stats = on.stats()
     out: dict[str, Any] = {"requests": len(requests), "prompt_tokens": sum(len(p) for p in requests),
-                           "kv_cache_tokens": 128 * 128, "connector": stats}
-    for name in ("off", "on"):
+                           "kv_cache_tokens": 128 * 128, "connector": engines["on"].stats()}
+    for name in engines:
         q = statistics.quantiles(ttft[name], n=100)
         out[name] = {"tokens_per_s": tokens[name] / walls[name], "ttft_p50_s": statistics.median(ttft[name]),
                      "ttft_p99_s": q[98], "wall_s": walls[name]}
     out["throughput_ratio"] = out["on"]["tokens_per_s"] / out["off"]["tokens_per_s"]
+    out["noise_floor_ratio"] = out["off2"]["tokens_per_s"] / out["off"]["tokens_per_s"]
     return out
 
 
@@ -210,6 +212,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--replay", type=int, default=200, help="trace requests to replay (0: skip)")
     parser.add_argument("--quick", action="store_true", help="fewer and smaller batches")
+    parser.add_argument("--parts", default="scheduler,misses,hits,replay", help="which measurements to run")
     args = parser.parse_args()
     if engine_python() is None:
         print(skip_reason(), file=sys.stderr)
@@ -219,26 +222,32 @@ def main() -> int:
     result: dict[str, Any] = {"engine": {"model": "random-weight Llama, 4 layers, 2 KV heads x 32, float32",
                                          **ENGINE, "chunk_tokens": 256}}
     n_miss, n_hit = (4, 4) if args.quick else (8, 8)
+    parts = set(args.parts.split(","))
     try:
-        result["scheduler"] = scheduler_cost(daemon)
-        print(json.dumps({"scheduler": result["scheduler"]}), flush=True)
-        off = POOL.get("off", **ENGINE)
-        on = POOL.get("on", connector=POOL.connector(), **ENGINE)
-        result["config"] = config_difference(off, on)
-        result["all_misses"] = all_misses({"off": off, "off2": POOL.get("off2", **ENGINE), "on": on}, args.repeats,
-                                          n_miss, 1800)
-        POOL.keep("off", "on")
-        print(json.dumps({k: result["all_misses"][k] for k in ("ratio", "noise_floor_ratio")}), flush=True)
-        result["all_hits"] = all_hits(off, on, args.repeats, n_hit, 2000)
-        print(json.dumps({k: result["all_hits"][k] for k in ("prefill_ratio", "ttft_ratio")}), flush=True)
+        if "scheduler" in parts:
+            result["scheduler"] = scheduler_cost(daemon)
+            print(json.dumps({"scheduler": result["scheduler"]}), flush=True)
+        if parts & {"misses", "hits"}:
+            off = POOL.get("off", **ENGINE)
+            on = POOL.get("on", connector=POOL.connector(), **ENGINE)
+            result["config"] = config_difference(off, on)
+        if "misses" in parts:
+            result["all_misses"] = all_misses({"off": off, "off2": POOL.get("off2", **ENGINE), "on": on},
+                                              args.repeats, n_miss, 1800)
+            POOL.keep("off", "on")
+            print(json.dumps({k: result["all_misses"][k] for k in ("ratio", "noise_floor_ratio")}), flush=True)
+        if "hits" in parts:
+            result["all_hits"] = all_hits(off, on, args.repeats, n_hit, 2000)
+            print(json.dumps({k: result["all_hits"][k] for k in ("prefill_ratio", "ttft_ratio")}), flush=True)
         POOL.keep()
-        if args.replay:
+        if args.replay and "replay" in parts:
             result["replay"] = replay(daemon, args.replay)
-            print(json.dumps({"replay": result["replay"]["throughput_ratio"]}), flush=True)
+            print(json.dumps({k: result["replay"][k] for k in ("throughput_ratio", "noise_floor_ratio")}), flush=True)
     finally:
         POOL.close()
         daemon.stop()
-    path = write_result("vllm-engine", result)
+    path = write_result("vllm-engine" if parts >= {"scheduler", "misses", "hits", "replay"} else
+                        "vllm-engine-" + "-".join(sorted(parts)), result)
     print(path)
     return 0
 
