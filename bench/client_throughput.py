@@ -1,12 +1,18 @@
 """Put/get throughput through the client over ipc:// and tcp://, next to memcpy; lookup latency.
 
-    python bench/client_throughput.py [--quick]
+    python bench/client_throughput.py [--quick] [--out FILE]
 
 For each chunk size, a batch of 16 chunks is put (reserve → copy into the arena → commit) and read back (get →
 copy each view into a destination buffer, as an engine copies into its KV cache → release). The reference is a
-plain in-process memcpy of the same bytes into the same destination buffers, timed in the same round as the put
-and the get so that all three see the same machine noise; ratios are medians of per-round ratios. Lookup latency is the round trip of one lookup of a
-64-chunk prefix. Writes bench/results/client-throughput-<date>.json and prints a Markdown table.
+plain in-process memcpy of the same bytes into the same destination buffers, timed in the same round as the puts
+and gets so that all see the same machine noise; ratios are medians of per-round ratios. Over ipc:// two paths
+are measured in the same rounds: today's (requests on the stream socket, lookups from the shared index) and the
+one before them (every request through ZeroMQ), so the before/after ratio is taken under the same load.
+
+Lookup latency: one lookup of a 64-chunk prefix, from the shared index, over the stream socket and over ZeroMQ
+(interleaved blocks), then the same with 8 client processes at once, each asking every 0.5 ms. Writes
+bench/results/client-throughput-<date>.json and prints a Markdown table.
+``--quick`` writes a temporary file instead (or ``--out``), never the committed results.
 """
 
 from __future__ import annotations
@@ -21,76 +27,134 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore  # noqa: E402
-from _common import start_daemon, write_result  # noqa: E402
+from _common import add_output_flag, start_daemon, write_result  # noqa: E402
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
 BATCH = 16
 
 
-def measure_transport(address: str, size: int, repeat: int, label: str) -> dict:
-    """Interleave memcpy, put and get in every round, so that all three see the same machine noise."""
-    c = kvstore.connect(address, namespace=f"bench-{label}-{size}", chunk_tokens=16)
+# Client settings of each path measured over ipc://: today's, and the one before the stream socket and the
+# shared index (ZeroMQ for every request, lookups over the socket), interleaved in the same rounds.
+IPC_PATHS = {"ipc": {}, "ipc_zmq": {"stream": False, "shared_index": False}}
+
+
+def measure_paths(address: str, paths: dict[str, dict], size: int, repeat: int) -> dict:
+    """Interleave memcpy and each path's put and get in every round, so that all see the same machine noise."""
+    clients = {name: kvstore.connect(address, namespace=f"bench-{name}-{size}", chunk_tokens=16, timeout=60, **kw)
+               for name, kw in paths.items()}
     payloads = [np.random.randint(0, 255, size, dtype=np.uint8) for _ in range(BATCH)]
     dests = [np.ones(size, dtype=np.uint8) for _ in range(BATCH)]
-    counter = [0]
-
-    def memcpy_batch() -> None:
+    times: dict[str, list[float]] = {"memcpy": []}
+    for name in clients:
+        times[f"{name}_put"], times[f"{name}_get"] = [], []
+    for i in range(repeat + 1):
+        t0 = time.perf_counter()
         for p, d in zip(payloads, dests):
             np.copyto(d, p)
-
-    def get_batch(keys: list[bytes]) -> None:
-        with c.get(keys) as views:
-            for v, d in zip(views, dests):
-                np.copyto(d, np.frombuffer(v, dtype=np.uint8))
-
-    memcpy_t, put_t, get_t = [], [], []
-    for i in range(repeat + 1):
-        counter[0] += 1
-        keys = c.chunk_keys([counter[0]] * 16 * BATCH)
-        t0 = time.perf_counter()
-        memcpy_batch()
-        t1 = time.perf_counter()
-        c.put(keys, payloads)
-        t2 = time.perf_counter()
-        get_batch(keys)
-        t3 = time.perf_counter()
-        assert all(np.array_equal(p, d) for p, d in zip(payloads, dests))
-        c.delete(keys)
+        memcpy_s = time.perf_counter() - t0
+        round_times = {"memcpy": memcpy_s}
+        for name, c in clients.items():
+            keys = c.chunk_keys([i + 1] * 16 * BATCH)
+            t1 = time.perf_counter()
+            c.put(keys, payloads)
+            t2 = time.perf_counter()
+            with c.get(keys) as views:
+                for v, d in zip(views, dests):
+                    np.copyto(d, np.frombuffer(v, dtype=np.uint8))
+            t3 = time.perf_counter()
+            assert all(np.array_equal(p, d) for p, d in zip(payloads, dests))
+            c.delete(keys)
+            round_times[f"{name}_put"], round_times[f"{name}_get"] = t2 - t1, t3 - t2
         if i:  # the first round warms up
-            memcpy_t.append(t1 - t0)
-            put_t.append(t2 - t1)
-            get_t.append(t3 - t2)
-    c.close()
+            for key, value in round_times.items():
+                times[key].append(value)
+    for c in clients.values():
+        c.close()
     nbytes = size * BATCH
     med = statistics.median
-    return {"memcpy_GBps": nbytes / med(memcpy_t) / 1e9,
-            "put_GBps": nbytes / med(put_t) / 1e9, "get_GBps": nbytes / med(get_t) / 1e9,
-            "put_vs_memcpy": med([m / p for m, p in zip(memcpy_t, put_t)]),
-            "get_vs_memcpy": med([m / g for m, g in zip(memcpy_t, get_t)])}
+    out = {"memcpy_GBps": nbytes / med(times["memcpy"]) / 1e9}
+    for name in clients:
+        put_t, get_t = times[f"{name}_put"], times[f"{name}_get"]
+        out.update({f"{name}_put_GBps": nbytes / med(put_t) / 1e9, f"{name}_get_GBps": nbytes / med(get_t) / 1e9,
+                    f"{name}_put_vs_memcpy": med([m / p for m, p in zip(times["memcpy"], put_t)]),
+                    f"{name}_get_vs_memcpy": med([m / g for m, g in zip(times["memcpy"], get_t)])})
+    return out
+
+
+LOOKUP_PATHS = {"shared_index": {}, "stream": {"shared_index": False},
+                "zmq": {"shared_index": False, "stream": False}}
+
+
+def percentiles(lat: list[float]) -> dict:
+    lat = sorted(lat)
+    return {"p50_us": lat[len(lat) // 2] * 1e6, "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6}
 
 
 def measure_lookup(address: str, calls: int) -> dict:
-    c = kvstore.connect(address, namespace="bench-lookup", chunk_tokens=16)
+    """One lookup of a 64-chunk prefix, by each path in turn (blocks of 50 calls, interleaved)."""
+    clients = {name: kvstore.connect(address, namespace="bench-lookup", chunk_tokens=16, **kw)
+               for name, kw in LOOKUP_PATHS.items()}
+    first = next(iter(clients.values()))
+    keys = first.chunk_keys(list(range(16 * 64)))
+    first.put(keys, [b"x" * 4096] * 64)
+    lat: dict[str, list[float]] = {name: [] for name in clients}
+    for _ in range(max(1, calls // 50)):
+        for name, c in clients.items():
+            for _ in range(50):
+                t0 = time.perf_counter()
+                n = c.lookup(keys)
+                lat[name].append(time.perf_counter() - t0)
+                assert n == 64
+    out = {}
+    for name, c in clients.items():
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            c.lookup(keys)
+        out[name] = {**percentiles(lat[name]), "lookups_per_s": calls / (time.perf_counter() - t0)}
+        c.close()
+    return out
+
+
+def _lookup_worker(address: str, kw: dict, calls: int, pause_s: float, start_at: float, out) -> None:
+    c = kvstore.connect(address, namespace="bench-lookup", chunk_tokens=16, **kw)
     keys = c.chunk_keys(list(range(16 * 64)))
-    c.put(keys, [b"x" * 4096] * 64)
+    while time.time() < start_at:
+        time.sleep(0.001)
     lat = []
     for _ in range(calls):
         t0 = time.perf_counter()
-        n = c.lookup(keys)
-        lat.append(time.perf_counter() - t0)
-    assert n == 64
-    lat.sort()
-    t0 = time.perf_counter()
-    for _ in range(calls):
         c.lookup(keys)
-    rate = calls / (time.perf_counter() - t0)
+        lat.append(time.perf_counter() - t0)
+        time.sleep(pause_s)
     c.close()
-    return {"p50_us": lat[len(lat) // 2] * 1e6, "p99_us": lat[int(len(lat) * 0.99)] * 1e6, "lookups_per_s": rate}
+    out.put(lat)
+
+
+def measure_concurrent_lookups(address: str, clients: int, calls: int, pause_s: float = 0.0005) -> dict:
+    """``clients`` processes at once, each looking up the 64-chunk prefix every ``pause_s`` (an engine's
+    scheduler asking for its waiting requests), by each path in turn."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = {}
+    for name, kw in LOOKUP_PATHS.items():
+        queue = ctx.Queue()
+        start_at = time.time() + 3.0   # after every worker has connected
+        procs = [ctx.Process(target=_lookup_worker, args=(address, kw, calls, pause_s, start_at, queue))
+                 for _ in range(clients)]
+        for p in procs:
+            p.start()
+        lat = [x for _ in procs for x in queue.get(timeout=300)]
+        for p in procs:
+            p.join()
+        out[name] = percentiles(lat)
+    return {"clients": clients, "pause_s": pause_s, **out}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (writes a temporary file, not bench/results/)")
+    add_output_flag(ap)
     args = ap.parse_args()
     repeat = 3 if args.quick else 9
     d = start_daemon("--host-mem", "1536MiB", "--disk-size", "0") if _has_disk_flag() else start_daemon("--host-mem", "1536MiB")
@@ -98,23 +162,33 @@ def main() -> None:
     try:
         for label, size in SIZES.items():
             row = {"chunk": label}
-            for transport, address in (("ipc", d.ipc), ("tcp", d.tcp)):
-                r = measure_transport(address, size, repeat, transport)
-                row[f"{transport}_memcpy_GBps"] = r["memcpy_GBps"]
-                for key in ("put_GBps", "get_GBps", "put_vs_memcpy", "get_vs_memcpy"):
-                    row[f"{transport}_{key}"] = r[key]
+            ipc = measure_paths(d.ipc, IPC_PATHS, size, repeat)
+            tcp = measure_paths(d.tcp, {"tcp": {}}, size, repeat)
+            row["ipc_memcpy_GBps"], row["tcp_memcpy_GBps"] = ipc.pop("memcpy_GBps"), tcp.pop("memcpy_GBps")
+            row.update(ipc)
+            row.update(tcp)
             rows.append(row)
         lookup = measure_lookup(d.ipc, 500 if args.quick else 3000)
+        concurrent = measure_concurrent_lookups(d.ipc, 8, 200 if args.quick else 1000)
     finally:
         d.stop()
-    path = write_result("client-throughput", {"batch": BATCH, "rows": rows, "lookup_64_chunks": lookup})
-    print("| chunk | memcpy GB/s | ipc put GB/s (×memcpy) | ipc get GB/s (×memcpy) | tcp put GB/s | tcp get GB/s |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    load = os.getloadavg()
+    path = write_result("client-throughput", {"batch": BATCH, "rows": rows, "lookup_64_chunks": lookup,
+                                              "lookup_64_chunks_8_clients": concurrent, "load_average": load},
+                        quick=args.quick, out=args.out)
+    print("| chunk | memcpy GB/s | ipc put GB/s (×memcpy) | ipc get GB/s (×memcpy) | before: ipc put (×) | before: ipc get (×) "
+          "| tcp put GB/s | tcp get GB/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['chunk']} | {r['ipc_memcpy_GBps']:.2f} | {r['ipc_put_GBps']:.2f} ({r['ipc_put_vs_memcpy']:.2f}×) "
-              f"| {r['ipc_get_GBps']:.2f} ({r['ipc_get_vs_memcpy']:.2f}×) | {r['tcp_put_GBps']:.2f} | {r['tcp_get_GBps']:.2f} |")
-    print(f"\nlookup of a 64-chunk prefix: p50 {lookup['p50_us']:.0f} µs, p99 {lookup['p99_us']:.0f} µs, "
-          f"{lookup['lookups_per_s']:.0f} lookups/s\n{path}")
+              f"| {r['ipc_get_GBps']:.2f} ({r['ipc_get_vs_memcpy']:.2f}×) | {r['ipc_zmq_put_vs_memcpy']:.2f}× "
+              f"| {r['ipc_zmq_get_vs_memcpy']:.2f}× | {r['tcp_put_GBps']:.2f} | {r['tcp_get_GBps']:.2f} |")
+    print("\nlookup of a 64-chunk prefix (p50 / p99 µs, lookups/s; 8 clients: p50 / p99):")
+    for name in LOOKUP_PATHS:
+        one, many = lookup[name], concurrent[name]
+        print(f"  {name:13s} {one['p50_us']:6.0f} / {one['p99_us']:6.0f}  {one['lookups_per_s']:7.0f}/s   "
+              f"8 clients {many['p50_us']:6.0f} / {many['p99_us']:6.0f}")
+    print(f"load average {os.getloadavg()}\n{path}")
 
 
 def _has_disk_flag() -> bool:

@@ -12,7 +12,7 @@ rewritten after each sub-check, and an alarm stops the whole run after ``--budge
 still writes what was measured, so the command never hangs. Sub-checks:
 
   env            GPU, torch, CUDA, memlock limit, compiler
-  native_build   compile native/kvstore_copy.cu for this GPU (seconds)
+  native_build   compile kvstore/ops/native_src/kvstore_copy.cu for this GPU (seconds)
   kernels        native CUDA gather/scatter equal to the torch path (vLLM FlashAttention + FlashInfer layouts)
   hbm_tier       the HBM pool exported by CUDA IPC from another process, mapped here; bandwidth of
                  pool → vLLM paged cache (scatter) against a plain device-to-device copy of the same bytes
@@ -377,6 +377,10 @@ def check_daemon_tiers(r: dict) -> None:
     help_text = serve_flags()
     gpu = ["--gpu-mem", "64MiB", "--gpu-device", "0"]
     env = child_env(KVSTORE_GPU_TIER_DEVICE="cpu") if DEVICE == "cpu" else child_env()
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from daemons import sandbox_dirs  # HOME and XDG dirs in the workdir: defaults never reach the user's
+
+    env.update(sandbox_dirs(workdir))
     args = ["--socket", sock, "--host-mem", "128MiB", *gpu, "--log-level", "info", *disk_args(help_text, workdir)]
     r["daemon_args"] = args
     log = open(os.path.join(workdir, "daemon.log"), "wb")

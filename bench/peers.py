@@ -5,7 +5,9 @@
 Peers, each started by this script on loopback and stopped afterwards:
 
 * ``kvstore-ipc`` / ``kvstore-tcp``: a ``kvstore serve`` daemon through the kvstore client (put; get with each
-  view copied into a destination buffer, as an engine copies into its KV cache; lookup).
+  view copied into a destination buffer, as an engine copies into its KV cache; lookup, which a local client
+  answers from the daemon's shared index). ``kvstore-ipc-zmq``: the same daemon through the local path before
+  the stream socket and the shared index (every request through ZeroMQ), for a before/after ratio in one run.
 * ``mooncake``: ``mooncake_master`` (built-in HTTP metadata server) plus one ``mooncake_client`` storage node,
   driven through the Python client over TCP: ``batch_put_from`` / ``batch_get_into`` on registered buffers,
   ``batch_is_exist``.
@@ -36,7 +38,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -46,12 +47,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from _common import (  # noqa: E402
-    RESULTS_DIR, machine, median_seconds, memcpy_seconds, sample_seconds, start_daemon, write_result,
+    RESULTS_DIR, machine, median_seconds, memcpy_seconds, sample_seconds, short_tempdir, start_daemon, write_result,
 )
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
 BATCH = 16
-ALL_PEERS = ("kvstore-ipc", "kvstore-tcp", "mooncake", "redis", "lmcache")
+ALL_PEERS = ("kvstore-ipc", "kvstore-ipc-zmq", "kvstore-tcp", "mooncake", "redis", "lmcache")
+# kvstore-ipc-zmq: the local path before the stream socket and the shared index (every request through ZeroMQ),
+# measured in the same run so that the before/after ratio sees the same machine
+KVSTORE_CLIENT_OPTIONS = {"kvstore-ipc": {}, "kvstore-ipc-zmq": {"stream": False, "shared_index": False},
+                          "kvstore-tcp": {}}
 LMCACHE_VENV = Path(os.environ.get("LMCACHE_VENV", Path.home() / ".cache/kvstore-bench/lmcache-venv"))
 
 
@@ -104,7 +109,8 @@ def timed_puts(put, remove, repeat: int, warmup: int) -> float:
 def bench_kvstore(address: str, data: Payloads, repeat: int, warmup: int, calls: int, label: str) -> dict:
     import kvstore
 
-    c = kvstore.connect(address, namespace=f"peers-{label}-{data.size}", chunk_tokens=16, timeout=120)
+    c = kvstore.connect(address, namespace=f"peers-{label}-{data.size}", chunk_tokens=16, timeout=120,
+                        **KVSTORE_CLIENT_OPTIONS[label])
     keysets = [c.chunk_keys([i + 1] * 16 * BATCH) for i in range(warmup + repeat)]
     put_s = timed_puts(lambda i: c.put(keysets[i], data.src), lambda i: c.delete(keysets[i]), repeat, warmup)
     keys = keysets[-1]
@@ -398,7 +404,7 @@ def run(peers: list[str], quick: bool) -> dict:
     sizes = dict(SIZES)
     rows: list[dict] = []
     status: dict[str, str] = {}
-    workdir = Path(tempfile.mkdtemp(prefix="kvpeers-", dir="/tmp"))
+    workdir = Path(short_tempdir("peers-"))   # in the run's scratch root, removed at exit
     live: dict[str, object] = {}
     daemon = None
     try:
@@ -441,10 +447,10 @@ def run(peers: list[str], quick: bool) -> dict:
                 if peer in status:
                     continue
                 t_peer = time.monotonic()
-                if peer == "kvstore-ipc":
-                    measured[peer] = bench_kvstore(daemon.ipc, data, reps, warmup, calls, "ipc")
+                if peer in ("kvstore-ipc", "kvstore-ipc-zmq"):
+                    measured[peer] = bench_kvstore(daemon.ipc, data, reps, warmup, calls, peer)
                 elif peer == "kvstore-tcp":
-                    measured[peer] = bench_kvstore(daemon.tcp, data, reps, warmup, calls, "tcp")
+                    measured[peer] = bench_kvstore(daemon.tcp, data, reps, warmup, calls, peer)
                 elif peer in live:
                     try:
                         measured[peer] = live[peer].bench(data, reps, warmup, calls)
@@ -474,7 +480,7 @@ def run(peers: list[str], quick: bool) -> dict:
     for peer in peers:
         status.setdefault(peer, "measured")
     return {"benchmark": "peers", "quick": quick, "batch": BATCH, "sizes": list(sizes), "peers": status,
-            "machine": machine(), "rows": rows}
+            "machine": machine(), "load_average": os.getloadavg(), "rows": rows}
 
 
 def chart(result: dict, path: str) -> str | None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import shutil
 import sys
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from .errors import ConfigError
+from .security.redact import redact_url
 from .units import format_size, parse_seconds, parse_size
 
 if sys.version_info >= (3, 11):
@@ -26,9 +28,10 @@ IPC_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 
 
 def default_runtime_dir() -> str:
+    """``$XDG_RUNTIME_DIR/kvstore`` (socket, lock, CURVE keys), else ``/tmp/kvstore-$UID``."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     if base and os.path.isdir(base) and os.access(base, os.W_OK):
-        return os.path.join(base, "kvstore", "chunks")   # beside kvstore/native, the built kernels
+        return os.path.join(base, "kvstore")
     return f"/tmp/kvstore-{os.getuid()}"
 
 
@@ -57,6 +60,24 @@ def _read_str(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"{name}: expected a string, got {value!r}")
     return value
+
+
+def _read_socket(value: Any, name: str) -> str:
+    """The socket's file path, made absolute (what is logged is what is bound)."""
+    text = _read_str(value, name)
+    if not text.strip():
+        raise ConfigError(f"{name}: the path is empty; give the socket's file path, e.g. /run/kvstore/kvstore.sock")
+    if text.endswith("/") or os.path.basename(text) in (".", ".."):
+        raise ConfigError(f"{name}: {text!r} names a directory; give the socket's file path, e.g. {text.rstrip('/')}"
+                          f"/kvstore.sock")
+    return os.path.abspath(text)
+
+
+def _read_dir(value: Any, name: str) -> str:
+    text = _read_str(value, name)
+    if not text.strip():
+        raise ConfigError(f"{name}: the path is empty; give a directory, e.g. /var/lib/kvstore")
+    return os.path.abspath(os.path.expanduser(text))
 
 
 def _read_log_level(value: Any, name: str) -> str:
@@ -120,22 +141,12 @@ def _read_remote(value: Any, name: str) -> str:
     scheme, sep, rest = text.partition("://")
     accepted = ", ".join(s + "://" for s in REMOTE_SCHEMES)
     if not sep or scheme.lower() not in REMOTE_SCHEMES:
-        raise ConfigError(f"{name}: unknown remote store {value!r}; accepted schemes: {accepted} (e.g. "
+        raise ConfigError(f"{name}: unknown remote store {redact_url(text)!r}; accepted schemes: {accepted} (e.g. "
                           f"redis://127.0.0.1:6379 or mooncake://MASTER:50051?metadata=http://MASTER:8080/metadata)")
     host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
     if not host:
-        raise ConfigError(f"{name}: {value!r} names no host; write {scheme}://HOST:PORT")
+        raise ConfigError(f"{name}: {redact_url(text)!r} names no host; write {scheme}://HOST:PORT")
     return text
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password (``scheme://user:password@host``) replaced, for logs."""
-    scheme, sep, rest = url.partition("://")
-    netloc, slash, tail = rest.partition("/")
-    userinfo, at, host = netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}{slash}{tail}"
 
 
 def _read_remote_wait(value: Any, name: str) -> float:
@@ -194,7 +205,7 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("socket", _read_str, default_socket, "path of the ipc:// socket", "PATH"),
+    Setting("socket", _read_socket, default_socket, "path of the ipc:// socket", "PATH"),
     Setting("tcp", _read_tcp, lambda: None, "also listen on tcp://HOST:PORT (loopback unless you mean it)", "HOST:PORT"),
     Setting("host_mem", lambda v, n: parse_size(v, n), default_host_mem,
             "size of the host DRAM tier (default: a quarter of available memory)", "SIZE"),
@@ -204,7 +215,7 @@ SETTINGS: tuple[Setting, ...] = (
             "how long a get pins its chunks unless released or extended", "SECONDS"),
     Setting("reserve_ttl", lambda v, n: parse_seconds(v, n), lambda: 30.0,
             "how long reserved space waits for its commit", "SECONDS"),
-    Setting("disk_dir", _read_str, default_disk_dir, "directory of the disk tier (default: the user's cache dir)",
+    Setting("disk_dir", _read_dir, default_disk_dir, "directory of the disk tier (default: the user's cache dir)",
             "DIR"),
     Setting("disk_size", _read_disk_size, lambda: -1,
             "disk tier cap: a size, 0 to turn the tier off, or auto (10 % of free space, at most 64GiB)", "SIZE"),
@@ -228,6 +239,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu_mem", lambda v, n: parse_size(v, n), lambda: 0,
             "size of the GPU HBM tier (0: none); needs a CUDA GPU", "SIZE"),
     Setting("gpu_device", _read_gpu_device, lambda: 0, "CUDA device index of the GPU tier", "N"),
+    Setting("scrub_rate", lambda v, n: parse_size(v, n), lambda: 0,
+            "background scrub: check every chunk's copies at this many bytes per second (0: off)", "BYTES"),
     Setting("curve_server_key", _read_str, lambda: "",
             "the daemon's CURVE .key_secret file (from `kvstore keygen`): encrypt and authenticate --tcp", "FILE"),
     Setting("curve_client_keys", _read_str, lambda: "",
@@ -259,6 +272,7 @@ class ServerConfig:
     shutdown_timeout: float
     gpu_mem: int
     gpu_device: int
+    scrub_rate: int
     curve_server_key: str
     curve_client_keys: str
 
@@ -266,16 +280,17 @@ class ServerConfig:
     def chunk_limit(self) -> int:
         return self.max_chunk or self.host_mem
 
-    def describe(self) -> str:
-        return " ".join(f"{f.name}={self._show(f.name)}" for f in fields(self))
+    def describe(self, **in_force: Any) -> str:
+        """``name=value`` for every setting; ``in_force`` gives the values derived at start (``auto``, 0)."""
+        return " ".join(f"{f.name}={self._show(f.name, in_force.get(f.name, getattr(self, f.name)))}"
+                        for f in fields(self))
 
-    def _show(self, name: str) -> str:
-        value = getattr(self, name)
+    def _show(self, name: str, value: Any) -> str:
         if name == "disk_size" and value < 0:
             return "auto"
         if name == "remote":
             return redact_url(value)
-        sized = ("host_mem", "max_chunk", "gpu_mem", "disk_size", "disk_queue")
+        sized = ("host_mem", "max_chunk", "gpu_mem", "disk_size", "disk_queue", "scrub_rate")
         return format_size(value).replace(" ", "") if name in sized else str(value)
 
     @property
@@ -341,6 +356,9 @@ def check_config(config: ServerConfig) -> None:
     if config.host_mem > available:
         raise ConfigError(f"--host-mem: {format_size(config.host_mem)} does not fit in memory "
                           f"({format_size(available)} available); lower it")
+    check_disk_size(config)
+    from .server.stopping import StopPlan   # the stop's deadlines, checked in order at start
+    StopPlan.from_budget(config.shutdown_timeout)
     if config.chunk_limit > config.host_mem:
         raise ConfigError(f"--max-chunk: {format_size(config.max_chunk)} is larger than the host tier "
                           f"({format_size(config.host_mem)}); lower --max-chunk or raise --host-mem")
@@ -350,3 +368,25 @@ def check_config(config: ServerConfig) -> None:
         check_gpu_settings(config.gpu_mem, config.gpu_device)
     from .security.curve import check_tcp_exposure
     check_tcp_exposure(config.tcp, config.curve_server_key, config.curve_client_keys)
+
+
+def check_disk_size(config: ServerConfig) -> None:
+    """A set ``--disk-size`` holds at least one chunk and fits the filesystem that holds ``--disk-dir``."""
+    if config.disk_size <= 0:
+        return   # off, or auto (sized from the free space at start)
+    from .tiers.disk import BLOCK, HEADER_BYTES, existing_parent
+
+    smallest = HEADER_BYTES + BLOCK
+    if config.disk_size < smallest:
+        raise ConfigError(f"--disk-size: {format_size(config.disk_size)} is below the smallest disk tier, "
+                          f"{format_size(smallest)} (a {format_size(HEADER_BYTES)} header and one "
+                          f"{format_size(BLOCK)} block); give at least {smallest // 1024}KiB, or 0 to turn it off")
+    where = existing_parent(config.disk_dir)
+    try:
+        usage = shutil.disk_usage(where)
+    except OSError as exc:
+        raise ConfigError(f"--disk-dir: cannot read the filesystem of {where}: {exc.strerror}") from None
+    if config.disk_size > usage.total:
+        raise ConfigError(f"--disk-size: {format_size(config.disk_size)} is larger than the filesystem that holds "
+                          f"{config.disk_dir} ({format_size(usage.total)} in all, {format_size(usage.free)} free); "
+                          f"lower it, or use auto")

@@ -2,6 +2,8 @@
 
     KVStoreError
     ├── ConfigError               bad flag, config key or value (never on the wire)
+    ├── UsageError                a client call with an invalid argument (also a ValueError)
+    ├── ClientClosedError         a call on a client after its close()
     ├── DaemonUnavailable         the daemon cannot be reached or did not answer in time
     └── RequestError              the daemon answered with an error reply
         ├── BadRequestError       malformed frame, wrong type, out-of-range value
@@ -14,7 +16,9 @@
         ├── ReservationError      unknown, expired or foreign reservation
         ├── PermissionDeniedError the caller may not do this
         ├── UnavailableError      a tier the request needs is down or timed out
-        └── InternalError         a bug in the daemon; the daemon keeps serving
+        ├── InternalError         a bug in the daemon; the daemon keeps serving
+        └── IncompatibleError     chunk size, key scheme or hash seed differ from what the daemon holds for
+                                  the namespace (the client's keys could never hit)
 
 Wire codes are append-only: a code is never renumbered or reused.
 """
@@ -28,6 +32,14 @@ class KVStoreError(Exception):
 
 class ConfigError(KVStoreError):
     """A configuration file, flag or value is invalid; the message says how to fix it."""
+
+
+class UsageError(KVStoreError, ValueError):
+    """A client call was given an invalid argument (an address, sizes, buffers); the message says which."""
+
+
+class ClientClosedError(KVStoreError):
+    """The client was closed; connect again to make more calls."""
 
 
 class DaemonUnavailable(KVStoreError):
@@ -88,15 +100,19 @@ class InternalError(RequestError):
     code = 11
 
 
+class IncompatibleError(RequestError):
+    code = 12
+
+
 _BY_CODE: dict[int, type[RequestError]] = {
     cls.code: cls
     for cls in (
         BadRequestError, UnknownOpError, VersionError, LimitError, StoreFullError,
         NotFoundError, LeaseError, ReservationError, PermissionDeniedError,
-        UnavailableError, InternalError,
+        UnavailableError, InternalError, IncompatibleError,
     )
 }
-assert len(_BY_CODE) == 11, "wire error codes must be unique"
+assert len(_BY_CODE) == 12, "wire error codes must be unique"
 
 
 def error_from_code(code: int, message: str) -> RequestError:

@@ -21,5 +21,13 @@ def process_start_time(pid: int) -> int | None:
 
 
 def self_identity() -> tuple[int, int]:
+    """Our (pid, start time), or (pid, 0) when /proc is not our pid namespace's (a container sharing the host's
+    /proc sees pid 1 as the host's init): a wrong identity must never be claimed, since the daemon keeps the
+    leases of a client it believes alive."""
     pid = os.getpid()
+    try:
+        if os.readlink("/proc/self") != str(pid):
+            return pid, 0
+    except OSError:
+        return pid, 0
     return pid, process_start_time(pid) or 0

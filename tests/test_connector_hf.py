@@ -153,3 +153,56 @@ def test_generate_accepts_loaded_cache(kv, model):
         full = model.generate(ids, max_new_tokens=6, do_sample=False)
         fast = model.generate(ids, max_new_tokens=6, do_sample=False, **{cache_kwarg(model): cache})
     assert torch.equal(full, fast)
+
+
+def _damage_stored(kv, payload_views: list[bytes]) -> None:
+    from scribble import damage
+
+    damage(kv.server_info["arena"]["path"], payload_views, offset=67)   # the top byte of a float32: sign, exponent
+
+
+def _stored_bytes(kv, keys) -> list[bytes]:
+    with kv.get(keys) as views:
+        return [bytes(v) for v in views]
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_verify_fraction_one_compares_instead_of_loading(kv, model, damaged):
+    from kvstore.connectors.hf import _store
+
+    ids = prompt(900, seed=80 + damaged)
+    _, cache = prefill(model, ids)
+    assert save_prefix(kv, model, ids, cache) == 3
+    store = _store(kv, model, "")
+    keys = store.keys(ids[0])[:3]
+    assert wait_for_sums(kv)
+    if damaged:
+        _damage_stored(kv, _stored_bytes(kv, keys)[1:2])   # chunk 1 of 3: a flipped byte deep in its KV
+    before = kv.stats()["verify"]
+
+    cache, n = load_prefix(kv, model, ids, verify_fraction=1.0)
+    assert n == 768 and cache.get_seq_length() == 768
+    full_logits, full_cache = prefill(model, ids)
+    logits, cache = prefill(model, ids, cache, start=n)
+    torch.testing.assert_close(logits, full_logits[:, n:], atol=ATOL, rtol=RTOL)
+    assert greedy(model, logits, cache, 8) == greedy(model, full_logits, full_cache, 8)
+
+    after = kv.stats()["verify"]
+    assert after["checks"] - before["checks"] == 3
+    assert after["mismatches"] - before["mismatches"] == (1 if damaged else 0)
+    if damaged:
+        assert kv.lookup(keys) == 1 and after["dropped"] - before["dropped"] == 2   # no damaged chain is left
+        assert after["max_difference"] > 1e-3
+    else:
+        assert kv.lookup(keys) == 3 and after["max_difference"] <= 1e-4
+
+
+def wait_for_sums(kv) -> bool:
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if kv.stats()["integrity"]["sums_pending"] == 0:
+            return True
+        time.sleep(0.02)
+    return False

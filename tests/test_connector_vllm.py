@@ -9,8 +9,9 @@ import time
 
 import pytest
 import torch
+from servers import require_module
 
-pytest.importorskip("vllm")
+require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
 pytest.importorskip("transformers")
 
 from conftest import wait_for  # noqa: E402

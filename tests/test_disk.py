@@ -13,6 +13,8 @@ import pytest
 import kvstore
 from kvstore.tiers.disk_format import HEADER_BYTES, ChunkHeader, FormatError, pack_header, unpack_header
 
+from daemons import short_tempdir
+
 MiB = 1 << 20
 
 
@@ -141,8 +143,7 @@ def test_damaged_and_foreign_files_are_misses_or_ignored(start_daemon):
 
 @pytest.fixture
 def small_fs():
-    path = os.path.join("/tmp", f"kvs-smallfs-{os.getpid()}")
-    os.makedirs(path, exist_ok=True)
+    path = short_tempdir("smallfs-")
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", path], capture_output=True)
     if done.returncode != 0:
         os.rmdir(path)
@@ -153,7 +154,9 @@ def small_fs():
 
 
 def test_full_filesystem_turns_puts_into_clear_errors(start_daemon, small_fs):
-    d = start_daemon("--host-mem", "32MiB", "--disk-dir", small_fs, "--disk-size", "64MiB")
+    with open(os.path.join(small_fs, "ballast"), "wb") as f:   # the filesystem fills before the tier's cap
+        f.write(b"\0" * (3 * MiB // 2))
+    d = start_daemon("--host-mem", "32MiB", "--disk-dir", small_fs, "--disk-size", "6MiB")
     with d.client(namespace="full", chunk_tokens=4) as c:
         stored = []
         with pytest.raises(kvstore.StoreFullError, match="disk tier is full"):

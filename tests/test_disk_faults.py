@@ -137,7 +137,9 @@ def test_disk_full(disk_daemon, tmp_path):
     if not mounted:
         pytest.skip("cannot mount a small tmpfs here to fill up")
     try:
-        d, _ = disk_daemon(str(small / "disk"), disk_size="64MiB")  # a cap far above what the device holds
+        with open(small / "ballast", "wb") as f:  # the device fills before the tier's cap (a cap above it is refused)
+            f.write(b"\0" * (1 << 20))
+        d, _ = disk_daemon(str(small / "disk"), disk_size="2MiB")
         with d.client(namespace="t") as c:
             keys = put_chain(c, 7, 32)  # 8 MiB into a 2 MiB device
             correct, corrupt, _ = read_each(c, keys)

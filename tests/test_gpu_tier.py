@@ -4,8 +4,6 @@ pinned-memory fallback; and chunks from a paged cache through a real daemon and 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +14,8 @@ from kvstore.gpu.pinned import buffer_address, memlock_limit, pin
 from kvstore.gpu.tier import GpuTier
 from kvstore.ops import PagedKV, gather
 from kvstore.tiers.arena import SharedArena
+
+from daemons import run_cli
 
 MiB = 1 << 20
 
@@ -88,8 +88,7 @@ def test_pool_export_wire_form_is_checked():
 def test_gpu_mem_is_refused_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible")
-    result = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--gpu-mem", "1GiB"],
-                            capture_output=True, text=True, timeout=60)
+    result = run_cli("serve", "--gpu-mem", "1GiB")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "kvstore: error: --gpu-mem needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)"]

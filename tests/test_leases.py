@@ -18,18 +18,25 @@ import kvstore
 
 
 
-def test_lease_expires_and_chunk_becomes_evictable(start_daemon):
+def test_lease_of_a_client_the_daemon_cannot_follow_expires(start_daemon):
+    from test_bad_input import RawClient   # says hello without a pid, as a client in another pid namespace does
+    from kvstore.protocol.wire import Op
+
     d = start_daemon("--lease-ttl", "0.5s", "--host-mem", "8MiB")
-    with d.client(namespace="t") as c:
-        keys = c.chunk_keys(list(range(256 * 4)))
-        c.put(keys, [os.urandom(2 << 20)] * 4)
-        lease = c.get(keys)
-        assert c.stats()["leases"] == 1
-        assert wait_for(lambda: c.stats()["leases"] == 0, 5)
-        assert c.stats()["counters"]["expired_leases"] == 1
-        with pytest.raises(kvstore.LeaseError):
-            lease.extend()
-        lease.release()  # releasing an expired lease is harmless
+    raw = RawClient(d.address)
+    try:
+        with d.client(namespace="t") as c:
+            keys = c.chunk_keys(list(range(256 * 4)))
+            c.put(keys, [os.urandom(2 << 20)] * 4)
+            assert raw.hello()["ok"]
+            lease = raw.request({"op": Op.GET, "id": 2, "keys": keys})["lease"]
+            assert c.stats()["leases"] == 1
+            assert wait_for(lambda: c.stats()["leases"] == 0, 5)
+            assert c.stats()["counters"]["expired_leases"] == 1 and c.stats()["leases_overdue"] == 0
+            reply = raw.request({"op": Op.EXTEND, "id": 3, "lease": lease})
+            assert not reply["ok"] and reply["code"] == kvstore.LeaseError.code
+    finally:
+        raw.close()
 
 
 def test_lease_extend_keeps_it_alive(start_daemon):

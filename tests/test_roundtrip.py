@@ -96,6 +96,18 @@ def test_views_are_invalid_after_release(client):
     assert client.stats()["leases"] == 0
 
 
+def test_clear_deletes_the_callers_namespace_only(daemon):
+    with daemon.client(namespace="a") as a, daemon.client(namespace="b") as b:
+        a_keys, b_keys = a.chunk_keys(list(range(512))), b.chunk_keys(list(range(768)))
+        a.put(a_keys, [b"a" * 100] * 2)
+        b.put(b_keys, [b"b" * 100] * 3)
+        assert a.clear() == 2
+        assert a.lookup(a_keys) == 0 and b.lookup(b_keys) == 3
+        with b.get(b_keys) as views:
+            assert [bytes(v) for v in views] == [b"b" * 100] * 3
+        assert b.clear() == 3 and b.stats()["chunks"] == 0
+
+
 def test_clear(client):
     keys = client.chunk_keys(list(range(1024)))
     client.put(keys, [b"q" * 100] * 4)

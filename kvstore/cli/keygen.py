@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..config import default_runtime_dir
 
@@ -15,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "--curve-client-keys; a client takes the daemon's server.key and its own "
                                    ".key_secret (KVSTORE_CURVE_SERVER_KEY, KVSTORE_CURVE_CLIENT_KEY).")
     p.add_argument("--dir", default=None, metavar="DIR",
-                   help="where to write the files (default: <runtime dir>/curve, made 0700)")
+                   help="where to write the files (default: $XDG_RUNTIME_DIR/kvstore/curve or "
+                        "/tmp/kvstore-$UID/curve; every level it creates is 0700)")
     p.add_argument("--name", default="server", metavar="NAME", help="file name stem (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="replace existing files of that name")
     p.set_defaults(run=run)
@@ -24,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..security.keys import generate_keypair
 
-    directory = args.dir or default_runtime_dir() + "/curve"
+    directory = args.dir or os.path.join(default_runtime_dir(), "curve")
     public, secret = generate_keypair(directory, args.name, args.force)
     print(f"public key: {public}\nsecret key: {secret}")
     return 0

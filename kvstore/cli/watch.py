@@ -2,7 +2,9 @@
 
 Each refresh fetches ``stats`` over one kept-open connection and compares it with the previous snapshot:
 lookups, hit tokens and bytes per second over the last interval, the hit rate over that interval and since the
-daemon started. Bytes moved are puts (in), gets (out) and promotions plus demotions (between tiers).
+daemon started. Bytes moved are puts (in), gets (out) and promotions plus demotions (between tiers). Below
+them, the integrity of what is stored: damaged copies found (any tier, any check) and what became of them,
+scrubs, and engines' verification; a line turns red while anything there is non-zero.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ QUANTITIES: dict[str, Callable[[Sample], float]] = {
     "bytes_out": lambda s: s.get("counters.get_bytes"),
     "bytes_between": lambda s: s.sum("counters.promoted_bytes_") + s.sum("counters.demoted_bytes_"),
     "evictions": lambda s: _per_tier_or_total(s, "evictions"),
+    "scrubbed": lambda s: sum(v for k, v in s.values.items() if k.startswith("scrub.tiers.") and k.endswith(".bytes")),
 }
 
 
@@ -91,7 +94,24 @@ def render(stats: dict[str, Any], prev: Sample | None, cur: Sample, address: str
         live.add_row(label, shown, total)
     live.add_row("leases / reservations / clients", "",
                  f"{stats['leases']} / {stats['reservations']} / {stats['sessions']}")
+    live.add_row("bytes scrubbed/s", format_size(int(r["scrubbed"])) if r else "-", format_size(int(quantity(cur, "scrubbed"))))
+    for label, text, bad in integrity_rows(cur):
+        live.add_row(f"[red]{label}[/red]" if bad else label, "", f"[red]{text}[/red]" if bad else text)
     return Group(tiers, live)
+
+
+def integrity_rows(s: Sample) -> list[tuple[str, str, bool]]:
+    """(label, value, alarming) for the integrity lines of the live view."""
+    damaged = int(s.sum("integrity.corrupt_"))
+    scrub_corrupt = int(sum(v for k, v in s.values.items() if k.startswith("scrub.") and k.endswith(".corrupt")))
+    mismatches = int(s.get("verify.mismatches"))
+    return [
+        ("damaged copies / repaired / dropped",
+         f"{damaged} / {int(s.get('integrity.repaired'))} / {int(s.get('integrity.dropped'))}", damaged > 0),
+        ("scrub passes / corrupt found", f"{int(s.get('scrub.passes'))} / {scrub_corrupt}", scrub_corrupt > 0),
+        ("verify checks / mismatches / max diff",
+         f"{int(s.get('verify.checks'))} / {mismatches} / {s.get('verify.max_difference'):.3g}", mismatches > 0),
+    ]
 
 
 def watch(client: Any, address: str, interval: float, count: int) -> int:

@@ -14,19 +14,27 @@ DRAM as usual: the daemon copies GPU-only chunks down for readers that do not ma
 
 from __future__ import annotations
 
+import math
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import default_socket
-from ..errors import DaemonUnavailable, VersionError
+from ..errors import ClientClosedError, DaemonUnavailable, KVStoreError, LeaseError, UsageError, VersionError
+from ..keys import KEY_SCHEME
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
+from ..protocol.messages import wire_keys
+from ..protocol.stream import SUFFIX as STREAM_SUFFIX
 from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
 from ..tiers.arena import SharedArena
 from .buffers import copy_into, nbytes_of
+from .shared_index import SeenNotes, SharedIndexView
+from .stream_transport import StreamLost, StreamTransport
+from .pages import PagePopulator
 from .transport import Transport
 
 DEFAULT_NAMESPACE = "default"
@@ -40,44 +48,76 @@ class LookupResult:
 
 
 class Lease:
-    """Zero-copy views of leased chunks; the chunks stay pinned until ``release`` (or the lease TTL).
+    """Zero-copy views of leased chunks; the chunks stay pinned until ``release``.
 
     A view is a memoryview of the shared arena, or — for a client that maps the GPU pool — a ``uint8`` tensor of
-    the pool for a chunk the GPU tier holds (``tiers[i]`` says which: "gpu" or "host")."""
+    the pool for a chunk the GPU tier holds (``tiers[i]`` says which: "gpu" or "host").
 
-    def __init__(self, client: "Client", lease_id: int, views: list[Any], tiers: list[str] | None = None) -> None:
+    The views never change under the reader without the reader learning it. A local client whose process the
+    daemon follows keeps its leases past the TTL for as long as it lives. Any other client (one in another pid
+    namespace) may lose a lease at its TTL, after which other chunks may be written under its views: so a
+    release later than the TTL (counted from before the get was sent, so never late) asks the daemon whether the
+    lease was still held, and ``release`` (and leaving the ``with`` block) raises ``LeaseError`` when it was not:
+    whatever was computed from the views must then be thrown away.
+    """
+
+    def __init__(self, client: "Client", lease_id: int, views: list[Any], tiers: list[str] | None = None,
+                 valid_until: float = math.inf) -> None:
         self._client = client
         self.id = lease_id
         self.views = views
         self.tiers = tiers if tiers is not None else ["host"] * len(views)
+        self._valid_until = valid_until   # time.monotonic() before which the daemon cannot have expired it
+        self._arena = client._arena       # a daemon restarted since maps another arena: these views were left alone
 
     def __enter__(self) -> list[Any]:
         return self.views
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            self.release()
+        except LeaseError:
+            if exc_type is None:
+                raise   # the block's own error, if any, is the one to report
 
     def __len__(self) -> int:
         return len(self.views)
 
     def extend(self) -> float:
         """Push the lease's deadline out by its TTL; returns the seconds left."""
+        sent = time.monotonic()
         header, _ = self._client._call({"op": Op.EXTEND, "lease": self.id})
-        return float(header["ttl"])
+        ttl = float(header["ttl"])
+        self._valid_until = max(self._valid_until, sent + ttl)
+        return ttl
 
     def release(self) -> None:
-        """Unpin the chunks. The views are invalid afterwards (using them raises ValueError)."""
+        """Unpin the chunks. The views are invalid afterwards (using them raises ValueError).
+
+        Raises LeaseError if the lease had already been taken back (see the class docstring)."""
         for view in self.views:
             if isinstance(view, memoryview):
                 view.release()
         self.views = []
-        if self.id:
-            lease_id, self.id = self.id, 0
+        if not self.id:
+            return
+        lease_id, self.id = self.id, 0
+        if time.monotonic() < self._valid_until:
             try:
-                # Nothing to wait for: an unknown or expired lease, or a restarted daemon, pins nothing anyway.
+                # Nothing to wait for: the lease is held, and a restarted daemon pins nothing anyway.
                 self._client._transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
-            except DaemonUnavailable:
-                pass  # the daemon is gone: nothing is pinned
+            except (DaemonUnavailable, ClientClosedError):
+                pass  # the daemon is gone (nothing is pinned, nothing wrote under the views), or we closed
+            return
+        if self._client._arena is not self._arena:
+            return   # the daemon restarted: nothing wrote into the old arena under these views
+        try:
+            self._client._transport.call({"op": Op.RELEASE, "lease": lease_id})   # past the TTL: was it held?
+        except (DaemonUnavailable, VersionError, ClientClosedError):
+            pass   # the daemon is gone or restarted (it wrote into a new arena, not under these views), or we closed
+        except LeaseError:
+            raise LeaseError(f"lease {lease_id} was taken back at its TTL before it was released: other chunks "
+                             f"may have been written under its views; discard what was read from them") from None
 
 
 class Reservation:
@@ -125,19 +165,29 @@ class Client:
     def __init__(self, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS, timeout: float = 5.0,
                  client_id: str | None = None, use_arena: bool | None = None,
-                 curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False) -> None:
+                 curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False,
+                 key_scheme: str = KEY_SCHEME, hash_seed: int = 0,
+                 shared_index: bool = True, stream: bool = True) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
-            raise ValueError(f"address must start with ipc:// or tcp://, got {self.address!r}")
+            hint = f" (a socket path? use ipc://{self.address})" if self.address.startswith("/") else ""
+            raise UsageError(f"address must start with ipc:// or tcp://, got {self.address!r}{hint}")
         if chunk_tokens <= 0:
-            raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+            raise UsageError(f"chunk_tokens must be positive, got {chunk_tokens}")
         self.namespace = namespace
         self.chunk_tokens = chunk_tokens
         self.client_id = client_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # How this client's keys are made: a daemon holding chunks of the namespace made otherwise refuses it.
+        self.key_scheme, self.hash_seed = key_scheme, hash_seed
         self.use_arena = self.address.startswith("ipc://") if use_arena is None else use_arena
-        self._transport = Transport(self.address, timeout, curve)
+        self._zmq = Transport(self.address, timeout, curve)
+        self._transport: Transport | StreamTransport = self._zmq   # where requests go: the stream when there is one
+        # Local clients send their requests on the daemon's stream socket (protocol/stream.py) when it has one
+        self.want_stream = stream and self.use_arena and self.address.startswith("ipc://")
+        self.timeout = timeout
         self._arena: SharedArena | None = None
         self._arena_view: memoryview | None = None
+        self._pages: PagePopulator | None = None
         self._arena_file: tuple[int, int] | None = None
         self.want_gpu = gpu and self.use_arena
         # Page-lock our arena mapping (CUDA) so that copies from leased views to the GPU are asynchronous DMA;
@@ -147,16 +197,30 @@ class Client:
         self._gpu_info: dict[str, Any] | None = None
         self._pinned: Any = None          # kvstore.gpu.pinned.PinnedRegion of our arena mapping
         self.server_info: dict[str, Any] = {}
-        self._hello()
+        # Lookups from the daemon's shared-memory index (local clients; shared_index=False always asks the socket)
+        self.want_shared_index = shared_index and self.use_arena
+        self._index: SharedIndexView | None = None
+        self._index_file: tuple[int, int] | None = None
+        self._seen = SeenNotes()
+        try:
+            self._hello()
+        except BaseException:
+            self.close()   # no socket or mapping outlives a failed connect
+            raise
 
     # -- session --------------------------------------------------------------------------------------------
     def _hello(self) -> None:
         pid, pid_start = self_identity()
-        header, _ = self._transport.call({
+        hello = {
             "op": Op.HELLO, "version": PROTOCOL_VERSION, "namespace": self.namespace,
             "client_id": self.client_id, "chunk_tokens": self.chunk_tokens,
             "pid": pid, "pid_start": pid_start, "arena": self.use_arena, "gpu": self.want_gpu,
-        })
+            "key_scheme": self.key_scheme, "hash_seed": self.hash_seed,
+        }
+        header = self._hello_on_stream(hello)
+        if header is None:
+            self._transport = self._zmq
+            header, _ = self._zmq.call(hello)
         self.server_info = header
         arena = header.get("arena")
         # A restarted daemon makes a new arena file under the same path: compare the file, not just its name,
@@ -167,13 +231,52 @@ class Client:
             self._arena_file = _file_identity(arena["path"])
             self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
             self._arena_view = self._arena.view()
+            self._pages = PagePopulator(self._arena.buf, self._arena.size)
         elif not arena:
             self._detach_arena()
+        # The index is read only while our stream to its writer is open: a daemon that died shows there at once
+        on_stream = isinstance(self._transport, StreamTransport)
+        self._attach_index(header.get("index") if self.want_shared_index and on_stream else None)
         self._attach_gpu(header.get("gpu") if self._arena is not None else None)
         if self.pin_arena and self._pinned is None and self._arena is not None:
             from ..gpu.engine import pin_mapping  # torch: only for clients that ask for pinning
 
             self._pinned = pin_mapping(self._arena.buf, self._arena.size)
+
+    def _hello_on_stream(self, hello: dict[str, Any]) -> dict[str, Any] | None:
+        """Say hello on the daemon's stream socket and send everything there from now on; None when there is
+        none to use (not a local client, no such socket, or it refused us): ZeroMQ then carries the requests."""
+        if self._transport is not self._zmq:
+            self._transport.close()
+            self._transport = self._zmq
+            self._detach_index()   # read only while on a stream (see _hello)
+        if not self.want_stream:
+            return None
+        try:
+            stream = StreamTransport(self.address[len("ipc://"):] + STREAM_SUFFIX, self.timeout)
+        except OSError:
+            return None
+        try:
+            header, _ = stream.call(hello)
+        except KVStoreError:
+            stream.close()
+            return None
+        self._transport = stream
+        return header
+
+    def _attach_index(self, path: str | None) -> None:
+        """Map the daemon's lookup index; a restarted daemon has a new file under the same name."""
+        if path and self._index is not None and self._index_file == _file_identity(path):
+            return
+        self._detach_index()
+        if path:
+            self._index_file = _file_identity(path)
+            self._index = SharedIndexView.open(path)
+
+    def _detach_index(self) -> None:
+        if self._index is not None:
+            self._index.close()
+        self._index, self._index_file = None, None
 
     def _attach_gpu(self, info: dict[str, Any] | None) -> None:
         """Map the daemon's GPU pool (once per daemon) and pin our arena mapping for async host<->GPU copies."""
@@ -212,17 +315,23 @@ class Client:
                 pass  # views of live leases still point into it; the mapping goes when they do
         if self._arena is not None:
             self._arena.close()
-        self._arena, self._arena_view = None, None
+        self._arena, self._arena_view, self._pages = None, None, None
 
     def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
               retry: bool = True) -> tuple[dict[str, Any], list[Any]]:
+        if self._seen:
+            self._send_seen()   # first, so that this request sees those lookups' effect
         try:
             return self._transport.call(header, payloads)
+        except StreamLost as exc:
+            self._hello()  # the daemon restarted (or stopped: DaemonUnavailable from here)
+            if not retry:  # as on ZeroMQ, where the request would have reached a daemon that never met us
+                raise VersionError(f"the daemon restarted before this request reached it ({exc})") from exc
         except VersionError:
             if not retry:
                 raise
             self._hello()  # the daemon restarted and forgot us
-            return self._transport.call(header, payloads)
+        return self._transport.call(header, payloads)
 
     # -- keys -----------------------------------------------------------------------------------------------
     def chunk_keys(self, token_ids: Sequence[int] | Any, include_partial: bool = False,
@@ -244,15 +353,20 @@ class Client:
         return self.lookup_tiers(keys).count
 
     def lookup_many(self, chains: Sequence[Sequence[bytes]]) -> list[int]:
-        """``lookup`` of several key chains in one round trip (the requests are pipelined)."""
+        """``lookup`` of several key chains: from the shared index where it answers, else in one round trip
+        (the requests are pipelined)."""
+        if self._index is not None and self._transport.alive():
+            return [self.lookup(keys) for keys in chains]
         try:
             return self._lookup_many(chains)
-        except VersionError:
+        except (VersionError, StreamLost):
             self._hello()  # the daemon restarted and forgot us
             return self._lookup_many(chains)
 
     def _lookup_many(self, chains: Sequence[Sequence[bytes]]) -> list[int]:
-        ids = [self._transport.send({"op": Op.LOOKUP, "keys": list(keys), "promote": True}) if keys else 0
+        if self._seen:
+            self._send_seen()
+        ids = [self._transport.send({"op": Op.LOOKUP, "keys": wire_keys(keys), "promote": True}) if keys else 0
                for keys in chains]
         counts, error = [], None
         for rid in ids:  # every reply is waited for (or given up on), so none is left behind when one fails
@@ -267,10 +381,30 @@ class Client:
         return counts
 
     def lookup_tiers(self, keys: Sequence[bytes], promote: bool = True) -> LookupResult:
+        """How many leading ``keys`` are stored and how many of those each tier holds. Read from the daemon's
+        shared index where it can answer (``client/shared_index.py``), else asked over the socket."""
         if not keys:
             return LookupResult(0, {})
-        header, _ = self._call({"op": Op.LOOKUP, "keys": list(keys), "promote": promote})
+        if self._index is not None and self._transport.alive():
+            answer = self._index.lookup(keys, promote)
+            if answer is not None:
+                count, tiers = answer
+                if self._seen.add(len(keys), keys[:count]):
+                    self._send_seen()
+                return LookupResult(count, tiers)
+        header, _ = self._call({"op": Op.LOOKUP, "keys": wire_keys(keys), "promote": promote})
         return LookupResult(int(header["count"]), dict(header.get("tiers", {})))
+
+    def _send_seen(self) -> None:
+        """Tell the daemon about the lookups answered from the shared index (no reply awaited; dropped when the
+        daemon is not there, like the lookups' effect on a daemon that restarted)."""
+        note = self._seen.take()
+        if note is None:
+            return
+        try:
+            self._transport.send({"op": Op.LOOKUP_SEEN, **note}, timeout=0, want_reply=False)
+        except DaemonUnavailable:
+            pass
 
     def put(self, keys: Sequence[bytes], buffers: Sequence[Any], parent: bytes | None = None) -> int:
         """Store one buffer (bytes-like or tensor) per key; keys already stored are skipped.
@@ -279,7 +413,7 @@ class Client:
         written. Raises StoreFullError when the daemon cannot make room.
         """
         if len(keys) != len(buffers):
-            raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
+            raise UsageError(f"put: {len(keys)} keys but {len(buffers)} buffers")
         if not keys:
             return 0
         if self._arena_view is None:
@@ -298,8 +432,12 @@ class Client:
         """Reserve arena slots of ``sizes`` bytes for ``keys`` (ipc:// only); see ``Reservation``."""
         if self._arena_view is None:
             raise ValueError("reserve needs the shared arena (an ipc:// client); use put over tcp://")
-        header, _ = self._call({"op": Op.RESERVE, "keys": list(keys), "sizes": list(sizes), "parent": parent})
-        views = [None if slot is None else self._arena_view[slot[0]:slot[0] + slot[1]] for slot in header["slots"]]
+        header, _ = self._call({"op": Op.RESERVE, "keys": wire_keys(keys), "sizes": list(sizes), "parent": parent})
+        views: list[memoryview | None] = []
+        for slot in header["slots"]:
+            if slot is not None and self._pages is not None:
+                self._pages.touch(slot[0], slot[1])
+            views.append(None if slot is None else self._arena_view[slot[0]:slot[0] + slot[1]])
         return Reservation(self, int(header["reservation"]), views)
 
     def _put_inline(self, keys: Sequence[bytes], buffers: Sequence[Any], parent: bytes | None) -> int:
@@ -308,31 +446,70 @@ class Client:
         header, _ = self._call({"op": Op.PUT_INLINE, "keys": list(keys), "parent": parent}, payloads)
         return int(header["committed"])
 
-    def get(self, keys: Sequence[bytes]) -> Lease:
+    def get(self, keys: Sequence[bytes], verify: bool = False) -> Lease:
         """Lease the longest stored prefix of ``keys``; ``len(lease.views) <= len(keys)``.
 
         Use as ``with client.get(keys) as views:``. Over ipc:// the views are zero-copy windows on the shared
-        arena, valid until the lease is released; over tcp:// they are the received frames.
+        arena, valid until the lease is released; over tcp:// they are the received frames. ``verify``: check
+        every view against the chunk's checksum and hand out only the leading run that matches (see
+        ``client/verify.py``); a chunk that fails is a miss, reported to the daemon.
         """
         if not keys:
             return Lease(self, 0, [])
-        header, payload = self._call({"op": Op.GET, "keys": list(keys), "inline": self._arena_view is None,
-                                      "gpu": self._gpu_pool is not None})
+        sent = time.monotonic()
+        header, payload = self._call({"op": Op.GET, "keys": wire_keys(keys), "inline": self._arena_view is None,
+                                      "gpu": self._gpu_pool is not None and not verify, "verify": verify})
         slots = header["slots"]
         if self._arena_view is None:
-            return Lease(self, 0, [frame.buffer for frame in payload])
-        tiers = header.get("tiers") or ["host"] * len(slots)
-        views = [self._gpu_pool.view(off, size) if tier == "gpu" and self._gpu_pool is not None
-                 else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
-        return Lease(self, int(header["lease"]), views, list(tiers))
+            lease = Lease(self, 0, [frame.buffer for frame in payload])
+        else:
+            tiers = header.get("tiers") or ["host"] * len(slots)
+            for (off, size), tier in zip(slots, tiers):
+                if tier != "gpu" or self._gpu_pool is None:
+                    self._pages.touch(off, size)
+            views = [self._gpu_pool.view(off, size) if tier == "gpu" and self._gpu_pool is not None
+                     else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
+            lease = Lease(self, int(header["lease"]), views, list(tiers),
+                          sent + float(header.get("ttl", math.inf)))
+        return self._verified(lease, list(keys), header.get("sums", [])) if verify else lease
+
+    def _verified(self, lease: Lease, keys: list[bytes], sums: list[int | None]) -> Lease:
+        from .verify import verified_prefix
+
+        good, failed = verified_prefix(lease.views, sums)
+        if failed:
+            self._call({"op": Op.CORRUPT, "keys": [keys[i] for i in failed]})
+        for view in lease.views[good:]:
+            if isinstance(view, memoryview):
+                view.release()
+        lease.views, lease.tiers = lease.views[:good], lease.tiers[:good]
+        return lease
+
+    def scrub(self, rate: int = 0, timeout: float = 3600.0) -> dict[str, Any]:
+        """Have the daemon check every copy of every chunk now (at most ``rate`` bytes/s, 0: no bound); its
+        counts per tier. Waits up to ``timeout`` seconds."""
+        header, _ = self._transport.call({"op": Op.SCRUB, "rate": rate}, timeout=timeout)
+        return header["scrub"]
+
+    def report_verify(self, namespace: str, keys: Sequence[bytes], checks: int, mismatches: int,
+                      max_difference: float, first_bad: int | None = None) -> int:
+        """Tell the daemon how computed KV compared with its chunks ``keys``; a mismatch makes it drop the chain
+        from ``keys[first_bad]``. Returns the chunks it dropped."""
+        header, _ = self._call({"op": Op.VERIFY, "namespace": namespace, "keys": list(keys), "checks": checks,
+                                "mismatches": mismatches, "max_difference": float(max_difference),
+                                "first_bad": first_bad})
+        return int(header["dropped"])
 
     def delete(self, keys: Sequence[bytes]) -> int:
         if not keys:
             return 0
-        header, _ = self._call({"op": Op.DELETE, "keys": list(keys)})
+        header, _ = self._call({"op": Op.DELETE, "keys": wire_keys(keys)})
         return int(header["deleted"])
 
     def clear(self) -> int:
+        """Delete every chunk of this client's namespace; other namespaces' chunks stay. Returns how many went.
+
+        Leased chunks go from the index at once and free their space when their lease ends."""
         header, _ = self._call({"op": Op.CLEAR})
         return int(header["cleared"])
 
@@ -341,7 +518,17 @@ class Client:
         return header["stats"]
 
     def close(self) -> None:
-        self._transport.close()
+        note = self._seen.take()
+        if note is not None:
+            try:   # awaited: closing the socket would drop a note still queued in it
+                self._transport.call({"op": Op.LOOKUP_SEEN, **note}, timeout=1.0)
+            except KVStoreError:
+                pass
+        if self._transport is not self._zmq:
+            self._transport.close()
+            self._transport = self._zmq   # closed below: every later call raises ClientClosedError
+        self._zmq.close()
+        self._detach_index()
         self._detach_arena()
 
     def __enter__(self) -> "Client":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, Union
 
 import torch
@@ -82,6 +83,37 @@ class _Fixed:
 
     def failed(self, exc: BaseException) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """How computed KV compared with the stored chunks of the same keys (see ``ChunkStore.verify``)."""
+
+    checks: int                 # chunks compared (those the daemon still had)
+    mismatches: int             # chunks that differed beyond the tolerance
+    max_difference: float       # largest absolute difference (inf where either side was not finite)
+    first_bad: int | None       # index of the first chunk that differed
+    dropped: int = 0            # chunks the daemon dropped because of it
+
+
+def tolerance_for(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) of a comparison of recomputed KV: the same kernels on the same inputs agree to the last bit
+    on CPU, but a prefix computed alone (not as part of a longer prompt) goes through other matrix shapes, so
+    the results may differ by rounding: a few ulps of the dtype, far below any damage (a flipped byte changes a
+    value by orders of magnitude, or makes it non-finite)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return 2e-2, 2e-2
+    return 1e-4, 1e-4
+
+
+def compare_chunks(stored: torch.Tensor, computed: torch.Tensor, atol: float, rtol: float
+                   ) -> tuple[list[bool], float]:
+    """Per chunk, whether ``stored`` differs from ``computed`` beyond ``atol + rtol * |computed|``; and the
+    largest absolute difference (inf when a value is not finite)."""
+    s, c = stored.float(), computed.float()
+    diff = (s - c).abs().nan_to_num(nan=float("inf"))
+    bad = (diff > atol + rtol * c.abs()).flatten(1).any(dim=1)
+    return bad.tolist(), float(diff.max()) if diff.numel() else 0.0
 
 
 class ChunkStore:
@@ -211,6 +243,36 @@ class ChunkStore:
             reservation.abort()
         except Exception as exc:  # noqa: BLE001 - the reservation's TTL frees it anyway
             log.debug("kvstore abort failed: %s", exc)
+
+    def verify(self, keys: Sequence[bytes], computed: torch.Tensor, atol: float | None = None,
+               rtol: float | None = None) -> VerifyResult:
+        """Compare ``computed`` (``[n, *chunk_shape]``, the KV an engine computed for ``keys[:n]``) with the stored
+        chunks and report it to the daemon, which drops the chain from the first chunk that differs.
+
+        The stored bytes are read as they are (no checksum check: a chunk whose bytes changed after commit must
+        show up here as a mismatch too). Tolerance: ``tolerance_for`` the geometry's dtype unless given. Any
+        daemon failure is logged and reported as no checks.
+        """
+        default_atol, default_rtol = tolerance_for(self.geometry.dtype)
+        atol = default_atol if atol is None else atol
+        rtol = default_rtol if rtol is None else rtol
+        keys = list(keys[:len(computed)])
+        stored = self.load(keys, device=computed.device)
+        if len(stored) == 0:
+            return VerifyResult(0, 0, 0.0, None)
+        bad, max_diff = compare_chunks(stored, computed[:len(stored)], atol, rtol)
+        first_bad = bad.index(True) if any(bad) else None
+        result = VerifyResult(len(stored), sum(bad), max_diff, first_bad)
+        try:
+            dropped = self._client().report_verify(self.namespace, keys[:len(stored)], result.checks,
+                                                   result.mismatches, max_diff, first_bad)
+        except Exception as exc:  # noqa: BLE001
+            self.warn("verify", exc)
+            return result
+        if result.mismatches:
+            log.error("kvstore chunks of %s differ from the computed KV (%d of %d, max difference %g); the "
+                      "daemon dropped %d", self.namespace, result.mismatches, result.checks, max_diff, dropped)
+        return VerifyResult(result.checks, result.mismatches, max_diff, first_bad, dropped)
 
     def store(self, keys: Sequence[bytes], chunks: torch.Tensor, first: int) -> int:
         """Store `chunks` under `keys[first:first + len(chunks)]`; returns chunks written.

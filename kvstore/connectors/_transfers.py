@@ -191,7 +191,8 @@ class Transfers:
                 for event in events:
                     if event is not None:
                         event.synchronize()  # the lease may end only once the copies have
-                job.loaded = len(views)
+                written = len(views)
+            job.loaded = written  # only once the lease ended as held: a lease taken back is a failed load
         except Exception as exc:  # noqa: BLE001 - a failed load is a recompute, never a failed step
             log.warning("kvstore load of request %s failed: %s", job.req_id, exc)
         with self._lock:

@@ -12,6 +12,18 @@
 chunks. `load_prefix` leaves at least the last token of `input_ids` to compute,
 so the caller always has logits for the next token.
 
+Online verification. With `verify_fraction=f`, that share of the calls that
+would hit compute the prefix instead of loading it (one prefill of the hit
+tokens), compare the computed KV with the stored chunks (`ChunkStore.verify`:
+within a few ulps of the dtype) and report the comparison to the daemon, which
+counts it and drops a chain that differs. The computed cache is returned, so
+the caller's output is plain prefill's whatever the store holds. Cost: the
+prefill the hit would have saved, on that share of hits (`bench/verify.py`).
+The default is 0: a cache that is always recomputed saves nothing, and the
+daemon's checksums already catch damage after commit; a fraction such as 0.01
+catches what checksums cannot (wrong bytes written at put, a layout change)
+at 1 % of the saving.
+
 Supported: transformers 4.46 and later (tested with 5.x), decoder models whose
 every layer is full attention with a per-token K and V of
 `[kv_heads, head_dim]` (Llama, Mistral without a sliding window, Qwen2, ...,
@@ -21,7 +33,9 @@ are reported as misses and never saved.
 
 from __future__ import annotations
 
+import inspect
 import logging
+import random
 import weakref
 from typing import Any
 
@@ -30,7 +44,7 @@ import xxhash
 
 import kvstore
 
-from ._store import ChunkStore
+from ._store import ChunkStore, VerifyResult
 from .layout import KVGeometry, chunks_to_dense, dense_to_chunks, namespace
 
 log = logging.getLogger("kvstore.connectors.hf")
@@ -129,14 +143,20 @@ def _cache_layers(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 
 def load_prefix(
-    client: kvstore.Client, model: torch.nn.Module, input_ids: torch.Tensor, *, salt: str = ""
+    client: kvstore.Client, model: torch.nn.Module, input_ids: torch.Tensor, *, salt: str = "",
+    verify_fraction: float = 0.0, verify_tolerance: tuple[float, float] | None = None,
 ) -> tuple[Any, int]:
     """A `DynamicCache` holding the longest stored prefix of `input_ids`, and its length.
 
     The length is a multiple of `client.chunk_tokens` and leaves at least one
     token of `input_ids` uncached; 0 (and an empty cache) on a miss or when the
-    daemon is unavailable.
+    daemon is unavailable. `verify_fraction`: the share of would-be hits that
+    are computed and compared with the stored chunks instead (see the module
+    docstring); `verify_tolerance`: its (atol, rtol), by default a few ulps of
+    the model's dtype.
     """
+    if not 0.0 <= verify_fraction <= 1.0:
+        raise ValueError(f"verify_fraction must be in [0, 1], got {verify_fraction}")
     cache = _new_cache(model)
     tokens = _token_row(input_ids)
     store = _store(client, model, salt)
@@ -147,6 +167,10 @@ def load_prefix(
     hits = store.lookup(keys)
     if hits == 0:
         return cache, 0
+    if verify_fraction and random.random() < verify_fraction:
+        n = hits * store.geometry.chunk_tokens
+        cache, _ = verify_prefix(store, model, input_ids[:, :n], keys[:hits], verify_tolerance)
+        return cache, n
     chunks = store.load(keys[:hits], device=input_ids.device)
     if len(chunks) == 0:
         return cache, 0
@@ -154,6 +178,20 @@ def load_prefix(
     for layer, (k, v) in enumerate(zip(keys_per_layer, values_per_layer)):
         cache.update(k, v, layer)
     return cache, len(chunks) * store.geometry.chunk_tokens
+
+
+@torch.no_grad()
+def verify_prefix(store: ChunkStore, model: torch.nn.Module, prefix_ids: torch.Tensor, keys: list[bytes],
+                  tolerance: tuple[float, float] | None = None) -> tuple[Any, VerifyResult]:
+    """Compute the KV of `prefix_ids` (whole chunks, one per key), compare it with the stored chunks and report
+    the comparison; returns the computed cache and the result."""
+    cache = _new_cache(model)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    model(prefix_ids, use_cache=True, **{name: cache})
+    keys_per_layer, values_per_layer = _cache_layers(cache)
+    computed = dense_to_chunks(keys_per_layer, values_per_layer, 0, len(keys), store.geometry)
+    atol, rtol = tolerance if tolerance is not None else (None, None)
+    return cache, store.verify(keys, computed, atol, rtol)
 
 
 def save_prefix(

@@ -183,9 +183,9 @@ class KVStoreConnector(KVConnectorBase_V1):
         if self._geometry is None:
             log.warning("kvstore connector disabled: unsupported KV cache layout %s", kv_cache_config)
         elif role == KVConnectorRole.SCHEDULER:
-            link = self._link(use_arena=False)  # lookups only: no need to map the arena
+            link = self._link()  # a local client reads lookups from the daemon's shared index
             self._stores = [self._chunk_store(rank, link) for rank in range(self._tp_size)]
-            link.client()  # connect now, not on the first request (a daemon that is down: later)
+            link.client()  # connect (and map) now, not on the first request; a daemon that is down: later
 
     # -- shared ------------------------------------------------------------------------------------------
     def _link(self, **connect: Any) -> DaemonLink:

@@ -3,7 +3,9 @@
 The rules follow the project's brief: prefix hit rate below 30 % for 10 minutes (warning: the cache is too
 small or keys do not match across engines), a tier above 95 % full for 5 minutes (critical: an eviction storm
 is coming), p99 get latency too high (warning), and any checksum failure or disk I/O error (critical: a disk is
-going bad). Thresholds are the constants below.
+going bad). Any damaged chunk copy found in memory or by a scrub, and any mismatch an engine's verification
+reports, are critical too: bad memory or a client scribbling on the shared arena, found before users read wrong
+answers. Thresholds are the constants below.
 """
 
 from __future__ import annotations
@@ -56,6 +58,22 @@ def alert_rules() -> list[AlertRule]:
                   "kvstore disk chunk failed its checksum",
                   "{{ $labels.instance }}: {{ $value }} chunks read from disk failed their checksum in 5 "
                   "minutes (served as misses, never as data). Check the disk and its filesystem."),
+        AlertRule("KVStoreCorruptChunks", f"{q.increase('corrupt_chunks')} > 0", "0m", "critical",
+                  "kvstore found damaged chunks",
+                  "{{ $labels.instance }}: {{ $value }} chunk copies failed their checksum in 5 minutes (at a "
+                  "move between tiers, a verified get or a scrub); they were repaired or dropped, never served. "
+                  "Bad memory, a failing disk, or a client writing into the shared arena: check `kvstore stats "
+                  "--json` under integrity and the daemon's chunk_corrupt log lines."),
+        AlertRule("KVStoreScrubFoundDamage", f"{q.increase('scrub_corrupt')} > 0", "0m", "critical",
+                  "kvstore scrub found damaged chunks",
+                  "{{ $labels.instance }}: a scrub found {{ $value }} damaged chunk copies in 5 minutes (see the "
+                  "scrub_done and chunk_corrupt log lines for the tier)."),
+        AlertRule("KVStoreVerifyMismatch", f"{q.increase('verify_mismatches')} > 0", "0m", "critical",
+                  "kvstore chunks differ from the KV an engine computed",
+                  "{{ $labels.instance }}: engines' verification found {{ $value }} stored chunks that differ "
+                  "from the KV they computed for the same tokens in 5 minutes (the chains were dropped). A "
+                  "layout or kernel change, or wrong bytes written at put: see the verify_mismatch log line "
+                  "for the namespace."),
         AlertRule("KVStoreDiskIOErrors", f"{q.increase('io_errors')} > 0", "0m", "critical",
                   "kvstore disk I/O errors",
                   "{{ $labels.instance }}: {{ $value }} disk I/O errors in 5 minutes. Check the disk tier's "

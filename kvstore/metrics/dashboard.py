@@ -2,7 +2,8 @@
 
 One row of panels per question an operator asks: is the cache paying off (hit rate, lookups), is it full
 (tier fill and bytes), what moves (bytes per second in, out and between tiers), is it fast (latency quantiles
-per operation), who holds what (leases, reservations, clients), and is anything failing. Queries come from
+per operation), who holds what (leases, reservations, clients), is anything failing, and are the stored bytes
+right (damaged copies, scrubs, engines' verification). Queries come from
 ``queries.py``; the datasource is a template variable so the file imports into any Grafana.
 """
 
@@ -52,6 +53,13 @@ def panels() -> list[dict[str, Any]]:
         ("Errors", [(q.increase("checksum_failures"), "checksum failures"), (q.increase("io_errors"), "I/O errors"),
                     (q.increase("request_errors"), "request errors"),
                     (q.increase("store_full_errors"), "store full")], "short"),
+        ("Integrity: damaged copies and scrubs", [
+            (f"sum by (instance, tier) (increase({q.series('corrupt_chunks')}[5m]))", "damaged {{tier}}"),
+            (q.increase("corrupt_dropped_chunks"), "dropped"), (q.increase("repaired_chunks"), "repaired"),
+            (q.rate("scrub_bytes", by="instance, tier"), "scrubbed B/s {{tier}}")], "short"),
+        ("Verification by engines", [(q.increase("verify_checks"), "checks"),
+                                     (q.increase("verify_mismatches"), "mismatches"),
+                                     (q.series("verify_max_difference"), "max difference")], "short"),
     ]
     return [_panel(title, targets, unit, x=12 * (i % 2), y=8 * (i // 2)) for i, (title, targets, unit) in enumerate(rows)]
 

@@ -7,10 +7,12 @@ raise BadRequestError or LimitError naming the field. Handlers receive these dat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
+
+import math
 
 from ..errors import BadRequestError, LimitError
-from ..keys import KEY_BYTES
+from ..keys import KEY_BYTES, KEY_SCHEME
 from .wire import MAX_BATCH
 
 MAX_NAMESPACE_CHARS = 512
@@ -35,6 +37,18 @@ def read_bool(h: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
+def read_float(h: dict[str, Any], name: str, lo: float, hi: float, default: float | None = None) -> float:
+    """A number (int or float) in [lo, hi]; +inf passes when ``hi`` is inf, NaN never does."""
+    value = h.get(name, default)
+    if value is None:
+        raise BadRequestError(f"missing field {name!r}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise BadRequestError(f"field {name!r} must be a number, got {type(value).__name__}")
+    if math.isnan(value) or not lo <= value <= hi:
+        raise BadRequestError(f"field {name!r} = {value} is out of range [{lo}, {hi}]")
+    return float(value)
+
+
 def read_str(h: dict[str, Any], name: str, max_chars: int, default: str | None = None) -> str:
     value = h.get(name, default)
     if value is None:
@@ -53,14 +67,40 @@ def read_key(value: Any, name: str) -> bytes:
 
 
 def read_keys(h: dict[str, Any], name: str = "keys", allow_empty: bool = False) -> list[bytes]:
+    """A list of 16-byte keys, sent as a list of bins or packed into one bin of 16 × n bytes."""
     value = h.get(name)
+    if isinstance(value, bytes):
+        return _unpack_keys(value, name, allow_empty)
     if not isinstance(value, list):
         raise BadRequestError(f"field {name!r} must be a list of {KEY_BYTES}-byte keys")
     if len(value) > MAX_BATCH:
         raise LimitError(f"field {name!r} holds {len(value)} keys; the limit per request is {MAX_BATCH}")
     if not value and not allow_empty:
         raise BadRequestError(f"field {name!r} must not be empty")
-    return [read_key(k, f"{name}[{i}]") for i, k in enumerate(value)]
+    for k in value:   # the common case checked in one pass; the message names the first bad key
+        if type(k) is not bytes or len(k) != KEY_BYTES:
+            return [read_key(k, f"{name}[{i}]") for i, k in enumerate(value)]
+    return value
+
+
+def _unpack_keys(packed: bytes, name: str, allow_empty: bool) -> list[bytes]:
+    if len(packed) % KEY_BYTES:
+        raise BadRequestError(f"field {name!r} packs keys of {KEY_BYTES} bytes; {len(packed)} bytes is not a multiple")
+    count = len(packed) // KEY_BYTES
+    if count > MAX_BATCH:
+        raise LimitError(f"field {name!r} holds {count} keys; the limit per request is {MAX_BATCH}")
+    if not count and not allow_empty:
+        raise BadRequestError(f"field {name!r} must not be empty")
+    return [packed[i:i + KEY_BYTES] for i in range(0, len(packed), KEY_BYTES)]
+
+
+def wire_keys(keys: Sequence[bytes]) -> bytes | list[bytes]:
+    """What a client sends for ``keys``: packed when every key is 16 bytes, else the list (whose bad key the
+    daemon then names in its error)."""
+    for k in keys:
+        if type(k) is not bytes or len(k) != KEY_BYTES:
+            return list(keys)
+    return b"".join(keys)
 
 
 def read_sizes(h: dict[str, Any], count: int, max_size: int) -> list[int]:
@@ -92,6 +132,8 @@ class Hello:
     pid_start: int
     want_arena: bool
     want_gpu: bool
+    key_scheme: str     # how the client derives chunk keys (kvstore.keys.KEY_SCHEME for our own)
+    hash_seed: int      # a seed the client's key hash takes, 0 for none
 
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "Hello":
@@ -104,6 +146,8 @@ class Hello:
             pid_start=read_int(h, "pid_start", 0, 1 << 62, default=0),
             want_arena=read_bool(h, "arena", default=False),
             want_gpu=read_bool(h, "gpu", default=False),
+            key_scheme=read_str(h, "key_scheme", MAX_CLIENT_ID_CHARS, default=KEY_SCHEME),
+            hash_seed=read_int(h, "hash_seed", 0, (1 << 64) - 1, default=0),
         )
 
 
@@ -148,11 +192,13 @@ class Get:
     inline: bool
     wait_ms: int
     gpu: bool      # the caller maps the GPU pool: GPU-tier chunks may be handed out as GPU slots
+    verify: bool   # the caller checks what it reads: the reply carries each chunk's checksum
 
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "Get":
         return cls(keys=read_keys(h), inline=read_bool(h, "inline", False),
-                   wait_ms=read_int(h, "wait_ms", 0, 60_000, default=2_000), gpu=read_bool(h, "gpu", False))
+                   wait_ms=read_int(h, "wait_ms", 0, 60_000, default=2_000), gpu=read_bool(h, "gpu", False),
+                   verify=read_bool(h, "verify", False))
 
 
 @dataclass(frozen=True)
@@ -162,3 +208,69 @@ class Keys:
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "Keys":
         return cls(keys=read_keys(h))
+
+
+MAX_SCRUB_RATE = 1 << 50   # bytes per second; 0 is "as fast as it goes"
+
+
+@dataclass(frozen=True)
+class Scrub:
+    rate: int      # bytes checked per second at most (0: no bound)
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "Scrub":
+        return cls(rate=read_int(h, "rate", 0, MAX_SCRUB_RATE, default=0))
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """A connector computed the KV of ``keys``' chunks and compared it with the stored chunks."""
+
+    namespace: str
+    keys: list[bytes]        # the chunks compared, in chain order
+    checks: int              # chunks compared
+    mismatches: int          # chunks that differed beyond the connector's tolerance
+    max_difference: float    # largest absolute difference seen (inf for non-finite values)
+    first_bad: int | None    # index in ``keys`` of the first chunk that differed (None: none did)
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "VerifyReport":
+        keys = read_keys(h)
+        checks = read_int(h, "checks", 0, len(keys))
+        mismatches = read_int(h, "mismatches", 0, checks)
+        first_bad = h.get("first_bad")
+        if first_bad is not None:
+            first_bad = read_int(h, "first_bad", 0, len(keys) - 1)
+        if mismatches and first_bad is None:
+            raise BadRequestError("field 'first_bad' must name the first mismatching chunk when mismatches > 0")
+        return cls(namespace=read_str(h, "namespace", MAX_NAMESPACE_CHARS), keys=keys, checks=checks,
+                   mismatches=mismatches, max_difference=read_float(h, "max_difference", 0.0, math.inf),
+                   first_bad=first_bad if mismatches else None)
+
+
+MAX_SEEN_LOOKUPS = 4096
+
+
+@dataclass(frozen=True)
+class LookupSeen:
+    """Lookups a client answered from the shared index: per lookup, keys asked and the found chain."""
+
+    asked: list[int]
+    found: list[list[bytes]]
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "LookupSeen":
+        asked, found = h.get("asked"), h.get("found")
+        if not isinstance(asked, list) or not isinstance(found, list) or len(asked) != len(found):
+            raise BadRequestError("fields 'asked' and 'found' must be lists of the same length, one per lookup")
+        if len(asked) > MAX_SEEN_LOOKUPS:
+            raise LimitError(f"a LOOKUP_SEEN note holds {len(asked)} lookups; the limit is {MAX_SEEN_LOOKUPS}")
+        chains = []
+        for i, (n, packed) in enumerate(zip(asked, found)):
+            if not isinstance(packed, bytes):
+                raise BadRequestError(f"found[{i}] must be packed {KEY_BYTES}-byte keys")
+            chain = _unpack_keys(packed, f"found[{i}]", allow_empty=True)
+            if not isinstance(n, int) or isinstance(n, bool) or not len(chain) <= n <= MAX_BATCH:
+                raise BadRequestError(f"asked[{i}] must be an integer in [{len(chain)}, {MAX_BATCH}]")
+            chains.append(chain)
+        return cls(asked=asked, found=chains)

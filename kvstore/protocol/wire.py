@@ -12,6 +12,9 @@ Requests are matched to replies by ``id`` alone, so a client may have many reque
 may answer them out of order. The first request of a connection must be HELLO (protocol version, namespace,
 client id); every other request before it gets a VersionError reply.
 
+Keys travel either as a list of 16-byte bins or packed into one bin of 16 × n bytes (the client's form on the hot
+operations: one msgpack object instead of n, cheaper to encode, decode and validate).
+
 Adding an operation: append a new member to ``Op`` (never renumber or reuse a value), add its argument schema
 to ``kvstore/protocol/messages.py``, its handler in ``kvstore/server/handlers.py``, and a client method.
 Error codes live in ``kvstore/errors.py`` and are append-only too.
@@ -50,6 +53,10 @@ class Op(enum.IntEnum):
     CLEAR = 11
     PUT_INLINE = 12
     EXTEND = 13
+    SCRUB = 14          # check every copy of every chunk now (kvstore scrub)
+    VERIFY = 15         # a connector compared computed KV with stored chunks: counts, and what to drop
+    CORRUPT = 16        # a client's view failed its checksum: the daemon checks the chunk itself
+    LOOKUP_SEEN = 17   # lookups a client answered from the shared index: touch and count them (client/shared_index.py)
 
 
 def _check_unique_ops() -> None:
@@ -92,16 +99,19 @@ def request_id_of(header: dict[str, Any]) -> int:
     return rid
 
 
+_OPS = {op.value: op for op in Op}   # a dict lookup: calling the enum costs about a microsecond a request
+
+
 def op_of(header: dict[str, Any]) -> Op:
     from ..errors import UnknownOpError
 
     op = header.get("op")
     if not isinstance(op, int) or isinstance(op, bool):
         raise BadRequestError("field 'op' must be an integer operation code")
-    try:
-        return Op(op)
-    except ValueError:
-        raise UnknownOpError(f"unknown operation code {op}; this daemon speaks protocol {PROTOCOL_VERSION}") from None
+    known = _OPS.get(op)
+    if known is None:
+        raise UnknownOpError(f"unknown operation code {op}; this daemon speaks protocol {PROTOCOL_VERSION}")
+    return known
 
 
 def ok_reply(rid: int, **results: Any) -> bytes:

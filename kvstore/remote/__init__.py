@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..security.redact import redact_url
 from .base import Health, RemoteBackend, RemoteError
 
 __all__ = ["Health", "RemoteBackend", "RemoteError", "open_backend"]
@@ -32,4 +33,4 @@ def open_backend(url: str, **options: Any) -> RemoteBackend:
     if scheme == "mooncake":
         from .mooncake import MooncakeBackend
         return MooncakeBackend(url, **options)
-    raise ValueError(f"unknown remote store scheme {scheme!r} in {url!r} (redis://, rediss://, mooncake://)")
+    raise ValueError(f"unknown remote store scheme {scheme!r} in {redact_url(url)!r} (redis://, rediss://, mooncake://)")

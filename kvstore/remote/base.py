@@ -25,6 +25,10 @@ from namespace and key): ``_exists``, ``_sizes``, ``_get``, ``_put``,
 ``_probe`` and ``_close``, plus optionally ``_get_into`` / ``register_memory`` for zero-copy.
 They may block; they raise on store failure and return ``None``/``False`` for
 a plain miss.
+
+``url`` is the shown form, password replaced (``security/redact.py``): the
+real URL stays with the subclass's client and never reaches a log line,
+``repr``, ``stats`` or an exception message.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..security.redact import redact_url
 from . import record
 
 __all__ = ["Health", "RemoteBackend", "RemoteError"]
@@ -64,7 +69,7 @@ class RemoteBackend:
     def __init__(self, url: str, *, namespace: str = "kvstore", timeout: float = 1.0,
                  retry_interval: float = 1.0, min_rate: float = 256 * MiB,
                  max_pending_bytes: int = 1 << 30, workers: int = 2):
-        self.url = url
+        self.url = redact_url(url)   # what logs, repr and errors show; subclasses connect with ``url`` itself
         self.namespace = namespace
         self.timeout = float(timeout)
         self.retry_interval = float(retry_interval)
@@ -151,12 +156,13 @@ class RemoteBackend:
         return out
 
     def batch_get_into(self, keys: Sequence[bytes], buffers: Sequence[Any],
-                       namespace: str | None = None) -> list[int | None]:
+                       namespace: str | None = None, sums: list | None = None) -> list[int | None]:
         """Read each value's payload into the writable buffer given for it.
 
         Returns the payload length written per key, or ``None`` for a miss, a
         bad value, a buffer too small, or any failure (then the buffer's bytes
-        are unspecified).
+        are unspecified). ``sums``, when given, receives each value's checked
+        payload checksum (``None`` where no payload was written).
         """
         if len(keys) != len(buffers):
             raise ValueError("one buffer per key")
@@ -166,7 +172,10 @@ class RemoteBackend:
         names = [record.object_name(ns, k) for k in keys]
         views = [memoryview(b).cast("B") for b in buffers]
         deadline = self._data_deadline(sum(v.nbytes for v in views))
-        result = self._call(self._reads, deadline, self._get_into, names, ns, list(keys), views)
+        got_sums: list[int | None] = [None] * len(keys)
+        result = self._call(self._reads, deadline, self._get_into, names, ns, list(keys), views, got_sums)
+        if sums is not None:
+            sums[:] = got_sums if result is not None else [None] * len(keys)
         if result is None:
             return [None] * len(keys)
         return [self._count_get(n) for n in result]
@@ -185,11 +194,12 @@ class RemoteBackend:
         return 0 if stored is None else stored
 
     def submit_put(self, keys: Sequence[bytes], payloads: Sequence[Any],
-                   namespace: str | None = None) -> cf.Future | None:
+                   namespace: str | None = None, sums: Sequence[int | None] | None = None) -> cf.Future | None:
         """Queue a background put; ``None`` if dropped (store down or queue full).
 
         The payload buffers must stay valid until the returned future is done;
         its result is the number of values stored (0 on failure, never raises).
+        ``sums`` are the payloads' own checksums, carried into the records.
         """
         if len(keys) != len(payloads):
             raise ValueError("one payload per key")
@@ -206,7 +216,7 @@ class RemoteBackend:
         def run() -> int:
             try:
                 stored = self._call(self._writes, self._data_deadline(nbytes), self._put_records,
-                                    ns, list(keys), views)
+                                    ns, list(keys), views, sums)
                 return 0 if stored is None else stored
             finally:
                 with self._lock:
@@ -311,13 +321,13 @@ class RemoteBackend:
         pass
 
     def _get_into(self, names: list[str], namespace: str, keys: list[bytes],
-                  views: list[memoryview]) -> list[int | None]:
-        """Default: fetch whole values, validate, copy the payload into place.
+                  views: list[memoryview], sums: list[int | None]) -> list[int | None]:
+        """Default: fetch whole values, validate, copy the payload into place (its checksum into ``sums``).
 
         Returns per key the payload length, ``None`` (miss) or ``-1`` (bad value).
         """
         out: list[int | None] = []
-        for key, value, view in zip(keys, self._get(names), views):
+        for i, (key, value, view) in enumerate(zip(keys, self._get(names), views)):
             if value is None:
                 out.append(None)
                 continue
@@ -330,6 +340,7 @@ class RemoteBackend:
                 out.append(-1)
                 continue
             view[:payload.nbytes] = payload
+            sums[i] = record.check_header(value, namespace, key)[1]
             out.append(payload.nbytes)
         return out
 
@@ -346,8 +357,10 @@ class RemoteBackend:
                 if not self._inflight:
                     self._idle.notify_all()
 
-    def _put_records(self, namespace: str, keys: list[bytes], views: list[memoryview]) -> int:
-        headers = [record.encode_header(namespace, k, v) for k, v in zip(keys, views)]
+    def _put_records(self, namespace: str, keys: list[bytes], views: list[memoryview],
+                     sums: Sequence[int | None] | None = None) -> int:
+        sums = sums if sums is not None else [None] * len(keys)
+        headers = [record.encode_header(namespace, k, v, s) for k, v, s in zip(keys, views, sums)]
         done = self._put([record.object_name(namespace, k) for k in keys], headers, views)
         stored = sum(1 for ok in done if ok)
         with self._lock:

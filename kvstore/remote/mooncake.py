@@ -220,13 +220,13 @@ class MooncakeBackend(RemoteBackend):
             self._check_codes(self._store.batch_is_exist(names[:1]))
         return [None if h is None else _handle_view(h) for h in handles]
 
-    def _get_into(self, names, namespace, keys, views) -> list[int | None]:
+    def _get_into(self, names, namespace, keys, views, sums) -> list[int | None]:
         self._ensure()
         out: list[int | None] = [None] * len(names)
         resized: list[tuple[int, int]] = []
         for lo in range(0, len(names), _HEADER_SLOTS):
             idx = list(range(lo, min(lo + _HEADER_SLOTS, len(names))))
-            codes = self._scatter(names, namespace, keys, views, idx, out)
+            codes = self._scatter(names, namespace, keys, views, idx, out, sums)
             for i, code in zip(idx, codes):
                 if code < 0 and code != OBJECT_NOT_FOUND:
                     # A transfer fails when the buffer is not the value's exact
@@ -240,11 +240,11 @@ class MooncakeBackend(RemoteBackend):
             trimmed = list(views)
             for i, length in resized:
                 trimmed[i] = views[i][:length]
-            self._scatter(names, namespace, keys, trimmed, idx, out)
+            self._scatter(names, namespace, keys, trimmed, idx, out, sums)
         return out
 
-    def _scatter(self, names, namespace, keys, views, idx, out) -> list[int]:
-        """Header of each value in ``idx`` into staging, payload into its view."""
+    def _scatter(self, names, namespace, keys, views, idx, out, sums) -> list[int]:
+        """Header of each value in ``idx`` into staging, payload into its view (its checked sum into ``sums``)."""
         with self._headers_lock:
             base = self._headers.ctypes.data
             ptrs = [[base + j * record.HEADER_SIZE, _address(views[i])] for j, i in enumerate(idx)]
@@ -254,19 +254,20 @@ class MooncakeBackend(RemoteBackend):
             for j, (i, code) in enumerate(zip(idx, codes)):
                 if code >= 0:
                     header = self._headers[j * record.HEADER_SIZE:(j + 1) * record.HEADER_SIZE]
-                    out[i] = self._check_record(header, views[i], code, namespace, keys[i])
+                    out[i], sums[i] = self._check_record(header, views[i], code, namespace, keys[i])
         return codes
 
     @staticmethod
-    def _check_record(header, view: memoryview, total: int, namespace, key) -> int:
+    def _check_record(header, view: memoryview, total: int, namespace, key) -> tuple[int, int | None]:
+        """(payload length, its checksum), or (-1, None) for a bad value."""
         try:
             length, checksum = record.check_header(header.tobytes(), namespace, key)
             if total != record.HEADER_SIZE + length or length != view.nbytes:
                 raise record.RecordError("size mismatch")
             record.check_payload(view, length, checksum)
         except record.RecordError:
-            return -1
-        return length
+            return -1, None
+        return length, checksum
 
     def _put(self, names, headers, payloads) -> list[bool]:
         self._ensure()

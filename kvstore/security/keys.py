@@ -7,7 +7,7 @@ made by other ZeroMQ tools work too:
     NAME.key_secret   the public and the secret key: never leaves this machine
 
 Both are written owner-only (0600) from their first moment (created with ``O_EXCL`` under a 077 umask, then
-``fchmod``), inside a directory that is made 0700 when we create it. A secret key file that other users can
+``fchmod``), inside a directory whose every level is made 0700 when we create it (``paths.py``). A secret key file that other users can
 read is refused when loading: CURVE is only as strong as the secrecy of that file.
 
 The daemon's allow-list of clients is a directory of public key files (``*.key``) or one file: either one
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import zmq
 
 from ..errors import ConfigError
+from .paths import make_private_dirs
 
 Z85_KEY_CHARS = 40
 _HEADER = "#   ****  Generated on {when} by kvstore keygen  ****\n#   ZeroMQ CURVE {kind} Certificate\n"
@@ -76,7 +77,10 @@ def generate_keypair(directory: str, name: str, force: bool = False) -> tuple[st
     """Write ``NAME.key`` and ``NAME.key_secret`` into ``directory``; return their paths."""
     if not name or "/" in name or name.startswith("."):
         raise ConfigError(f"--name: {name!r} is not a plain file name; use letters, digits, '-' or '_'")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    try:
+        make_private_dirs(directory)
+    except OSError as exc:
+        raise ConfigError(f"--dir: cannot create {directory}: {exc.strerror}") from None
     public, secret = zmq.curve_keypair()
     public_path = os.path.join(directory, name + ".key")
     secret_path = os.path.join(directory, name + ".key_secret")

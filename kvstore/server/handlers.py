@@ -16,6 +16,7 @@ from .._version import __version__
 from ..errors import BadRequestError, LimitError, PermissionDeniedError, StoreFullError, VersionError
 from ..protocol import messages as m
 from ..protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
+from .integrity_handlers import INTEGRITY_HANDLERS
 from .session import Session
 
 if TYPE_CHECKING:
@@ -53,6 +54,15 @@ def handle_lookup(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
     return with_remote()
 
 
+def handle_lookup_seen(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
+    """Lookups the client answered from the shared index: the LRU touch and the counts its own lookups make."""
+    req = m.LookupSeen.parse(h)
+    for asked, found in zip(req.asked, req.found):
+        d.store.note_lookup(asked, found)
+        d.count_lookup_tokens(s, asked, len(found))
+    return [ok_reply(h["id"])]
+
+
 def _throttled(d: "Daemon", nbytes: int, then: Callable[[], Frames]) -> Any:
     """Run ``then`` now, or — when write-back is behind — once it has caught up (back-pressure)."""
     if d.manager is None or not d.manager.over_bound(nbytes):
@@ -70,6 +80,7 @@ def handle_reserve(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
     if not s.arena:
         raise PermissionDeniedError("reserve needs the shared arena; clients over tcp:// put with PUT_INLINE")
     req = m.Reserve.parse(h, d.config.chunk_limit)
+    d.safeguards.params.stored(s.namespace, s.key_params)
     return _throttled(d, sum(req.sizes), lambda: _reserve_now(d, s, h, req))
 
 
@@ -101,6 +112,7 @@ def handle_put_inline(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
             raise BadRequestError(f"payload frame {i} is empty")
         if size > d.config.chunk_limit:
             raise LimitError(f"payload frame {i} is {size} bytes; the largest chunk accepted is {d.config.chunk_limit}")
+    d.safeguards.params.stored(s.namespace, s.key_params)
     return _throttled(d, sum(sizes), lambda: _put_inline_now(d, s, h, frames, keys, sizes))
 
 
@@ -118,8 +130,9 @@ def _put_inline_now(d: "Daemon", s: Session, h: dict, frames: list, keys: list, 
 
 def handle_get(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
     req = m.Get.parse(h)
-    gpu_ok = req.gpu and not req.inline and s.arena and d.gpu_mover is not None
-    waits: list[asyncio.Future] = []
+    # A verifying reader hashes its views on the CPU: it gets DRAM copies, never GPU slots.
+    gpu_ok = req.gpu and not req.verify and not req.inline and s.arena and d.gpu_mover is not None
+    waits: list[asyncio.Future] = d.safeguards.integrity.waits(req.keys) if req.verify else []
     if req.wait_ms > 0:
         if d.manager is not None:
             on_disk = d.store.to_promote(req.keys)
@@ -148,12 +161,19 @@ def _get_now(d: "Daemon", s: Session, h: dict, req: m.Get, gpu_ok: bool) -> Fram
         # Bytes travel in frames: copy them out now and release at once, so no pin outlives this request.
         payloads = [bytes(d.store.host.read(e.host_offset, e.size)) for e in entries]
         d.store.release(s.owner, handle.id)
-        return [ok_reply(h["id"], lease=0, slots=[[0, e.size] for e in entries], tiers=["host"] * len(entries))] \
-            + payloads
+        return [ok_reply(h["id"], lease=0, slots=[[0, e.size] for e in entries], tiers=["host"] * len(entries),
+                         **_sums(req, entries))] + payloads
     on_gpu = [gpu_ok and e.gpu_offset is not None for e in entries]
     slots = [[e.gpu_offset if g else e.host_offset, e.size] for e, g in zip(entries, on_gpu)]
     tiers = ["gpu" if g else "host" for g in on_gpu]
-    return [ok_reply(h["id"], lease=handle.id, slots=slots, tiers=tiers, ttl=d.store.lease_ttl)]
+    return [ok_reply(h["id"], lease=handle.id, slots=slots, tiers=tiers, ttl=d.store.lease_ttl,
+                     **_sums(req, entries))]
+
+
+def _sums(req: m.Get, entries: list) -> dict[str, Any]:
+    """For a verifying reader, each chunk's checksum (None where it is not known yet: the reader treats that
+    chunk, and the rest of the prefix, as a miss)."""
+    return {"sums": [e.checksum for e in entries]} if req.verify else {}
 
 
 def handle_release(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
@@ -172,7 +192,7 @@ def handle_delete(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
 
 
 def handle_clear(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
-    return [ok_reply(h["id"], cleared=d.store.clear())]
+    return [ok_reply(h["id"], cleared=d.store.clear(s.namespace))]   # the caller's namespace only
 
 
 def handle_stats(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
@@ -189,9 +209,11 @@ HANDLERS: dict[Op, Handler] = {
     Op.GET: handle_get,
     Op.RELEASE: handle_release,
     Op.EXTEND: handle_extend,
+    Op.LOOKUP_SEEN: handle_lookup_seen,
     Op.DELETE: handle_delete,
     Op.CLEAR: handle_clear,
     Op.STATS: handle_stats,
+    **INTEGRITY_HANDLERS,
 }
 # HELLO is handled by the daemon itself, since it creates the session.
 assert set(HANDLERS) | {Op.HELLO} == set(Op), "every operation needs a handler"
@@ -203,12 +225,16 @@ def hello_reply(d: "Daemon", owner: bytes, transport: str, h: dict) -> tuple[Ses
         raise VersionError(f"client speaks protocol {req.version}, this daemon speaks {PROTOCOL_VERSION}; "
                            f"upgrade the older side")
     arena = req.want_arena and transport == "ipc"
-    session = Session(owner, transport, req.namespace, req.client_id, req.chunk_tokens, arena)
+    session = Session(owner, transport, req.namespace, req.client_id, req.chunk_tokens, arena,
+                      key_scheme=req.key_scheme, hash_seed=req.hash_seed)
+    d.safeguards.params.check(session.namespace, session.key_params)
     session.track_process(req.pid, req.pid_start)
     reply = {
         "version": PROTOCOL_VERSION,
         "server_version": __version__,
         "arena": {"path": d.store.host.arena.path, "size": d.store.host.arena.size} if arena else None,
+        "index": d.index.path if arena and d.index is not None else None,
+        "stream": d.stream.path if arena and d.stream is not None and d.stream.listening else None,
         "gpu": d.gpu_hello if arena and req.want_gpu else None,
         "lease_ttl": d.store.lease_ttl,
         "reserve_ttl": d.store.reserve_ttl,

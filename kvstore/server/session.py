@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..keys import KEY_SCHEME
 from ..procinfo import process_start_time
+from .compat import KeyParams
 
 
 @dataclass
@@ -17,6 +19,12 @@ class Session:
     arena: bool            # whether this client maps the shared arena (else bytes travel inline)
     pid: int = 0           # the client's process, tracked only when verified at hello (see track_process)
     pid_start: int = 0
+    key_scheme: str = KEY_SCHEME
+    hash_seed: int = 0
+
+    @property
+    def key_params(self) -> KeyParams:
+        return KeyParams(self.chunk_tokens, self.key_scheme, self.hash_seed)
 
     def track_process(self, pid: int, pid_start: int) -> bool:
         """Follow the client's process so that its pins are reclaimed as soon as it dies.

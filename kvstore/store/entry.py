@@ -35,6 +35,8 @@ class Entry:
     gpu_offset: int | None = None   # slot in the GPU tier's pool, when a copy lives there
     gpu_loading: int | None = None  # while being promoted from DRAM: the GPU slot being filled
     hits: int = 0          # gets that found it; the second one in DRAM asks for promotion to the GPU tier
+    checksum: int | None = None   # xxh3-64 of the bytes as committed (None until computed, see integrity.py)
+    checking: int = 0      # checks reading its host slot now (the slot must not be freed or reused meanwhile)
 
     @property
     def readable(self) -> bool:
@@ -44,4 +46,4 @@ class Entry:
     def busy(self) -> bool:
         """Whether some operation still uses a slot or the file (so none of them may be freed yet)."""
         return (self.pins > 0 or self.disk is DiskState.WRITING or self.loading is not None
-                or self.gpu_loading is not None)
+                or self.gpu_loading is not None or self.checking > 0)

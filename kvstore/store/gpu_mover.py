@@ -13,6 +13,12 @@ watermarks (above the high one it demotes the least recently used unleased chunk
 A reader that cannot map the GPU pool (a tcp:// client, or one that did not ask for it) gets the chunks only the
 GPU tier holds copied down first (``fetch_down``), bounded by its get's ``wait_ms``. On a CPU-backed tier
 (tests) the copies complete as they are queued, through the same code.
+
+Checksums (with ``integrity`` set, as in the daemon): a chunk's DRAM slot is checked against its checksum before
+it is copied up, so a GPU copy is only ever made of intact bytes (a slot that fails goes to the damage path
+instead); a copy down is checked in its new DRAM slot before that slot is published, and a GPU copy that fails is
+dropped (or the chunk with it, when it had no other copy). Both checks hash on the checksummer's worker, never on
+the event loop; the copy up waits for its check, the copy down's slot stays unpublished until its check ends.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ from typing import TYPE_CHECKING, Any
 from .. import logs
 from ..errors import StoreFullError
 from .entry import Entry
+from .integrity import checksum
 from .store import Store
 
 if TYPE_CHECKING:
     from ..gpu.tier import GpuTier
+    from .integrity import Integrity
 
 POLL_S = 0.001        # while copies are in flight
 IDLE_S = 0.25         # watermark check when nothing happens
@@ -53,6 +61,8 @@ class GpuMover:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self.integrity: "Integrity | None" = None   # set by the daemon: check slots around every copy
+        self._checking: asyncio.Task | None = None  # the check of the next promotions, while it runs
 
     def start(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task:
         """Start the mover's task (the caller cancels it at shutdown, after ``drain``)."""
@@ -90,18 +100,40 @@ class GpuMover:
     # -- promotion --------------------------------------------------------------------------------------------
     def _promote_wanted(self) -> None:
         wanted = self.store.gpu_wanted
-        while wanted and len(self.moves) < MAX_IN_FLIGHT:
-            entry = wanted.pop(next(iter(wanted)))
-            offset = self.store.start_gpu_promote(entry)
-            if offset is None:
-                continue
-            try:
-                transfer = self.gpu.copy_from_host(entry.host_offset, entry.size, offset)
-            except Exception as exc:  # noqa: BLE001 - a failed copy leaves the chunk where it was
-                logs.warning("gpu_promote_failed", key=entry.key.hex(), error=repr(exc))
-                self.store.finish_gpu_promote(entry, False)
-                continue
-            self.moves.append(Move(entry, True, transfer))
+        batch = []
+        while wanted and len(self.moves) + len(batch) < MAX_IN_FLIGHT and self._checking is None:
+            batch.append(wanted.pop(next(iter(wanted))))
+        if not batch:
+            return
+        if self.integrity is None or self._loop is None:
+            for entry in batch:
+                self._promote(entry)
+            return
+        self._checking = self._loop.create_task(self._check_then_promote(batch))
+
+    async def _check_then_promote(self, batch: list[Entry]) -> None:
+        assert self.integrity is not None
+        try:
+            bad = await self.integrity.check_host(batch)
+            self.integrity.report(bad, "host", "gpu promotion")
+            for entry in batch:
+                if entry not in bad:
+                    self._promote(entry)
+        finally:
+            self._checking = None
+            self.wake()
+
+    def _promote(self, entry: Entry) -> None:
+        offset = self.store.start_gpu_promote(entry)
+        if offset is None:
+            return
+        try:
+            transfer = self.gpu.copy_from_host(entry.host_offset, entry.size, offset)
+        except Exception as exc:  # noqa: BLE001 - a failed copy leaves the chunk where it was
+            logs.warning("gpu_promote_failed", key=entry.key.hex(), error=repr(exc))
+            self.store.finish_gpu_promote(entry, False)
+            return
+        self.moves.append(Move(entry, True, transfer))
 
     # -- demotion ---------------------------------------------------------------------------------------------
     def _rebalance(self) -> None:
@@ -173,6 +205,26 @@ class GpuMover:
         if move.up:
             self.store.finish_gpu_promote(move.entry, ok)
             return
+        entry = move.entry
+        if ok and self.integrity is not None and self._loop is not None and entry.checksum is not None:
+            self._loop.create_task(self._check_down(move))
+            return
+        self._finish_down(move, ok)
+
+    async def _check_down(self, move: Move) -> None:
+        """Check a copy down in its new DRAM slot (not published yet, so nothing else can free it)."""
+        assert self.integrity is not None
+        entry = move.entry
+        got = None
+        try:
+            view = self.store.host.read(entry.loading, entry.size)
+            got = await asyncio.get_running_loop().run_in_executor(self.integrity.pool, checksum, view)
+        finally:
+            self._finish_down(move, got == entry.checksum)
+        if got != entry.checksum:
+            self.integrity.report([entry], "gpu", "gpu demotion")
+
+    def _finish_down(self, move: Move, ok: bool) -> None:
         self.leaving -= move.entry.size
         self.down.pop(move.entry.key, None)
         self.store.finish_gpu_demote(move.entry, ok)

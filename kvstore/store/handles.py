@@ -5,14 +5,21 @@ extend or commit it, so a forged or replayed id from another client is an error,
 kept in a heap with lazy deletion: extending pushes a new deadline and the stale one is skipped when popped,
 which keeps every operation O(log n). Extending follows the ``max(deadline, now + ttl)`` rule, so a late
 extend never shortens a handle.
+
+Overdue, not expired. ``pop_expired`` may be told which owners to spare (``keep``): a handle of such an owner
+that reaches its deadline stays live with no deadline (``overdue`` counts them) until it is taken or its owner's
+handles are dropped. The daemon spares the leases of local clients whose process it follows and finds alive:
+their views are zero-copy windows on the arena, and taking the lease back would let other chunks be written
+under a reader that is merely slow (the TTL exists for clients that die, and their death is seen directly).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import secrets
 from dataclasses import dataclass, field
-from typing import Generic, Iterator, TypeVar
+from typing import Callable, Generic, Iterator, TypeVar
 
 from ..errors import RequestError
 
@@ -37,6 +44,7 @@ class HandleTable(Generic[T]):
     _live: dict[int, Handle[T]] = field(default_factory=dict)
     _deadlines: list[tuple[float, int]] = field(default_factory=list)
     _by_owner: dict[bytes, set[int]] = field(default_factory=dict)
+    overdue: int = 0   # handles kept past their deadline because their owner was spared (see the docstring)
 
     def __len__(self) -> int:
         return len(self._live)
@@ -74,14 +82,20 @@ class HandleTable(Generic[T]):
         heapq.heappush(self._deadlines, (handle.deadline, hid))
         return handle
 
-    def pop_expired(self, now: float) -> list[Handle[T]]:
+    def pop_expired(self, now: float, keep: Callable[[bytes], bool] | None = None) -> list[Handle[T]]:
+        """Remove and return the handles past their deadline, except those whose owner ``keep`` spares."""
         expired = []
         while self._deadlines and self._deadlines[0][0] <= now:
             deadline, hid = heapq.heappop(self._deadlines)
             handle = self._live.get(hid)
-            if handle is not None and handle.deadline == deadline:
-                self._forget(handle)
-                expired.append(handle)
+            if handle is None or handle.deadline != deadline:
+                continue
+            if keep is not None and keep(handle.owner):
+                handle.deadline = math.inf   # overdue: live until taken or its owner is dropped
+                self.overdue += 1
+                continue
+            self._forget(handle)
+            expired.append(handle)
         if len(self._deadlines) > 2 * len(self._live) + 1024:
             self._deadlines = [(h.deadline, h.id) for h in self._live.values()]
             heapq.heapify(self._deadlines)

@@ -19,6 +19,10 @@ right away (the Store allocates; a worker reads with O_DIRECT into the slot and 
 shortly after finds them in DRAM; a get of disk-only chunks awaits those reads, bounded by its ``wait_ms``. A
 read that fails its checksum makes the chunk a miss (its file is quarantined) and is counted, never served.
 
+Checksums. A write checks the slot against the checksum the chunk got at commit (``integrity.py``) and stores
+that same sum in the file's header; a slot that fails is not written and the chunk goes through the Store's
+damage path (``damage.py``). A read returns the file's sum, which must also be the chunk's own.
+
 Demotion. Chunks whose write has completed can leave DRAM for free (the file is there), so demotion is just a
 free: ``Store.rebalance`` runs after every completed write and on each sweep and keeps the host tier between its
 watermarks, oldest (continuations first) first.
@@ -36,7 +40,8 @@ import time
 from typing import Sequence
 
 from .. import logs
-from ..tiers.disk import DiskTier, round_up
+from ..tiers.disk import ChecksumError, DiskTier, round_up
+from ..tiers.disk_format import FormatError
 from .entry import Entry
 from .store import Store
 
@@ -79,7 +84,7 @@ class TierManager:
     def _write_job(self, entry: Entry, slot: memoryview, before: concurrent.futures.Future | None) -> int:
         if before is not None:
             before.result()
-        return self.disk.write(entry.key, entry.namespace, slot, entry.size)
+        return self.disk.write(entry.key, entry.namespace, slot, entry.size, entry.checksum, entry.parent)
 
     def _write_done(self, entry: Entry, fut: asyncio.Future) -> None:
         self.writing -= 1
@@ -145,17 +150,42 @@ class TierManager:
             futures.append(fut)
         return futures
 
-    def _read_job(self, entry: Entry, slot: memoryview, before: concurrent.futures.Future | None) -> None:
+    def _read_job(self, entry: Entry, slot: memoryview, before: concurrent.futures.Future | None) -> int | None:
         if before is not None:
             before.result()
-        self.disk.read_into(entry.key, slot, entry.size)
+        got = self.disk.read_into(entry.key, slot, entry.size)
+        if got is not None and entry.checksum is not None and got != entry.checksum:
+            raise ChecksumError(f"file of chunk {entry.key.hex()} holds other bytes than were committed")
+        return got
 
     def _read_done(self, entry: Entry, fut: asyncio.Future) -> None:
         self.loads.pop(entry.key, None)
         error = fut.exception()
         if error is not None:
             logs.warning("disk_read_failed", key=entry.key.hex(), error=repr(error))
-        self.store.finish_promote(entry, error)
+        self.store.finish_promote(entry, error, None if error else fut.result())
+
+    async def check_file(self, entry: Entry) -> bool | None:
+        """Read and check the chunk's file (a scrub): True when it is damaged, None when it could not be read
+        for another reason (gone meanwhile, an I/O error: counted as such, not as damage)."""
+        assert self._loop is not None
+        before = self._removing.get(entry.key)
+        try:
+            got = await self._loop.run_in_executor(self.pool, self._verify_job, entry.key, entry.size, before)
+        except (ChecksumError, FormatError):
+            return True
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self.store.tier_counters.io_errors += 1
+            logs.warning("disk_read_failed", key=entry.key.hex(), error=repr(exc))
+            return None
+        return entry.checksum is not None and got != entry.checksum
+
+    def _verify_job(self, key: bytes, size: int, before: concurrent.futures.Future | None) -> int:
+        if before is not None:
+            before.result()
+        return self.disk.verify(key, size)
 
     @staticmethod
     async def wait_loaded(futures: list[asyncio.Future], timeout: float) -> None:

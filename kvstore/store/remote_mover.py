@@ -25,7 +25,12 @@ a local hit.
 
 Bad values. A value the store lists but that cannot be read back whole and intact (a checksum failure, a value
 replaced in between) is remembered for ``BAD_TTL`` seconds (at most ``BAD_MAX`` keys), so that lookups stop
-offering a chunk that every get would then miss.
+offering a chunk that every get would then miss; a chunk an engine's verification found wrong (its checksum
+holds: the bytes were wrong from the start) for ``VERIFY_BAD_TTL``.
+
+Checksums. A put carries each chunk's own checksum (taken at commit) into the record instead of computing one
+from the slot, so DRAM damaged between commit and put gives a record that fails on read. A fetch returns the
+records' checked sums, which become the fetched chunks' checksums: one xxh3 pass per transfer either way.
 
 Failure. Every store call has a deadline and runs on this mover's threads, never on the event loop. While the store
 is down the backend answers at once (its breaker, ``remote/base.py``) and probes it now and then, so lookups fall
@@ -48,6 +53,7 @@ from .store import Store
 MAX_FETCH = 256          # chunks asked for in one lookup (the Store also stops at half the host tier)
 BAD_TTL = 60.0           # seconds a value that could not be read back is not offered again
 BAD_MAX = 4096
+VERIFY_BAD_TTL = 3600.0  # seconds a chunk a verification found wrong is not fetched from the store again
 WORKERS = 4              # threads that wait on store calls (each call has its own deadline)
 DRAIN_MAX = 5.0          # at stop, how long puts in flight may take to finish
 
@@ -81,7 +87,7 @@ class RemoteMover:
             return
         views = [self.store.host.read(e.host_offset, e.size) for e in entries]
         self.store.pin_chain(entries)   # before any worker can read the slots
-        fut = self.backend.submit_put([e.key for e in entries], views)
+        fut = self.backend.submit_put([e.key for e in entries], views, sums=[e.checksum for e in entries])
         if fut is None:   # store down or queue full: counted by the backend
             self.store.unpin_chain(entries)
             return
@@ -166,10 +172,11 @@ class RemoteMover:
             sized.set_result(len(entries))
             if entries:
                 views = [self.store.host.read(e.host_offset, e.size) for e in entries]
+                sums: list[int | None] = []
                 got = await loop.run_in_executor(self.pool, self.backend.batch_get_into,
-                                                 [e.key for e in entries], views)
+                                                 [e.key for e in entries], views, None, sums)
                 loaded = self._leading_whole(entries, got)
-                published = self.store.finish_remote_fetch(entries, loaded)
+                published = self.store.finish_remote_fetch(entries, loaded, sums)
                 entries = []
         except Exception as exc:   # noqa: BLE001 - a bug here must not leave slots reserved forever
             logs.error("remote_fetch_failed", error=repr(exc))
@@ -203,8 +210,13 @@ class RemoteMover:
             loaded += 1
         return loaded
 
-    def _remember_bad(self, key: bytes) -> None:
-        self.bad[key] = time.monotonic() + BAD_TTL
+    def forget(self, keys: Sequence[bytes]) -> None:
+        """Chunks found wrong by a verification: the store's copies (the same bytes) are not fetched again."""
+        for key in keys:
+            self._remember_bad(key, VERIFY_BAD_TTL)
+
+    def _remember_bad(self, key: bytes, ttl: float = BAD_TTL) -> None:
+        self.bad[key] = time.monotonic() + ttl
         self.bad.move_to_end(key)
         while len(self.bad) > BAD_MAX:
             self.bad.popitem(last=False)
@@ -223,7 +235,8 @@ class RemoteMover:
                 "puts_in_flight": self.puts_in_flight, "pinned_bytes": self.pinned_bytes,
                 "unreadable_keys": len(self.bad)}
 
-    def close(self) -> None:
-        """Stop the workers (each call ends by its deadline), then the backend: before the arena is unmapped."""
+    def close(self, wait: float = 5.0) -> None:
+        """Stop the workers (each call ends by its deadline), then the backend (its calls get ``wait`` seconds):
+        before the arena is unmapped."""
         self.pool.shutdown(wait=True, cancel_futures=True)
-        self.backend.close()
+        self.backend.close(wait)

@@ -47,8 +47,10 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ..errors import LeaseError, ReservationError, StoreFullError
-from ..tiers.disk import DiskTier
+from ..tiers.disk import DamagedSource, DiskTier
 from ..tiers.host import HostTier
+from .damage import DamageMixin, IntegrityCounters
+from ..protocol.index_layout import STATE_OF_TIER
 from .entry import DiskState, Entry, State
 from .policies import DEFAULT_POLICY, make_queue
 from .handles import Handle, HandleTable
@@ -114,8 +116,23 @@ class DiskIo(Protocol):
     def remove_file(self, key: bytes, quarantine: str | None = None) -> None: ...
 
 
+class IndexSink(Protocol):
+    """Where the Store publishes each key's readable state for clients (``published_index.py``)."""
+
+    def set(self, key: bytes, state: int) -> None: ...
+
+    def remove(self, key: bytes) -> None: ...
+
+
 class RemoteSink(Protocol):
     """What the Store tells the remote mover: these chunks were just committed by a put."""
+
+    def after_commit(self, entries: list[Entry]) -> None: ...
+
+
+class SumSink(Protocol):
+    """What the Store tells the checksummer (``integrity.py``): take these committed chunks' sums, then call
+    ``Store.checksummed``."""
 
     def after_commit(self, entries: list[Entry]) -> None: ...
 
@@ -148,7 +165,7 @@ class Reservation:
     present: list[Entry] = field(default_factory=list)
 
 
-class Store:
+class Store(DamageMixin):
     def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float,
                  clock: Callable[[], float] = time.monotonic, disk: DiskTier | None = None,
                  gpu: "GpuTier | None" = None, policy: str = DEFAULT_POLICY) -> None:
@@ -163,6 +180,9 @@ class Store:
         self.dirty_bytes = 0                 # bytes queued or being written
         self.io: DiskIo | None = None        # set by the tier manager
         self.remote: RemoteSink | None = None   # set by the remote mover
+        self.sums: SumSink | None = None        # set by the checksummer: commits go through it first
+        self.integrity = IntegrityCounters()
+        self.published: IndexSink | None = None   # the shared lookup index, when the daemon publishes one
         self.tier_counters = TierCounters()
         self.disk_full_reason = ""           # set when the filesystem said ENOSPC; puts fail until cleared
         self.disk_full_need = 0              # free bytes that clear it (checked by the tier manager)
@@ -188,14 +208,22 @@ class Store:
 
     def lookup(self, keys: Sequence[bytes]) -> LookupResult:
         found = self.leading(keys)
+        self._touch_looked_up(found, len(keys), len(found))
+        return LookupResult(len(found), [top_tier(e) for e in found])
+
+    def note_lookup(self, asked: int, found_keys: Sequence[bytes]) -> None:
+        """A lookup a client answered from the shared index (``found_keys`` leading keys of ``asked``): touch the
+        chain, or what is left of it, and count the lookup as ``lookup`` would have."""
+        self._touch_looked_up(self.leading(found_keys), asked, len(found_keys))
+
+    def _touch_looked_up(self, found: list[Entry], asked: int, hits: int) -> None:
         self.lru.touch_chain(found)
-        c = self.counters
-        c.lookups += 1
-        c.lookup_keys += len(keys)
-        c.hit_keys += len(found)
         self.disk_lru.touch_chain(found)
         self.gpu_lru.touch_chain(found)
-        return LookupResult(len(found), [top_tier(e) for e in found])
+        c = self.counters
+        c.lookups += 1
+        c.lookup_keys += asked
+        c.hit_keys += hits
 
     # -- two-phase put --------------------------------------------------------------------------------------
     def reserve(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
@@ -233,10 +261,12 @@ class Store:
         res = self.reservations.take(owner, rid).payload
         for entry in res.entries:
             entry.state = State.COMMITTED
+            self._sync(entry.key)
         self.lru.add_chain(res.entries)
-        self._queue_writes(res.entries)
-        if self.remote is not None and res.entries:
-            self.remote.after_commit(res.entries)
+        if self.sums is not None and res.entries:
+            self.sums.after_commit(res.entries)   # then write-back and the remote put, which carry the sums
+        else:
+            self.checksummed(res.entries)
         c = self.counters
         c.puts += 1
         c.put_chunks += len(res.entries)
@@ -293,13 +323,16 @@ class Store:
                 deleted += 1
         return deleted
 
-    def clear(self) -> int:
-        return self.delete([k for k, e in self.index.items() if e.state is State.COMMITTED])
+    def clear(self, namespace: str) -> int:
+        """Delete every committed chunk of ``namespace`` (and only those: other namespaces are other engines')."""
+        return self.delete([k for k, e in self.index.items()
+                            if e.state is State.COMMITTED and e.namespace == namespace])
 
-    def expire(self) -> tuple[int, int]:
-        """Release expired leases and abort expired reservations. Returns how many of each."""
+    def expire(self, keep_leases_of: Callable[[bytes], bool] | None = None) -> tuple[int, int]:
+        """Release expired leases (but those of owners ``keep_leases_of`` spares, ``handles.py``) and abort expired
+        reservations. Returns how many of each."""
         now = self.clock()
-        leases = self.leases.pop_expired(now)
+        leases = self.leases.pop_expired(now, keep_leases_of)
         for handle in leases:
             self._unpin_chain(handle.payload)
         reservations = self.reservations.pop_expired(now)
@@ -327,7 +360,8 @@ class Store:
         demoted = 0
         while self.host.used_bytes > HOST_LOW_WATERMARK * self.host.capacity_bytes:
             victim = self.lru.peek_oldest()
-            if victim is None or victim.disk is not DiskState.STORED or victim.gpu_loading is not None:
+            if victim is None or victim.disk is not DiskState.STORED or victim.gpu_loading is not None \
+                    or victim.checking:
                 break
             self.lru.pop_oldest()
             self._drop_host_copy(victim)
@@ -335,14 +369,17 @@ class Store:
         return demoted
 
     # -- disk tier: called by the tier manager ----------------------------------------------------------------
-    def adopt(self, key: bytes, size: int, namespace: str, footprint: int) -> bool:
+    def adopt(self, key: bytes, size: int, namespace: str, footprint: int, checksum: int | None = None,
+              parent: bytes | None = None) -> bool:
         """Index a chunk found on disk at start (call oldest first). False when it does not fit the cap."""
         assert self.disk is not None
         if key in self.index or not self._charge_disk(footprint):
             return False
-        entry = Entry(key, size, namespace, None, State.COMMITTED, disk=DiskState.STORED, disk_bytes=footprint)
+        entry = Entry(key, size, namespace, parent, State.COMMITTED, disk=DiskState.STORED, disk_bytes=footprint,
+                      checksum=checksum)
         self.index[key] = entry
         self.disk_lru.add_newest(entry)
+        self._sync(key)
         return True
 
     def next_write(self) -> Entry | None:
@@ -371,7 +408,8 @@ class Store:
         self.dirty_bytes -= entry.size
         tc = self.tier_counters
         if error is not None:
-            tc.io_errors += 1
+            damaged = isinstance(error, DamagedSource)   # the slot failed its check: nothing was written
+            tc.io_errors += not damaged
             tc.disk_write_skipped += 1
             if getattr(error, "errno", None) == errno.ENOSPC:
                 self.disk_full_reason = (f"disk tier is full: the filesystem of {self.disk.directory} has no space "
@@ -383,6 +421,8 @@ class Store:
             self.disk_lru.remove(entry)
             if entry.doomed:
                 self._release_if_idle(entry)
+            elif damaged:
+                self.damaged(entry, "host")
             return
         assert stored is not None
         entry.disk = DiskState.STORED
@@ -408,12 +448,16 @@ class Store:
         self.disk_lru.remove(entry)
         return offset
 
-    def finish_promote(self, entry: Entry, error: BaseException | None) -> bool:
-        """A promotion read ended. On error the chunk is a miss from now on (and its file is quarantined)."""
+    def finish_promote(self, entry: Entry, error: BaseException | None, checksum: int | None = None) -> bool:
+        """A promotion read ended (``checksum``: the one the file holds, checked against the bytes read). On error
+        the chunk is a miss from now on: a bad file is quarantined and the chunk dropped with its continuations."""
         offset, entry.loading = entry.loading, None
         tc = self.tier_counters
         if error is None and not entry.doomed:
+            if entry.checksum is None:
+                entry.checksum = checksum
             entry.host_offset = offset
+            self._sync(entry.key)
             self.lru.add_chain([entry])
             self.disk_lru.add_chain([entry])
             tc.promotions_disk_host += 1
@@ -430,11 +474,14 @@ class Store:
                 tc.checksum_failures += 1
             else:
                 tc.io_errors += 1
+            if bad and not entry.doomed:
+                self.damaged(entry, "disk")
             if not entry.doomed:
                 del self.index[entry.key]
                 self.lru.remove(entry)
             self._drop_disk_copy(entry, quarantine=str(error) if bad else None)
             entry.doomed = True
+            self._sync(entry.key)
         self._release_if_idle(entry)
         return False
 
@@ -490,12 +537,16 @@ class Store:
             prev = key
         return entries
 
-    def finish_remote_fetch(self, entries: Sequence[Entry], loaded: int) -> int:
-        """The first ``loaded`` entries hold their bytes: publish them (and queue them for the disk); free the
-        rest. Returns how many were published."""
+    def finish_remote_fetch(self, entries: Sequence[Entry], loaded: int,
+                            sums: Sequence[int | None] = ()) -> int:
+        """The first ``loaded`` entries hold their bytes, checked against the records' ``sums``: publish them with
+        those sums (and queue them for the disk); free the rest. Returns how many were published."""
         good = list(entries[:loaded])
+        for entry, checksum in zip(good, sums):
+            entry.checksum = checksum
         for entry in good:
             entry.state = State.COMMITTED
+            self._sync(entry.key)
         self.lru.add_chain(good)
         self._queue_writes(good)
         self._drop_reserved(list(entries[loaded:]))
@@ -505,6 +556,18 @@ class Store:
         return len(good)
 
     # -- internals: the one place each resource is taken and given back ---------------------------------------
+    def _sync(self, key: bytes) -> None:
+        """Publish ``key``'s readable state as it is now (called after every change to it): its fastest tier, or
+        gone. Read from the index rather than from a changed entry, since a doomed entry freed late must not
+        unlist the new chunk stored under its key since."""
+        if self.published is None:
+            return
+        entry = self.index.get(key)
+        if entry is not None and entry.readable:
+            self.published.set(key, STATE_OF_TIER[top_tier(entry)])
+        else:
+            self.published.remove(key)
+
     def _queue_writes(self, entries: list[Entry]) -> None:
         """Queue newly committed chunks for write-back to the disk tier (commit order: prefixes first)."""
         if self.disk is None or not entries:
@@ -529,7 +592,7 @@ class Store:
                     raise StoreFullError(
                         f"host tier is full: no room for a {size}-byte chunk and every stored chunk is leased or "
                         f"being written ({self.host.used_bytes} of {self.host.capacity_bytes} bytes in use)")
-                if victim.disk is DiskState.WRITING or victim.gpu_loading is not None:
+                if victim.disk is DiskState.WRITING or victim.gpu_loading is not None or victim.checking:
                     skipped.append(victim)
                     continue
                 self._drop_host_copy(victim)
@@ -554,6 +617,7 @@ class Store:
 
     def _evict(self, entry: Entry) -> None:
         del self.index[entry.key]
+        self._sync(entry.key)
         self.disk_lru.remove(entry)
         self._forget_disk(entry)
         self._free(entry)
@@ -586,6 +650,7 @@ class Store:
         self._drop_disk_copy(entry)
         if entry.host_offset is None and entry.gpu_offset is None and entry.loading is None and not entry.doomed:
             del self.index[entry.key]
+            self._sync(entry.key)
             self.lru.remove(entry)
             self.counters.evictions += 1
             self.counters.evicted_bytes += entry.size
@@ -624,12 +689,14 @@ class Store:
         if entry.host_offset is not None:
             self.host.free(entry.host_offset)
             entry.host_offset = None
+            self._sync(entry.key)
 
     def _free_gpu(self, entry: Entry) -> None:
         if entry.gpu_offset is not None:
             assert self.gpu is not None
             self.gpu.free(entry.gpu_offset)
             entry.gpu_offset = None
+            self._sync(entry.key)
             entry.hits = 0   # back up only on new repeated hits: a demoted chunk must not bounce straight back
             self.gpu_lru.remove(entry)
 
@@ -641,6 +708,7 @@ class Store:
 
     def _remove_committed(self, entry: Entry) -> None:
         del self.index[entry.key]
+        self._sync(entry.key)
         self.lru.remove(entry)
         self.disk_lru.remove(entry)
         self.gpu_wanted.pop(entry.key, None)
@@ -696,6 +764,7 @@ class Store:
                 self._release_if_idle(entry)
             return False
         entry.gpu_offset = offset
+        self._sync(entry.key)
         if entry.pins == 0:
             self.gpu_lru.add_chain([entry])
         self.tier_counters.promotions_host_gpu += 1
@@ -742,6 +811,7 @@ class Store:
                 self.gpu_lru.push_oldest([entry])
             return
         entry.host_offset = offset
+        self._sync(entry.key)
         self.tier_counters.gpu_copies_down += 1
         if entry.pins == 0:
             self.lru.add_chain([entry])

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import lz4.block
 
 from ..errors import ConfigError
-from .disk_format import FLAG_LZ4, HEADER_BYTES, ChunkHeader, FormatError, checksum, pack_header, unpack_header
+from .disk_format import FLAG_LZ4, FLAG_RAW_SUM, HEADER_BYTES, ChunkHeader, FormatError, checksum, pack_header, unpack_header
 
 BLOCK = 4096
 QUARANTINE = "quarantine"
@@ -52,6 +52,10 @@ def round_up(n: int, to: int = BLOCK) -> int:
 
 class ChecksumError(Exception):
     """A stored payload whose checksum does not match its header: treated as a miss."""
+
+
+class DamagedSource(ChecksumError):
+    """A chunk's DRAM bytes, about to be written, no longer match the checksum taken at commit."""
 
 
 @dataclass
@@ -142,22 +146,28 @@ class DiskTier:
         return os.O_DIRECT if self.direct else 0
 
     # -- file I/O (worker threads) ---------------------------------------------------------------------------
-    def write(self, key: bytes, namespace: str, slot: memoryview, size: int) -> int:
+    def write(self, key: bytes, namespace: str, slot: memoryview, size: int, expected: int | None = None,
+              parent: bytes | None = None) -> int:
         """Write the chunk whose bytes are ``slot[:size]`` (``slot`` page-aligned, ``len(slot)`` rounded up to a
-        block). Returns the stored payload length. Raises OSError (ENOSPC, EIO, ...)."""
+        block). ``expected`` is the chunk's checksum: the slot is checked against it on the way (DamagedSource
+        when it differs: the DRAM copy changed since commit) and it is the sum the header carries. Returns the
+        stored payload length. Raises OSError (ENOSPC, EIO, ...)."""
+        raw_sum = checksum(slot[:size])
+        if expected is not None and raw_sum != expected:
+            raise DamagedSource(f"chunk {key.hex()} in DRAM no longer matches its checksum")
         payload, flags = slot, 0
         if self.compress:
             packed = lz4.block.compress(slot[:size], store_size=False)
             if len(packed) < size:
                 payload = self._scratch.data_view(round_up(len(packed)))
                 payload[:len(packed)] = packed
-                flags = FLAG_LZ4
+                flags = FLAG_LZ4 | FLAG_RAW_SUM
                 stored = len(packed)
         if not flags:
             stored = size
             if len(slot) % BLOCK or len(slot) < size:
                 raise ValueError("slot must be block-rounded and hold the chunk")
-        header = ChunkHeader(key, namespace, size, stored, checksum(payload[:stored]), flags)
+        header = ChunkHeader(key, namespace, size, stored, raw_sum, flags, parent)
         block = memoryview(self._scratch.header)
         pack_header(header, block)
         final = self.path_for(key)
@@ -190,8 +200,8 @@ class DiskTier:
             if views and n:
                 views[0] = views[0][n:]
 
-    def read_into(self, key: bytes, slot: memoryview, size: int) -> None:
-        """Read the chunk into ``slot[:size]`` (page-aligned, block-rounded) and verify it.
+    def read_into(self, key: bytes, slot: memoryview, size: int) -> int:
+        """Read the chunk into ``slot[:size]`` (page-aligned, block-rounded), verify it and return its checksum.
 
         Raises FileNotFoundError, FormatError (header or length wrong), ChecksumError, or another OSError.
         """
@@ -206,7 +216,7 @@ class DiskTier:
         if header.key != key or header.raw_len != size or got < header.file_len:
             raise FormatError(f"file holds key {header.key.hex()} of {header.raw_len} bytes; expected "
                               f"{key.hex()} of {size} bytes")
-        if checksum(slot[:header.stored_len]) != header.payload_sum:
+        if not header.raw_sum and checksum(slot[:header.stored_len]) != header.payload_sum:
             raise ChecksumError(f"payload checksum mismatch in {self.path_for(key)}")
         if header.compressed:
             packed = bytes(slot[:header.stored_len])
@@ -214,6 +224,14 @@ class DiskTier:
                 slot[:size] = lz4.block.decompress(packed, uncompressed_size=size)
             except lz4.block.LZ4BlockError as exc:
                 raise ChecksumError(f"cannot decompress {self.path_for(key)}: {exc}") from None
+        raw_sum = checksum(slot[:size])   # the one pass, unless a file from before FLAG_RAW_SUM
+        if header.raw_sum and raw_sum != header.payload_sum:
+            raise ChecksumError(f"payload checksum mismatch in {self.path_for(key)}")
+        return raw_sum
+
+    def verify(self, key: bytes, size: int) -> int:
+        """Read and check the chunk's file into this thread's scratch buffer (a scrub); returns its checksum."""
+        return self.read_into(key, self._scratch.data_view(round_up(size)), size)
 
     def remove(self, key: bytes) -> None:
         try:
@@ -299,10 +317,15 @@ class DiskTier:
         return None
 
 
-def auto_disk_size(directory: str) -> int:
-    """10 % of the free space of the filesystem that holds ``directory``, at most 64 GiB, in whole MiB."""
+def existing_parent(directory: str) -> str:
+    """``directory`` or its nearest existing parent: where its filesystem can be asked about."""
     probe = os.path.abspath(directory)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
-    free = shutil.disk_usage(probe).free
+    return probe
+
+
+def auto_disk_size(directory: str) -> int:
+    """10 % of the free space of the filesystem that holds ``directory``, at most 64 GiB, in whole MiB."""
+    free = shutil.disk_usage(existing_parent(directory)).free
     return min(64 << 30, free // 10) >> 20 << 20

@@ -4,15 +4,17 @@ Layout (little-endian)::
 
     0   8  magic        b"KVSCHUNK"
     8   2  version      FORMAT_VERSION
-    10  2  flags        bit 0: payload is lz4-compressed (block format, raw length known)
+    10  2  flags        bit 0: payload is lz4-compressed (block format, raw length known);
+                        bit 1: payload_sum covers the raw chunk (after decompression), not the stored bytes;
+                        bit 2: the 16-byte key of the chunk's parent follows the namespace
     12  2  ns_len       bytes of the UTF-8 namespace stored at offset 64
     14  2  reserved     0
     16 16  key          the chunk's 16-byte chained key
     32  8  raw_len      length of the chunk as put
     40  8  stored_len   length of the payload on disk (== raw_len unless compressed)
-    48  8  payload_sum  xxh3-64 of the stored payload
-    56  8  header_sum   xxh3-64 of bytes 0..56 and the namespace
-    64  …  namespace
+    48  8  payload_sum  xxh3-64 of the chunk (of the stored payload in lz4 files without bit 1)
+    56  8  header_sum   xxh3-64 of bytes 0..56, the namespace and the parent key
+    64  …  namespace, then the parent key (with flag bit 2)
     4096   payload (stored_len bytes); the file is exactly HEADER_BYTES + stored_len long
 
 The header fills one 4 KiB block so that the payload starts block-aligned: O_DIRECT reads and writes move the
@@ -20,6 +22,11 @@ payload straight between the device and a page-aligned slot of the host arena, w
 carries its own checksum so that the index is rebuilt at start from headers alone (one 4 KiB read per file,
 thousands of files a second) and still rejects a torn or foreign header; the payload checksum is checked on
 every read, where a failure is a miss, never data. xxh3-64 runs at memory bandwidth, far above any NVMe.
+
+The payload sum is the chunk's own checksum, the one it carries in DRAM from commit on (``store/integrity.py``):
+a write checks the slot against it and stores it, a read returns it, so the sum is computed once per chunk and
+never again for the disk. For an uncompressed payload it is the sum of the stored bytes as well; lz4 files
+written before the flag existed sum their compressed bytes, and are read as before.
 """
 
 from __future__ import annotations
@@ -33,8 +40,10 @@ MAGIC = b"KVSCHUNK"
 FORMAT_VERSION = 1
 HEADER_BYTES = 4096
 FLAG_LZ4 = 1
+FLAG_RAW_SUM = 2
+FLAG_PARENT = 4
 KEY_BYTES = 16
-MAX_NAMESPACE_BYTES = HEADER_BYTES - 64
+MAX_NAMESPACE_BYTES = HEADER_BYTES - 64 - KEY_BYTES
 
 _FIXED = struct.Struct("<8sHHHH16sQQQ")
 _SUM = struct.Struct("<Q")
@@ -53,10 +62,16 @@ class ChunkHeader:
     stored_len: int
     payload_sum: int
     flags: int = 0
+    parent: bytes | None = None   # the previous chunk of its chain: continuations are found again after a restart
 
     @property
     def compressed(self) -> bool:
         return bool(self.flags & FLAG_LZ4)
+
+    @property
+    def raw_sum(self) -> bool:
+        """Whether ``payload_sum`` is the chunk's own checksum (always so for uncompressed payloads)."""
+        return bool(self.flags & FLAG_RAW_SUM) or not self.compressed
 
     @property
     def file_len(self) -> int:
@@ -72,13 +87,15 @@ def pack_header(header: ChunkHeader, into: memoryview | bytearray | None = None)
     ns = header.namespace.encode()
     if len(ns) > MAX_NAMESPACE_BYTES:
         raise ValueError(f"namespace of {len(ns)} bytes does not fit the header ({MAX_NAMESPACE_BYTES} max)")
-    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, header.flags, len(ns), 0, header.key,
+    flags = header.flags | (FLAG_PARENT if header.parent is not None else 0)
+    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, flags, len(ns), 0, header.key,
                         header.raw_len, header.stored_len, header.payload_sum)
+    tail = ns + (header.parent or b"")
     block = into if into is not None else bytearray(HEADER_BYTES)
     block[:HEADER_BYTES] = bytes(HEADER_BYTES)
     block[0:56] = fixed
-    block[56:64] = _SUM.pack(checksum(fixed + ns))
-    block[64:64 + len(ns)] = ns
+    block[56:64] = _SUM.pack(checksum(fixed + tail))
+    block[64:64 + len(tail)] = tail
     return block if into is not None else bytes(block)
 
 
@@ -95,14 +112,16 @@ def unpack_header(block: bytes | memoryview, file_len: int | None = None) -> Chu
     if ns_len > MAX_NAMESPACE_BYTES or 64 + ns_len > len(block):
         raise FormatError(f"namespace length {ns_len} out of range")
     ns = bytes(block[64:64 + ns_len])
+    parent = bytes(block[64 + ns_len:64 + ns_len + KEY_BYTES]) if flags & FLAG_PARENT else None
     (header_sum,) = _SUM.unpack(bytes(block[56:64]))
-    if checksum(fixed + ns) != header_sum:
+    if checksum(fixed + ns + (parent or b"")) != header_sum:
         raise FormatError("header checksum mismatch")
-    if flags & ~FLAG_LZ4:
+    if flags & ~(FLAG_LZ4 | FLAG_RAW_SUM | FLAG_PARENT):
         raise FormatError(f"unknown flags {flags:#x}")
     if stored_len == 0 or raw_len == 0 or (not flags & FLAG_LZ4 and stored_len != raw_len):
         raise FormatError(f"inconsistent lengths raw={raw_len} stored={stored_len}")
-    header = ChunkHeader(key, ns.decode(errors="replace"), raw_len, stored_len, payload_sum, flags)
+    header = ChunkHeader(key, ns.decode(errors="replace"), raw_len, stored_len, payload_sum,
+                         flags & ~FLAG_PARENT, parent)
     if file_len is not None and file_len != header.file_len:
         raise FormatError(f"file is {file_len} bytes, header says {header.file_len}")
     return header

@@ -39,11 +39,12 @@ class VirtualDisk(DiskTier):
         self.used_bytes = 0
         self.chunks = 0
 
-    def write(self, key: bytes, namespace: str, slot: memoryview, size: int) -> int:
+    def write(self, key: bytes, namespace: str, slot: memoryview, size: int, expected: int | None = None,
+              parent: bytes | None = None) -> int:
         return size
 
-    def read_into(self, key: bytes, slot: memoryview, size: int) -> None:
-        pass
+    def read_into(self, key: bytes, slot: memoryview, size: int) -> int | None:
+        return None
 
     def remove(self, key: bytes) -> None:
         pass

@@ -1,0 +1,155 @@
+"""The client end of the local stream socket (``protocol/stream.py``): the Transport interface on a Unix stream.
+
+Requests are written with one ``sendall``; replies are read by whichever caller waits, matched by id like on
+ZeroMQ (a reply that had to wait in the daemon may overtake an earlier one). Replies to requests sent without
+waiting (a lease release, lookup notes) are read and dropped on the next send or wait, so they never pile up.
+
+A closed or reset stream (the daemon stopped or restarted) raises ``StreamLost``, a DaemonUnavailable: the client
+then says hello again — on ZeroMQ, which also hands out the new stream — and retries the request once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import select
+import socket
+import threading
+import time
+from typing import Any
+
+from ..errors import DaemonUnavailable, error_from_code
+from ..protocol.stream import request_bytes, reply_frames
+from ..protocol.wire import decode_header, encode
+
+
+class StreamLost(DaemonUnavailable):
+    """The stream socket closed under a request."""
+
+
+class StreamTransport:
+    def __init__(self, path: str, timeout: float) -> None:
+        self.address = path
+        self.timeout = timeout
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(path)
+        except OSError:
+            self._sock.close()
+            raise
+        self._sock.setblocking(False)   # sends and receives never block; waits are select() with a deadline
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._buf = bytearray()
+        self._pending: dict[int, list[Any]] = {}
+        self._outstanding: set[int] = set()
+        self.lost = False
+
+    def send(self, header: dict[str, Any], payloads: list[Any] | None = None, timeout: float | None = None,
+             want_reply: bool = True) -> int:
+        if payloads:
+            raise ValueError("the stream socket carries no payload frames; inline puts go over ZeroMQ")
+        rid = next(self._ids)
+        data = request_bytes(encode({**header, "id": rid}))
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        with self._lock:
+            self._check()
+            self._send_all(memoryview(data), deadline)
+            if want_reply:
+                self._outstanding.add(rid)
+            else:
+                self._read_available()
+        return rid
+
+    def _send_all(self, data: memoryview, deadline: float) -> None:
+        while data:
+            try:
+                data = data[self._sock.send(data):]
+            except (BlockingIOError, InterruptedError):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DaemonUnavailable(f"kvstore daemon at {self.address} is not reading its stream") from None
+                select.select([], [self._sock], [], min(remaining, 0.02))
+                self._read_available()   # the daemon may be waiting for us to read its replies
+            except OSError as exc:
+                self._lose(exc)
+
+    def wait(self, rid: int, timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            with self._lock:
+                reply = self._pending.pop(rid, None)
+                if reply is None:
+                    self._check()
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        self._outstanding.discard(rid)
+                        raise DaemonUnavailable(f"kvstore daemon at {self.address} did not answer within {limit:.1f}s")
+                    if not self._read_available():
+                        select.select([self._sock], [], [], min(remaining, 0.02))
+                        self._read_available()
+                    reply = self._pending.pop(rid, None)
+                if reply is not None:
+                    self._outstanding.discard(rid)
+                    break
+        header, payload = reply[0], reply[1:]
+        if not header.get("ok"):
+            raise error_from_code(int(header.get("code", 0)), str(header.get("msg", "")))
+        return header, payload
+
+    def call(self, header: dict[str, Any], payloads: list[Any] | None = None,
+             timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
+        return self.wait(self.send(header, payloads, timeout), timeout)
+
+    def alive(self) -> bool:
+        """Whether the daemon still holds its end (one non-blocking read: a dead daemon's end reads as closed).
+        Replies waiting in the socket are filed on the way."""
+        with self._lock:
+            if self.lost:
+                return False
+            try:
+                self._read_available()
+            except StreamLost:
+                return False
+            return True
+
+    def close(self) -> None:
+        self.lost = True
+        self._sock.close()
+
+    # -- reading (lock held) ------------------------------------------------------------------------------
+    def _read_available(self) -> bool:
+        """Read what the socket has now and file the complete replies; True if any arrived."""
+        got = False
+        while True:
+            try:
+                data = self._sock.recv(1 << 20)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self._lose(exc)
+            if not data:
+                self._lose(None)
+            self._buf += data
+            got = True
+        while True:
+            try:
+                parsed = reply_frames(self._buf)
+            except ValueError as exc:
+                self._lose(exc)
+            if parsed is None:
+                return got
+            frames, used = parsed
+            del self._buf[:used]
+            header = decode_header(frames[0])
+            if header.get("id") in self._outstanding:
+                self._pending[header["id"]] = [header] + frames[1:]
+
+    def _check(self) -> None:
+        if self.lost:
+            raise StreamLost(f"the stream socket {self.address} is closed")
+
+    def _lose(self, exc: BaseException | None) -> None:
+        self.lost = True
+        raise StreamLost(f"the stream socket {self.address} closed: {exc or 'end of stream'}") from exc

@@ -1,0 +1,53 @@
+"""Handlers of the integrity operations: SCRUB, VERIFY and CORRUPT (see ``safeguards.py``).
+
+SCRUB runs one pass and answers with its counts, per tier; it can take minutes on a large store, so the
+dispatcher runs it as a task (other requests are served meanwhile) and the CLI waits with a long timeout.
+VERIFY is a connector's report of a comparison of computed KV with stored chunks. CORRUPT is a client's report
+that a view it was handed failed its checksum: the daemon does not take the client's word for it, it re-hashes
+the chunk's host slot itself and repairs or drops only what fails there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..protocol import messages as m
+from ..protocol.wire import Op, ok_reply
+from .session import Session
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+Frames = list[Any]
+
+
+def handle_scrub(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
+    req = m.Scrub.parse(h)
+
+    async def scrub() -> Frames:
+        report = await d.safeguards.scrubber.scrub(req.rate)
+        return [ok_reply(h["id"], scrub=report.as_dict())]
+    return scrub()
+
+
+def handle_verify(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
+    req = m.VerifyReport.parse(h)
+    dropped = d.safeguards.verified(req.namespace, req.keys, req.checks, req.mismatches, req.max_difference,
+                                    req.first_bad)
+    return [ok_reply(h["id"], dropped=dropped)]
+
+
+def handle_corrupt(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
+    req = m.Keys.parse(h)
+    guards = d.safeguards
+    guards.reported += len(req.keys)
+    entries = [e for e in (d.store.index.get(k) for k in req.keys) if e is not None]
+
+    async def recheck() -> Frames:
+        bad = await guards.integrity.check_host(entries)
+        dropped = guards.integrity.report(bad, "host", f"client {s.client_id}")
+        return [ok_reply(h["id"], confirmed=len(bad), dropped=dropped)]
+    return recheck()
+
+
+INTEGRITY_HANDLERS = {Op.SCRUB: handle_scrub, Op.VERIFY: handle_verify, Op.CORRUPT: handle_corrupt}

@@ -1,0 +1,143 @@
+"""The local stream socket: requests of local clients on a Unix stream, one session per connection.
+
+Why it exists and its framing: ``protocol/stream.py``. Each connection is its own session (it says HELLO first,
+like a ZeroMQ peer) and owns the leases and reservations it takes; when the connection closes — the client closed
+it or its process died — they are dropped at once, without waiting for the pid sweep or a TTL. Requests go
+through the daemon's one dispatcher (``Daemon.handle_request``), so every check, bound and error reply is the
+ZeroMQ socket's. The socket file is owner-only from its first moment, like the ZeroMQ one.
+
+Requests are handled as they are read (uvloop's ``data_received``); replies are written without waiting (the
+transport buffers what the peer has not read). While the daemon stops, the listening socket is closed first
+(no new client) and reading is paused when the daemon stops taking messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from typing import TYPE_CHECKING, Any
+
+from .. import logs
+from ..errors import LimitError
+from ..protocol.stream import LENGTH, SUFFIX, reply_bytes, request_too_long
+from ..protocol.wire import MAX_HEADER_BYTES, error_reply
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+__all__ = ["StreamServer", "SUFFIX"]
+
+
+class StreamServer:
+    def __init__(self, daemon: "Daemon", path: str, tasks: set[asyncio.Task]) -> None:
+        self.daemon = daemon
+        self.path = path
+        self.tasks = tasks          # replies that had to wait, as tasks (the daemon's stop waits for them)
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[StreamConnection] = set()
+        self._ids = itertools.count(1)
+
+    async def start(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Listen; False (and a warning) when the path cannot be bound: clients then stay on ZeroMQ."""
+        try:
+            os.unlink(self.path)   # a crashed predecessor's (the caller holds the daemon lock)
+        except FileNotFoundError:
+            pass
+        old_umask = os.umask(0o077)
+        try:
+            self._server = await loop.create_unix_server(lambda: StreamConnection(self), self.path)
+        except OSError as exc:
+            logs.warning("stream_socket_unavailable", path=self.path, reason=str(exc))
+            return False
+        finally:
+            os.umask(old_umask)
+        return True
+
+    @property
+    def listening(self) -> bool:
+        return self._server is not None
+
+    def stop_accepting(self) -> None:
+        """No new connections (the file goes too); open ones are still served."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+            self.remove_file()
+
+    def pause(self) -> None:
+        for conn in list(self._connections):
+            conn.transport.pause_reading()
+
+    def close(self) -> None:
+        self.stop_accepting()
+        for conn in list(self._connections):
+            conn.transport.abort()
+        self._connections.clear()
+        self.remove_file()
+
+    def remove_file(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def next_owner(self) -> bytes:
+        return b"s" + next(self._ids).to_bytes(8, "little")
+
+
+class StreamConnection(asyncio.Protocol):
+    def __init__(self, server: StreamServer) -> None:
+        self.server = server
+        self.daemon = server.daemon
+        self.owner = server.next_owner()
+        self.transport: Any = None
+        self._buf = bytearray()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.server._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server._connections.discard(self)
+        self.daemon.drop_session(self.owner, "connection_closed")
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        if not buf and len(data) >= 4 and LENGTH.unpack_from(data)[0] == len(data) - 4:
+            self._dispatch(data[4:])       # the common case: exactly one request
+            return
+        buf += data
+        while len(buf) >= 4:
+            (length,) = LENGTH.unpack_from(buf)
+            if request_too_long(length):
+                self._refuse(length)
+                return
+            if len(buf) < 4 + length:
+                return
+            header = bytes(buf[4:4 + length])
+            del buf[:4 + length]
+            self._dispatch(header)
+
+    def _dispatch(self, header: bytes) -> None:
+        reply = self.daemon.handle_request("ipc", self.owner, header, [])
+        if type(reply) is not list:   # a coroutine: the handler has to wait
+            task = asyncio.get_running_loop().create_task(self._reply_later(reply))
+            self.server.tasks.add(task)
+            task.add_done_callback(self.server.tasks.discard)
+        else:
+            self.write(reply)
+
+    async def _reply_later(self, pending: Any) -> None:
+        self.write(await pending)
+
+    def write(self, frames: list[Any]) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(reply_bytes(frames))
+
+    def _refuse(self, length: int) -> None:
+        """A length that cannot be skipped: answer it and close, since the stream has lost its framing."""
+        self._buf.clear()
+        exc = LimitError(f"request of {length} bytes exceeds the limit of {MAX_HEADER_BYTES}; closing the stream")
+        self.write([error_reply(None, exc)])
+        self.transport.close()

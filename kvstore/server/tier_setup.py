@@ -1,0 +1,100 @@
+"""Opening the tiers below the host arena at start-up: disk, GPU and remote, each onto the daemon's claims.
+
+Each opener either returns a working tier or raises ``ConfigError`` with one line, and registers on ``Claims``
+(``startup.py``) everything it took, so that a later failure or the normal stop releases it in the right
+order: the GPU tier unpins the arena before the arena goes, the remote backend's workers stop before it is
+unmapped, the disk directory's lock goes after everything that writes there. The disk directory is locked
+before it is read (a second daemon must not see, let alone rebuild, another daemon's files) and before the
+host arena is created, so a directory in use is refused without taking any memory.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from .. import logs
+from ..config import ServerConfig
+from ..errors import ConfigError
+from ..security.redact import redact_url
+from ..store.store import Store
+from ..tiers.arena import SharedArena, arena_path_for
+from ..tiers.disk import DiskTier, auto_disk_size
+from .startup import Claims, exclusive_lock
+
+REMOTE_NAMESPACE = "kvstore"   # store-wide: chunk keys already commit to each client's namespace
+REMOTE_TIMEOUT = 1.0           # deadline of a remote metadata call (data calls add bytes / 256 MiB/s)
+REMOTE_RETRY = 1.0             # while the remote store is down, probe it at most this often
+REMOTE_MAX_PENDING = 1 << 30   # bytes of background puts in flight (and pinned), at most a quarter of DRAM
+
+
+def open_disk(config: ServerConfig, claims: Claims) -> DiskTier | None:
+    """The disk tier, its directory created (0700 at every level made) and locked before it is read."""
+    if not config.disk_enabled:
+        return None
+    directory = os.path.abspath(config.disk_dir)
+    claims.private_dirs(directory, "--disk-dir")
+    claims.hold(exclusive_lock(os.path.join(directory, ".lock"), f"--disk-dir: another kvstore daemon uses "
+                               f"{directory}; give each daemon its own --disk-dir", "--disk-dir"))
+    size = config.disk_size if config.disk_size > 0 else auto_disk_size(directory)
+    return DiskTier(directory, size, compress=config.disk_compression == "lz4")
+
+
+def rebuild_index(store: Store, disk: DiskTier) -> None:
+    """Index every valid chunk file, oldest first (so the disk LRU order survives a restart)."""
+    started = time.monotonic()
+    found = disk.scan()
+    adopted = 0
+    for header, _mtime in sorted(found.chunks, key=lambda c: c[1]):
+        if store.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len),
+                       header.payload_sum if header.raw_sum else None, header.parent):
+            adopted += 1
+        else:
+            disk.remove(header.key)  # over a lowered cap, or a duplicate
+    elapsed = time.monotonic() - started
+    for name, reason in found.quarantined:
+        logs.warning("disk_file_quarantined", file=name, reason=reason)
+    if found.foreign:
+        logs.warning("disk_foreign_files_ignored", count=len(found.foreign), first=found.foreign[0])
+    store.tier_counters.quarantined += len(found.quarantined)
+    logs.info("disk_index_rebuilt", directory=disk.directory, chunks=adopted, dropped=len(found.chunks) - adopted,
+              quarantined=len(found.quarantined), foreign=len(found.foreign), temps_removed=found.temps_removed,
+              seconds=round(elapsed, 3), chunks_per_s=round(len(found.chunks) / elapsed) if elapsed else 0,
+              direct_io=disk.direct, capacity_bytes=disk.capacity_bytes, used_bytes=disk.used_bytes)
+
+
+def open_gpu(config: ServerConfig, arena: SharedArena, claims: Claims) -> Any:
+    """The GPU tier on ``cuda:N`` (or on cpu under the testing switch, ``gpu/settings.py``), or None."""
+    if not config.gpu_mem:
+        return None
+    from ..gpu.settings import TEST_DEVICE_ENV, tier_device  # imports torch: only with a GPU tier
+    from ..gpu.tier import GpuTier
+
+    device = tier_device(config.gpu_device)
+    shared = arena_path_for(config.socket + "#gpu") if device == "cpu" else None
+    if shared is not None:
+        logs.warning("gpu_tier_on_cpu", reason=f"{TEST_DEVICE_ENV}=cpu: a CPU-backed GPU tier, for tests only")
+    gpu = GpuTier(config.gpu_mem, device, arena.buf, arena.size, shared_path=shared)
+    claims.take(gpu.close)   # unpins the arena: before the arena is unmapped
+    if shared is not None:
+        claims.leftovers.append(shared)
+    logs.info("gpu_tier", device=str(gpu.device), capacity_bytes=gpu.capacity_bytes,
+              host_pinned=bool(gpu.pinned and gpu.pinned.pinned))
+    return gpu
+
+
+def open_remote(config: ServerConfig, arena: SharedArena, claims: Claims) -> Any:
+    """The remote store's backend (constructing it never waits for the store)."""
+    from ..remote import RemoteError, open_backend   # imports the store's client library: only when asked
+
+    try:
+        backend = open_backend(config.remote, namespace=REMOTE_NAMESPACE, timeout=REMOTE_TIMEOUT,
+                               retry_interval=REMOTE_RETRY,
+                               max_pending_bytes=min(REMOTE_MAX_PENDING, config.host_mem // 4))
+    except (RemoteError, ValueError) as exc:
+        raise ConfigError(f"--remote: {redact_url(str(exc))}") from None
+    claims.take(backend.close, 0.0)   # a no-op once the remote mover has closed it (with its stop's wait)
+    zero_copy = backend.register_memory(arena.buf)
+    logs.info("remote_tier", url=backend.url, zero_copy=zero_copy)
+    return backend

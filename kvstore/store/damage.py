@@ -1,0 +1,139 @@
+"""The Store's bookkeeping of chunk checksums and damaged copies (a part of ``Store``, kept in its own file).
+
+Every chunk carries one checksum (xxh3-64 of its bytes as committed, ``Entry.checksum``) in every tier. Who
+computes and checks it is ``integrity.py``; what happens to a copy that fails is decided here, on the event
+loop, by the only code that frees slots:
+
+* **A damaged copy with an intact one elsewhere is repaired**: the bad copy goes and the chunk stays readable
+  from the good one. A disk file is written only after its DRAM slot matched the checksum, and a GPU copy is made
+  only from a slot that matched, so those copies are trusted when DRAM fails; a damaged file of a chunk still in
+  DRAM is quarantined and written again from DRAM (after the same check).
+* **Otherwise the chunk is dropped with its continuations**: a lookup walks a chain from its first chunk and
+  stops at the first miss, so chunks past a dropped one are unreachable until it is stored again; they go at
+  once rather than waiting to be evicted. A chunk that is leased while found damaged is dropped too (its reader
+  may be using the slot; the slot is freed when the lease ends).
+
+Finding continuations costs one pass over the index (children are not indexed: a chunk knows its parent only).
+Damage is rare and a scrub pass is O(index) anyway, so this keeps every put free of the extra bookkeeping.
+
+Checks that read a host slot off the event loop hold it with ``begin_check`` / ``end_check`` (``Entry.checking``):
+while a check reads it, the slot is neither evicted nor demoted nor freed by a delete, as for a disk write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from .entry import DiskState, Entry, State
+
+if TYPE_CHECKING:
+    from .store import Store
+
+TIERS = ("host", "disk", "gpu", "remote")
+
+
+@dataclass
+class IntegrityCounters:
+    """Damage found in each tier (by any check: commit, moves, gets, scrubs), and what was done about it."""
+
+    corrupt_host: int = 0
+    corrupt_disk: int = 0
+    corrupt_gpu: int = 0
+    corrupt_remote: int = 0
+    repaired: int = 0            # bad copies replaced by (or served from) an intact copy in another tier
+    dropped: int = 0             # chunks removed from the index because of damage (continuations included)
+    sums: int = 0                # checksums computed at commit
+    sum_bytes: int = 0
+
+
+class DamageMixin:
+    """Methods of ``Store`` for checksums and damaged copies (see the module docstring)."""
+
+    def begin_check(self: "Store", entries: Iterable[Entry]) -> None:
+        for entry in entries:
+            entry.checking += 1
+
+    def end_check(self: "Store", entries: Iterable[Entry]) -> None:
+        for entry in entries:
+            entry.checking -= 1
+            assert entry.checking >= 0, "ended more checks than begun"
+            if entry.doomed:
+                self._release_if_idle(entry)
+
+    def checksummed(self: "Store", entries: Sequence[Entry]) -> None:
+        """Commit's checksums are known: write-back and the remote put start (they carry the sum)."""
+        live = [e for e in entries if e.readable and self.index.get(e.key) is e and e.host_offset is not None]
+        self._queue_writes(live)
+        if self.remote is not None and live:
+            self.remote.after_commit(live)
+
+    def damaged(self: "Store", entry: Entry, tier: str) -> int:
+        """``entry``'s copy in ``tier`` failed its checksum: repair from another copy or drop the chunk and its
+        continuations. Returns the chunks dropped from the index (0 when repaired or already gone)."""
+        if self.index.get(entry.key) is not entry or not entry.readable:
+            return 0   # gone meanwhile: nothing is counted for a copy that is no longer ours
+        c = self.integrity
+        setattr(c, f"corrupt_{tier}", getattr(c, f"corrupt_{tier}") + 1)
+        if self._repair(entry, tier):
+            c.repaired += 1
+            return 0
+        return self.drop_chain(entry, quarantine=f"{tier} copy failed its checksum" if tier == "disk" else None)
+
+    def _repair(self: "Store", entry: Entry, tier: str) -> bool:
+        if entry.pins or entry.loading is not None or entry.gpu_loading is not None:
+            return False
+        if tier == "host" and entry.host_offset is not None and entry.checking == 0 \
+                and entry.disk is not DiskState.WRITING \
+                and (entry.disk is DiskState.STORED or entry.gpu_offset is not None):
+            self.lru.remove(entry)
+            if entry.disk is not DiskState.STORED:
+                self._forget_disk(entry)   # a queued write would copy the bad slot
+            self._free_host(entry)
+            return True
+        if tier == "disk" and entry.disk is DiskState.STORED and entry.host_offset is not None:
+            self._drop_disk_copy(entry, quarantine="disk copy failed its checksum")
+            self.disk_lru.remove(entry)
+            self._queue_writes([entry])   # written again from DRAM, after its own check
+            return True
+        if tier == "gpu" and entry.gpu_offset is not None \
+                and (entry.host_offset is not None or entry.disk is DiskState.STORED):
+            self._free_gpu(entry)
+            return True
+        return False
+
+    def drop_chain(self: "Store", entry: Entry, quarantine: str | None = None) -> int:
+        """Remove ``entry`` and every chunk that continues it, from every tier. Returns how many."""
+        doomed = [entry] + self.continuations(entry.key)
+        if quarantine is not None:
+            self._drop_disk_copy(entry, quarantine)
+        dropped = 0
+        for chunk in doomed:
+            if self.index.get(chunk.key) is chunk and chunk.state is State.COMMITTED:
+                self._remove_committed(chunk)
+                dropped += 1
+        self.integrity.dropped += dropped
+        return dropped
+
+    def drop_keys(self: "Store", keys: Sequence[bytes]) -> int:
+        """Drop the chunks ``keys`` name (and their continuations); a verify mismatch."""
+        dropped = 0
+        for key in keys:
+            entry = self.index.get(key)
+            if entry is not None and entry.readable:
+                dropped += self.drop_chain(entry)
+        return dropped
+
+    def continuations(self: "Store", key: bytes) -> list[Entry]:
+        """Every indexed chunk whose chain passes through ``key`` (one pass over the index)."""
+        children: dict[bytes, list[Entry]] = {}
+        for entry in self.index.values():
+            if entry.parent is not None:
+                children.setdefault(entry.parent, []).append(entry)
+        found: list[Entry] = []
+        frontier = [key]
+        while frontier:
+            for child in children.get(frontier.pop(), ()):
+                found.append(child)
+                frontier.append(child.key)
+        return found

@@ -1,0 +1,317 @@
+"""The lookup index published in shared memory: the table against a model, the sequence locks under a writer in
+another process, and a real daemon's index against its own socket answers (eviction, disk-only chunks, keys the
+table could not list, a crash, a stop)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from conftest import wait_for
+
+import kvstore
+from kvstore.client.shared_index import SharedIndexView
+from kvstore.protocol.wire import Op
+from kvstore.protocol.index_layout import DISK, GPU, HOST, MAX_PROBE, MIN_SLOTS, STALE_S, supported
+from kvstore.store.published_index import PublishedIndex
+
+pytestmark = pytest.mark.skipif(not supported(), reason="the shared index is offered on x86-64 only")
+
+
+@pytest.fixture
+def index_path():
+    path = f"/dev/shm/kvstore-test-{os.getpid()}-{uuid.uuid4().hex[:8]}.index"
+    yield path
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def colliding_keys(n: int, home: int = 7) -> list[bytes]:
+    """Keys that all start probing at the same slot of any table (their low 22 bits agree)."""
+    return [(home | (i << 24)).to_bytes(8, "little") + os.urandom(8) for i in range(1, n + 1)]
+
+
+def expected(model: dict[bytes, int], keys: list[bytes]) -> tuple[int, dict[str, int]]:
+    tiers: dict[str, int] = {}
+    for n, key in enumerate(keys):
+        state = model.get(key)
+        if state is None:
+            return n, tiers
+        name = {DISK: "disk", HOST: "host", GPU: "gpu"}[state]
+        tiers[name] = tiers.get(name, 0) + 1
+    return len(keys), tiers
+
+
+def test_table_matches_a_model_through_growth_tombstones_and_collisions(index_path):
+    writer = PublishedIndex(index_path, 16)
+    reader = SharedIndexView(index_path)
+    model: dict[bytes, int] = {}
+    keys = [os.urandom(16) for _ in range(3 * MIN_SLOTS)] + colliding_keys(MAX_PROBE + 8)
+    try:
+        for round_ in range(3):
+            for i, key in enumerate(keys):
+                if (i + round_) % 3:
+                    state = (HOST, GPU, DISK)[i % 3]
+                    writer.set(key, state)
+                    model[key] = state
+                elif key in model:
+                    writer.remove(key)
+                    del model[key]
+            writer.beat()   # the reader takes a view without a recent heartbeat for a dead writer
+            crowded = range(7, 7 + len(writer._slot) // 100 + 2 * MAX_PROBE + 16)
+            for start in range(0, len(keys), 97):
+                chain = keys[start:start + 16]
+                answer = reader.lookup(chain, promote=False)
+                if answer is not None:
+                    assert answer == expected(model, chain)
+                else:   # only where a probe ran past MAX_PROBE: the pile-up of colliding keys at their home slot
+                    assert any(int.from_bytes(k[:8], "little") % writer.slots in crowded for k in chain)
+        assert writer.rebuilds >= 1 and writer.slots > MIN_SLOTS
+        writer.beat()
+        listed = [k for k in model if k not in writer._unlisted]
+        assert all(reader.lookup([k], promote=False) == (1, expected(model, [k])[1]) for k in listed)
+        assert reader.lookup([os.urandom(16)], promote=False) == (0, {})
+    finally:
+        reader.close()
+        writer.close()
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.integers(0, 40), st.sampled_from([0, DISK, HOST, GPU])), min_size=1, max_size=200))
+def test_random_changes_never_give_a_wrong_answer(index_path, ops):
+    pool = colliding_keys(20) + [os.urandom(16) for _ in range(21)]
+    writer = PublishedIndex(index_path, 16)
+    reader = SharedIndexView(index_path)
+    model: dict[bytes, int] = {}
+    try:
+        for i, state in ops:
+            key = pool[i]
+            if state:
+                writer.set(key, state)
+                model[key] = state
+            else:
+                writer.remove(key)
+                model.pop(key, None)
+            chain = pool[max(0, i - 3):i + 3]
+            writer.beat()
+            assert reader.lookup(chain, promote=False) in (None, expected(model, chain))
+            assert reader.lookup(chain, promote=True) in (None, expected(model, chain))
+    finally:
+        reader.close()
+        writer.close()   # and removes the file, for the next example
+
+
+def test_promoting_lookups_defer_disk_only_chunks_to_the_socket(index_path):
+    writer = PublishedIndex(index_path, 16)
+    reader = SharedIndexView(index_path)
+    a, b = os.urandom(16), os.urandom(16)
+    try:
+        writer.set(a, HOST)
+        writer.set(b, DISK)
+        assert reader.lookup([a, b], promote=False) == (2, {"host": 1, "disk": 1})
+        assert reader.lookup([a, b], promote=True) is None          # the daemon must start b's promotion
+        assert reader.lookup([a], promote=True) == (1, {"host": 1})
+    finally:
+        reader.close()
+        writer.close()
+
+
+def _flip_forever(path: str, a: bytes, b: bytes, ready, stop) -> None:
+    """Writer process: list a, unlist it, list b in the same slot, unlist it, ... as fast as it can."""
+    writer = PublishedIndex(path, 16)
+    ready.set()
+    try:
+        while not stop.is_set():
+            for _ in range(200):
+                writer.set(a, HOST)
+                writer.remove(a)
+                writer.set(b, GPU)
+                writer.remove(b)
+            writer.beat()
+    finally:
+        writer.close()
+
+
+def test_seqlock_hides_slots_torn_by_a_concurrent_writer(index_path):
+    home = 11
+    a = (home | 1 << 40).to_bytes(8, "little") + b"\xaa" * 8     # same home slot, both halves differ
+    b = (home | 2 << 40).to_bytes(8, "little") + b"\xbb" * 8
+    torn = b[:8] + a[8:]     # never listed: a reader that mixed a's and b's halves would find it
+    torn2 = a[:8] + b[8:]
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_flip_forever, args=(index_path, a, b, ready, stop), daemon=True)
+    proc.start()
+    answered = 0
+    try:
+        assert ready.wait(60)
+        reader = SharedIndexView(index_path)
+        try:
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                assert reader.lookup([torn], promote=False) in (None, (0, {}))
+                assert reader.lookup([torn2], promote=False) in (None, (0, {}))
+                got_a = reader.lookup([a], promote=False)
+                got_b = reader.lookup([b], promote=False)
+                assert got_a in (None, (0, {}), (1, {"host": 1}))
+                assert got_b in (None, (0, {}), (1, {"gpu": 1}))
+                answered += (got_a is not None) + (got_b is not None)
+        finally:
+            reader.close()
+        assert answered > 0
+    finally:
+        stop.set()
+        proc.join(10)
+
+
+# -- against a real daemon ------------------------------------------------------------------------------------
+
+@contextmanager
+def both(daemon):
+    """A client that reads the shared index and one that always asks the socket."""
+    shm = daemon.client(namespace="si", chunk_tokens=4)
+    sock = daemon.client(namespace="si", chunk_tokens=4, shared_index=False)
+    try:
+        assert shm._index is not None and sock._index is None
+        yield shm, sock
+    finally:
+        shm.close()
+        sock.close()
+
+
+def test_daemon_index_agrees_with_the_socket_through_puts_deletes_and_eviction(start_daemon):
+    d = start_daemon("--host-mem", "8MiB", "--disk-size", "0")
+    with both(d) as (shm, sock):
+        chains = [shm.chunk_keys(list(range(i * 1000, i * 1000 + 4 * 6))) for i in range(40)]
+        for i, chain in enumerate(chains):
+            shm.put(chain, [bytes([i]) * (64 << 10)] * len(chain))     # 40 × 384 KiB: evicts along the way
+            if i % 5 == 4:
+                sock.delete(chains[i - 2][3:])
+            for other in chains[: i + 1]:
+                want = sock.lookup_tiers(other, promote=False)
+                assert shm.lookup_tiers(other, promote=False) == want
+                assert shm.lookup_tiers(other) == want
+        assert shm._index.answered > 0 and shm._index.deferred == 0
+        stats = sock.stats()
+        assert stats["counters"]["lookups"] >= 2 * 40
+
+
+def test_lookups_from_the_index_keep_the_chain_warm(start_daemon):
+    d = start_daemon("--host-mem", "4MiB", "--disk-size", "0")
+    with both(d) as (shm, sock):
+        size = 256 << 10
+        warm = shm.chunk_keys(list(range(4 * 4)))
+        cold = shm.chunk_keys(list(range(100, 100 + 4 * 4)))
+        shm.put(warm, [b"w" * size] * 4)
+        shm.put(cold, [b"c" * size] * 4)
+        for _ in range(3):
+            assert shm.lookup(warm) == 4          # from the index: only the LOOKUP_SEEN note touches the chain
+        fill = shm.chunk_keys(list(range(200, 200 + 4 * 10)))
+        shm.put(fill, [b"f" * size] * 10)          # 10 more chunks in a 16-chunk tier: the 2-4 oldest go
+        assert sock.lookup(warm) == 4, "the chain looked up last must outlive the one never looked up"
+        assert sock.lookup(cold) < 4            # the cold chain lost its deepest chunks
+
+
+def test_disk_only_chunks_are_looked_up_over_the_socket_which_promotes_them(start_daemon):
+    d = start_daemon("--host-mem", "4MiB", "--disk-size", "64MiB")
+    with both(d) as (shm, sock):
+        size = 256 << 10
+        first = shm.chunk_keys(list(range(4 * 4)))
+        shm.put(first, [b"1" * size] * 4)
+        assert wait_for(lambda: sock.stats()["counters"].get("disk_writes", 0) >= 4)
+        for i in range(1, 6):   # push the first chain out of DRAM (it stays on disk)
+            more = shm.chunk_keys(list(range(i * 1000, i * 1000 + 4 * 4)))
+            shm.put(more, [b"m" * size] * 4)
+            assert wait_for(lambda: sock.stats()["disk"] is None or sock.stats()["disk"].get("queued_bytes", 0) == 0,
+                            timeout=5)
+        assert "disk" in sock.lookup_tiers(first, promote=False).tiers
+        deferred = shm._index.deferred
+        result = shm.lookup_tiers(first)               # promoting: the socket answers and starts the reads
+        assert result.count == 4 and shm._index.deferred == deferred + 1
+        assert wait_for(lambda: shm.lookup_tiers(first, promote=False).tiers.get("host", 0) == 4)
+        with shm.get(first) as views:
+            assert [bytes(v[:1]) for v in views] == [b"1"] * 4
+
+
+def test_keys_the_table_cannot_list_are_answered_by_the_socket(start_daemon):
+    d = start_daemon("--disk-size", "0")
+    with both(d) as (shm, sock):
+        keys = colliding_keys(MAX_PROBE + 6)
+        for key in keys:
+            shm.put([key], [b"k" * 4096])
+        deferred = shm._index.deferred
+        assert all(shm.lookup([key]) == 1 for key in keys)
+        assert shm._index.deferred > deferred     # the last ones past MAX_PROBE: not listed, asked over the socket
+        assert shm.lookup(keys[-1:] + [os.urandom(16)]) == 1
+
+
+def test_a_crashed_daemon_stops_answering_from_its_index(start_daemon):
+    d = start_daemon("--disk-size", "0")
+    c = d.client(namespace="si", chunk_tokens=4, timeout=1.0)
+    keys = c.chunk_keys(list(range(4 * 8)))
+    c.put(keys, [b"x" * 4096] * 8)
+    errors: list[BaseException] = []
+    answers: list[tuple[float, int]] = []
+    stop = threading.Event()
+    reader = kvstore.connect(d.address, namespace="si", chunk_tokens=4, timeout=0.3)
+
+    def read_loop() -> None:
+        while not stop.is_set():
+            try:
+                answers.append((time.monotonic(), reader.lookup(keys)))
+            except kvstore.DaemonUnavailable:
+                answers.append((time.monotonic(), -1))
+            except BaseException as exc:   # noqa: BLE001 - anything else is a failure of the test
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=read_loop)
+    thread.start()
+    try:
+        time.sleep(0.2)
+        d.kill()
+        killed = time.monotonic()
+        time.sleep(STALE_S + 0.6)
+        stop.set()
+        thread.join(10)
+        assert not errors, errors
+        late = [n for t, n in answers if t > killed + 0.05]
+        assert late and all(n == -1 for n in late), "a dead daemon's index must not answer (its stream closed)"
+        d.start()                                   # a new daemon on the same socket: a new, empty index
+        assert wait_for(lambda: _lookup_or_none(c, keys) == 0, timeout=10)
+        assert c._index is not None and c._index.lookup(keys, True) == (0, {})
+    finally:
+        stop.set()
+        reader.close()
+        c.close()
+
+
+def _lookup_or_none(client, keys):
+    try:
+        return client.lookup(keys)
+    except kvstore.DaemonUnavailable:
+        return None
+
+
+def test_a_stopping_daemon_refuses_lookups_as_before(start_daemon):
+    d = start_daemon("--disk-size", "0", "--shutdown-timeout", "3s")
+    c = d.client(namespace="si", chunk_tokens=4, timeout=2.0)
+    keys = c.chunk_keys(list(range(4 * 2)))
+    c.put(keys, [b"x" * 4096] * 2)
+    assert c.lookup(keys) == 2 and c._index.answered
+    rid = c._transport.send({"op": Op.RESERVE, "keys": [os.urandom(16)], "sizes": [4096]})
+    c._transport.wait(rid)                            # an open reservation holds the daemon in its stop sequence
+    d.proc.send_signal(15)
+    assert wait_for(lambda: c._index.stale(), timeout=5)
+    with pytest.raises((kvstore.UnavailableError, kvstore.DaemonUnavailable)):
+        c.lookup(keys)
+    c.close()

@@ -1,0 +1,117 @@
+"""The local stream socket: the default path of local clients, its permissions, pins dropped when a stream
+closes, hostile bytes, a daemon restart under a client, and the ZeroMQ fallback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+
+import msgpack
+
+from conftest import wait_for
+
+from kvstore.client.stream_transport import StreamTransport
+from kvstore.client.transport import Transport
+from kvstore.protocol.stream import SUFFIX, reply_frames
+from kvstore.protocol.wire import PROTOCOL_VERSION, Op
+
+
+def test_local_clients_use_the_owner_only_stream_socket(daemon):
+    path = daemon.socket_path + SUFFIX
+    assert stat.S_IMODE(os.stat(path).st_mode) & 0o077 == 0
+    fast = daemon.client(namespace="st", chunk_tokens=4)
+    slow = daemon.client(namespace="st", chunk_tokens=4, stream=False)
+    try:
+        assert isinstance(fast._transport, StreamTransport) and isinstance(slow._transport, Transport)
+        keys = fast.chunk_keys(list(range(4 * 3)))
+        assert fast.put(keys, [bytes([i]) * 8192 for i in range(3)]) == 3
+        with slow.get(keys) as views:
+            assert [bytes(v[:2]) for v in views] == [bytes([i]) * 2 for i in range(3)]
+        assert slow.put(keys, [b"z" * 8192] * 3) == 0
+        with fast.get(keys) as views:
+            assert len(views) == 3 and bytes(views[2][:1]) == b"\x02"
+    finally:
+        fast.close()
+        slow.close()
+
+
+def test_a_closed_stream_drops_its_pins_at_once(daemon):
+    holder = daemon.client(namespace="st", chunk_tokens=4)
+    watcher = daemon.client(namespace="st", chunk_tokens=4)
+    keys = holder.chunk_keys(list(range(4 * 2)))
+    holder.put(keys, [b"p" * 4096] * 2)
+    lease = holder.get(keys)
+    assert len(lease) == 2 and watcher.stats()["leases"] == 1
+    lease.views = []                # the process "dies" holding the lease: only its stream closes
+    holder._transport.close()
+    assert wait_for(lambda: watcher.stats()["leases"] == 0, timeout=2)
+    holder._zmq.close()
+    watcher.close()
+
+
+def _raw_stream(daemon) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(daemon.socket_path + SUFFIX)
+    return s
+
+
+def _read_reply(s: socket.socket) -> dict | None:
+    buf = bytearray()
+    while True:
+        parsed = reply_frames(buf)
+        if parsed is not None:
+            return msgpack.unpackb(parsed[0][0], raw=False)
+        data = s.recv(65536)
+        if not data:
+            return None
+        buf += data
+
+
+def test_hostile_bytes_on_the_stream_get_error_replies_and_the_daemon_keeps_serving(daemon):
+    s = _raw_stream(daemon)
+    for header in (b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"op": Op.LOOKUP, "id": 3, "keys": [b"x"]}),
+                   msgpack.packb({"op": 999, "id": 4})):
+        s.sendall(struct.pack("<I", len(header)) + header)
+        reply = _read_reply(s)
+        assert reply is not None and reply["ok"] is False and reply["code"]
+    hello = msgpack.packb({"op": Op.HELLO, "id": 5, "version": PROTOCOL_VERSION, "namespace": "raw", "arena": True})
+    s.sendall(struct.pack("<I", len(hello)))          # a request in pieces
+    s.sendall(hello[:3])
+    s.sendall(hello[3:])
+    assert _read_reply(s)["ok"]
+    s.sendall(struct.pack("<I", 1 << 30))              # a length that cannot be skipped: refused, then closed
+    reply = _read_reply(s)
+    assert reply is not None and reply["error"] == "LimitError"
+    assert _read_reply(s) is None
+    s.close()
+    c = daemon.client(namespace="st")
+    c.ping()
+    c.close()
+    assert "internal_error" not in daemon.log()
+
+
+def test_a_client_follows_its_daemon_across_a_restart(start_daemon):
+    daemon = start_daemon("--disk-size", "0")   # DRAM only: the restarted daemon starts empty
+    c = daemon.client(namespace="st", chunk_tokens=4)
+    keys = c.chunk_keys(list(range(4 * 2)))
+    c.put(keys, [b"r" * 4096] * 2)
+    daemon.restart()
+    assert c.put(keys, [b"s" * 4096] * 2) == 2        # the lost stream: hello again, then the put
+    assert isinstance(c._transport, StreamTransport)
+    with c.get(keys) as views:
+        assert bytes(views[0][:1]) == b"s"
+    c.close()
+
+
+def test_without_a_stream_socket_local_clients_use_zeromq(daemon):
+    os.unlink(daemon.socket_path + SUFFIX)            # as if the daemon could not bind it
+    c = daemon.client(namespace="st", chunk_tokens=4)
+    try:
+        assert isinstance(c._transport, Transport)
+        keys = c.chunk_keys(list(range(4)))
+        assert c.put(keys, [b"q" * 4096]) == 1 and c.lookup(keys) == 1
+    finally:
+        c.close()
