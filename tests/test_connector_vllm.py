@@ -16,11 +16,18 @@ pytest.importorskip("transformers")
 
 from conftest import wait_for  # noqa: E402
 from engines.tiny import greedy, prefill, prompt, tiny_llama  # noqa: E402
-from engines.vllm_env import Engine, request  # noqa: E402
+from engines.vllm_env import Engine, close_all, request  # noqa: E402
 
 from kvstore.connectors.hf import _new_cache  # noqa: E402
 
 CHUNK = 256
+
+
+@pytest.fixture(autouse=True)
+def engines_closed(start_daemon):
+    """Every engine a test made is shut down before its daemons are (so nothing maps their arenas then)."""
+    yield
+    close_all()
 
 
 @pytest.fixture(scope="module")

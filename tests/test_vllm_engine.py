@@ -12,11 +12,13 @@ import tempfile
 import pytest
 
 from conftest import wait_for
-from engines.vllm_real import (  # noqa: F401 - plain: a helper of the tests here
-    CHUNK, POOL, assert_same, delta, engine_python, full_chunks, plain, prompts, skip_reason, stored,
+from engines.vllm_real import (
+    CHUNK, POOL, assert_same, delta, full_chunks, plain, prompts, require_engine, stored,
 )
 
-pytestmark = pytest.mark.skipif(engine_python() is None, reason=skip_reason())
+@pytest.fixture(scope="module", autouse=True)
+def engine_venv():
+    return require_engine()
 
 @pytest.fixture(scope="session")
 def pool():

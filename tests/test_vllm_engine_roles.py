@@ -14,13 +14,15 @@ import pytest
 
 from conftest import wait_for
 from engines.vllm_real import (
-    POOL, REPO, assert_same, delta, engine_python, full_chunks, plain, prompts, skip_reason, stored,
+    POOL, REPO, assert_same, delta, full_chunks, plain, prompts, require_engine, stored,
 )
-
-pytestmark = pytest.mark.skipif(engine_python() is None, reason=skip_reason())
-
 sys.path.insert(0, os.path.join(REPO, "bench"))
 from vllm_router import route  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine_venv():
+    return require_engine()
 
 
 @pytest.fixture(scope="session")

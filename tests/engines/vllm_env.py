@@ -38,6 +38,7 @@ from vllm.v1.request import Request  # noqa: E402
 from kvstore.connectors.vllm import KVStoreConnector  # noqa: E402
 
 BLOCK = 16
+OPEN: list["Engine"] = []  # engines not closed yet (`close_all` at the end of a test)
 
 
 def layer_names(n: int) -> list[str]:
@@ -98,6 +99,7 @@ class Engine:
         self.sent: set[str] = set()
         self.received: set[str] = set()
         self.admitted: dict[str, int] = {}  # req id -> external tokens loaded asynchronously
+        OPEN.append(self)
         self.is_async: dict[str, bool] = {}  # req id -> what the connector said of its load
 
     def allocate(self, req_id: str, upto_tokens: int) -> list[int]:
@@ -220,6 +222,14 @@ class Engine:
         """The request is done: returns whether the connector keeps its blocks (saves in flight)."""
         delay, _ = self.scheduler.request_finished(request, self.blocks[request.request_id])
         return delay
+
+
+def close_all() -> None:
+    """Shut every open engine's connectors down: their clients unmap the daemons' arenas."""
+    while OPEN:
+        engine = OPEN.pop()
+        engine.scheduler.shutdown()
+        engine.worker.shutdown()
 
 
 def request(req_id: str, token_ids: list[int], cache_salt: str | None = None) -> Request:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
 INSTALL_HINT = "bash .ci/install-vllm-engine.sh"
+EXTRAS_COMMAND = "bash .ci/install-extras.sh"   # every extra the test command skips without, this one too
 START_TIMEOUT_S = 600.0
 CHUNK = 256        # connector chunk size in the tests: two of the CPU engine's 128-token blocks
 VOCAB = 512
@@ -37,7 +38,20 @@ def engine_python() -> str | None:
 
 def skip_reason() -> str:
     venv = os.environ.get("KVSTORE_VLLM_VENV") or str(REPO / ".venv-vllm")
-    return f"no vLLM engine virtualenv at {venv}: run `{INSTALL_HINT}` (or set KVSTORE_VLLM_VENV)"
+    return (f"no vLLM engine virtualenv at {venv} (KVSTORE_VLLM_VENV names another): `{EXTRAS_COMMAND}` "
+            f"installs it (or `{INSTALL_HINT}` alone)")
+
+
+def require_engine() -> str:
+    """The engine virtualenv's python; else skip the test (under CI, where it must be there, fail)."""
+    import pytest
+
+    python = engine_python()
+    if python is None:
+        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+            pytest.fail(skip_reason() + " -- required when CI is set", pytrace=False)
+        pytest.skip(skip_reason())
+    return python
 
 
 def prompts(n: int, length: int, seed: int, prefix: list[int] | None = None) -> list[list[int]]:
@@ -207,8 +221,15 @@ class EnginePool:
         return "ipc://" + self.socket
 
     def env(self) -> dict[str, str]:
+        """The engines' environment: the source tree's kvstore, vLLM's CPU settings, and HOME and the XDG dirs
+        in the pool's directory, so whatever vLLM or torch cache lands there and goes with it."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-        env.update(PYTHONPATH=str(REPO), VLLM_CPU_KVCACHE_SPACE="1", VLLM_TARGET_DEVICE="cpu",
+        home = os.path.join(self.workdir, "home")
+        dirs = {"HOME": home, "XDG_CACHE_HOME": os.path.join(home, ".cache"),
+                "XDG_CONFIG_HOME": os.path.join(home, ".config")}
+        for path in dirs.values():
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        env.update(dirs, PYTHONPATH=str(REPO), VLLM_CPU_KVCACHE_SPACE="1", VLLM_TARGET_DEVICE="cpu",
                    OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"), TOKENIZERS_PARALLELISM="false")
         return env
 
