@@ -68,21 +68,14 @@ def test_daemon_absent_at_engine_start(pool, start_daemon):
 
 
 
-def hit_tokens(daemon) -> int:
-    with daemon.client() as c:
-        return int(c.stats()["hit_tokens"])
-
-
 def test_second_engine_loads_what_the_first_saved(pool, kv_daemon):
     batch = prompts(4, 1100, seed=1)
     want = plain(pool).generate(batch)
     assert_same(with_store(pool, "a").generate(batch), want)
     assert wait_for(lambda: stored(kv_daemon) == 4 * (1100 // CHUNK))
-    before = hit_tokens(kv_daemon)
     b = with_store(pool, "b")
     moved = b.stats()
     assert_same(b.generate(batch), want)
-    assert hit_tokens(kv_daemon) - before == 4 * (1100 // CHUNK) * CHUNK
     assert delta(b.stats(), moved, "worker", "chunks_loaded") == 4 * (1100 // CHUNK)
     assert delta(b.stats(), moved, "worker", "load_failures") == 0
 
