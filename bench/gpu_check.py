@@ -146,7 +146,7 @@ def vllm_cache(layers: int, blocks: int, block_size: int, heads: int, dim: int, 
 def check_env(r: dict) -> None:
     import torch
 
-    from kvstore.gpu.pinned import memlock_limit
+    from kvstore.gpu.page_lock import memlock_limit
 
     r["python"] = platform.python_version()
     r["torch"] = torch.__version__
@@ -285,7 +285,7 @@ def check_hbm_tier(r: dict) -> None:
 def check_pinned_host(r: dict) -> None:
     import torch
 
-    from kvstore.gpu.pinned import pin
+    from kvstore.gpu.page_lock import page_lock
     from kvstore.gpu.tier import host_tensor
     from kvstore.ops import PagedKV, scatter
     from kvstore.tiers.arena import SharedArena
@@ -295,9 +295,9 @@ def check_pinned_host(r: dict) -> None:
     arena = SharedArena.create(f"/dev/shm/kvstore-gpucheck-{os.getpid()}.arena", nbytes)
     try:
         start = time.monotonic()
-        region = pin(arena.buf, nbytes, who="gpu_check")
+        region = page_lock(arena.buf, nbytes, who="gpu_check")
         r["register_seconds"] = round(time.monotonic() - start, 3)
-        r["arena_pinned"] = region.pinned
+        r["arena_pinned"] = region.locked
         r["pin_reason"] = region.reason
         host = host_tensor(arena.buf, nbytes)
         r["torch_sees_pinned"] = bool(host.is_pinned())
@@ -317,11 +317,11 @@ def check_pinned_host(r: dict) -> None:
         r["target_ratio"] = 0.8
         from kvstore.ops import gather
         r["paged_bytes_equal"] = bool(torch.equal(gather(kv, ids).cpu(), src))
-        r["ok"] = (region.pinned and r["paged_bytes_equal"] and r["arena_h2d_vs_torch_pinned_ratio"] >= 0.8
+        r["ok"] = (region.locked and r["paged_bytes_equal"] and r["arena_h2d_vs_torch_pinned_ratio"] >= 0.8
                    and r["arena_to_paged_vs_torch_pinned_ratio"] >= 0.8)
         del host, src
         torch.cuda.synchronize()
-        region.unpin()
+        region.unlock()
     finally:
         arena.close()
 

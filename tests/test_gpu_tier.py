@@ -10,7 +10,7 @@ import torch
 
 from kvstore.gpu.engine import MappedPool, load_async, save_async
 from kvstore.gpu.ipc import PoolExport
-from kvstore.gpu.pinned import buffer_address, memlock_limit, pin
+from kvstore.gpu.page_lock import buffer_address, memlock_limit, page_lock
 from kvstore.gpu.tier import GpuTier
 from kvstore.ops import PagedKV, gather
 from kvstore.tiers.arena import SharedArena
@@ -66,9 +66,9 @@ def test_write_read_and_moves_to_and_from_the_host_arena(arena):
 
 def test_pinning_without_cuda_falls_back_and_never_raises():
     buf = bytearray(1 << 16)
-    region = pin(buf, len(buf))
-    assert not region.pinned and region.reason
-    region.unpin()  # a no-op
+    region = page_lock(buf, len(buf))
+    assert not region.locked and region.reason
+    region.unlock()  # a no-op
     import numpy as np
 
     assert buffer_address(buf) == np.frombuffer(buf, dtype=np.uint8).ctypes.data

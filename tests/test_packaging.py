@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 import zipfile
 
 import pytest
@@ -40,11 +41,26 @@ def test_every_package_is_listed_in_pyproject():
     assert source_packages() == listed
 
 
-def test_public_surface():
-    for name in kvstore.__all__:
-        assert hasattr(kvstore, name), name
-    assert callable(kvstore.connect)
-    assert issubclass(kvstore.StoreFullError, kvstore.KVStoreError)
+def test_public_surface_is_exactly_all():
+    """As httpx does: every public name the package holds is exported, and __all__ names nothing else (submodules
+    are reachable as attributes once imported, but are not part of the surface)."""
+    public = {name for name, value in vars(kvstore).items()
+              if not name.startswith("_") and not isinstance(value, types.ModuleType)}
+    assert public | {"__version__"} == set(kvstore.__all__)
+    assert len(kvstore.__all__) == len(set(kvstore.__all__))
+
+
+def test_every_error_is_one_tree():
+    """Every exception class kvstore defines descends from KVStoreError (the remote, checksum and format errors
+    too), so one ``except KVStoreError`` catches whatever kvstore raised on purpose."""
+    from kvstore import errors
+
+    defined = [v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, BaseException)]
+    assert {c.__name__ for c in defined} >= {"RemoteError", "ChecksumError", "FormatError", "RecordError",
+                                             "DamagedSource"}
+    assert all(issubclass(c, errors.KVStoreError) for c in defined)
+    assert issubclass(errors.FormatError, ValueError)   # a bad header is also a bad value, as before
+    assert not hasattr(errors, "NotFoundError") and errors.error_from_code(6, "x").__class__ is errors.InternalError
 
 
 def test_wire_error_codes_are_unique_and_stable():

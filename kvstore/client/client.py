@@ -195,7 +195,7 @@ class Client:
         self.pin_arena = pin_arena
         self._gpu_pool: Any = None        # kvstore.gpu.engine.MappedPool, when the daemon's pool is mapped
         self._gpu_info: dict[str, Any] | None = None
-        self._pinned: Any = None          # kvstore.gpu.pinned.PinnedRegion of our arena mapping
+        self._page_locked: Any = None     # kvstore.gpu.page_lock.PageLockedRegion of our arena mapping
         self.server_info: dict[str, Any] = {}
         # Lookups from the daemon's shared-memory index (local clients; shared_index=False always asks the socket)
         self.want_shared_index = shared_index and self.use_arena
@@ -238,10 +238,10 @@ class Client:
         on_stream = isinstance(self._transport, StreamTransport)
         self._attach_index(header.get("index") if self.want_shared_index and on_stream else None)
         self._attach_gpu(header.get("gpu") if self._arena is not None else None)
-        if self.pin_arena and self._pinned is None and self._arena is not None:
-            from ..gpu.engine import pin_mapping  # torch: only for clients that ask for pinning
+        if self.pin_arena and self._page_locked is None and self._arena is not None:
+            from ..gpu.engine import page_lock_mapping  # torch: only for clients that ask for page-locking
 
-            self._pinned = pin_mapping(self._arena.buf, self._arena.size)
+            self._page_locked = page_lock_mapping(self._arena.buf, self._arena.size)
 
     def _hello_on_stream(self, hello: dict[str, Any]) -> dict[str, Any] | None:
         """Say hello on the daemon's stream socket and send everything there from now on; None when there is
@@ -286,16 +286,16 @@ class Client:
         self._gpu_info = info
         if not info:
             return
-        from ..gpu.engine import MappedPool, pin_mapping  # torch: only for clients that ask for the GPU tier
+        from ..gpu.engine import MappedPool, page_lock_mapping  # torch: only for clients that ask for the GPU tier
 
         self._gpu_pool = MappedPool.from_hello(info)
         if self._gpu_pool is not None and self._gpu_pool.device.type == "cuda" and self._arena is not None:
-            self._pinned = pin_mapping(self._arena.buf, self._arena.size)
+            self._page_locked = page_lock_mapping(self._arena.buf, self._arena.size)
 
     def _detach_gpu(self) -> None:
-        if self._pinned is not None:
-            self._pinned.unpin()
-            self._pinned = None
+        if self._page_locked is not None:
+            self._page_locked.unlock()
+            self._page_locked = None
         if self._gpu_pool is not None:
             self._gpu_pool.close()
             self._gpu_pool = None
