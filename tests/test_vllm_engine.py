@@ -13,17 +13,9 @@ import pytest
 
 from conftest import wait_for
 from engines.vllm_real import (
-    CHUNK, POOL, assert_same, delta, full_chunks, plain, prompts, require_engine, stored,
+    CHUNK, assert_same, delta, full_chunks, plain, prompts, stored,
+    engine_venv, pool,  # noqa: F401 - fixtures
 )
-
-@pytest.fixture(scope="module", autouse=True)
-def engine_venv():
-    return require_engine()
-
-@pytest.fixture(scope="session")
-def pool():
-    yield POOL
-    POOL.close()
 
 
 @pytest.fixture

@@ -14,21 +14,11 @@ import pytest
 
 from conftest import wait_for
 from engines.vllm_real import (
-    POOL, REPO, assert_same, delta, full_chunks, plain, prompts, require_engine, stored,
+    REPO, assert_same, delta, full_chunks, plain, prompts, stored,
+    engine_venv, pool,  # noqa: F401 - fixtures
 )
 sys.path.insert(0, os.path.join(REPO, "bench"))
 from vllm_router import route  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def engine_venv():
-    return require_engine()
-
-
-@pytest.fixture(scope="session")
-def pool():
-    yield POOL
-    POOL.close()
 
 
 def test_prefill_engine_and_decode_engine_share_one_daemon(pool, start_daemon):

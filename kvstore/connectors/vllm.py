@@ -45,9 +45,6 @@ connector (no hits, no saves) with a warning.
 from __future__ import annotations
 
 import logging
-import os
-import re
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -64,6 +61,8 @@ from ..errors import ConfigError
 from ..ops import PagedKV
 from ._store import ChunkStore, DaemonLink
 from ._transfers import LoadJob, SaveJob, Transfers
+from ._vllm_records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
+from ._vllm_settings import SUPPORTED_VLLM, check_vllm_version, load_mode, model_id, tp_rank
 from .layout import PagedGeometry, dtype_name, paged_namespace
 
 if TYPE_CHECKING:
@@ -77,61 +76,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvstore.connectors.vllm")
 
-__all__ = ["KVStoreConnector", "KVStoreConnectorMetadata", "LoadSpec", "SaveSpec", "SUPPORTED_VLLM"]
-
-SUPPORTED_VLLM = ("0.32", "0.33")
-
-
-def check_vllm_version(version: str) -> None:
-    """Refuse a vLLM whose connector interface this connector was not written against."""
-    found = re.match(r"(\d+)\.(\d+)", version)
-    if not found or f"{found[1]}.{found[2]}" not in SUPPORTED_VLLM:
-        raise ConfigError(f"kvstore's vLLM connector supports vLLM {' and '.join(SUPPORTED_VLLM)}, not {version}: "
-                          f"install one of those")
-
-
-@dataclass
-class LoadSpec:
-    """Load chunks `0 .. num_chunks` of a request, writing from token `skip_tokens` on."""
-
-    req_id: str
-    token_ids: list[int]
-    block_ids: list[int]
-    num_chunks: int
-    skip_tokens: int
-    salt: str = ""
-    is_async: bool = True
-
-
-@dataclass
-class SaveSpec:
-    """Save chunks `first_chunk .. first_chunk + num_chunks` of a request."""
-
-    req_id: str
-    token_ids: list[int]
-    block_ids: list[int]
-    first_chunk: int
-    num_chunks: int
-    salt: str = ""
-
-
-@dataclass
-class KVStoreConnectorMetadata(KVConnectorMetadata):
-    loads: list[LoadSpec] = field(default_factory=list)
-    saves: list[SaveSpec] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
-
-
-@dataclass
-class _Tracked:
-    """Scheduler-side state of one running request."""
-
-    prompt: list[int]
-    block_ids: list[int]
-    saved_chunks: int
-    salt: str
-    saving: bool = False  # a save was planned: its blocks outlive the request until the workers are done
-
+__all__ = ["KVStoreConnector", "KVStoreConnectorMetadata", "LoadSpec", "SaveSpec", "SUPPORTED_VLLM",
+           "check_vllm_version"]
 
 class KVStoreConnector(KVConnectorBase_V1):
     """Loads prompt prefixes from, and saves them to, a kvstore daemon."""
@@ -151,7 +97,7 @@ class KVStoreConnector(KVConnectorBase_V1):
                               f"block size {self._block_size}")
         self._load_enabled = self._kv_transfer_config.is_kv_consumer
         self._save_enabled = self._kv_transfer_config.is_kv_producer
-        self._load_mode = _load_mode(extra.get("load_async", "auto"))
+        self._load_mode = load_mode(extra.get("load_async", "auto"))
         self._save_async = bool(extra.get("save_async", True))
         self._lookup_batch = max(1, int(extra.get("lookup_batch", 64)))
         parallel = vllm_config.parallel_config
@@ -159,7 +105,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._geometry = _geometry(kv_cache_config, self._chunk_tokens, vllm_config)
         if parallel.pipeline_parallel_size > 1:
             self._geometry = None  # stages hold different layers; not supported yet
-        self._model_id = str(extra.get("model_id") or _model_id(vllm_config))
+        self._model_id = str(extra.get("model_id") or model_id(vllm_config))
         self._salt = str(extra.get("cache_salt", ""))
         self._extra = extra
         self._links: list[DaemonLink] = []
@@ -172,7 +118,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._loads: dict[str, LoadSpec] = {}
         self._loaded: dict[str, int] = {}           # req id -> chunks loaded, until the request is tracked
         self._async: dict[str, bool] = {}           # req id -> whether its load was offered as asynchronous
-        self._tracked: dict[str, _Tracked] = {}
+        self._tracked: dict[str, Tracked] = {}
         # worker side
         self._transfers: Transfers | None = None
         self._ratio = 1                              # kernel blocks per vLLM block
@@ -278,7 +224,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         if meta.preempted:
             self._count("preempted", len(meta.preempted))
         for new in scheduler_output.scheduled_new_reqs:
-            self._tracked[new.req_id] = _Tracked(
+            self._tracked[new.req_id] = Tracked(
                 list(new.prompt_token_ids or []), list(new.block_ids[0]), self._loaded.pop(new.req_id, 0),
                 self._salts.pop(new.req_id, ""),
             )
@@ -344,7 +290,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             self._disable(f"the caches hold {len(kv.rows) * kv.row_bytes * self._ratio} bytes a block, the KV cache "
                           f"spec says {self._geometry.num_layers * self._geometry.layer_block_bytes}")
             return
-        rank = _tp_rank(self._vllm_config)
+        rank = tp_rank(self._vllm_config)
         connect = {"pin_arena": True, "gpu": bool(self._extra.get("gpu_tier", True))} if kv.device.type == "cuda" else {}
         self._transfers = Transfers(kv, self._chunk_store(rank, self._link(**connect)),
                                     self._chunk_store(rank, self._link(**connect)),
@@ -451,15 +397,6 @@ class KVStoreConnector(KVConnectorBase_V1):
             link.close()
 
 
-def _load_mode(value: Any) -> str:
-    """`load_async`: true (always off the step), false (always in it) or "auto" (off it while others run)."""
-    if value == "auto":
-        return "auto"
-    if isinstance(value, bool) or str(value).lower() in ("true", "false", "1", "0"):
-        return "async" if str(value).lower() in ("true", "1") else "sync"
-    raise ConfigError(f"kvstore load_async must be true, false or \"auto\", not {value!r}")
-
-
 def _geometry(kv_cache_config: "KVCacheConfig", chunk_tokens: int, vllm_config: "VllmConfig") -> PagedGeometry | None:
     """The chunk geometry of this engine's KV cache, or None when the connector does not support it."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
@@ -485,21 +422,3 @@ def _geometry(kv_cache_config: "KVCacheConfig", chunk_tokens: int, vllm_config: 
                     f"{dtype_name(spec.dtype)},block={spec.block_size});layout={layout};device={device}")
     return PagedGeometry(len(groups[0].layer_names), spec.page_size_bytes, chunk_tokens // spec.block_size,
                          chunk_tokens, cache_format)
-
-
-def _model_id(vllm_config: "VllmConfig") -> str:
-    model = getattr(vllm_config, "model_config", None)
-    if model is None:
-        return "unknown-model"
-    revision = getattr(model, "revision", None)
-    return f"{model.model}@{revision}" if revision else str(model.model)
-
-
-def _tp_rank(vllm_config: "VllmConfig") -> int:
-    try:
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-
-        return get_tensor_model_parallel_rank()
-    except Exception:  # noqa: BLE001 - not in a distributed worker (tests, single process)
-        rank = getattr(vllm_config.parallel_config, "rank", 0) or int(os.environ.get("RANK", 0))
-        return rank % vllm_config.parallel_config.tensor_parallel_size

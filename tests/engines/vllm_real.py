@@ -16,7 +16,9 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
@@ -44,8 +46,6 @@ def skip_reason() -> str:
 
 def require_engine() -> str:
     """The engine virtualenv's python; else skip the test (under CI, where it must be there, fail)."""
-    import pytest
-
     python = engine_python()
     if python is None:
         if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
@@ -276,3 +276,17 @@ class EnginePool:
 
 
 POOL = EnginePool()
+
+
+# Fixtures of the engine test modules (imported there by name, which is how pytest finds them).
+@pytest.fixture(scope="module", autouse=True)
+def engine_venv() -> str:
+    """Every test of a module that imports this needs the engine virtualenv (skip, or fail under CI)."""
+    return require_engine()
+
+
+@pytest.fixture(scope="session")
+def pool() -> Iterator[EnginePool]:
+    """The session's engines; closed (and their directory removed) at the end."""
+    yield POOL
+    POOL.close()
