@@ -100,6 +100,22 @@ def handle_abort(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
     return [ok_reply(h["id"], aborted=d.store.abort(s.owner, rid))]
 
 
+def handle_credit_put(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
+    """A put in one round trip: chunks the client copied into its credit, and the credit for its next put."""
+    if not s.arena:
+        raise PermissionDeniedError("put credits need the shared arena; clients over tcp:// put with PUT_INLINE")
+    req = m.CreditPut.parse(h, d.config.chunk_limit)
+    if req.keys:
+        d.safeguards.params.stored(s.namespace, s.key_params)
+    return _throttled(d, sum(req.sizes), lambda: _credit_put_now(d, s, h, req))
+
+
+def _credit_put_now(d: "Daemon", s: Session, h: dict, req: m.CreditPut) -> Frames:
+    committed, grant = d.store.credits.put(s.owner, s.namespace, req.credit, req.keys, req.offsets, req.sizes,
+                                           req.parent, req.want)
+    return [ok_reply(h["id"], committed=committed, **grant.wire())]
+
+
 def handle_put_inline(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
     keys = m.read_keys(h)
     if len(frames) != len(keys):
@@ -206,6 +222,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.COMMIT: handle_commit,
     Op.ABORT: handle_abort,
     Op.PUT_INLINE: handle_put_inline,
+    Op.CREDIT_PUT: handle_credit_put,
     Op.GET: handle_get,
     Op.RELEASE: handle_release,
     Op.EXTEND: handle_extend,
@@ -240,5 +257,7 @@ def hello_reply(d: "Daemon", owner: bytes, transport: str, h: dict) -> tuple[Ses
         "reserve_ttl": d.store.reserve_ttl,
         "max_batch": MAX_BATCH,
         "max_chunk": d.config.chunk_limit,
+        "align": d.store.host.allocator.align,   # a put credit's chunks start at multiples of it
+        "credit_max": d.store.credits.largest,   # the largest credit lent (store/credits.py)
     }
     return session, [ok_reply(h["id"], **reply)]

@@ -34,6 +34,7 @@ def daemon_stats(d: "Daemon") -> dict[str, Any]:
         "leases": len(store.leases),
         "leases_overdue": store.leases.overdue,
         "reservations": len(store.reservations),
+        "credits": store.credits.stats(),
         "sessions": len(d.sessions),
         "requests": d.requests,
         "errors": d.errors,
@@ -44,7 +45,8 @@ def daemon_stats(d: "Daemon") -> dict[str, Any]:
 def tier_stats(store: "Store") -> dict[str, dict[str, Any]]:
     usage = store.host.usage()
     tiers: dict[str, dict[str, Any]] = {"host": {"capacity_bytes": usage.capacity_bytes,
-                                                 "used_bytes": usage.used_bytes, "chunks": usage.chunks}}
+                                                 "used_bytes": usage.used_bytes - store.credits.lent_bytes,
+                                                 "chunks": usage.chunks - len(store.credits)}}   # lent: "credits"
     disk = store.disk
     if disk is not None:
         tiers["disk"] = {"capacity_bytes": disk.capacity_bytes, "used_bytes": disk.used_bytes, "chunks": disk.chunks}
