@@ -202,15 +202,15 @@ def test_puts_go_on_after_a_daemon_restart(daemon):
 
 
 def test_eviction_never_hands_out_lent_space(start_daemon):
-    d = start_daemon("--host-mem", "8MiB", "--disk-size", "0")
+    d = start_daemon("--host-mem", "16MiB", "--disk-size", "0")   # credits of up to 512 KiB
     with d.client(namespace="idle") as idle, d.client(namespace="busy") as busy:
         idle.put(idle.chunk_keys([0] * 256), [b"\x01" * (256 << 10)])
         held = idle._credit.held
         assert held is not None and held.size >= 256 << 10
         chains = []
-        for r in range(40):   # 40 × 512 KiB through an 8 MiB arena: eviction all the way
+        for r in range(80):   # 80 × 512 KiB through a 16 MiB arena: eviction all the way
             keys = busy.chunk_keys([r + 1] * 512)
-            data = _chunks(2, 256 << 10, r)
+            data = _chunks(2, 200 << 10, r)
             assert busy.put(keys, data) == 2
             chains.append((keys, data))
         idle._arena_view[held.offset:held.offset + held.size] = b"\xee" * held.size   # scribble on the credit

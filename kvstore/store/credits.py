@@ -17,14 +17,15 @@ slot in a credit was free space, so no reader can hold a view of it (chunks are 
 and a reused slot is never read as the old chunk. A key already stored (or being written by someone else) is
 skipped: its slot goes straight back to the free space, as ``reserve`` skips it.
 
-Trade-offs. Lent space is taken from the free space (watermarks count it; the stats report it apart from the chunks, as
-``credits.lent_bytes``) but holds no chunk: one credit holds at most 1/8 of the host
-tier and all credits together at most 1/4, past which writers fall back to reserve + commit. A credit is taken
-back when its owner goes (stream closed, process dead: ``drop_owner``) or at its deadline (the reservation TTL),
-except — as for leases — while its owner is a local process the daemon follows and finds alive, since that writer
-may be copying into it. Lending may evict, as a reserve does: the space is taken when it is lent, one put ahead.
-A writer keeps one credit and the same id for as long as it is lent (the deadline is extended on each put), so a
-put issues no new handle id.
+Trade-offs. Lent space is taken from the free space (watermarks count it; the stats report it apart from the
+chunks, as ``credits.lent_bytes``) but holds no chunk: one credit holds at most 1/32 of the host tier and all
+credits together at most 1/8, past which writers fall back to reserve + commit (small enough that a cache full of
+chunks loses little: a lent credit is space evicted one put ahead). A credit is taken back when its owner goes
+(stream closed, process dead: ``drop_owner``) or at its deadline (the reservation TTL), except — as for leases —
+while its owner is a local process the daemon follows and finds alive, since that writer may be copying into it.
+Lending may evict, as a reserve does: the space is taken when it is lent, one put ahead. A writer keeps one credit
+and the same id for as long as it is lent (the deadline is extended on each put), so a put issues no new handle
+id.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from .handles import Handle, HandleTable
 if TYPE_CHECKING:
     from .store import Store
 
-ONE_CREDIT_SHARE = 8    # a credit holds at most 1/8 of the host tier
-ALL_CREDITS_SHARE = 4   # all credits together at most 1/4
+ONE_CREDIT_SHARE = 32   # a credit holds at most 1/32 of the host tier
+ALL_CREDITS_SHARE = 8   # all credits together at most 1/8
 
 
 @dataclass
@@ -69,7 +70,7 @@ class CreditCounters:
     lent: int = 0          # credits lent afresh (an extent allocated for a writer)
     puts: int = 0          # puts committed from a credit
     expired: int = 0       # credits taken back at their deadline
-    refused: int = 0       # writers asking for a credit that got none (space or the 1/4 share)
+    refused: int = 0       # writers asking for a credit that got none (space or the 1/8 share)
 
 
 class CreditBook:
