@@ -237,3 +237,20 @@ def test_credit_puts_are_checksummed_and_written_back(start_daemon):
     with d.client(namespace="t") as c:
         with c.get(keys, verify=True) as views:
             assert [bytes(v) for v in views] == data
+
+
+def test_a_writer_holds_one_credit_and_a_forgotten_one_is_freed(daemon):
+    """A writer that lost a reply (a timeout) asks again naming no credit: the one it forgot is freed, never
+    left lent, and never written into by it."""
+    raw, first = _raw_with_credit(daemon.address, 8 * PAGE)
+    try:
+        again = raw.request({"op": Op.CREDIT_PUT, "id": 5, "credit": 0, "keys": b"", "want": 8 * PAGE})
+        assert again["ok"] and again["credit"]
+        with daemon.client(namespace="probe", use_arena=False) as probe:
+            credits = probe.stats()["credits"]
+            assert credits["active"] == 1 and credits["lent_bytes"] == again["size"]
+        stale = raw.request({"op": Op.CREDIT_PUT, "id": 6, "credit": first["credit"], "keys": os.urandom(16),
+                             "offsets": [first["offset"]], "sizes": [10], "want": 0})
+        assert first["credit"] == again["credit"] or stale["code"] == kvstore.ReservationError.code
+    finally:
+        raw.close()

@@ -8,6 +8,9 @@ chunks do not fit the largest credit it lends, and while another thread of the c
 credit. A reserve that finds the store full gives the credit back and tries once more. A refused credit is not asked for again for a second, so a full store does not cost a third round trip
 per put.
 
+A request about the credit forgets it until its reply names the next one: after a timeout the client never
+writes into space the daemon may have published meanwhile (the daemon frees the credit the client forgot).
+
 The credit's deadline is the daemon's reservation TTL counted from before the request that lent it; a credit
 past half of it is renewed before any byte is copied in, so bytes are never written into space the daemon may
 already have taken back (it spares the credits of local clients whose process it follows anyway).
@@ -75,6 +78,7 @@ class CreditWriter:
             for start, size, buf in zip(starts, sizes, buffers):
                 copy_into(view[credit.offset + start:credit.offset + start + size], buf)
             sent = time.monotonic()
+            self.held = None   # spent: until a reply names the next one (a lost reply must not leave it usable)
             try:
                 header, _ = client._call({"op": Op.CREDIT_PUT, "credit": credit.id, "keys": wire_keys(keys),
                                           "offsets": [credit.offset + s for s in starts], "sizes": sizes,
@@ -114,6 +118,7 @@ class CreditWriter:
         now = time.monotonic()
         if need >= self._refused_need and now < self._refused_until:
             return None
+        self.held = None   # the daemon may move it: until the reply says where it is
         try:
             header, _ = client._call({"op": Op.CREDIT_PUT, "credit": held.id if held else 0, "keys": b"",
                                       "want": GROWTH * need})

@@ -104,6 +104,7 @@ class CreditBook:
                 store.counters.full_errors += 1
                 raise StoreFullError(store.disk_full_reason)
             self._check_layout(handle.payload, offsets, sizes)
+        self._drop_others(owner, credit_id)
         committed, rest = 0, None
         if handle is not None:
             self.lent_bytes -= handle.payload.size
@@ -127,6 +128,12 @@ class CreditBook:
         return {"active": len(self.table), "lent_bytes": self.lent_bytes, **self.counters.__dict__}
 
     # -- internals ---------------------------------------------------------------------------------------------
+    def _drop_others(self, owner: bytes, credit_id: int) -> None:
+        """A writer holds one credit: one it does not name is one it has forgotten (a reply it never read)."""
+        for hid in list(self.table.ids_of(owner)):
+            if hid != credit_id:
+                self._free(self.table.take(owner, hid).payload)
+
     def _check_layout(self, credit: Credit, offsets: Sequence[int], sizes: Sequence[int]) -> None:
         """Every chunk page-aligned, inside the credit, after the one before it: the wire is never trusted."""
         align = self.store.host.allocator.align

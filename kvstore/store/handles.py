@@ -114,6 +114,9 @@ class HandleTable(Generic[T]):
             heapq.heapify(self._deadlines)
         return expired
 
+    def ids_of(self, owner: bytes) -> set[int]:
+        return self._by_owner.get(owner, set())
+
     def pop_owner(self, owner: bytes) -> list[Handle[T]]:
         return [self.take(owner, hid) for hid in list(self._by_owner.get(owner, ()))]
 
