@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -19,7 +19,13 @@ from typing import Callable
 
 import numpy as np
 
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+RESULTS_DIR = os.path.join(BENCH_DIR, "results")
+sys.path.insert(0, os.path.join(os.path.dirname(BENCH_DIR), "tests"))
+from daemons import DaemonProc, Daemons, short_tempdir  # noqa: E402  (the one way a daemon is started)
+
+__all__ = ["BenchDaemon", "DaemonProc", "RESULTS_DIR", "add_output_flag", "free_port", "machine", "median_seconds",
+           "memcpy_seconds", "sample_seconds", "short_tempdir", "start_daemon", "write_result"]
 
 
 def machine() -> dict:
@@ -35,46 +41,39 @@ def free_port() -> int:
 
 @dataclass
 class BenchDaemon:
-    workdir: str
-    proc: subprocess.Popen
+    """A daemon started for a benchmark through the test suite's one helper (``tests/daemons.py``)."""
+
+    daemon: DaemonProc
+    owner: Daemons
     tcp: str | None
 
     @property
     def ipc(self) -> str:
-        return "ipc://" + os.path.join(self.workdir, "kv.sock")
+        return self.daemon.address
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self.daemon.proc
+
+    @property
+    def workdir(self) -> str:
+        return self.daemon.workdir
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.owner.close()
 
 
 def start_daemon(*args: str, tcp: bool = True) -> BenchDaemon:
-    import kvstore
-
-    workdir = tempfile.mkdtemp(prefix="kvb-", dir="/tmp")
-    sock = os.path.join(workdir, "kv.sock")
+    """A daemon in its own sandbox (socket, disk dir, HOME and XDG dirs in a scratch directory), sized by ``args``."""
+    owner = Daemons(test_sizes=False)
     tcp_addr = f"127.0.0.1:{free_port()}" if tcp else None
-    if not any(a.startswith("--disk-dir") for a in args):
-        args = (*args, "--disk-dir", os.path.join(workdir, "disk"))  # never the user's cache dir
-    cmd = [sys.executable, "-m", "kvstore", "serve", "--socket", sock, "--log-level", "warning", *args]
-    if tcp_addr:
-        cmd += ["--tcp", tcp_addr]
-    proc = subprocess.Popen(cmd)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with kvstore.connect("ipc://" + sock, timeout=0.5, use_arena=False) as c:
-                c.ping()
-            break
-        except kvstore.DaemonUnavailable:
-            if proc.poll() is not None:
-                raise RuntimeError("daemon failed to start")
-            time.sleep(0.05)
-    return BenchDaemon(workdir, proc, "tcp://" + tcp_addr if tcp_addr else None)
+    flags = ["--log-level", "warning", *args, *(["--tcp", tcp_addr] if tcp_addr else [])]
+    try:
+        d = owner.start(*flags)
+    except BaseException:
+        owner.close()
+        raise
+    return BenchDaemon(d, owner, "tcp://" + tcp_addr if tcp_addr else None)
 
 
 def sample_seconds(fn: Callable[[], None], repeat: int, warmup: int = 1) -> list[float]:
@@ -101,13 +100,32 @@ def memcpy_seconds(nbytes: int, repeat: int) -> float:
     return median_seconds(lambda: np.copyto(dst, src), repeat)
 
 
-def write_result(name: str, payload: dict) -> str:
-    os.makedirs(RESULTS_DIR, exist_ok=True)
+def add_output_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None, metavar="JSON",
+                        help="write the result here instead (default: bench/results/ for a full run, "
+                             "a temporary file for --quick)")
+
+
+def write_result(name: str, payload: dict, quick: bool = False, out: str | None = None) -> str:
+    """Write one result as JSON and return its path.
+
+    A full run writes ``bench/results/NAME-<date>.json`` and copies it to ``NAME-latest.json`` (the figures
+    the README quotes). A ``quick`` run, or one given ``out``, writes only that file (a temporary one for
+    ``quick``), so that a smoke run never replaces the committed figures.
+    """
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    payload = {"benchmark": name, "date": stamp, "machine": machine(), **payload}
+    payload = {"benchmark": name, "date": stamp, "machine": machine(), **({"quick": True} if quick else {}),
+               **payload}
+    if out or quick:
+        if out is None:
+            fd, out = tempfile.mkstemp(prefix=f"kvstore-{name}-{stamp}-", suffix=".json")
+            os.close(fd)
+        with open(out, "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+        return out
+    os.makedirs(RESULTS_DIR, exist_ok=True)
     path = os.path.join(RESULTS_DIR, f"{name}-{stamp}.json")
     with open(path, "w") as f:
         json.dump(payload, f, indent=2, sort_keys=True)
-    latest = os.path.join(RESULTS_DIR, f"{name}-latest.json")
-    shutil.copyfile(path, latest)
+    shutil.copyfile(path, os.path.join(RESULTS_DIR, f"{name}-latest.json"))
     return path

@@ -1,6 +1,6 @@
 """Put/get throughput through the client over ipc:// and tcp://, next to memcpy; lookup latency.
 
-    python bench/client_throughput.py [--quick]
+    python bench/client_throughput.py [--quick] [--out FILE]
 
 For each chunk size, a batch of 16 chunks is put (reserve → copy into the arena → commit) and read back (get →
 copy each view into a destination buffer, as an engine copies into its KV cache → release). The reference is a
@@ -13,6 +13,7 @@ request through ZeroMQ), so the before/after ratios are taken under the same loa
 Lookup latency: one lookup of a 64-chunk prefix, from the shared index, over the stream socket and over ZeroMQ
 (interleaved blocks), then the same with 8 client processes at once, each asking every 0.5 ms. Writes
 bench/results/client-throughput-<date>.json and prints a Markdown table.
+``--quick`` writes a temporary file instead (or ``--out``), never the committed results.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore  # noqa: E402
-from _common import start_daemon, write_result  # noqa: E402
+from _common import add_output_flag, start_daemon, write_result  # noqa: E402
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
 BATCH = 16
@@ -42,7 +43,7 @@ IPC_PATHS = {"ipc": {}, "ipc_reserve": {"credits": False}, "ipc_zmq": {"stream":
 
 def measure_paths(address: str, paths: dict[str, dict], size: int, repeat: int) -> dict:
     """Interleave memcpy and each path's put and get in every round, so that all see the same machine noise."""
-    clients = {name: kvstore.connect(address, namespace=f"bench-{name}-{size}", chunk_tokens=16, **kw)
+    clients = {name: kvstore.connect(address, namespace=f"bench-{name}-{size}", chunk_tokens=16, timeout=60, **kw)
                for name, kw in paths.items()}
     payloads = [np.random.randint(0, 255, size, dtype=np.uint8) for _ in range(BATCH)]
     dests = [np.ones(size, dtype=np.uint8) for _ in range(BATCH)]
@@ -157,7 +158,8 @@ def measure_concurrent_lookups(address: str, clients: int, calls: int, pause_s: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (writes a temporary file, not bench/results/)")
+    add_output_flag(ap)
     args = ap.parse_args()
     repeat = 3 if args.quick else 9
     d = start_daemon("--host-mem", "1536MiB", "--disk-size", "0") if _has_disk_flag() else start_daemon("--host-mem", "1536MiB")
@@ -175,9 +177,10 @@ def main() -> None:
         concurrent = measure_concurrent_lookups(d.ipc, 8, 200 if args.quick else 1000)
     finally:
         d.stop()
+    load = os.getloadavg()
     path = write_result("client-throughput", {"batch": BATCH, "rows": rows, "lookup_64_chunks": lookup,
-                                              "lookup_64_chunks_8_clients": concurrent,
-                                              "load_average": os.getloadavg()})
+                                              "lookup_64_chunks_8_clients": concurrent, "load_average": load},
+                        quick=args.quick, out=args.out)
     print("| chunk | memcpy GB/s | ipc put GB/s (×memcpy) | ipc get GB/s (×memcpy) | reserve+commit put (×) "
           "| ZeroMQ: put (×) | ZeroMQ: get (×) | tcp put GB/s | tcp get GB/s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -18,9 +18,7 @@ import argparse
 import mmap
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,44 +27,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore  # noqa: E402
-from _common import write_result  # noqa: E402
+from _common import DaemonProc, short_tempdir, write_result  # noqa: E402
 
 MiB = 1 << 20
 
 
-class Daemon:
-    def __init__(self, workdir: str, *args: str) -> None:
-        self.workdir, self.args = workdir, args
-        self.sock = os.path.join(workdir, "kv.sock")
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def address(self) -> str:
-        return "ipc://" + self.sock
-
-    def start(self) -> float:
-        """Start and wait until it answers; returns the seconds that took."""
-        t0 = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, "-m", "kvstore", "serve", "--socket", self.sock,
-                                      "--log-level", "info", *self.args],
-                                     stderr=open(os.path.join(self.workdir, "daemon.log"), "ab"))
-        while True:
-            try:
-                with kvstore.connect(self.address, timeout=0.5, use_arena=False) as c:
-                    c.ping()
-                return time.perf_counter() - t0
-            except kvstore.DaemonUnavailable:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("daemon failed to start")
-                time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(120)
-
-    def log(self) -> str:
-        with open(os.path.join(self.workdir, "daemon.log")) as f:
-            return f.read()
+def Daemon(workdir: str, *args: str) -> DaemonProc:
+    return DaemonProc(workdir, ["--log-level", "info", *args])
 
 
 def wait_written(c: kvstore.Client) -> None:
@@ -100,7 +67,7 @@ def raw_direct(directory: str, size: int, total: int) -> dict:
 
 
 def through_daemon(directory: str, size: int, total: int, host_mem: int) -> dict:
-    workdir = tempfile.mkdtemp(prefix="kvb-", dir="/tmp")
+    workdir = short_tempdir()
     disk_dir = os.path.join(directory, f"disk-{size}")
     d = Daemon(workdir, "--host-mem", str(host_mem), "--disk-dir", disk_dir, "--disk-size", str(4 * total))
     d.start()
@@ -161,7 +128,7 @@ def rebuild_rate(directory: str, count: int) -> dict:
     slot = memoryview(mmap.mmap(-1, 16384))
     for i in range(count):
         tier.write(i.to_bytes(16, "little"), "bench/rebuild", slot, 16384)
-    workdir = tempfile.mkdtemp(prefix="kvb-", dir="/tmp")
+    workdir = short_tempdir()
     d = Daemon(workdir, "--host-mem", "64MiB", "--disk-dir", disk_dir, "--disk-size", "4GiB")
     try:
         d.start()
@@ -221,7 +188,7 @@ def main() -> None:
         results["lz4"] = lz4_figures(8 * MiB if args.quick else 32 * MiB)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    path = write_result("disk", results)
+    path = write_result("disk", results, quick=args.quick)
     print(f"results: {path}\n")
     print("| chunk | raw O_DIRECT write | daemon write | ratio | raw O_DIRECT read | daemon read | ratio | "
           "promotion (median) |")

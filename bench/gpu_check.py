@@ -12,7 +12,7 @@ rewritten after each sub-check, and an alarm stops the whole run after ``--budge
 still writes what was measured, so the command never hangs. Sub-checks:
 
   env            GPU, torch, CUDA, memlock limit, compiler
-  native_build   compile native/kvstore_copy.cu for this GPU (seconds)
+  native_build   compile kvstore/ops/native_src/kvstore_copy.cu for this GPU (seconds)
   kernels        native CUDA gather/scatter equal to the torch path (vLLM FlashAttention + FlashInfer layouts)
   hbm_tier       the HBM pool exported by CUDA IPC from another process, mapped here; bandwidth of
                  pool → vLLM paged cache (scatter) against a plain device-to-device copy of the same bytes
@@ -143,7 +143,7 @@ def vllm_cache(layers: int, blocks: int, block_size: int, heads: int, dim: int, 
 def check_env(r: dict) -> None:
     import torch
 
-    from kvstore.gpu.pinned import memlock_limit
+    from kvstore.gpu.page_lock import memlock_limit
 
     r["python"] = platform.python_version()
     r["torch"] = torch.__version__
@@ -282,7 +282,7 @@ def check_hbm_tier(r: dict) -> None:
 def check_pinned_host(r: dict) -> None:
     import torch
 
-    from kvstore.gpu.pinned import pin
+    from kvstore.gpu.page_lock import page_lock
     from kvstore.gpu.tier import host_tensor
     from kvstore.ops import PagedKV, scatter
     from kvstore.tiers.arena import SharedArena
@@ -292,9 +292,9 @@ def check_pinned_host(r: dict) -> None:
     arena = SharedArena.create(f"/dev/shm/kvstore-gpucheck-{os.getpid()}.arena", nbytes)
     try:
         start = time.monotonic()
-        region = pin(arena.buf, nbytes, who="gpu_check")
+        region = page_lock(arena.buf, nbytes, who="gpu_check")
         r["register_seconds"] = round(time.monotonic() - start, 3)
-        r["arena_pinned"] = region.pinned
+        r["arena_pinned"] = region.locked
         r["pin_reason"] = region.reason
         host = host_tensor(arena.buf, nbytes)
         r["torch_sees_pinned"] = bool(host.is_pinned())
@@ -314,11 +314,11 @@ def check_pinned_host(r: dict) -> None:
         r["target_ratio"] = 0.8
         from kvstore.ops import gather
         r["paged_bytes_equal"] = bool(torch.equal(gather(kv, ids).cpu(), src))
-        r["ok"] = (region.pinned and r["paged_bytes_equal"] and r["arena_h2d_vs_torch_pinned_ratio"] >= 0.8
+        r["ok"] = (region.locked and r["paged_bytes_equal"] and r["arena_h2d_vs_torch_pinned_ratio"] >= 0.8
                    and r["arena_to_paged_vs_torch_pinned_ratio"] >= 0.8)
         del host, src
         torch.cuda.synchronize()
-        region.unpin()
+        region.unlock()
     finally:
         arena.close()
 
@@ -367,6 +367,10 @@ def check_daemon_tiers(r: dict) -> None:
     help_text = serve_flags()
     gpu = ["--gpu-mem", "64MiB", "--gpu-device", "0"]
     env = child_env(KVSTORE_GPU_TIER_DEVICE="cpu") if DEVICE == "cpu" else child_env()
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from daemons import sandbox_dirs  # HOME and XDG dirs in the workdir: defaults never reach the user's
+
+    env.update(sandbox_dirs(workdir))
     args = ["--socket", sock, "--host-mem", "128MiB", *gpu, "--log-level", "info", *disk_args(help_text, workdir)]
     r["daemon_args"] = args
     log = open(os.path.join(workdir, "daemon.log"), "wb")

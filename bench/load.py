@@ -18,7 +18,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 from _common import free_port, write_result  # noqa: E402
-from conftest import DaemonProc, short_tempdir  # noqa: E402
+from daemons import DaemonProc, short_tempdir  # noqa: E402
 from workload import run_load  # noqa: E402
 
 

@@ -38,7 +38,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from _common import (  # noqa: E402
-    RESULTS_DIR, machine, median_seconds, memcpy_seconds, sample_seconds, start_daemon, write_result,
+    RESULTS_DIR, machine, median_seconds, memcpy_seconds, sample_seconds, short_tempdir, start_daemon, write_result,
 )
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
@@ -405,7 +404,7 @@ def run(peers: list[str], quick: bool) -> dict:
     sizes = dict(SIZES)
     rows: list[dict] = []
     status: dict[str, str] = {}
-    workdir = Path(tempfile.mkdtemp(prefix="kvpeers-", dir="/tmp"))
+    workdir = Path(short_tempdir("peers-"))   # in the run's scratch root, removed at exit
     live: dict[str, object] = {}
     daemon = None
     try:

@@ -24,7 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 from _common import write_result  # noqa: E402
-from conftest import DaemonProc, short_tempdir  # noqa: E402
+from daemons import DaemonProc, short_tempdir  # noqa: E402
 from test_faults import acked_keys, read_back  # noqa: E402
 from workload import parse_counts, total, worker_command  # noqa: E402
 from dataclasses import asdict  # noqa: E402

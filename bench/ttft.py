@@ -28,7 +28,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
@@ -38,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore  # noqa: E402
 from kvstore.connectors.hf import _new_cache, load_prefix, model_namespace, save_prefix  # noqa: E402
 
-from _common import write_result  # noqa: E402
+from _common import DaemonProc, short_tempdir, write_result  # noqa: E402
 
 
 def build_model(args: argparse.Namespace):
@@ -118,36 +117,9 @@ def decode(model, cache, token: torch.Tensor, steps: int) -> list[int]:
     return tokens
 
 
-class Daemon:
-    def __init__(self, workdir: str, host_mem: str, disk_size: str) -> None:
-        self.workdir = workdir
-        self.socket = os.path.join(workdir, "kv.sock")
-        self.args = ["--host-mem", host_mem, "--disk-dir", os.path.join(workdir, "disk"), "--disk-size", disk_size,
-                     "--log-level", "warning"]
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def address(self) -> str:
-        return "ipc://" + self.socket
-
-    def start(self) -> "Daemon":
-        self.proc = subprocess.Popen([sys.executable, "-m", "kvstore", "serve", "--socket", self.socket, *self.args])
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with kvstore.connect(self.address, timeout=0.5, use_arena=False) as c:
-                    c.ping()
-                return self
-            except kvstore.DaemonUnavailable:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("daemon failed to start")
-                time.sleep(0.05)
-        raise RuntimeError("daemon not ready")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(120)
+def Daemon(workdir: str, host_mem: str, disk_size: str) -> DaemonProc:
+    return DaemonProc(workdir, ["--host-mem", host_mem, "--disk-dir", os.path.join(workdir, "disk"),
+                                "--disk-size", disk_size, "--log-level", "warning"])
 
 
 def wait_written(c: kvstore.Client) -> None:
@@ -187,7 +159,7 @@ def main() -> None:
     users = [torch.randint(3, 32000, (1, args.new_tokens), generator=g) for _ in range(args.repeat + 1)]
     prompts = [torch.cat([system, u], dim=1).to(args.device) for u in users]
 
-    workdir = tempfile.mkdtemp(prefix="kvttft-", dir="/tmp")
+    workdir = short_tempdir()
     daemon = Daemon(workdir, host_mem="2GiB", disk_size="4GiB").start()
     rows: dict[str, list[float]] = {"no_store": [], "ideal": [], "host_hit": []}
     if not args.no_disk:

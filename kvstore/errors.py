@@ -2,14 +2,20 @@
 
     KVStoreError
     ├── ConfigError               bad flag, config key or value (never on the wire)
+    ├── UsageError                a client call with an invalid argument (also a ValueError)
+    ├── ClientClosedError         a call on a client after its close()
     ├── DaemonUnavailable         the daemon cannot be reached or did not answer in time
+    ├── RemoteError               a remote store call failed (connection, protocol or server error)
+    ├── FormatError (ValueError)  a header, file or record that is not ours, torn, or inconsistent
+    │   └── RecordError           a remote value that must not be served
+    ├── ChecksumError             stored bytes that do not match their checksum: a miss, never data
+    │   └── DamagedSource         a chunk's DRAM bytes no longer match the checksum taken at commit
     └── RequestError              the daemon answered with an error reply
         ├── BadRequestError       malformed frame, wrong type, out-of-range value
         ├── UnknownOpError        an operation this daemon does not know
         ├── VersionError          protocol version mismatch, or no hello yet
         ├── LimitError            batch, message or chunk larger than the daemon allows
         ├── StoreFullError        no space even after evicting everything evictable
-        ├── NotFoundError         a key that is not stored
         ├── LeaseError            unknown, expired or foreign lease
         ├── ReservationError      unknown, expired or foreign reservation
         ├── PermissionDeniedError the caller may not do this
@@ -18,7 +24,9 @@
         └── IncompatibleError     chunk size, key scheme or hash seed differ from what the daemon holds for
                                   the namespace (the client's keys could never hit)
 
-Wire codes are append-only: a code is never renumbered or reused.
+Only ``RequestError`` and its subclasses travel on the wire; the others stay inside the process that raised
+them (the daemon turns a failed tier read into a miss). Wire codes are append-only: a code is never renumbered
+or reused (code 6, once "not found", is retired: a missing key is a miss, never an error).
 """
 
 from __future__ import annotations
@@ -32,8 +40,36 @@ class ConfigError(KVStoreError):
     """A configuration file, flag or value is invalid; the message says how to fix it."""
 
 
+class UsageError(KVStoreError, ValueError):
+    """A client call was given an invalid argument (an address, sizes, buffers); the message says which."""
+
+
+class ClientClosedError(KVStoreError):
+    """The client was closed; connect again to make more calls."""
+
+
 class DaemonUnavailable(KVStoreError):
     """The daemon is not running, not reachable, or did not reply in time."""
+
+
+class RemoteError(KVStoreError):
+    """A remote store call failed (connection, protocol or server error)."""
+
+
+class FormatError(KVStoreError, ValueError):
+    """A header that is not ours, torn, or inconsistent with its file."""
+
+
+class RecordError(FormatError):
+    """A remote value that must not be served (the caller counts it as a miss)."""
+
+
+class ChecksumError(KVStoreError):
+    """A stored payload whose checksum does not match its header: treated as a miss."""
+
+
+class DamagedSource(ChecksumError):
+    """A chunk's DRAM bytes, about to be written, no longer match the checksum taken at commit."""
 
 
 class RequestError(KVStoreError):
@@ -66,10 +102,6 @@ class StoreFullError(RequestError):
     code = 5
 
 
-class NotFoundError(RequestError):
-    code = 6
-
-
 class LeaseError(RequestError):
     code = 7
 
@@ -98,11 +130,11 @@ _BY_CODE: dict[int, type[RequestError]] = {
     cls.code: cls
     for cls in (
         BadRequestError, UnknownOpError, VersionError, LimitError, StoreFullError,
-        NotFoundError, LeaseError, ReservationError, PermissionDeniedError,
+        LeaseError, ReservationError, PermissionDeniedError,
         UnavailableError, InternalError, IncompatibleError,
     )
 }
-assert len(_BY_CODE) == 12, "wire error codes must be unique"
+assert len(_BY_CODE) == 11 and 6 not in _BY_CODE, "wire error codes must be unique"
 
 
 def error_from_code(code: int, message: str) -> RequestError:

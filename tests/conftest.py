@@ -1,100 +1,59 @@
-"""Fixtures: a real daemon process on a temporary socket, and clients to talk to it."""
+"""Fixtures: real daemon processes on temporary sockets, clients to talk to them, and the session's guard.
+
+Every daemon and CLI run goes through ``daemons.py`` (its own socket, disk dir and sandboxed HOME/XDG dirs).
+The session itself also points ``XDG_RUNTIME_DIR``, ``XDG_CACHE_HOME`` and the native-kernel cache into its
+scratch root, so that even a default path reached in-process or by a child started by hand stays there; and
+``machine_left_as_found`` fails the session, naming the paths, if the user's kvstore directories changed or an
+arena, a ``/tmp/kvs-*`` directory or a daemon was left behind (see ``hygiene.py``).
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import pytest
 
 import kvstore
 
+import hygiene
+from daemons import DaemonProc, Daemons, keep_dirs, known_arenas, sandbox_dirs, scratch_root, short_tempdir
 
-@dataclass
-class DaemonProc:
-    """A ``kvstore serve`` process started by a test."""
+__all__ = ["DaemonProc", "short_tempdir", "wait_for"]
 
-    workdir: str
-    args: list[str]
-    proc: subprocess.Popen | None = None
-    log_path: str = ""
-    extra_env: dict[str, str] = field(default_factory=dict)
+USER_DIRS = hygiene.user_dirs(dict(os.environ))   # taken before the session's environment is redirected
+SESSION_HOME = os.path.join(scratch_root(), "session")
+os.environ.update({k: v for k, v in sandbox_dirs(SESSION_HOME).items() if k != "HOME"})
+os.environ["KVSTORE_NATIVE_DIR"] = os.path.join(scratch_root(), "native")
 
-    @property
-    def socket_path(self) -> str:
-        return os.path.join(self.workdir, "kv.sock")
 
-    @property
-    def address(self) -> str:
-        return "ipc://" + self.socket_path
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "kvstore", "serve", "--socket", self.socket_path, *self.args]
-
-    def start(self, wait: bool = True) -> "DaemonProc":
-        self.log_path = os.path.join(self.workdir, "daemon.log")
-        log = open(self.log_path, "ab")
-        env = {**os.environ, **self.extra_env}
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
-        log.close()
-        if wait:
-            self.wait_ready()
-        return self
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
-            if os.path.exists(self.socket_path):
-                try:
-                    with kvstore.connect(self.address, timeout=0.5, use_arena=False) as c:
-                        c.ping()
-                    return
-                except kvstore.DaemonUnavailable:
-                    pass
-            time.sleep(0.05)
-        raise RuntimeError(f"daemon not ready after {timeout}s:\n{self.log()}")
-
-    def log(self) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
-
-    def kill(self) -> None:
-        self.stop(signal.SIGKILL)
-
-    def restart(self) -> "DaemonProc":
-        self.stop()
-        return self.start()
-
-    def client(self, **kwargs) -> kvstore.Client:
-        kwargs.setdefault("timeout", 10.0)
-        return kvstore.connect(self.address, **kwargs)
+@pytest.fixture(scope="session", autouse=True)
+def machine_left_as_found(request) -> Iterator[None]:
+    before = hygiene.take(USER_DIRS, skip_tmp=scratch_root())
+    watch = hygiene.Watch().start()
+    yield
+    watch.stop()
+    if not keep_dirs():
+        shutil.rmtree(scratch_root(), ignore_errors=True)
+    # On a shared machine only what is surely ours fails; KVSTORE_TEST_STRICT=1 (CI) counts everything.
+    shared = bool(watch.foreign) and not os.environ.get("KVSTORE_TEST_STRICT")
+    failures, notes = hygiene.problems(before, hygiene.take(USER_DIRS, skip_tmp=scratch_root()),
+                                       ours=watch.ours | known_arenas(), shared=shared)
+    if notes:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"left behind during this session, perhaps by another one ({min(watch.foreign)}, ...):", *notes]
+        for line in lines:
+            reporter.write_line(line) if reporter is not None else print(line)
+    if failures:
+        pytest.fail("the test session did not leave the machine as it found it:\n  " + "\n  ".join(failures),
+                    pytrace=False)
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
     """Poll ``predicate`` until it holds or ``timeout`` passes; True if it held."""
+    import time
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -103,40 +62,18 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
     return False
 
 
-def short_tempdir() -> str:
-    # ipc:// socket paths are limited to 107 characters; pytest's tmp_path can be longer.
-    return tempfile.mkdtemp(prefix="kvs-", dir="/tmp")
-
-
 @pytest.fixture
 def start_daemon() -> Iterator:
-    started: list[DaemonProc] = []
-    dirs: list[str] = []
+    """``start_daemon(*flags, workdir=None, wait=True, env=None)``: a daemon that is gone after the test."""
+    with Daemons() as daemons:
+        yield daemons.start
 
-    def start(*args: str, workdir: str | None = None, wait: bool = True, env: dict | None = None) -> DaemonProc:
-        if workdir is None:
-            workdir = short_tempdir()
-            dirs.append(workdir)
-        args = list(args)
-        if not any(a.startswith("--host-mem") for a in args):
-            args += ["--host-mem", "64MiB"]
-        if not any(a.startswith("--disk-dir") for a in args):
-            args += ["--disk-dir", os.path.join(workdir, "disk")]  # never the user's cache dir
-        if not any(a.startswith("--disk-size") for a in args):
-            args += ["--disk-size", "256MiB"]
-        d = DaemonProc(workdir, args, extra_env=env or {})
-        started.append(d)
-        return d.start(wait=wait)
 
-    yield start
-    for d in started:
-        try:
-            d.stop()
-        except Exception:
-            d.kill()
-    if not os.environ.get("KVSTORE_KEEP_TEST_DIRS"):  # set it to read the daemon logs of a failed test
-        for path in dirs:
-            shutil.rmtree(path, ignore_errors=True)
+@pytest.fixture(scope="module")
+def start_module_daemon() -> Iterator:
+    """As ``start_daemon``, for daemons that serve a whole module."""
+    with Daemons() as daemons:
+        yield daemons.start
 
 
 @pytest.fixture

@@ -11,9 +11,10 @@ that a test can take the store away in the middle and bring it back.
   memory the objects live in, so that data is held outside the process under
   test, as it would be on a real deployment.
 
-``require(name)`` finds a binary or skips the test with the reason; under CI
-(env ``CI`` set and not "false"/"0") a missing binary fails the test instead,
-because CI installs them with ``.ci/install-peers.sh``.
+``require(name)`` finds a binary, and ``require_module(name, what)`` imports a
+module, or skips the test with the reason and the one command that installs
+what is missing (``EXTRAS_COMMAND``); under CI (env ``CI`` set and not
+"false"/"0") a missing one fails the test instead, because CI runs that command.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ __all__ = [
     "in_ci",
     "mooncake_binary",
     "require",
+    "require_module",
 ]
+
+EXTRAS_COMMAND = "bash .ci/install-extras.sh"
 
 
 def in_ci() -> bool:
@@ -81,18 +85,27 @@ def require(name: str) -> str:
     """Path of server binary ``name``, or skip (fail under CI) if absent."""
     import pytest
 
-    if name.startswith("mooncake_"):
-        path = mooncake_binary(name)
-        hint = "pip install mooncake-transfer-engine-non-cuda (see .ci/install-peers.sh)"
-    else:
-        path = shutil.which(name)
-        hint = "apt-get install redis-server (see .ci/install-peers.sh)"
+    path = mooncake_binary(name) if name.startswith("mooncake_") else shutil.which(name)
     if path is None:
-        message = f"{name} not found: {hint}"
-        if in_ci():
-            pytest.fail(message + " -- required when CI is set", pytrace=False)
-        pytest.skip(message)
+        _missing(f"{name} not found")
     return path
+
+
+def require_module(name: str, what: str):
+    """Module ``name`` (``what`` says what the tests use it for), or skip (fail under CI) if absent."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        _missing(f"{what} not installed ({exc})")
+
+
+def _missing(message: str) -> None:
+    import pytest
+
+    message = f"{message}: `{EXTRAS_COMMAND}` installs it"
+    if in_ci():
+        pytest.fail(message + " -- required when CI is set", pytrace=False)
+    pytest.skip(message, allow_module_level=True)
 
 
 def wait_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -9,11 +10,12 @@ import sys
 
 import pytest
 
-from conftest import short_tempdir
+import kvstore
+from daemons import run_cli, sandbox_env, short_tempdir
 
 
 def kvstore_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvstore", *args], capture_output=True, text=True, timeout=timeout)
+    return run_cli(*args, timeout=timeout)
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -111,3 +113,51 @@ def test_help_works_for_every_command(command):
         pytest.skip("keygen not present")
     assert result.returncode == 0, result.stderr
     assert "usage" in result.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["stats", "--address", "foo://bar"], "--address: expected ipc:///path/to/kvstore.sock or tcp://HOST:PORT"),
+    (["stats", "--address", "/tmp/x.sock"], "for a socket path use --socket /tmp/x.sock"),
+    (["stats", "--address", "tcp://no-port"], "--address: 'tcp://no-port' is not a valid address"),
+    (["stats", "--timeout", "0"], "--timeout: must be positive"),
+    (["stats", "--timeout", "-1"], "--timeout: must be positive"),
+    (["stats", "--address", "tcp://127.0.0.1:1", "--socket", "/tmp/x.sock"], "give one"),
+])
+def test_bad_stats_flags_give_one_clear_line(args, needle):
+    result = kvstore_cli(*args)
+    assert result.returncode == 2 and needle in one_line_error(result)
+
+
+def test_stats_timeout_is_honoured_against_a_running_daemon(daemon):
+    result = kvstore_cli("stats", "--socket", daemon.socket_path, "--timeout", "0.5", "--json")
+    assert result.returncode == 0, result.stderr
+
+
+def test_version():
+    result = kvstore_cli("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"kvstore {kvstore.__version__}"
+
+
+def test_output_into_a_closed_pipe_is_quiet(tmp_path):
+    """`kvstore keygen | head -1`: the reader leaves early; no BrokenPipeError traceback, and the keys exist."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvstore", "keygen", "--dir", str(tmp_path / "k")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=sandbox_env(str(tmp_path)))
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(30) == 141 and err == ""
+    assert (tmp_path / "k" / "server.key").exists()
+
+
+def test_every_subcommand_has_a_description_and_every_flag_help():
+    from kvstore.cli.main import build_parser
+
+    parser = build_parser()
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name}: description" for name, p in subcommands.choices.items() if not p.description]
+    for name, p in [("kvstore", parser), *subcommands.choices.items()]:
+        for action in p._actions:
+            if not isinstance(action, argparse._HelpAction) and action.help in (None, "", argparse.SUPPRESS):
+                missing.append(f"{name}: {'/'.join(action.option_strings) or action.dest}")
+    assert not missing, missing

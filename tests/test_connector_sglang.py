@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from servers import require_module
 
-pytest.importorskip("sglang")
+require_module("sglang", "SGLang's HiCache storage interface (the sglang wheel)")
 
 from engines.sglang_env import HostPool, storage_config  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageExtraInfo  # noqa: E402

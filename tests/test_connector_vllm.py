@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from servers import require_module
 
-pytest.importorskip("vllm")
+require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
 pytest.importorskip("transformers")
 
 from engines.tiny import greedy, prefill, prompt, tiny_llama  # noqa: E402

@@ -13,6 +13,8 @@ import pytest
 import kvstore
 from kvstore.tiers.disk_format import HEADER_BYTES, ChunkHeader, FormatError, pack_header, unpack_header
 
+from daemons import short_tempdir
+
 MiB = 1 << 20
 
 
@@ -141,8 +143,7 @@ def test_damaged_and_foreign_files_are_misses_or_ignored(start_daemon):
 
 @pytest.fixture
 def small_fs():
-    path = os.path.join("/tmp", f"kvs-smallfs-{os.getpid()}")
-    os.makedirs(path, exist_ok=True)
+    path = short_tempdir("smallfs-")
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", path], capture_output=True)
     if done.returncode != 0:
         os.rmdir(path)

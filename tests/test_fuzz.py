@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from kvstore.errors import InternalError, _BY_CODE
 from kvstore.protocol.wire import PROTOCOL_VERSION, Op
 
-from conftest import DaemonProc, short_tempdir
 from workload import payload_for
 
 EXAMPLES = int(os.environ.get("KVSTORE_FUZZ_EXAMPLES", "400"))
@@ -71,9 +70,11 @@ class Raw:
 
 
 @pytest.fixture(scope="module")
-def fuzz_daemon():
-    d = DaemonProc(short_tempdir(), ["--host-mem", "32MiB", "--max-chunk", "4MiB", "--lease-ttl", "5s",
-                                     "--reserve-ttl", "2s"]).start()
+def fuzz_daemon(start_module_daemon):
+    # Through the one fixture: its own socket, disk dir and sandbox, so the fuzzer's CLEAR and junk chunks
+    # can only reach a scratch disk tier.
+    d = start_module_daemon("--host-mem", "32MiB", "--max-chunk", "4MiB", "--lease-ttl", "5s",
+                            "--reserve-ttl", "2s")
     yield d
     d.stop()
     assert "internal_error" not in d.log(), d.log()[-2000:]

@@ -4,18 +4,18 @@ pinned-memory fallback; and chunks from a paged cache through a real daemon and 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from kvstore.gpu.engine import MappedPool, load_async, save_async
 from kvstore.gpu.ipc import PoolExport
-from kvstore.gpu.pinned import buffer_address, memlock_limit, pin
+from kvstore.gpu.page_lock import buffer_address, memlock_limit, page_lock
 from kvstore.gpu.tier import GpuTier
 from kvstore.ops import PagedKV, gather
 from kvstore.tiers.arena import SharedArena
+
+from daemons import run_cli
 
 MiB = 1 << 20
 
@@ -66,9 +66,9 @@ def test_write_read_and_moves_to_and_from_the_host_arena(arena):
 
 def test_pinning_without_cuda_falls_back_and_never_raises():
     buf = bytearray(1 << 16)
-    region = pin(buf, len(buf))
-    assert not region.pinned and region.reason
-    region.unpin()  # a no-op
+    region = page_lock(buf, len(buf))
+    assert not region.locked and region.reason
+    region.unlock()  # a no-op
     import numpy as np
 
     assert buffer_address(buf) == np.frombuffer(buf, dtype=np.uint8).ctypes.data
@@ -88,8 +88,7 @@ def test_pool_export_wire_form_is_checked():
 def test_gpu_mem_is_refused_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible")
-    result = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--gpu-mem", "1GiB"],
-                            capture_output=True, text=True, timeout=60)
+    result = run_cli("serve", "--gpu-mem", "1GiB")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "kvstore: error: --gpu-mem needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)"]

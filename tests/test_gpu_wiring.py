@@ -4,13 +4,11 @@ same code as on a GPU: HELLO export and mapping, promotion on repeated hits, dem
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 
 from conftest import wait_for as _wait_for
+from daemons import run_cli
 import torch
 from workload import payload_for
 
@@ -126,8 +124,6 @@ def test_demotion_spares_leases_and_copies_gpu_only_chunks_down(gpu_daemon):
 
 def test_testing_switch_accepts_only_cpu(tmp_path):
     env = {"KVSTORE_GPU_TIER_DEVICE": "cuda"}
-    result = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--socket", str(tmp_path / "s"),
-                             "--host-mem", "8MiB", "--gpu-mem", "1MiB"], capture_output=True, text=True,
-                            timeout=60, env={**os.environ, **env})
+    result = run_cli("serve", "--socket", str(tmp_path / "s"), "--host-mem", "8MiB", "--gpu-mem", "1MiB", env=env)
     assert result.returncode == 2
     assert "KVSTORE_GPU_TIER_DEVICE='cuda': the only accepted value is 'cpu'" in result.stderr

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 import kvstore
 from conftest import wait_for
+from daemons import run_cli
 from scribble import damage, damage_file
 
 CHUNK = 256
@@ -41,8 +40,7 @@ def sums_taken(client: kvstore.Client, n: int) -> None:
 
 
 def scrub_cli(daemon, *extra: str) -> tuple[int, dict]:
-    out = subprocess.run([sys.executable, "-m", "kvstore", "scrub", "--socket", daemon.socket_path, "--json", *extra],
-                         capture_output=True, text=True, timeout=120)
+    out = run_cli("scrub", "--socket", daemon.socket_path, "--json", *extra, timeout=120)
     return out.returncode, json.loads(out.stdout)
 
 

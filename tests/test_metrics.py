@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -12,6 +10,8 @@ import yaml
 from kvstore.metrics import alerts, dashboard, queries
 from kvstore.metrics.collector import family_of, unmapped_paths
 from kvstore.metrics.definitions import METRICS, PREFIX, exported_series, flatten, metric
+
+from daemons import run_cli
 
 
 def test_every_definition_is_well_formed():
@@ -42,8 +42,7 @@ def test_sources_capture_tiers_and_tier_pairs_generically():
 
 
 def test_alert_rules_parse_and_name_only_defined_metrics():
-    text = subprocess.run([sys.executable, "-m", "kvstore", "alerts"], capture_output=True, text=True,
-                          check=True).stdout
+    text = run_cli("alerts", check=True).stdout
     doc = yaml.safe_load(text)
     assert doc == alerts.rules_document()
     rules = {r["alert"]: r for r in doc["groups"][0]["rules"]}
@@ -68,8 +67,7 @@ def test_undefined_name_check_catches_drift():
 
 
 def test_dashboard_is_json_and_names_only_defined_metrics():
-    text = subprocess.run([sys.executable, "-m", "kvstore", "dashboard"], capture_output=True, text=True,
-                          check=True).stdout
+    text = run_cli("dashboard", check=True).stdout
     board = json.loads(text)
     exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
     assert exprs == dashboard.expressions() and len(exprs) > 10

@@ -24,6 +24,9 @@ from kvstore.metrics.collector import unmapped_paths
 from kvstore.metrics.definitions import METRICS, exported_series
 from kvstore.protocol.wire import Op
 
+from daemons import sandbox_env
+from servers import require
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -110,7 +113,8 @@ def test_stats_watch_shows_rates_and_hit_rate(daemon):
         keys = c.chunk_keys(list(range(512)))
         c.put(keys, [b"x" * 4096, b"y" * 4096])
         c.lookup(keys)
-        result = subprocess.run(_watch(daemon, "--count", "3"), capture_output=True, text=True, timeout=60)
+        result = subprocess.run(_watch(daemon, "--count", "3"), capture_output=True, text=True, timeout=60,
+                                env=sandbox_env(daemon.workdir))
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "hit rate (tokens)" in out and "100.0 %" in out
@@ -119,7 +123,7 @@ def test_stats_watch_shows_rates_and_hit_rate(daemon):
 
 def test_stats_watch_refreshes_in_place_on_a_terminal(daemon):
     main, sub = pty.openpty()
-    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "40"}
+    env = sandbox_env(daemon.workdir, {"TERM": "xterm-256color", "COLUMNS": "100", "LINES": "40"})
     proc = subprocess.Popen(_watch(daemon, "--count", "3"), stdin=sub, stdout=sub, stderr=sub, env=env)
     os.close(sub)
     out = b""
@@ -167,7 +171,7 @@ class NotifyListener:
 
 
 def test_readiness_watchdog_and_stopping_notifications(start_daemon):
-    from conftest import short_tempdir
+    from daemons import short_tempdir
 
     workdir = short_tempdir()
     listener = NotifyListener(os.path.join(workdir, "notify"))
@@ -262,9 +266,7 @@ def test_example_config_is_valid():
 
 
 def test_systemd_unit_verifies(tmp_path):
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed (.ci/install-ops.sh installs it)")
+    analyze = require("systemd-analyze")
     unit = open(os.path.join(REPO, "systemd", "kvstore.service")).read()
     for needed in ("Type=notify", "RuntimeDirectory=kvstore", "StateDirectory=kvstore", "LimitMEMLOCK=",
                    "WatchdogSec=", "ExecStart=/usr/local/bin/kvstore serve --config /etc/kvstore/kvstore.toml"):

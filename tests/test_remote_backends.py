@@ -69,6 +69,24 @@ def raw_put(backend, name: str, value: bytes) -> None:
         assert backend._store.put(name, value) == 0
 
 
+def put(backend, keys, payloads) -> int:
+    """Store and wait: how many of ``keys`` were stored (0 when the put was dropped)."""
+    fut = backend.submit_put(keys, payloads)
+    return 0 if fut is None else fut.result(30)
+
+
+def stored(backend, keys, namespace=None) -> int:
+    """How many leading ``keys`` the store holds."""
+    return len(backend.batch_lookup(keys, namespace))
+
+
+def get(backend, keys, namespace=None, room: int = 1 << 20):
+    """Each key's payload as bytes, None where missing or bad (buffers of ``room`` bytes)."""
+    bufs = [bytearray(room) for _ in keys]
+    got = backend.batch_get_into(keys, bufs, namespace)
+    return [None if n is None else bytes(buf[:n]) for n, buf in zip(got, bufs)]
+
+
 def wait_until(predicate, timeout: float = 30.0) -> bool:
     return wait_for(predicate, timeout, interval=0.1)
 
@@ -78,9 +96,9 @@ def wait_until(predicate, timeout: float = 30.0) -> bool:
 def test_round_trip(backend):
     keys, payloads = chunks(4, 256 * 1024)
     payloads[2] = os.urandom(3000)                   # sizes may differ
-    assert backend.batch_put(keys, payloads) == 4
-    assert backend.batch_exists(keys) == 4
-    assert [bytes(v) for v in backend.batch_get(keys)] == payloads
+    assert put(backend, keys, payloads) == 4
+    assert stored(backend, keys) == 4
+    assert [bytes(v) for v in get(backend, keys)] == payloads
     bufs = [bytearray(len(p)) for p in payloads]
     assert backend.batch_get_into(keys, bufs) == [len(p) for p in payloads]
     assert [bytes(b) for b in bufs] == payloads
@@ -92,7 +110,7 @@ def test_round_trip(backend):
 def test_lookup_gives_payload_sizes_for_exact_slots(backend):
     keys, payloads = chunks(4, 1000)
     payloads[1] = os.urandom(70_000)
-    assert backend.batch_put(keys[:2] + keys[3:], payloads[:2] + payloads[3:]) == 3
+    assert put(backend, keys[:2] + keys[3:], payloads[:2] + payloads[3:]) == 3
     sizes = backend.batch_lookup(keys)
     assert sizes == [1000, 70_000]                      # leading run only
     slots = [bytearray(n) for n in sizes]
@@ -103,7 +121,7 @@ def test_lookup_gives_payload_sizes_for_exact_slots(backend):
 
 def test_get_into_a_larger_buffer(backend):
     keys, payloads = chunks(2, 10_000)
-    backend.batch_put(keys, payloads)
+    put(backend, keys, payloads)
     bufs = [bytearray(20_000) for _ in keys]
     assert backend.batch_get_into(keys, bufs) == [10_000, 10_000]
     assert [bytes(b[:10_000]) for b in bufs] == payloads
@@ -118,7 +136,7 @@ def test_zero_copy_region(backend):
     keys, payloads = chunks(2, 1 << 20)
     view[:1 << 20] = payloads[0]
     view[1 << 20:2 << 20] = payloads[1]
-    assert backend.batch_put(keys, [view[:1 << 20], view[1 << 20:2 << 20]]) == 2
+    assert put(backend, keys, [view[:1 << 20], view[1 << 20:2 << 20]]) == 2
     out = [view[2 << 20:3 << 20], view[3 << 20:]]
     assert backend.batch_get_into(keys, out) == [1 << 20, 1 << 20]
     assert bytes(out[0]) == payloads[0] and bytes(out[1]) == payloads[1]
@@ -126,25 +144,25 @@ def test_zero_copy_region(backend):
 
 def test_leading_count_stops_at_first_miss(backend):
     keys, payloads = chunks(5, 1000)
-    assert backend.batch_put(keys[:2] + keys[3:], payloads[:2] + payloads[3:]) == 4
-    assert backend.batch_exists(keys) == 2
-    got = backend.batch_get(keys)
+    assert put(backend, keys[:2] + keys[3:], payloads[:2] + payloads[3:]) == 4
+    assert stored(backend, keys) == 2
+    got = get(backend, keys)
     assert [g is not None for g in got] == [True, True, False, True, True]
-    assert backend.batch_exists([]) == 0 and backend.batch_get([]) == []
+    assert stored(backend, []) == 0 and get(backend, []) == []
 
 
 def test_namespaces_are_separate(backend, server):
     keys, payloads = chunks(1, 1000)
-    backend.batch_put(keys, payloads)
-    assert backend.batch_exists(keys, namespace="other") == 0
-    assert backend.batch_get(keys, namespace="other") == [None]
+    put(backend, keys, payloads)
+    assert stored(backend, keys, namespace="other") == 0
+    assert get(backend, keys, namespace="other") == [None]
 
 
 def test_background_put(backend):
     keys, payloads = chunks(3, 64 * 1024)
     fut = backend.submit_put(keys, payloads)
     assert fut is not None and fut.result(10) == 3
-    assert backend.batch_exists(keys) == 3
+    assert stored(backend, keys) == 3
     assert backend.stats()["pending_put_bytes"] == 0
 
 
@@ -159,10 +177,10 @@ def test_background_put_queue_is_bounded(server):
 
 def test_vanished_value_is_a_miss(backend):
     keys, payloads = chunks(3, 1000)
-    backend.batch_put(keys, payloads)
+    put(backend, keys, payloads)
     assert backend.delete(keys[1:2]) == 1
-    assert backend.batch_exists(keys) == 1
-    assert [g is not None for g in backend.batch_get(keys)] == [True, False, True]
+    assert stored(backend, keys) == 1
+    assert [g is not None for g in get(backend, keys)] == [True, False, True]
     assert backend.stats()["errors"] == 0
 
 
@@ -177,7 +195,7 @@ def test_corrupt_value_is_a_miss(backend, damage):
         "other-key": record.encode(backend.namespace, keys[1], payloads[0]),
     }[damage]
     raw_put(backend, backend.object_name(keys[0]), bad)
-    assert backend.batch_get(keys[:1]) == [None]
+    assert get(backend, keys[:1]) == [None]
     assert backend.batch_get_into(keys[:1], [bytearray(5000)]) == [None]
     stats = backend.stats()
     assert stats["corrupt"] == 2 and stats["hits"] == 0 and stats["errors"] == 0
@@ -187,20 +205,20 @@ def test_corrupt_value_is_a_miss(backend, damage):
 
 def test_stopped_server_degrades_to_misses_and_recovers(kind, server, backend, caplog):
     keys, payloads = chunks(3, 64 * 1024)
-    assert backend.batch_put(keys, payloads) == 3
+    assert put(backend, keys, payloads) == 3
     caplog.set_level(logging.WARNING, logger="kvstore.remote")
 
     server.stop()
     t0 = time.monotonic()
-    assert backend.batch_exists(keys) == 0
+    assert stored(backend, keys) == 0
     assert time.monotonic() - t0 < TIMEOUT + SLACK
     assert backend.health is Health.DOWN
     assert backend.batch_lookup(keys) == []
 
     t0 = time.monotonic()                             # while down: no waiting at all
     for _ in range(50):
-        assert backend.batch_exists(keys) == 0
-        assert backend.batch_get(keys) == [None] * 3
+        assert stored(backend, keys) == 0
+        assert get(backend, keys) == [None] * 3
     assert time.monotonic() - t0 < 0.5
     assert backend.submit_put(keys, payloads) is None
     stats = backend.stats()
@@ -211,31 +229,31 @@ def test_stopped_server_degrades_to_misses_and_recovers(kind, server, backend, c
 
     server.start()
     # The restarted store is empty: comes back by itself, then serves new puts.
-    assert wait_until(lambda: backend.batch_put(keys, payloads) == 3), backend.stats()
+    assert wait_until(lambda: put(backend, keys, payloads) == 3), backend.stats()
     assert backend.healthy
-    assert backend.batch_exists(keys) == 3
-    assert [bytes(v) for v in backend.batch_get(keys)] == payloads
+    assert stored(backend, keys) == 3
+    assert [bytes(v) for v in get(backend, keys)] == payloads
     assert backend.stats()["outages"] == 1
     assert any("is back" in r.getMessage() for r in caplog.records)
 
 
 def test_frozen_server_costs_one_deadline(kind, server, backend):
     keys, payloads = chunks(2, 1000)
-    assert backend.batch_put(keys, payloads) == 2
+    assert put(backend, keys, payloads) == 2
     frozen = server.master if kind == "mooncake" else server
     frozen.pause()
     try:
         t0 = time.monotonic()
-        assert backend.batch_exists(keys) == 0
+        assert stored(backend, keys) == 0
         assert time.monotonic() - t0 < TIMEOUT + SLACK
         t0 = time.monotonic()
-        assert backend.batch_get(keys) == [None, None]
+        assert get(backend, keys) == [None, None]
         assert time.monotonic() - t0 < 0.1
         # Our deadline or the client's own RPC timeout, whichever fires first.
         assert backend.stats()["errors"] >= 1 and not backend.healthy
     finally:
         frozen.resume()
-    assert wait_until(lambda: backend.batch_exists(keys) == 2, timeout=15)
+    assert wait_until(lambda: stored(backend, keys) == 2, timeout=15)
     assert backend.stats()["outages"] == 1
 
 
@@ -245,13 +263,13 @@ def test_backend_opened_while_server_down(kind, tmp_path):
     srv.stop()
     with open_backend(url, timeout=TIMEOUT, retry_interval=0.2) as b:
         t0 = time.monotonic()
-        assert b.batch_exists([b"k" * 16]) == 0
+        assert stored(b, [b"k" * 16]) == 0
         assert time.monotonic() - t0 < TIMEOUT + SLACK
         srv.start()
         try:
             keys, payloads = chunks(1, 100)
-            assert wait_until(lambda: b.batch_put(keys, payloads) == 1, timeout=60)
-            assert b.batch_exists(keys) == 1
+            assert wait_until(lambda: put(b, keys, payloads) == 1, timeout=60)
+            assert stored(b, keys) == 1
         finally:
             srv.stop()
 
@@ -262,10 +280,10 @@ def test_redis_ttl_expiry_is_a_miss(tmp_path):
     with RedisServer(tmp_path, binary=require("redis-server")) as srv:
         with open_backend(srv.url + "?ttl=1", timeout=TIMEOUT) as b:
             keys, payloads = chunks(2, 1000)
-            assert b.batch_put(keys, payloads) == 2
-            assert b.batch_exists(keys) == 2
-            assert wait_until(lambda: b.batch_exists(keys) == 0, timeout=5)
-            assert b.batch_get(keys) == [None, None] and b.healthy
+            assert put(b, keys, payloads) == 2
+            assert stored(b, keys) == 2
+            assert wait_until(lambda: stored(b, keys) == 0, timeout=5)
+            assert get(b, keys) == [None, None] and b.healthy
 
 
 def test_redis_maxmemory_eviction_is_tolerated(tmp_path):
@@ -273,8 +291,8 @@ def test_redis_maxmemory_eviction_is_tolerated(tmp_path):
         with open_backend(srv.url, timeout=TIMEOUT) as b:
             keys, payloads = chunks(32, 256 * 1024)
             for k, p in zip(keys, payloads):
-                b.batch_put([k], [p])
-            got = b.batch_get(keys)
+                put(b, [k], [p])
+            got = get(b, keys)
             held = [g is not None for g in got]
             # Redis's LRU is sampled, so which keys go is not exact: some went, some stayed, and every one that
             # stayed reads back exactly; the vanished ones are misses, not errors.
@@ -288,11 +306,11 @@ def test_mooncake_lost_storage_node_is_a_miss(tmp_path):
                          node=require("mooncake_client")) as cluster:
         with open_backend(cluster.url, timeout=TIMEOUT) as b:
             keys, payloads = chunks(2, 4096)
-            assert b.batch_put(keys, payloads) == 2
+            assert put(b, keys, payloads) == 2
             cluster.node.stop()
             t0 = time.monotonic()
             assert b.batch_get_into(keys, [bytearray(4096) for _ in keys]) == [None, None]
-            assert b.batch_get(keys) == [None, None]
+            assert get(b, keys) == [None, None]
             assert time.monotonic() - t0 < 2 * (TIMEOUT + SLACK)
 
 
@@ -301,25 +319,43 @@ def test_unknown_scheme():
         open_backend("memcached://127.0.0.1:11211")
 
 
-def test_remote_error_is_exported():
-    assert issubclass(RemoteError, Exception)
+def test_remote_errors_are_kvstore_errors():
+    import kvstore.errors as errors
+
+    assert issubclass(RemoteError, errors.KVStoreError) and RemoteError is errors.RemoteError
+    assert issubclass(record.RecordError, errors.FormatError) and issubclass(record.RecordError, ValueError)
 
 
-def test_async_wrappers_do_not_block_the_loop(backend):
+def test_async_calls_share_the_pool_and_leave_the_loop_free(backend):
+    """The awaited calls run on the backend's pool: while one runs, the loop keeps
+    ticking (a blocking call would stop the ticker for the whole call)."""
     import asyncio
 
     keys, payloads = chunks(2, 2048)
+    assert put(backend, keys, payloads) == 2
+    gaps: list[float] = []
+
+    async def ticker(stop: asyncio.Event) -> None:
+        last = time.monotonic()
+        while not stop.is_set():
+            await asyncio.sleep(0.001)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
 
     async def main():
-        assert await backend.abatch_put(keys, payloads) == 2
-        assert await backend.abatch_exists(keys) == 2
-        got = await backend.abatch_get(keys)
-        bufs = [bytearray(2048) for _ in keys]
-        assert await backend.abatch_get_into(keys, bufs) == [2048, 2048]
-        return got, bufs
+        stop = asyncio.Event()
+        tick = asyncio.create_task(ticker(stop))
+        sizes = await backend.lookup_async(keys)
+        bufs = [bytearray(n) for n in sizes]
+        got = await backend.get_into_async(keys, bufs)
+        stop.set()
+        await tick
+        return sizes, got, bufs
 
-    got, bufs = asyncio.run(main())
-    assert [bytes(g) for g in got] == payloads == [bytes(b) for b in bufs]
+    sizes, got, bufs = asyncio.run(main())
+    assert sizes == got == [2048, 2048] and [bytes(b) for b in bufs] == payloads
+    assert gaps and max(gaps) < TIMEOUT   # never held for as long as a call may take
 
 
 def test_public_surface():
@@ -333,7 +369,7 @@ def test_public_surface():
 def test_redis_cluster_down_at_start_is_an_outage():
     with open_backend(f"redis://127.0.0.1:{free_port()}?cluster=1", timeout=TIMEOUT) as b:
         t0 = time.monotonic()
-        assert b.batch_exists([b"k" * 16]) == 0
+        assert stored(b, [b"k" * 16]) == 0
         assert time.monotonic() - t0 < TIMEOUT + SLACK
         assert not b.healthy
 
@@ -342,8 +378,8 @@ def test_redis_cluster_round_trip(tmp_path):
     with RedisCluster(tmp_path, binary=require("redis-server"), cli=require("redis-cli")) as cluster:
         with open_backend(cluster.url, timeout=TIMEOUT) as b:
             keys, payloads = chunks(12, 4096)          # spread over the three masters' slots
-            assert b.batch_put(keys, payloads) == 12
-            assert b.batch_exists(keys) == 12
-            assert [bytes(v) for v in b.batch_get(keys)] == payloads
+            assert put(b, keys, payloads) == 12
+            assert stored(b, keys) == 12
+            assert [bytes(v) for v in get(b, keys)] == payloads
             assert b.delete(keys[:1]) == 1
-            assert b.batch_exists(keys) == 0 and b.stats()["errors"] == 0
+            assert stored(b, keys) == 0 and b.stats()["errors"] == 0

@@ -7,14 +7,13 @@ Each daemon has its own socket, host arena and disk directory; the store is a re
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 from kvstore.metrics.collector import unmapped_paths
 from kvstore.remote import record
+from daemons import run_cli
 
 try:
     from servers import MooncakeCluster, RedisServer, require
@@ -92,8 +91,7 @@ def test_chunk_put_on_a_is_read_exactly_on_b(redis_server, two_hosts):
     assert unmapped_paths(stats) == []                   # every remote number has a metric
     # B does not send chunks it fetched back to the store
     assert stats["remote"]["puts"] == 0
-    shown = subprocess.run([sys.executable, "-m", "kvstore", "stats", "--socket", b.address[len("ipc://"):]],
-                           check=False, capture_output=True, text=True, timeout=60)
+    shown = run_cli("stats", "--socket", b.address[len("ipc://"):])
     assert shown.returncode == 0 and "remote store" in shown.stdout and "3 chunks found" in shown.stdout
 
 
@@ -191,6 +189,5 @@ def test_mooncake_store_shares_chunks_between_daemons(tmp_path, two_hosts):
     ("redis://", "names no host"),
 ])
 def test_bad_remote_url_is_one_clear_line(tmp_path, url, message):
-    result = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--socket", str(tmp_path / "s.sock"),
-                             "--remote", url], check=False, capture_output=True, text=True, timeout=60)
+    result = run_cli("serve", "--socket", str(tmp_path / "s.sock"), "--remote", url)
     assert result.returncode == 2 and message in result.stderr

@@ -7,13 +7,14 @@ import json
 import math
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 
 import pytest
 
 from kvstore.routing import BoundedHashRing, DaemonFleet, Router
+
+from daemons import run_cli
 
 NS, CHUNK_TOKENS = "route-test", 4
 DEADLINE = 0.05
@@ -111,8 +112,7 @@ def test_ring_keeps_keys_in_place_when_an_instance_leaves():
 
 
 def run_route(args: list[str], stdin: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvstore", "route", *args], input=stdin, capture_output=True,
-                          text=True, timeout=60)
+    return run_cli("route", *args, input=stdin, timeout=60)
 
 
 def test_cli_prints_one_instance_a_line(two_daemons):

@@ -8,7 +8,6 @@ import pwd
 import socket
 import stat
 import subprocess
-import sys
 
 import pytest
 
@@ -17,12 +16,12 @@ from kvstore.protocol.wire import Op
 from kvstore.security import ClientCurve, generate_keypair, is_loopback
 from kvstore.tiers.arena import arena_path_for
 
-from conftest import short_tempdir
+from daemons import run_cli, short_tempdir
 from workload import free_port, payload_for
 
 
 def kvstore_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvstore", *args], capture_output=True, text=True, timeout=timeout)
+    return run_cli(*args, timeout=timeout)
 
 
 def mode_of(path: str) -> int:
@@ -105,16 +104,24 @@ def test_curve_admits_known_keys_only(start_daemon, keys):
         with c.get(chunk_keys) as views:
             assert [bytes(v) for v in views] == [payload_for(k, 3000) for k in chunk_keys]
 
+    def rejected() -> int:
+        with kvstore.connect(address, namespace="t", curve=good, timeout=5) as c:
+            return c.stats()["auth_rejected"]
+
+    # As the README says: each refusal names its cause; only an unknown key reaches the ZAP handler and counts.
     rogue = ClientCurve.load(keys["server_public"], keys["rogue"])
-    with pytest.raises(kvstore.DaemonUnavailable, match="CURVE"):
+    with pytest.raises(kvstore.DaemonUnavailable, match="refused this client's CURVE key"):
         kvstore.connect(address, namespace="t", curve=rogue, timeout=1)
-    with pytest.raises(kvstore.DaemonUnavailable):
+    counted = rejected()
+    assert counted >= 1
+    with pytest.raises(kvstore.DaemonUnavailable, match="requires CURVE authentication; set KVSTORE_CURVE"):
         kvstore.connect(address, namespace="t", timeout=1)  # no CURVE at all
     wrong_server = ClientCurve(server_public=rogue.pair.public, pair=good.pair)
-    with pytest.raises(kvstore.DaemonUnavailable):
+    with pytest.raises(kvstore.DaemonUnavailable, match="server key this client holds is not that daemon's"):
         kvstore.connect(address, namespace="t", curve=wrong_server, timeout=1)  # talks to the wrong daemon
+    assert rejected() == counted   # refused by the handshake itself, before ZAP: not counted
 
-    # Adding the key to the allow-list admits the client without a restart; the rejection was counted.
+    # Adding the key to the allow-list admits the client without a restart.
     with open(keys["rogue_public"]) as src, open(os.path.join(keys["clients"], "rogue.key"), "w") as dst:
         dst.write(src.read())
     with kvstore.connect(address, namespace="t", curve=rogue, timeout=5) as c:
@@ -134,7 +141,13 @@ def test_curve_keys_from_environment(start_daemon, keys, monkeypatch):
     result = kvstore_cli("stats", "--address", f"tcp://127.0.0.1:{port}", "--json")
     assert result.returncode == 0, result.stderr
     monkeypatch.setenv("KVSTORE_CURVE_CLIENT_KEY", keys["rogue"])
-    assert kvstore_cli("stats", "--address", f"tcp://127.0.0.1:{port}", "--timeout", "1").returncode == 1
+    refused = kvstore_cli("stats", "--address", f"tcp://127.0.0.1:{port}", "--timeout", "1")
+    assert refused.returncode == 1 and "refused this client's CURVE key" in refused.stderr
+    monkeypatch.delenv("KVSTORE_CURVE_SERVER_KEY")
+    monkeypatch.delenv("KVSTORE_CURVE_CLIENT_KEY")
+    bare = kvstore_cli("stats", "--address", f"tcp://127.0.0.1:{port}", "--timeout", "1")
+    assert bare.returncode == 1 and bare.stderr.strip().splitlines() == [bare.stderr.strip()]
+    assert "requires CURVE authentication" in bare.stderr and "no kvstore daemon" not in bare.stderr
 
 
 # -- another user ------------------------------------------------------------------------------------------

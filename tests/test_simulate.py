@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import subprocess
-import sys
 
 import pytest
 
 from kvstore.sim.replay import Capacity, block_key, hit_tokens_by_tier, replay, unbounded
 from kvstore.sim.trace import Request, distinct_blocks, read_trace
 from kvstore.store.policies import POLICIES
+
+import daemons
 
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
 CHUNK = 1 << 20
@@ -24,7 +26,7 @@ def req(ids: list[int], length: int | None = None) -> Request:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvstore", *args], capture_output=True, text=True, timeout=120)
+    return daemons.run_cli(*args, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +170,39 @@ def test_cli_sweep_draws_a_png(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "unbounded" in result.stdout and "plot:" in result.stdout
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def big_trace(tmp_path) -> str:
+    """Enough requests that a sweep takes many seconds: a check that fails fast has to come first."""
+    trace = tmp_path / "big.jsonl"
+    rows = [{"timestamp": i, "input_length": 512 * 8, "output_length": 1, "hash_ids": list(range(i, i + 8))}
+            for i in range(20000)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(trace)
+
+
+def test_cli_sweep_without_matplotlib_names_the_extra_before_any_work(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "matplotlib.py").write_text("raise ImportError('matplotlib is not installed here')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", ""), os.getcwd()])}
+    t0 = time.monotonic()
+    result = daemons.run_cli("simulate", big_trace(tmp_path), "--chunk-bytes", "1MiB", "--host-mem", "4MiB",
+                             "--sweep", "--out", str(tmp_path / "sweep.png"), env=env, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "kvstore: error: --sweep draws its plot with matplotlib, which is not installed: "
+        "pip install 'kvstore[sim]' (or drop --sweep)"]
+    assert time.monotonic() - t0 < 20   # no replay ran
+
+
+def test_cli_sweep_into_a_missing_directory_fails_before_any_work(tmp_path):
+    out = tmp_path / "no" / "such" / "sweep.png"
+    result = run_cli("simulate", big_trace(tmp_path), "--chunk-bytes", "1MiB", "--host-mem", "4MiB", "--sweep",
+                     "--out", str(out))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == (f"kvstore: error: --out: directory {out.parent} does not exist; "
+                                     f"create it or give another path")
 
 
 @pytest.mark.parametrize("line, message", [

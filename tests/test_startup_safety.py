@@ -22,7 +22,7 @@ import pytest
 import kvstore
 from kvstore.config import default_socket
 from kvstore.tiers.arena import arena_path_for
-from conftest import short_tempdir
+from daemons import run_cli, sandbox_env, short_tempdir
 
 SMALL = ("--host-mem", "16MiB")
 
@@ -35,8 +35,7 @@ def workdir():
 
 
 def serve(*args: str, cwd: str | None = None, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvstore", "serve", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return run_cli("serve", *args, cwd=cwd, env=env, timeout=timeout)
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -66,7 +65,7 @@ class Started:
         self.log_path = os.path.join(cwd, "serve.log")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "kvstore", "serve", *args], cwd=cwd,
-                                         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+                                         stdout=log, stderr=subprocess.STDOUT, env=sandbox_env(cwd, env))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log()
@@ -180,8 +179,7 @@ def test_failure_after_the_arena_exists_removes_it_and_everything_else(workdir, 
 def test_default_socket_and_keys_live_in_the_runtime_dir(workdir, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", workdir)
     assert default_socket() == os.path.join(workdir, "kvstore", "kvstore.sock")
-    result = subprocess.run([sys.executable, "-m", "kvstore", "keygen"], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "XDG_RUNTIME_DIR": workdir})
+    result = run_cli("keygen", env={"XDG_RUNTIME_DIR": workdir})
     assert result.returncode == 0, result.stderr
     assert os.path.exists(os.path.join(workdir, "kvstore", "curve", "server.key_secret"))
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -24,6 +22,7 @@ import kvstore
 from kvstore.errors import ConfigError, UnavailableError
 from kvstore.server.stopping import StopPlan
 from conftest import short_tempdir, wait_for
+from daemons import run_cli
 
 try:
     from servers import RedisServer, require
@@ -95,7 +94,6 @@ def test_stop_deadlines_are_shares_of_one_budget_in_order():
 
 
 def test_too_short_a_budget_is_refused_at_start():
-    result = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--shutdown-timeout", "0.1s"],
-                            capture_output=True, text=True, timeout=60)
+    result = run_cli("serve", "--shutdown-timeout", "0.1s")
     assert result.returncode == 2 and "--shutdown-timeout: 0.1s is outside" in result.stderr.strip()
     assert len(result.stderr.strip().splitlines()) == 1

@@ -7,9 +7,13 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("alerts", help="print Prometheus alerting rules (YAML) for the daemon's metrics")
+    p = sub.add_parser("alerts", help="print Prometheus alerting rules (YAML) for the daemon's metrics",
+                       description="Print Prometheus alerting rules (YAML) for the metrics the daemon serves with "
+                                   "--metrics-port; every expression names only metrics the daemon exports.")
     p.set_defaults(run=run_alerts)
-    p = sub.add_parser("dashboard", help="print a Grafana dashboard (JSON) for the daemon's metrics")
+    p = sub.add_parser("dashboard", help="print a Grafana dashboard (JSON) for the daemon's metrics",
+                       description="Print a Grafana dashboard (JSON, to import) for the metrics the daemon serves "
+                                   "with --metrics-port.")
     p.set_defaults(run=run_dashboard)
 
 

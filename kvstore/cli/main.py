@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
+from .._version import __version__
 from ..errors import ConfigError, KVStoreError
 from . import alerts, keygen, route, scrub, serve, simulate, stats
 
@@ -21,7 +23,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="kvstore", description="Tiered KV-cache storage daemon for LLM inference.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    parser.add_argument("--version", action="version", version=f"kvstore {__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser,
+                                help="what to do (COMMAND --help for its flags)")
     sub.required = True
     for module in SUBCOMMANDS:
         module.register(sub)
@@ -32,7 +37,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.run(args) or 0)
+        status = int(args.run(args) or 0)
+        sys.stdout.flush()   # here, so that a closed pipe is caught below rather than at exit
+        return status
+    except BrokenPipeError:
+        # The reader went away (`kvstore keygen | head -1`): stop quietly, as other Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except ConfigError as exc:
         print(f"kvstore: error: {exc}", file=sys.stderr)
         return 2

@@ -18,7 +18,10 @@ from ..errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("route", help="choose an engine instance per request (token ids as JSON lines on stdin)")
+    p = sub.add_parser("route", help="choose an engine instance per request (token ids as JSON lines on stdin)",
+                       description="Read one request a line on stdin (a JSON list of token ids, or {\"tokens\": "
+                                   "[...]}) and print the instance to send it to: the one whose daemon holds the "
+                                   "longest cached prefix, else a bounded consistent hash of the prompt.")
     p.add_argument("--instance", action="append", required=True, metavar="NAME=ADDRESS",
                    help="an instance and its daemon (ipc:// or tcp://); repeat for each")
     p.add_argument("--namespace", default="default", help="the engines' key namespace (default: %(default)s)")

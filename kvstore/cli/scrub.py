@@ -16,19 +16,23 @@ from typing import Any
 
 from ..errors import DaemonUnavailable
 from ..units import format_size, parse_size
-from .stats import address_of, open_client, show
+from .stats import positive_seconds, address_of, open_client, show
 
 EXIT_DAMAGED = 3
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("scrub", help="check every chunk in every tier of a running daemon now")
+    p = sub.add_parser("scrub", help="check every chunk in every tier of a running daemon now",
+                       description="Have a running daemon check every copy of every chunk against its checksum "
+                                   "now, repair or drop what is damaged, and print the counts per tier (exit 3 "
+                                   "if anything was damaged).")
     p.add_argument("--socket", default=None, metavar="PATH", help="the daemon's socket (default: its default)")
     p.add_argument("--address", default=None, metavar="URL", help="ipc:// or tcp:// address instead of --socket")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--rate", type=_rate, default=0, metavar="BYTES/s",
                    help="check at most this many bytes per second, e.g. 500MiB (default: no bound)")
-    p.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS", help="how long to wait for the pass")
+    p.add_argument("--timeout", type=positive_seconds, default=3600.0, metavar="SECONDS",
+                   help="how long to wait for the pass")
     p.set_defaults(run=run)
 
 

@@ -20,7 +20,11 @@ from ..units import format_size, parse_size
 def register(sub: argparse._SubParsersAction) -> None:
     from ..store.policies import DEFAULT_POLICY, POLICIES
 
-    p = sub.add_parser("simulate", help="replay a request trace at given tier sizes and report token hit rates")
+    p = sub.add_parser("simulate", help="replay a request trace at given tier sizes and report token hit rates",
+                       description="Capacity planning: replay a request trace through the daemon's store at the "
+                                   "given tier sizes and print the token hit rate of each tier next to the "
+                                   "unbounded ceiling; --sweep also plots hit rate against capacity "
+                                   "(needs matplotlib: pip install 'kvstore[sim]').")
     p.add_argument("trace", metavar="TRACE", help="JSON lines in Mooncake's format (timestamp, input_length, "
                                                   "output_length, hash_ids)")
     p.add_argument("--host-mem", required=True, metavar="SIZE", help="host DRAM tier size (e.g. 64GiB)")
@@ -52,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from ..store.policies import POLICIES
 
     capacity = _capacity(args)
+    if args.sweep:
+        _check_sweep_output(args.out)   # before the replays, not after them
     requests = read_trace(args.trace, args.limit, args.block_tokens)
     blocks = distinct_blocks(requests)
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
@@ -97,6 +103,22 @@ def _capacity(args: argparse.Namespace) -> Any:
         raise ConfigError(f"--disk-size: {format_size(disk)} cannot hold one {format_size(chunk)} chunk file; "
                           f"raise it or give 0 for no disk tier")
     return capacity
+
+
+def _check_sweep_output(out: str) -> None:
+    """--sweep needs matplotlib and a directory to write --out into; say so before any work is done."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError("--sweep draws its plot with matplotlib, which is not installed: "
+                          "pip install 'kvstore[sim]' (or drop --sweep)") from None
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--out: directory {folder} does not exist; create it or give another path")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"--out: directory {folder} is not writable; give another path")
+    if os.path.isdir(out):
+        raise ConfigError(f"--out: {out} is a directory; give a file name such as {os.path.join(out, 'sweep.png')}")
 
 
 def _slot(chunk_bytes: int) -> int:

@@ -8,23 +8,28 @@ import sys
 from typing import Any
 
 from ..config import default_socket
-from ..errors import DaemonUnavailable
+from ..errors import ConfigError, DaemonUnavailable
 from ..units import format_size
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("stats", help="show what a running daemon holds")
-    p.add_argument("--socket", default=None, metavar="PATH", help="the daemon's socket (default: %(default)s)")
-    p.add_argument("--address", default=None, metavar="URL", help="ipc:// or tcp:// address instead of --socket")
+    p = sub.add_parser("stats", help="show what a running daemon holds",
+                       description="Show a running daemon's tiers (capacity, use, chunks), hit rate, leases and "
+                                   "clients, as a table, as JSON, or refreshed in place with rates (--watch).")
+    p.add_argument("--socket", default=None, metavar="PATH",
+                   help="the daemon's socket (default: the one `kvstore serve` uses)")
+    p.add_argument("--address", default=None, metavar="URL",
+                   help="ipc:///path or tcp://HOST:PORT instead of --socket (CURVE keys from KVSTORE_CURVE_*)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
+    p.add_argument("--timeout", type=positive_seconds, default=2.0, metavar="SECONDS",
+                   help="how long to wait for the daemon's answer (default: %(default)s)")
     p.add_argument("--watch", action="store_true", help="refresh in place with rates until interrupted")
-    p.add_argument("--interval", type=_positive, default=1.0, metavar="SECONDS", help="--watch refresh period")
+    p.add_argument("--interval", type=positive_seconds, default=1.0, metavar="SECONDS", help="--watch refresh period")
     p.add_argument("--count", type=_count, default=0, metavar="N", help="--watch: stop after N refreshes (0: never)")
     p.set_defaults(run=run)
 
 
-def _positive(text: str) -> float:
+def positive_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -41,16 +46,26 @@ def _count(text: str) -> int:
 
 
 def address_of(args: argparse.Namespace) -> str:
-    return args.address or "ipc://" + (args.socket or default_socket())
+    if args.address and args.socket:
+        raise ConfigError("--address and --socket name the same thing; give one")
+    if args.address is None:
+        return "ipc://" + (args.socket or default_socket())
+    if not args.address.startswith(("ipc://", "tcp://")):
+        hint = f"; for a socket path use --socket {args.address}" if "://" not in args.address else ""
+        raise ConfigError(f"--address: expected ipc:///path/to/kvstore.sock or tcp://HOST:PORT, "
+                          f"got {args.address!r}{hint}")
+    return args.address
 
 
 def open_client(address: str, timeout: float) -> Any:
     from ..client.client import Client
+    from ..errors import UsageError
 
     try:
         return Client(address, namespace="kvstore-cli", timeout=timeout, use_arena=False)
-    except DaemonUnavailable:
-        raise DaemonUnavailable(f"no kvstore daemon is running at {address}") from None
+    except UsageError as exc:
+        flag = "--socket" if address.startswith("ipc://") else "--address"
+        raise ConfigError(f"{flag}: {exc}") from None
 
 
 def fetch_stats(address: str, timeout: float) -> dict[str, Any]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import UsageError
+
 
 def _is_tensor(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "element_size")
@@ -21,7 +23,7 @@ def nbytes_of(buf: Any) -> int:
 def _flat_bytes_view(buf: Any) -> memoryview:
     view = memoryview(buf)
     if not view.c_contiguous:
-        raise ValueError("buffers must be C-contiguous")
+        raise UsageError("buffers must be C-contiguous")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 

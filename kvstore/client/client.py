@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import default_socket
-from ..errors import DaemonUnavailable, KVStoreError, LeaseError, StoreFullError, VersionError
+from ..errors import (ClientClosedError, DaemonUnavailable, KVStoreError, LeaseError, StoreFullError, UsageError,
+                      VersionError)
 from ..keys import KEY_SCHEME
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
@@ -36,6 +37,7 @@ from .buffers import copy_into, nbytes_of
 from .credit import CreditWriter
 from .shared_index import SeenNotes, SharedIndexView
 from .stream_transport import StreamLost, StreamTransport
+from .pages import PagePopulator
 from .transport import Transport
 
 DEFAULT_NAMESPACE = "default"
@@ -107,15 +109,15 @@ class Lease:
             try:
                 # Nothing to wait for: the lease is held, and a restarted daemon pins nothing anyway.
                 self._client._transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
-            except DaemonUnavailable:
-                pass  # the daemon is gone: nothing is pinned, and nothing wrote under the views
+            except (DaemonUnavailable, ClientClosedError):
+                pass  # the daemon is gone (nothing is pinned, nothing wrote under the views), or we closed
             return
         if self._client._arena is not self._arena:
             return   # the daemon restarted: nothing wrote into the old arena under these views
         try:
             self._client._transport.call({"op": Op.RELEASE, "lease": lease_id})   # past the TTL: was it held?
-        except (DaemonUnavailable, VersionError):
-            pass   # the daemon is gone or restarted (it wrote into a new arena, not under these views)
+        except (DaemonUnavailable, VersionError, ClientClosedError):
+            pass   # the daemon is gone or restarted (it wrote into a new arena, not under these views), or we closed
         except LeaseError:
             raise LeaseError(f"lease {lease_id} was taken back at its TTL before it was released: other chunks "
                              f"may have been written under its views; discard what was read from them") from None
@@ -140,9 +142,10 @@ class Client:
                  shared_index: bool = True, stream: bool = True, credits: bool = True) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
-            raise ValueError(f"address must start with ipc:// or tcp://, got {self.address!r}")
+            hint = f" (a socket path? use ipc://{self.address})" if self.address.startswith("/") else ""
+            raise UsageError(f"address must start with ipc:// or tcp://, got {self.address!r}{hint}")
         if chunk_tokens <= 0:
-            raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+            raise UsageError(f"chunk_tokens must be positive, got {chunk_tokens}")
         self.namespace = namespace
         self.chunk_tokens = chunk_tokens
         self.client_id = client_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -156,6 +159,7 @@ class Client:
         self.timeout = timeout
         self._arena: SharedArena | None = None
         self._arena_view: memoryview | None = None
+        self._pages: PagePopulator | None = None
         self._arena_file: tuple[int, int] | None = None
         self.want_gpu = gpu and self.use_arena
         # Page-lock our arena mapping (CUDA) so that copies from leased views to the GPU are asynchronous DMA;
@@ -163,7 +167,7 @@ class Client:
         self.pin_arena = pin_arena
         self._gpu_pool: Any = None        # kvstore.gpu.engine.MappedPool, when the daemon's pool is mapped
         self._gpu_info: dict[str, Any] | None = None
-        self._pinned: Any = None          # kvstore.gpu.pinned.PinnedRegion of our arena mapping
+        self._page_locked: Any = None     # kvstore.gpu.page_lock.PageLockedRegion of our arena mapping
         self.server_info: dict[str, Any] = {}
         # Lookups from the daemon's shared-memory index (local clients; shared_index=False always asks the socket)
         self.want_shared_index = shared_index and self.use_arena
@@ -171,7 +175,11 @@ class Client:
         self._index_file: tuple[int, int] | None = None
         self._seen = SeenNotes()
         self._credit = CreditWriter(credits)   # puts in one round trip (client/credit.py); False: reserve + commit
-        self._hello()
+        try:
+            self._hello()
+        except BaseException:
+            self.close()   # no socket or mapping outlives a failed connect
+            raise
 
     # -- session --------------------------------------------------------------------------------------------
     def _hello(self) -> None:
@@ -197,16 +205,17 @@ class Client:
             self._arena_file = _file_identity(arena["path"])
             self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
             self._arena_view = self._arena.view()
+            self._pages = PagePopulator(self._arena.buf, self._arena.size)
         elif not arena:
             self._detach_arena()
         # The index is read only while our stream to its writer is open: a daemon that died shows there at once
         on_stream = isinstance(self._transport, StreamTransport)
         self._attach_index(header.get("index") if self.want_shared_index and on_stream else None)
         self._attach_gpu(header.get("gpu") if self._arena is not None else None)
-        if self.pin_arena and self._pinned is None and self._arena is not None:
-            from ..gpu.engine import pin_mapping  # torch: only for clients that ask for pinning
+        if self.pin_arena and self._page_locked is None and self._arena is not None:
+            from ..gpu.engine import page_lock_mapping  # torch: only for clients that ask for page-locking
 
-            self._pinned = pin_mapping(self._arena.buf, self._arena.size)
+            self._page_locked = page_lock_mapping(self._arena.buf, self._arena.size)
 
     def _hello_on_stream(self, hello: dict[str, Any]) -> dict[str, Any] | None:
         """Say hello on the daemon's stream socket and send everything there from now on; None when there is
@@ -251,16 +260,16 @@ class Client:
         self._gpu_info = info
         if not info:
             return
-        from ..gpu.engine import MappedPool, pin_mapping  # torch: only for clients that ask for the GPU tier
+        from ..gpu.engine import MappedPool, page_lock_mapping  # torch: only for clients that ask for the GPU tier
 
         self._gpu_pool = MappedPool.from_hello(info)
         if self._gpu_pool is not None and self._gpu_pool.device.type == "cuda" and self._arena is not None:
-            self._pinned = pin_mapping(self._arena.buf, self._arena.size)
+            self._page_locked = page_lock_mapping(self._arena.buf, self._arena.size)
 
     def _detach_gpu(self) -> None:
-        if self._pinned is not None:
-            self._pinned.unpin()
-            self._pinned = None
+        if self._page_locked is not None:
+            self._page_locked.unlock()
+            self._page_locked = None
         if self._gpu_pool is not None:
             self._gpu_pool.close()
             self._gpu_pool = None
@@ -280,7 +289,7 @@ class Client:
                 pass  # views of live leases still point into it; the mapping goes when they do
         if self._arena is not None:
             self._arena.close()
-        self._arena, self._arena_view = None, None
+        self._arena, self._arena_view, self._pages = None, None, None
 
     def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
               retry: bool = True) -> tuple[dict[str, Any], list[Any]]:
@@ -350,7 +359,7 @@ class Client:
         written. Raises StoreFullError when the daemon cannot make room.
         """
         if len(keys) != len(buffers):
-            raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
+            raise UsageError(f"put: {len(keys)} keys but {len(buffers)} buffers")
         if not keys:
             return 0
         if self._arena_view is None:
@@ -370,6 +379,7 @@ class Client:
         try:
             for slot, buf in zip(header["slots"], buffers):
                 if slot is not None:
+                    self._pages.touch(slot[0], slot[1])
                     copy_into(self._arena_view[slot[0]:slot[0] + slot[1]], buf)
         except BaseException:
             self._call({"op": Op.ABORT, "reservation": rid}, retry=False)
@@ -401,6 +411,9 @@ class Client:
             lease = Lease(self, 0, [frame.buffer for frame in payload])
         else:
             tiers = header.get("tiers") or ["host"] * len(slots)
+            for (off, size), tier in zip(slots, tiers):
+                if tier != "gpu" or self._gpu_pool is None:
+                    self._pages.touch(off, size)
             views = [self._gpu_pool.view(off, size) if tier == "gpu" and self._gpu_pool is not None
                      else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
             lease = Lease(self, int(header["lease"]), views, list(tiers),
@@ -460,6 +473,7 @@ class Client:
                 pass
         if self._transport is not self._zmq:
             self._transport.close()
+            self._transport = self._zmq   # closed below: every later call raises ClientClosedError
         self._zmq.close()
         self._detach_index()
         self._detach_arena()

@@ -4,6 +4,10 @@ Sends never block on a daemon that is not there: the socket is ``IMMEDIATE`` (no
 that is not connected) and sends are non-blocking, so a dead daemon shows up as DaemonUnavailable within the
 timeout rather than a hang, and at once when an ipc:// socket file does not exist (no daemon listens there: a
 stopping daemon removes it first). A reply that arrives after its caller gave up is dropped by id.
+
+Every failure surfaces as a ``KVStoreError``: ZeroMQ errors become ``DaemonUnavailable`` (chained), a call after
+``close()`` is ``ClientClosedError``, and on tcp:// a send that times out says why when a daemon was reached
+but the CURVE handshake failed (``handshake.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from typing import Any
 
 import zmq
 
-from ..errors import DaemonUnavailable, error_from_code
+from ..errors import ClientClosedError, DaemonUnavailable, UsageError, error_from_code
 from ..protocol.wire import decode_header, encode
 from ..security.curve import ClientCurve
+from .handshake import HandshakeWatch
 
 
 class Transport:
@@ -35,7 +40,14 @@ class Transport:
         self._sock.setsockopt(zmq.IMMEDIATE, 1)
         self._sock.setsockopt(zmq.RECONNECT_IVL, 50)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        self._sock.connect(address)
+        self.closed = False
+        self._watch = HandshakeWatch(self._sock) if address.startswith("tcp://") else None
+        try:
+            self._sock.connect(address)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise UsageError(f"{address!r} is not a valid address (expected ipc:///path/to/kvstore.sock or "
+                             f"tcp://HOST:PORT): {exc.strerror}") from exc
         self._ipc_path = address[len("ipc://"):] if address.startswith("ipc://") else None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -50,6 +62,7 @@ class Transport:
         cannot act on, such as releasing a lease); requests on one connection are handled in order, so a later
         request still sees its effect.
         """
+        self._check_open()
         rid = next(self._ids)
         frames = [encode({**header, "id": rid})] + list(payloads or [])
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -62,9 +75,10 @@ class Transport:
                     return rid
                 except zmq.Again:
                     if time.monotonic() >= deadline or self._no_socket_file():
-                        hint = " (or it refused this client's CURVE key)" if self.curve else ""
-                        raise DaemonUnavailable(f"no kvstore daemon is accepting requests at {self.address}{hint}") from None
+                        raise DaemonUnavailable(self._why_unreachable()) from None
                     time.sleep(0.005)
+                except zmq.ZMQError as exc:
+                    raise self._error(exc) from exc
 
     def _no_socket_file(self) -> bool:
         """No connection is up and no daemon can be listening: waiting out the timeout would gain nothing."""
@@ -72,6 +86,7 @@ class Transport:
 
     def wait(self, rid: int, timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
         """Block until the reply to ``rid`` arrives; raise its error if it is an error reply."""
+        self._check_open()
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         while True:
@@ -85,8 +100,11 @@ class Transport:
                 if remaining <= 0:
                     self._outstanding.discard(rid)
                     raise DaemonUnavailable(f"kvstore daemon at {self.address} did not answer within {limit:.1f}s")
-                if self._sock.poll(min(int(remaining * 1000) + 1, 20), zmq.POLLIN):
-                    self._receive_one()
+                try:
+                    if self._sock.poll(min(int(remaining * 1000) + 1, 20), zmq.POLLIN):
+                        self._receive_one()
+                except zmq.ZMQError as exc:
+                    raise self._error(exc) from exc
         header, payload = reply[0], reply[1:]
         if not header.get("ok"):
             raise error_from_code(int(header.get("code", 0)), str(header.get("msg", "")))
@@ -103,5 +121,23 @@ class Transport:
              timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
         return self.wait(self.send(header, payloads, timeout), timeout)
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClientClosedError(f"this client of {self.address} is closed; connect again")
+
+    def _error(self, exc: zmq.ZMQError) -> Exception:
+        if self.closed or self._sock.closed:
+            return ClientClosedError(f"this client of {self.address} is closed; connect again")
+        return DaemonUnavailable(f"talking to the kvstore daemon at {self.address} failed: {exc}")
+
+    def _why_unreachable(self) -> str:
+        found = self._watch.explain(self.address, self.curve is not None) if self._watch is not None else None
+        return found or f"no kvstore daemon is accepting requests at {self.address}"
+
     def close(self) -> None:
+        """Close the socket; idempotent. Later calls raise ClientClosedError."""
+        self.closed = True
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         self._sock.close(linger=0)

@@ -9,13 +9,13 @@ lets the engine run its normal prefill.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
 import kvstore
+from kvstore.breaker import Breaker
 
 from .layout import KVGeometry, chunk_from_buffer, chunks_to_dense
 
@@ -26,26 +26,27 @@ class DaemonLink:
     """A client connected on first use, and again a while after any failure.
 
     A daemon that is down or hung costs one timeout per `retry_s`, not one per
-    request: between a failure and the next attempt `client()` is None.
+    request: between a failure and the next attempt `client()` is None (``kvstore/breaker.py``).
     """
 
     def __init__(self, connect: Callable[[], kvstore.Client], retry_s: float = 5.0) -> None:
         self._connect = connect
         self._client: kvstore.Client | None = None
-        self._retry_s = retry_s
-        self._next_try = 0.0
+        self._breaker = Breaker(retry_s)
 
     @classmethod
     def to(cls, address: str | None, chunk_tokens: int, timeout: float = 2.0, **kw: Any) -> "DaemonLink":
         return cls(lambda: kvstore.connect(address, chunk_tokens=chunk_tokens, timeout=timeout), **kw)
 
     def client(self) -> kvstore.Client | None:
-        if self._client is None and time.monotonic() >= self._next_try:
+        if self._client is None and self._breaker.allows():
             try:
                 self._client = self._connect()
             except Exception as exc:  # noqa: BLE001
                 self.failed(exc)
                 log.warning("kvstore daemon unavailable, running without the cache: %s", exc)
+            else:
+                self._breaker.succeeded()
         return self._client
 
     def failed(self, exc: BaseException) -> None:
@@ -58,7 +59,7 @@ class DaemonLink:
             except Exception:  # noqa: BLE001
                 pass
         self._client = None
-        self._next_try = time.monotonic() + self._retry_s
+        self._breaker.failed()
 
     def close(self) -> None:
         if self._client is not None:
@@ -172,7 +173,7 @@ class ChunkStore:
                 if chunks:
                     out = self.geometry.empty_chunks(len(chunks), device)
                     for i, chunk in enumerate(chunks):
-                        # Asynchronous from a pinned arena mapping; the sync below ends before the lease does.
+                        # Asynchronous from a page-locked arena mapping; the sync below ends before the lease does.
                         out[i].copy_(chunk, non_blocking=out.is_cuda)
                     if out.is_cuda:
                         torch.cuda.current_stream(out.device).synchronize()

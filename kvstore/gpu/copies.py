@@ -3,7 +3,7 @@
 The daemon never blocks its event loop on a copy. A copy is queued on a dedicated CUDA stream (one per
 direction, so a demotion and a promotion use both copy engines at once) and an event is recorded after it;
 the caller keeps the ``Transfer`` and polls ``done()`` from its background loop, and only then frees the
-source slot or publishes the destination. Copies between the device and *pinned* host memory are truly
+source slot or publishes the destination. Copies between the device and *page-locked* host memory are truly
 asynchronous DMA at PCIe speed; with pageable memory CUDA stages them and they complete before returning.
 
 On a CPU device (tests) the same calls copy synchronously and return a transfer that is already done.

@@ -6,9 +6,9 @@ then ``pool.view(offset, size)``, a device tensor, and loading it into the engin
 device-to-device scatter on a side stream. Nothing blocks the host: ``load_async`` returns an event; the
 engine makes its compute stream wait on it (``torch.cuda.current_stream().wait_event(event)``) and releases the
 lease once ``event.query()`` is true. ``save_async`` is the mirror image: gather on a side stream into a
-reserved slot (a GPU-pool view, or a pinned host-arena slot), and commit once the event has completed.
+reserved slot (a GPU-pool view, or a page-locked host-arena slot), and commit once the event has completed.
 
-``pin_mapping`` page-locks an engine's own mapping of the shared host arena, so that loads from and saves to
+``page_lock_mapping`` page-locks an engine's own mapping of the shared host arena, so that loads from and saves to
 the host tier are asynchronous DMA too.
 """
 
@@ -21,7 +21,7 @@ import torch
 from .. import logs
 from ..ops import PagedKV, gather, scatter
 from .ipc import PoolExport, import_pool
-from .pinned import PinnedRegion, pin
+from .page_lock import PageLockedRegion, page_lock
 
 
 class MappedPool:
@@ -71,9 +71,9 @@ class MappedPool:
         return self.buffer[offset:offset + nbytes]
 
 
-def pin_mapping(buf: Any, nbytes: int) -> PinnedRegion:
+def page_lock_mapping(buf: Any, nbytes: int) -> PageLockedRegion:
     """Page-lock an engine's mapping of the shared arena (logged fallback to pageable when it cannot)."""
-    return pin(buf, nbytes, who="engine")
+    return page_lock(buf, nbytes, who="engine")
 
 
 def _side_stream(kv: PagedKV, stream: Any) -> Any:
@@ -82,7 +82,7 @@ def _side_stream(kv: PagedKV, stream: Any) -> Any:
 
 def load_async(kv: PagedKV, chunk: torch.Tensor, block_ids: Sequence[int] | torch.Tensor,
                num_tokens: int | None = None, stream: Any = None) -> Any:
-    """Scatter one chunk (a GPU-pool view, or a pinned host slot) into the paged cache on ``stream``.
+    """Scatter one chunk (a GPU-pool view, or a page-locked host slot) into the paged cache on ``stream``.
 
     Returns the event recorded after the copy (None on CPU, where the copy is already done)."""
     if kv.device.type != "cuda":

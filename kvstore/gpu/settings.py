@@ -41,8 +41,9 @@ def check_gpu_settings(gpu_mem: int, gpu_device: int) -> None:
         return
     try:
         import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        raise ConfigError(NO_CUDA) from None
+    except ImportError:   # torch is the extra of the engine side, not of the daemon
+        raise ConfigError("--gpu-mem needs torch (with CUDA), which is not installed: "
+                          "pip install 'kvstore[gpu]'") from None
     if not torch.cuda.is_available():
         raise ConfigError(NO_CUDA)
     count = torch.cuda.device_count()

@@ -2,7 +2,7 @@
 
 Same small interface as the host tier (``allocate``, ``free``, ``read``, ``write``, ``usage``, ``close``), so
 the tier manager treats it as the top tier; in addition, ``copy_to_host`` and ``copy_from_host`` move one
-chunk to or from a slot of the (pinned) host arena asynchronously and return a ``Transfer`` that the manager
+chunk to or from a slot of the (page-locked) host arena asynchronously and return a ``Transfer`` that the manager
 polls. Contract with the tier manager:
 
 * demote (gpu → host): allocate the host slot, ``copy_to_host``, and only when the transfer is ``done()``
@@ -10,7 +10,7 @@ polls. Contract with the tier manager:
 * promote (host → gpu): allocate a GPU slot, ``copy_from_host``, and only when done point the entry at it and
   free the host slot (or keep both and drop either later: the bytes are identical).
 
-The tier also owns the pinned registration of the host arena, so that the daemon pins and unpins in one
+The tier also owns the page-locked registration of the host arena, so that the daemon page-locks and unlocks in one
 place. Everything runs on CPU tensors in tests (``device="cpu"``): same bookkeeping, synchronous copies; with
 ``shared_path`` the CPU pool is a shared-memory file that clients map instead of a CUDA IPC handle.
 """
@@ -25,7 +25,7 @@ from ..tiers.allocator import ExtentSpace
 from ..tiers.arena import SharedArena
 from .copies import CopyEngine, Transfer
 from .ipc import PoolExport, export_pool
-from .pinned import PinnedRegion, pin
+from .page_lock import PageLockedRegion, page_lock
 from .pool import DevicePool
 
 
@@ -46,10 +46,10 @@ class GpuTier(ExtentSpace):
         self.allocator = self.pool.allocator
         self.copies = CopyEngine(self.pool.device)
         self.host: torch.Tensor | None = None
-        self.pinned: PinnedRegion | None = None
+        self.page_locked: PageLockedRegion | None = None
         if host_buf is not None:
             if self.pool.device.type == "cuda":
-                self.pinned = pin(host_buf, host_nbytes)
+                self.page_locked = page_lock(host_buf, host_nbytes)
             self.host = host_tensor(host_buf, host_nbytes)
 
     # -- the tier interface --------------------------------------------------------------------------------
@@ -98,16 +98,16 @@ class GpuTier(ExtentSpace):
         export = self.export()
         if export is None:
             return None
-        return {"capacity": self.capacity_bytes, "pinned_host": bool(self.pinned and self.pinned.pinned),
+        return {"capacity": self.capacity_bytes, "pinned_host": bool(self.page_locked and self.page_locked.locked),
                 **export.to_wire()}
 
     def close(self) -> None:
         if self.copies.cuda:
             torch.cuda.synchronize(self.pool.device)
         self.host = None
-        if self.pinned is not None:
-            self.pinned.unpin()
-            self.pinned = None
+        if self.page_locked is not None:
+            self.page_locked.unlock()
+            self.page_locked = None
         self.pool.close()
         if self.shared is not None:
             self.shared.close()

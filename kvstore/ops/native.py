@@ -1,10 +1,11 @@
-"""Building and loading the native gather/scatter kernels (``native/``), with no hard dependency on them.
+"""Building and loading the native gather/scatter kernels (``native_src/``), with no hard dependency on them.
 
 The kernels are plain C (``kvstore_copy.c``, OpenMP) and CUDA (``kvstore_copy.cu``) with a C ABI, called through
 ``ctypes`` with raw pointers. They include no torch headers, so a build takes seconds (no ninja, no
 ``torch/extension.h``) and the library does not depend on which torch build is installed. A build happens only
 when asked for (``build()``, ``python -m kvstore.ops.native``, the benchmarks, or ``KVSTORE_NATIVE=build``),
-never on import; the result is cached under ``$KVSTORE_NATIVE_DIR`` (default ``~/.cache/kvstore/native``) by a
+never on import; the sources ship in the package (``kvstore/ops/native_src``, package data of the wheel), so
+an installed kvstore builds them as a source checkout does. The result is cached under ``$KVSTORE_NATIVE_DIR`` (default ``~/.cache/kvstore/native``) by a
 hash of the source, compiler and flags, and written under a temporary name then renamed, so concurrent builders
 never load a half-written library. Without a compiler, sources or CUDA toolkit, loading returns None and the
 torch path is used.
@@ -22,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-SOURCE_DIR = Path(__file__).resolve().parents[2] / "native"
+SOURCE_DIR = Path(__file__).resolve().parent / "native_src"
 CPU_SOURCE = "kvstore_copy.c"
 CUDA_SOURCE = "kvstore_copy.cu"
 BUILD_TIMEOUT_S = 240
@@ -85,7 +86,7 @@ def build(kind: str) -> BuildResult:
     found = _library_path(kind)
     if found is None:
         what = "a C compiler" if kind == "cpu" else "nvcc (a CUDA toolkit)"
-        return BuildResult(kind, None, f"cannot build: needs {what} and the native/ sources")
+        return BuildResult(kind, None, f"cannot build: needs {what} and the sources in {SOURCE_DIR}")
     path, cmd = found
     if path.exists():
         return BuildResult(kind, str(path), None)

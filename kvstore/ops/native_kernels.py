@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import native, torch_kernels
+from . import torch_kernels
 from .paged import PagedKV
 
 
@@ -36,6 +36,8 @@ def _covered(kv: PagedKV, block_ids: torch.Tensor, tokens: int) -> bool:
 
 
 def _run(kv: PagedKV, block_ids: torch.Tensor, chunk: torch.Tensor, to_chunk: bool) -> None:
+    from . import native   # here, so that `python -m kvstore.ops.native` runs a module not yet imported
+
     table = _table(kv)
     index = block_ids.contiguous()
     if kv.device.type == "cpu":

@@ -1,7 +1,7 @@
 """Which gather/scatter implementation runs, per device type.
 
 Two implementations exist: ``torch`` (portable, one indexing op per plane) and ``native`` (one C or CUDA call
-per chunk, see ``native/``). ``DEFAULTS`` records what ``bench/gather_scatter.py`` (CPU) and
+per chunk, see ``native_src/``). ``DEFAULTS`` records what ``bench/gather_scatter.py`` (CPU) and
 ``bench/gpu_check.py`` (CUDA) measured to be faster; ``native`` is only used when its library is built and
 loads, otherwise the torch path runs. ``KVSTORE_KERNELS=torch|native`` overrides the default for every device.
 """
@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from . import native, native_kernels, torch_kernels
+from . import native_kernels, torch_kernels
 from .paged import PagedKV
 
 GatherFn = Callable[[PagedKV, torch.Tensor, int, torch.Tensor], None]
@@ -43,6 +43,8 @@ DEFAULTS: dict[str, dict[str, str]] = {
 
 
 def native_available(device_type: str) -> bool:
+    from . import native   # here, so that `python -m kvstore.ops.native` runs a module not yet imported
+
     return device_type in ("cpu", "cuda") and native.load(device_type) is not None
 
 

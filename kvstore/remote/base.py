@@ -4,11 +4,15 @@ A remote store (Redis/Valkey, Mooncake Store) sits below the disk tier. It is
 an optimisation twice removed, so the one rule is that it never makes a local
 hit slower and never hands out bad bytes:
 
-* **Deadlines.** Every store call runs on a small worker pool; the caller
-  waits at most ``timeout`` seconds for a metadata call (exists, probe) and
-  ``timeout + bytes / min_rate`` for a data call, then treats the call as
-  failed. A client library stuck in a reconnect loop keeps only its worker.
-* **Breaker.** The first failed call (error or deadline) opens the breaker and
+* **Deadlines.** Every store call runs on the backend's one worker pool (the
+  only executor on the remote path: the mover awaits the same calls with
+  ``lookup_async`` / ``get_into_async``); the caller waits at most ``timeout``
+  seconds for a metadata call (sizes, probe) and ``timeout + bytes / min_rate``
+  for a data call, then treats the call as failed. A client library stuck in a
+  reconnect loop keeps only its worker. A background put keeps its worker (and
+  the caller keeps its slots) until the call returns; one that returns after
+  its deadline counts as a timeout.
+* **Breaker** (``kvstore/breaker.py``). The first failed call (error or deadline) opens the breaker and
   logs one warning for the outage. While open, calls return a miss at once
   without touching the store (counted as ``skipped``); at most one probe every
   ``retry_interval`` seconds, started by traffic and never waited for, checks
@@ -20,8 +24,8 @@ hit slower and never hands out bad bytes:
   it (counted) when the queue already holds ``max_pending_bytes`` or the store
   is down: the remote copy is a cache, not a journal.
 
-Subclasses implement six small methods on object *names* (already derived
-from namespace and key): ``_exists``, ``_sizes``, ``_get``, ``_put``,
+Subclasses implement five small methods on object *names* (already derived
+from namespace and key): ``_sizes``, ``_get``, ``_put``,
 ``_probe`` and ``_close``, plus optionally ``_get_into`` / ``register_memory`` for zero-copy.
 They may block; they raise on store failure and return ``None``/``False`` for
 a plain miss.
@@ -42,6 +46,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..breaker import Breaker
+from ..errors import RemoteError
 from ..security.redact import redact_url
 from . import record
 
@@ -50,10 +56,6 @@ __all__ = ["Health", "RemoteBackend", "RemoteError"]
 log = logging.getLogger("kvstore.remote")
 
 MiB = 1 << 20
-
-
-class RemoteError(Exception):
-    """A store call failed (connection, protocol or server error)."""
 
 
 class Health(enum.Enum):
@@ -75,13 +77,9 @@ class RemoteBackend:
         self.retry_interval = float(retry_interval)
         self.min_rate = float(min_rate)
         self.max_pending_bytes = int(max_pending_bytes)
-        self._reads = cf.ThreadPoolExecutor(workers, thread_name_prefix="remote-read")
-        self._writes = cf.ThreadPoolExecutor(workers, thread_name_prefix="remote-write")
+        self._pool = cf.ThreadPoolExecutor(2 * workers, thread_name_prefix="kvstore-remote")
         self._lock = threading.Lock()
-        self._health = Health.UP
-        self._down_since = 0.0
-        self._next_probe = 0.0
-        self._probing = False
+        self._breaker = Breaker(self.retry_interval)   # guarded by _lock
         self._pending_bytes = 0
         self._size_hint = 0          # largest value seen: sizes a batch_get deadline
         self._closed = False
@@ -95,29 +93,14 @@ class RemoteBackend:
 
     @property
     def health(self) -> Health:
-        return self._health
+        return Health.UP if self._breaker.closed else Health.DOWN
 
     @property
     def healthy(self) -> bool:
-        return self._health is Health.UP
+        return self._breaker.closed
 
     def object_name(self, key: bytes, namespace: str | None = None) -> str:
         return record.object_name(self.namespace if namespace is None else namespace, key)
-
-    def batch_exists(self, keys: Sequence[bytes], namespace: str | None = None) -> int:
-        """How many leading ``keys`` the store holds (0 on any failure)."""
-        if not keys:
-            return 0
-        names = [self.object_name(k, namespace) for k in keys]
-        found = self._call(self._reads, self.timeout, self._exists, names)
-        if found is None:
-            return 0
-        count = 0
-        for present in found:
-            if not present:
-                break
-            count += 1
-        return count
 
     def batch_lookup(self, keys: Sequence[bytes], namespace: str | None = None) -> list[int]:
         """Payload sizes of the leading ``keys`` the store holds ([] on any failure).
@@ -129,30 +112,22 @@ class RemoteBackend:
         if not keys:
             return []
         names = [self.object_name(k, namespace) for k in keys]
-        sizes = self._call(self._reads, self.timeout, self._sizes, names)
+        return self._leading_sizes(self._call(self.timeout, self._sizes, names))
+
+    async def lookup_async(self, keys: Sequence[bytes], namespace: str | None = None) -> list[int]:
+        """``batch_lookup`` awaited on the event loop (the call runs on the backend's pool)."""
+        if not keys:
+            return []
+        names = [self.object_name(k, namespace) for k in keys]
+        return self._leading_sizes(await self._acall(self.timeout, self._sizes, names))
+
+    @staticmethod
+    def _leading_sizes(sizes: list[int | None] | None) -> list[int]:
         out: list[int] = []
         for size in sizes or ():
             if size is None or size < record.HEADER_SIZE:
                 break
             out.append(size - record.HEADER_SIZE)
-        return out
-
-    def batch_get(self, keys: Sequence[bytes], namespace: str | None = None) -> list[memoryview | None]:
-        """Validated payloads, ``None`` for a missing or bad value (all ``None`` on failure).
-
-        Callers use the leading run of non-``None`` entries.
-        """
-        if not keys:
-            return []
-        ns = self.namespace if namespace is None else namespace
-        names = [record.object_name(ns, k) for k in keys]
-        deadline = self._data_deadline(self._size_hint * len(keys))
-        values = self._call(self._reads, deadline, self._get, names)
-        if values is None:
-            return [None] * len(keys)
-        out: list[memoryview | None] = []
-        for key, value in zip(keys, values):
-            out.append(None if value is None else self._validated(value, ns, key))
         return out
 
     def batch_get_into(self, keys: Sequence[bytes], buffers: Sequence[Any],
@@ -168,30 +143,33 @@ class RemoteBackend:
             raise ValueError("one buffer per key")
         if not keys:
             return []
+        args, deadline, got_sums = self._get_into_args(keys, buffers, namespace)
+        return self._got(self._call(deadline, self._get_into, *args), got_sums, sums)
+
+    async def get_into_async(self, keys: Sequence[bytes], buffers: Sequence[Any], namespace: str | None = None,
+                             sums: list | None = None) -> list[int | None]:
+        """``batch_get_into`` awaited on the event loop (the call runs on the backend's pool)."""
+        if len(keys) != len(buffers):
+            raise ValueError("one buffer per key")
+        if not keys:
+            return []
+        args, deadline, got_sums = self._get_into_args(keys, buffers, namespace)
+        return self._got(await self._acall(deadline, self._get_into, *args), got_sums, sums)
+
+    def _get_into_args(self, keys: Sequence[bytes], buffers: Sequence[Any], namespace: str | None):
         ns = self.namespace if namespace is None else namespace
         names = [record.object_name(ns, k) for k in keys]
         views = [memoryview(b).cast("B") for b in buffers]
-        deadline = self._data_deadline(sum(v.nbytes for v in views))
         got_sums: list[int | None] = [None] * len(keys)
-        result = self._call(self._reads, deadline, self._get_into, names, ns, list(keys), views, got_sums)
-        if sums is not None:
-            sums[:] = got_sums if result is not None else [None] * len(keys)
-        if result is None:
-            return [None] * len(keys)
-        return [self._count_get(n) for n in result]
+        return (names, ns, list(keys), views, got_sums), self._data_deadline(sum(v.nbytes for v in views)), got_sums
 
-    def batch_put(self, keys: Sequence[bytes], payloads: Sequence[Any],
-                  namespace: str | None = None) -> int:
-        """Store ``payloads`` under ``keys`` and wait; return how many were stored."""
-        if len(keys) != len(payloads):
-            raise ValueError("one payload per key")
-        if not keys:
-            return 0
-        views = [memoryview(p).cast("B") for p in payloads]
-        nbytes = sum(v.nbytes for v in views)
-        ns = self.namespace if namespace is None else namespace
-        stored = self._call(self._writes, self._data_deadline(nbytes), self._put_records, ns, list(keys), views)
-        return 0 if stored is None else stored
+    def _got(self, result: list[int | None] | None, got_sums: list[int | None],
+             sums: list | None) -> list[int | None]:
+        if sums is not None:
+            sums[:] = got_sums if result is not None else [None] * len(got_sums)
+        if result is None:
+            return [None] * len(got_sums)
+        return [self._count_get(n) for n in result]
 
     def submit_put(self, keys: Sequence[bytes], payloads: Sequence[Any],
                    namespace: str | None = None, sums: Sequence[int | None] | None = None) -> cf.Future | None:
@@ -211,30 +189,33 @@ class RemoteBackend:
                 self.counters["put_dropped"] += len(keys)
                 return None
             self._pending_bytes += nbytes
+            self.counters["calls"] += 1
         ns = self.namespace if namespace is None else namespace
+        deadline = self._data_deadline(nbytes)
 
         def run() -> int:
+            started = time.monotonic()
             try:
-                stored = self._call(self._writes, self._data_deadline(nbytes), self._put_records,
-                                    ns, list(keys), views, sums)
-                return 0 if stored is None else stored
+                stored = self._put_records(ns, list(keys), views, sums)
+            except Exception as exc:   # noqa: BLE001 - the store failing is a dropped put
+                self._failed(exc)
+                return 0
             finally:
                 with self._lock:
                     self._pending_bytes -= nbytes
+            took = time.monotonic() - started
+            if took > deadline:
+                with self._lock:
+                    self.counters["timeouts"] += 1
+                self._failed(f"put took {took:.2f}s, past its {deadline:.2f}s deadline")
+            return stored
 
-        return _BACKGROUND.submit(run)
-
-    async def abatch_exists(self, keys, namespace=None) -> int:
-        return await asyncio.to_thread(self.batch_exists, keys, namespace)
-
-    async def abatch_get(self, keys, namespace=None):
-        return await asyncio.to_thread(self.batch_get, keys, namespace)
-
-    async def abatch_get_into(self, keys, buffers, namespace=None):
-        return await asyncio.to_thread(self.batch_get_into, keys, buffers, namespace)
-
-    async def abatch_put(self, keys, payloads, namespace=None) -> int:
-        return await asyncio.to_thread(self.batch_put, keys, payloads, namespace)
+        try:
+            return self._pool.submit(self._tracked, run)
+        except RuntimeError:        # pool shut down by close()
+            with self._lock:
+                self._pending_bytes -= nbytes
+            return None
 
     def register_memory(self, buffer: Any) -> bool:
         """Offer a long-lived region (the host arena) for zero-copy transfers.
@@ -246,7 +227,7 @@ class RemoteBackend:
 
     def check(self, timeout: float | None = None) -> bool:
         """Probe the store now and wait for the answer; update the health state."""
-        fut = self._reads.submit(self._tracked, self._probe)
+        fut = self._pool.submit(self._tracked, self._probe)
         try:
             fut.result(self.timeout if timeout is None else timeout)
         except Exception as exc:   # noqa: BLE001 - any failure means "down"
@@ -258,7 +239,7 @@ class RemoteBackend:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
-            out["up"] = int(self._health is Health.UP)
+            out["up"] = int(self._breaker.closed)
             out["pending_put_bytes"] = self._pending_bytes
         return out
 
@@ -272,8 +253,7 @@ class RemoteBackend:
             if self._closed:
                 return
             self._closed = True
-        self._writes.shutdown(wait=False, cancel_futures=True)
-        self._reads.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + wait
         with self._idle:
             while self._inflight and time.monotonic() < deadline:
@@ -294,12 +274,9 @@ class RemoteBackend:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.url} {self._health.value}>"
+        return f"<{type(self).__name__} {self.url} {self.health.value}>"
 
     # ------------------------------------------------------- subclass surface
-
-    def _exists(self, names: list[str]) -> list[bool]:
-        raise NotImplementedError
 
     def _sizes(self, names: list[str]) -> list[int | None]:
         """Stored value sizes (header included), ``None`` where absent."""
@@ -394,40 +371,59 @@ class RemoteBackend:
     def _data_deadline(self, nbytes: int) -> float:
         return self.timeout + nbytes / self.min_rate
 
-    def _call(self, pool: cf.ThreadPoolExecutor, deadline: float, fn, *args):
-        """Run ``fn(*args)`` on ``pool`` within ``deadline`` s; ``None`` on any failure."""
+    def _submit(self, fn, *args) -> cf.Future | None:
+        """Start ``fn(*args)`` on the pool; None when the breaker is open or the backend closed (counted)."""
         with self._lock:
             if self._closed or not self._allow_locked():
                 self.counters["skipped"] += 1
                 return None
             self.counters["calls"] += 1
         try:
-            fut = pool.submit(self._tracked, fn, *args)
+            return self._pool.submit(self._tracked, fn, *args)
         except RuntimeError:        # pool shut down by close()
             return None
-        try:
-            result = fut.result(deadline)
-        except cf.TimeoutError:
-            with self._lock:
-                self.counters["timeouts"] += 1
-            self._failed(f"{fn.__name__.strip('_')} timed out after {deadline:.2f}s")
+
+    def _call(self, deadline: float, fn, *args):
+        """Run ``fn(*args)`` on the pool within ``deadline`` s; ``None`` on any failure."""
+        fut = self._submit(fn, *args)
+        if fut is None:
             return None
+        try:
+            return fut.result(deadline)
+        except cf.TimeoutError:
+            return self._timed_out(fn, deadline)
         except Exception as exc:   # noqa: BLE001 - the store failing is a miss
             self._failed(exc)
             return None
-        return result
+
+    async def _acall(self, deadline: float, fn, *args):
+        """``_call`` for the event loop: the same pool, awaited instead of blocked on."""
+        fut = self._submit(fn, *args)
+        if fut is None:
+            return None
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), deadline)
+        except asyncio.TimeoutError:
+            return self._timed_out(fn, deadline)
+        except Exception as exc:   # noqa: BLE001
+            self._failed(exc)
+            return None
+
+    def _timed_out(self, fn, deadline: float) -> None:
+        with self._lock:
+            self.counters["timeouts"] += 1
+        self._failed(f"{fn.__name__.strip('_')} timed out after {deadline:.2f}s")
+        return None
 
     def _allow_locked(self) -> bool:
         """Whether a call may go to the store; in an outage, maybe start a probe."""
-        if self._health is Health.UP:
+        if self._breaker.closed:
             return True
-        now = time.monotonic()
-        if not self._probing and now >= self._next_probe:
-            self._probing = True
+        if self._breaker.try_probe():
             try:
-                self._reads.submit(self._tracked, self._run_probe)
+                self._pool.submit(self._tracked, self._run_probe)
             except RuntimeError:
-                self._probing = False
+                self._breaker.failed()
         return False
 
     def _run_probe(self) -> None:
@@ -435,22 +431,16 @@ class RemoteBackend:
             self._probe()
         except Exception as exc:   # noqa: BLE001
             with self._lock:
-                self._probing = False
-                self._next_probe = time.monotonic() + self.retry_interval
+                self._breaker.failed()
             log.debug("remote store %s still down: %s", self.url, exc)
             return
-        with self._lock:
-            self._probing = False
         self._recovered()
 
     def _failed(self, exc: Any) -> None:
         with self._lock:
             self.counters["errors"] += 1
-            was_up = self._health is Health.UP
+            was_up = self._breaker.failed()
             if was_up:
-                self._health = Health.DOWN
-                self._down_since = time.monotonic()
-                self._next_probe = self._down_since + self.retry_interval
                 self.counters["outages"] += 1
         if was_up:
             log.warning("remote store %s unavailable (%s); remote lookups are misses "
@@ -460,14 +450,10 @@ class RemoteBackend:
 
     def _recovered(self) -> None:
         with self._lock:
-            if self._health is Health.UP:
+            down_for = self._breaker.succeeded()
+            if down_for is None:
                 return
-            self._health = Health.UP
-            down_for = time.monotonic() - self._down_since
             skipped = self.counters["skipped"]
         log.warning("remote store %s is back after %.1fs (%d calls skipped in total)",
                     self.url, down_for, skipped)
 
-
-# Background puts wait on their own deadline; this pool only hosts those waits.
-_BACKGROUND = cf.ThreadPoolExecutor(4, thread_name_prefix="remote-put")

@@ -195,10 +195,6 @@ class MooncakeBackend(RemoteBackend):
                 raise RemoteError(f"mooncake master unreachable (error {code})")
         return codes
 
-    def _exists(self, names: list[str]) -> list[bool]:
-        self._ensure()
-        return [code == 1 for code in self._check_codes(self._store.batch_is_exist(names))]
-
     def _sizes(self, names: list[str]) -> list[int | None]:
         self._ensure()
         # Existence first: the replica query logs an error line per absent key, and a lookup's tail is

@@ -29,6 +29,8 @@ import struct
 
 import xxhash
 
+from ..errors import RecordError
+
 __all__ = [
     "HEADER_SIZE",
     "MAX_KEY_SIZE",
@@ -48,10 +50,6 @@ MAX_KEY_SIZE = 32
 _HEADER = struct.Struct("<4sHHQQQ32s")
 HEADER_SIZE = _HEADER.size
 assert HEADER_SIZE == 64
-
-
-class RecordError(ValueError):
-    """A remote value that must not be served (the caller counts it as a miss)."""
 
 
 def namespace_tag(namespace: str | bytes) -> int:

@@ -78,12 +78,6 @@ class RedisBackend(RemoteBackend):
                 raise RemoteError(str(item)) from item
         return results
 
-    def _exists(self, names: list[str]) -> list[bool]:
-        pipe = self._pipeline()
-        for name in names:
-            pipe.exists(name)
-        return [item == 1 for item in self._run(pipe)]
-
     def _sizes(self, names: list[str]) -> list[int | None]:
         pipe = self._pipeline()
         for name in names:

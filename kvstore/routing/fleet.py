@@ -5,16 +5,16 @@ One client per instance, connected lazily and without the shared arena (only ``l
 pool at once and the caller waits at most ``deadline`` seconds; the clients' own timeout is the deadline too,
 so a thread never outlives it by much. An instance that did not answer in time, refused the connection or is
 still busy with an earlier lookup answers None (counted as holding nothing). After a failure the instance is
-not asked again for ``retry_after`` seconds, so a dead daemon costs no threads on every request.
+not asked again for ``retry_after`` seconds (a breaker per instance, ``kvstore/breaker.py``), so a dead daemon
+costs no threads on every request.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import threading
-import time
 from typing import Mapping, Sequence
 
+from ..breaker import Breaker
 from ..client.client import Client
 from ..errors import KVStoreError
 from ..keys import chunk_keys
@@ -41,19 +41,17 @@ class DaemonFleet:
         self._pool = concurrent.futures.ThreadPoolExecutor(len(instances), thread_name_prefix="kvstore-route")
         self._clients: dict[str, Client] = {}
         self._busy: dict[str, concurrent.futures.Future] = {}
-        self._down_until: dict[str, float] = {}
-        self._lock = threading.Lock()
+        self._breakers = {name: Breaker(retry_after) for name in self.instances}
 
     def chunk_keys(self, token_ids: Sequence[int]) -> list[bytes]:
         return chunk_keys(self.namespace, token_ids, self.chunk_tokens)
 
     def lookup(self, keys: Sequence[bytes]) -> dict[str, int | None]:
         """Leading ``keys`` each instance holds; None for those that did not answer within the deadline."""
-        now = time.monotonic()
         asked: dict[str, concurrent.futures.Future] = {}
         for name in self.instances:
             earlier = self._busy.get(name)
-            if (earlier is not None and not earlier.done()) or self._down_until.get(name, 0.0) > now:
+            if (earlier is not None and not earlier.done()) or not self._breakers[name].allows():
                 continue
             asked[name] = self._busy[name] = self._pool.submit(self._ask, name, list(keys))
         concurrent.futures.wait(asked.values(), timeout=self.deadline)
@@ -70,13 +68,15 @@ class DaemonFleet:
                 client = Client(self.instances[name], self.namespace, self.chunk_tokens, timeout=self.deadline,
                                 use_arena=False)
                 self._clients[name] = client
-            return client.lookup_tiers(keys, promote=False).count
+            count = client.lookup_tiers(keys, promote=False).count
         except KVStoreError:
-            self._down_until[name] = time.monotonic() + self.retry_after
+            self._breakers[name].failed()
             client = self._clients.pop(name, None)
             if client is not None:
                 client.close()
             raise
+        self._breakers[name].succeeded()
+        return count
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

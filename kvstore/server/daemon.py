@@ -55,7 +55,6 @@ from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, op_of, request_id_of
 from ..store.gpu_mover import GpuMover
-from ..store.published_index import PublishedIndex
 from ..store.manager import TierManager
 from ..store.remote_mover import RemoteMover
 from ..security.curve import ServerCurve
@@ -66,6 +65,7 @@ from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor
 from .safeguards import Safeguards
+from .service import Service
 from .session import Session
 from .stats import daemon_stats
 from .startup import Claims, check_socket_path, check_writable_dir, exclusive_lock, remove_stale_socket
@@ -84,11 +84,9 @@ class Daemon:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.sessions: dict[bytes, Session] = {}
-        self.started = time.time()
-        self.lookup_tokens = 0
-        self.hit_tokens = 0
-        self.requests = 0
-        self.errors = 0
+        self.svc = Service(config)          # what handlers may touch: store, tiers, config, counters
+        self.svc.stats = self.stats
+        self.svc.stream_path = self._stream_path
         self._claims = Claims()             # what start-up took (startup.py), released by close(), newest first
         self.stop_plan = StopPlan.from_budget(config.shutdown_timeout)
         self._stop_event = asyncio.Event()  # set at SIGTERM: waiting requests are answered UnavailableError
@@ -99,18 +97,11 @@ class Daemon:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False      # refuse new work (see FINISHING_OPS)
         self._curve: ServerCurve | None = None  # CURVE on tcp:// (security/curve.py), when configured
-        self.store: Store  # set in open()
         self.registry = CollectorRegistry()
         self.latency = RequestLatency(self.registry)
         self.registry.register(StatsCollector(self.stats_snapshot))
         self._exporter: MetricsExporter | None = None
         self._tasks: set[asyncio.Task] = set()
-        self.manager: TierManager | None = None
-        self.gpu_mover: GpuMover | None = None
-        self.gpu_hello: dict[str, Any] | None = None   # the HELLO reply's "gpu" field (exported once)
-        self.remote: RemoteMover | None = None
-        self.safeguards: Safeguards  # set in open(): checksums, scrubs, verification, key parameters
-        self.index: PublishedIndex | None = None       # the lookup index clients read in shared memory
         self.stream: StreamServer | None = None        # the local stream socket (server/stream.py)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -139,22 +130,22 @@ class Daemon:
         take(host.close)
         claims.leftovers.append(arena.path)
         gpu = open_gpu(self.config, arena, claims)
-        self.store = Store(host, self.config.lease_ttl, self.config.reserve_ttl, disk=disk, gpu=gpu,
+        self.svc.store = Store(host, self.config.lease_ttl, self.config.reserve_ttl, disk=disk, gpu=gpu,
                            policy=self.config.eviction_policy)
-        self.index = open_index(self.config, self.store, claims)
+        self.svc.index = open_index(self.config, self.svc.store, claims)
         if gpu is not None:
-            self.gpu_mover = GpuMover(self.store, gpu)
-            take(self.gpu_mover.close)   # waits for copies in flight: before the GPU pool and the arena go
-            self.gpu_hello = gpu.hello_info()
+            self.svc.gpu_mover = GpuMover(self.svc.store, gpu)
+            take(self.svc.gpu_mover.close)   # waits for copies in flight: before the GPU pool and the arena go
+            self.svc.gpu_hello = gpu.hello_info()
         if disk is not None:
-            rebuild_index(self.store, disk)
-            self.manager = TierManager(self.store, disk, self.config.disk_io_depth, self.config.disk_queue_limit)
-            take(self.manager.close)
+            rebuild_index(self.svc.store, disk)
+            self.svc.manager = TierManager(self.svc.store, disk, self.config.disk_io_depth, self.config.disk_queue_limit)
+            take(self.svc.manager.close)
         if self.config.remote:
-            self.remote = RemoteMover(self.store, open_remote(self.config, arena, claims), self.config.chunk_limit)
-            take(lambda: self.remote.close(self._remote_close_wait))   # its workers use the arena
-        self.safeguards = Safeguards(self.store, self.manager, self.config.scrub_rate)
-        take(self.safeguards.close)   # its worker hashes arena slots: before the arena is unmapped
+            self.svc.remote = RemoteMover(self.svc.store, open_remote(self.config, arena, claims), self.config.chunk_limit)
+            take(lambda: self.svc.remote.close(self._remote_close_wait))   # its workers use the arena
+        self.svc.safeguards = Safeguards(self.svc.store, self.svc.manager, self.config.scrub_rate)
+        take(self.svc.safeguards.close)   # its worker hashes arena slots: before the arena is unmapped
         take(self._remove_socket_file)   # after the ipc socket is closed (registered below)
         self._bind("ipc", "ipc://" + path)
         claims.leftovers.append(path)
@@ -208,18 +199,18 @@ class Daemon:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        if self.manager is not None:
-            self.manager.start(loop)
-        if self.remote is not None:
-            self.remote.start(loop)
+        if self.svc.manager is not None:
+            self.svc.manager.start(loop)
+        if self.svc.remote is not None:
+            self.svc.remote.start(loop)
         self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks) for t, s in self._sockets]
         for reactor in self._reactors:
             reactor.start()
-        self.stream = await open_stream(self, loop, self._claims, self._tasks)
+        self.stream = await open_stream(self, self.config, loop, self._claims, self._tasks)
         background = [asyncio.create_task(self._sweep_loop()),
-                      *self.safeguards.start(loop, self.remote, self.gpu_mover)]
-        if self.gpu_mover is not None:
-            background.append(self.gpu_mover.start(loop))
+                      *self.svc.safeguards.start(loop, self.svc.remote, self.svc.gpu_mover)]
+        if self.svc.gpu_mover is not None:
+            background.append(self.svc.gpu_mover.start(loop))
         interval = watchdog_interval()
         if interval is not None:
             background.append(asyncio.create_task(self._watchdog_loop(interval)))
@@ -233,7 +224,7 @@ class Daemon:
 
     def _sizes_in_force(self) -> dict[str, int]:
         """Settings whose configured value means "derive it" (0, auto), as the daemon derived them."""
-        disk = self.store.disk
+        disk = self.svc.store.disk
         return {"disk_size": disk.capacity_bytes if disk is not None else 0,
                 "disk_queue": self.config.disk_queue_limit if disk is not None else 0,
                 "max_chunk": self.config.chunk_limit}
@@ -258,30 +249,29 @@ class Daemon:
         arm_forced_exit(plan.forced, lambda: list(self._claims.leftovers))
         self.stopping = True
         self._stop_event.set()   # requests waiting on the disk or the remote store: UnavailableError now
-        if self.index is not None:
-            self.index.close_to_readers()   # lookups go to the socket, which refuses them
+        if self.svc.index is not None:
+            self.svc.index.close_to_readers()   # lookups go to the socket, which refuses them
         notify("STOPPING=1", "STATUS=stopping")
         self._remove_socket_file()  # no new local client can connect from here on
         if self.stream is not None:
             self.stream.stop_accepting()
-        logs.info("stopping", sessions=len(self.sessions), leases=len(self.store.leases),
-                  reservations=len(self.store.reservations), timeout=self.config.shutdown_timeout)
-        while len(self.store.reservations) and left("drain") > 0:
+        logs.info("stopping", sessions=len(self.sessions), leases=len(self.svc.store.leases),
+                  reservations=len(self.svc.store.reservations), timeout=self.config.shutdown_timeout)
+        while len(self.svc.store.reservations) and left("drain") > 0:
             await asyncio.sleep(0.01)  # puts being written get until the drain deadline to commit or abort
-        unfinished = len(self.store.reservations)
+        unfinished = len(self.svc.store.reservations)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=left("drain"))
-        if self.gpu_mover is not None:
-            await _within(self.gpu_mover.drain(), left("remote"))
-        if self.remote is not None:
-            sent = await self.remote.drain(left("remote"))
+        if self.svc.gpu_mover is not None:
+            await _within(self.svc.gpu_mover.drain(), left("remote"))
+        if self.svc.remote is not None:
+            sent = await self.svc.remote.drain(left("remote"))
             logs.info("remote_drained", complete=sent)
-        if self.manager is not None:
+        if self.svc.manager is not None:
             started = time.monotonic()
-            queued = self.store.dirty_bytes
-            flushed = await self.manager.flush(left("disk"))
+            queued = self.svc.store.dirty_bytes
+            flushed = await self.svc.manager.flush(left("disk"))
             logs.info("disk_flushed", complete=flushed, bytes=queued, seconds=round(time.monotonic() - started, 3))
-        self._flush_store()
         for reactor in self._reactors:
             reactor.stop()  # what is already queued stays in the socket and is answered next
         if self.stream is not None:
@@ -294,12 +284,6 @@ class Daemon:
         self._remote_close_wait = left("close")
         logs.info("drained", answered=answered, unfinished_reservations=unfinished,
                   took_s=round(loop.time() - began, 3))
-
-    def _flush_store(self) -> None:
-        """Persist what the store's guarantee needs before exit, where the store has such a step."""
-        flush = getattr(self.store, "flush", None)
-        if callable(flush):
-            flush()
 
     def stats_snapshot(self) -> dict[str, Any]:
         """``stats()`` taken on the event loop, callable from any thread (the metrics exporter's)."""
@@ -339,7 +323,7 @@ class Daemon:
     def _failure_reply(self, rid: int | None, exc: Exception) -> list[Any]:
         """The one place an exception becomes an error reply: request errors as they are, anything else as an
         InternalError (a bug: answered and logged, and the daemon keeps serving)."""
-        self.errors += 1
+        self.svc.counters.errors += 1
         if isinstance(exc, RequestError):
             logs.debug("request_error", error=type(exc).__name__, msg=exc.message)
             return [error_reply(rid, exc)]
@@ -362,7 +346,7 @@ class Daemon:
         frames (header first), or a coroutine returning them."""
         rid: int | None = None
         op: Op | None = None
-        self.requests += 1
+        self.svc.counters.requests += 1
         started = time.perf_counter()
         try:
             header = decode_header(raw_header)
@@ -371,13 +355,13 @@ class Daemon:
             if self.stopping and op not in FINISHING_OPS:
                 raise UnavailableError("the daemon is shutting down; retry once it is back")
             if op is Op.HELLO:
-                session, reply = hello_reply(self, owner, transport, header)
+                session, reply = hello_reply(self.svc, owner, transport, header)
                 self._add_session(session)
             else:
                 session = self.sessions.get(owner)
                 if session is None:
                     raise VersionError("send HELLO (protocol version and namespace) before any other request")
-                reply = HANDLERS[op](self, session, header, payload)
+                reply = HANDLERS[op](self.svc, session, header, payload)
                 if type(reply) is not list:   # a coroutine: the handler has to wait
                     return self._finish(rid, op, started, reply)
         except Exception as exc:
@@ -389,13 +373,9 @@ class Daemon:
     def _add_session(self, session: Session) -> None:
         old = self.sessions.get(session.owner)
         if old is not None:
-            self.store.drop_owner(old.owner)
+            self.svc.store.drop_owner(old.owner)
         self.sessions[session.owner] = session
         logs.debug("hello", client_id=session.client_id, namespace=session.namespace, transport=session.transport)
-
-    def count_lookup_tokens(self, session: Session, asked: int, found: int) -> None:
-        self.lookup_tokens += asked * session.chunk_tokens
-        self.hit_tokens += found * session.chunk_tokens
 
     # -- background -----------------------------------------------------------------------------------------
     async def _sweep_loop(self) -> None:
@@ -404,17 +384,17 @@ class Daemon:
             self.sweep()
 
     def sweep(self) -> None:
-        if self.index is not None:
-            self.index.beat()
-        if self.manager is not None:
-            self.store.rebalance()
-            self.manager.check_space()
-        overdue_before = self.store.leases.overdue
-        leases, reservations = self.store.expire(keep_leases_of=self._process_alive)
+        if self.svc.index is not None:
+            self.svc.index.beat()
+        if self.svc.manager is not None:
+            self.svc.store.rebalance()
+            self.svc.manager.check_space()
+        overdue_before = self.svc.store.leases.overdue
+        leases, reservations = self.svc.store.expire(keep_leases_of=self._process_alive)
         if leases or reservations:
             logs.info("expired", leases=leases, reservations=reservations)
-        if self.store.leases.overdue > overdue_before:
-            logs.warning("leases_overdue", leases=self.store.leases.overdue - overdue_before,
+        if self.svc.store.leases.overdue > overdue_before:
+            logs.warning("leases_overdue", leases=self.svc.store.leases.overdue - overdue_before,
                          reason="held past --lease-ttl by live local clients; kept until released or the "
                                 "client's process ends")
         for owner, session in list(self.sessions.items()):
@@ -426,7 +406,7 @@ class Daemon:
         session = self.sessions.pop(owner, None)
         if session is None:
             return
-        leases, reservations = self.store.drop_owner(owner)
+        leases, reservations = self.svc.store.drop_owner(owner)
         if leases or reservations or reason != "connection_closed":
             logs.info("client_gone", client_id=session.client_id, pid=session.pid, reason=reason,
                       leases=leases, reservations=reservations)
@@ -438,7 +418,10 @@ class Daemon:
         return session is not None and session.pid > 0 and not session.process_gone()
 
     def stats(self) -> dict[str, Any]:
-        return daemon_stats(self)
+        return daemon_stats(self.svc, len(self.sessions), self.auth_rejected())
+
+    def _stream_path(self) -> str | None:
+        return self.stream.path if self.stream is not None and self.stream.listening else None
 
     def auth_rejected(self) -> int:
         return self._curve.allow.rejected if self._curve is not None else 0

@@ -9,39 +9,38 @@ the chunk's host slot itself and repairs or drops only what fails there.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..protocol import messages as m
 from ..protocol.wire import Op, ok_reply
+from .service import Service
 from .session import Session
 
-if TYPE_CHECKING:
-    from .daemon import Daemon
 
 Frames = list[Any]
 
 
-def handle_scrub(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
+def handle_scrub(svc: Service, s: Session, h: dict, frames: list) -> Any:
     req = m.Scrub.parse(h)
 
     async def scrub() -> Frames:
-        report = await d.safeguards.scrubber.scrub(req.rate)
+        report = await svc.safeguards.scrubber.scrub(req.rate)
         return [ok_reply(h["id"], scrub=report.as_dict())]
     return scrub()
 
 
-def handle_verify(d: "Daemon", s: Session, h: dict, frames: list) -> Frames:
+def handle_verify(svc: Service, s: Session, h: dict, frames: list) -> Frames:
     req = m.VerifyReport.parse(h)
-    dropped = d.safeguards.verified(req.namespace, req.keys, req.checks, req.mismatches, req.max_difference,
+    dropped = svc.safeguards.verified(req.namespace, req.keys, req.checks, req.mismatches, req.max_difference,
                                     req.first_bad)
     return [ok_reply(h["id"], dropped=dropped)]
 
 
-def handle_corrupt(d: "Daemon", s: Session, h: dict, frames: list) -> Any:
+def handle_corrupt(svc: Service, s: Session, h: dict, frames: list) -> Any:
     req = m.Keys.parse(h)
-    guards = d.safeguards
+    guards = svc.safeguards
     guards.reported += len(req.keys)
-    entries = [e for e in (d.store.index.get(k) for k in req.keys) if e is not None]
+    entries = svc.store.entries(req.keys)
 
     async def recheck() -> Frames:
         bad = await guards.integrity.check_host(entries)

@@ -10,17 +10,14 @@ and clients then ask the ZeroMQ socket.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from ..config import ServerConfig
 from ..protocol.index_layout import REMOTE, supported
 from ..store.published_index import PublishedIndex, index_path_for
 from ..store.store import Store
 from .startup import Claims
-from .stream import SUFFIX, StreamServer
+from .stream import SUFFIX, Dispatcher, StreamServer
 
-if TYPE_CHECKING:
-    from .daemon import Daemon
 
 EXPECTED_CHUNK_BYTES = 64 << 10   # sizes the index at start: one slot per 64 KiB of DRAM (it grows past that)
 
@@ -42,10 +39,10 @@ def open_index(config: ServerConfig, store: Store, claims: Claims) -> PublishedI
     return index
 
 
-async def open_stream(daemon: "Daemon", loop: asyncio.AbstractEventLoop, claims: Claims,
+async def open_stream(daemon: Dispatcher, config: ServerConfig, loop: asyncio.AbstractEventLoop, claims: Claims,
                       tasks: set[asyncio.Task]) -> StreamServer | None:
     """Listen on the stream socket next to the ZeroMQ one; None when it cannot be bound (logged)."""
-    stream = StreamServer(daemon, daemon.config.socket + SUFFIX, tasks)
+    stream = StreamServer(daemon, config.socket + SUFFIX, tasks)
     if not await stream.start(loop):
         return None
     claims.take(stream.remove_file)   # its connections are closed on the loop, at the end of the stop

@@ -1,6 +1,7 @@
 """The daemon's ``stats`` reply: one plain dictionary of the store's counters, tiers, movers and sessions.
 
-Taken on the event loop (the exporter asks through ``Daemon.stats_snapshot``); every value is a number, a string
+Taken on the event loop (the exporter asks through ``Daemon.stats_snapshot``) from the service (``service.py``) and the
+daemon's session count; every value is a number, a string
 or a dictionary of those, so the same snapshot serves ``kvstore stats``, the wire reply and Prometheus. Nothing
 secret is in it: the remote tier reports counters only, never its URL.
 """
@@ -14,18 +15,18 @@ from .._version import __version__
 
 if TYPE_CHECKING:
     from ..store.store import Store
-    from .daemon import Daemon
+    from .service import Service
 
 
-def daemon_stats(d: "Daemon") -> dict[str, Any]:
+def daemon_stats(d: "Service", sessions: int, auth_rejected: int) -> dict[str, Any]:
     store = d.store
     return {
         "version": __version__,
         "uptime_s": round(time.time() - d.started, 3),
         "tiers": tier_stats(store),
         "chunks": store.committed_chunks(),
-        "lookup_tokens": d.lookup_tokens,
-        "hit_tokens": d.hit_tokens,
+        "lookup_tokens": d.counters.lookup_tokens,
+        "hit_tokens": d.counters.hit_tokens,
         "counters": {**store.counters.__dict__, **store.tier_counters.__dict__},
         "disk": d.manager.stats() if d.manager is not None else None,
         "gpu": d.gpu_mover.stats() if d.gpu_mover is not None else None,
@@ -35,10 +36,10 @@ def daemon_stats(d: "Daemon") -> dict[str, Any]:
         "leases_overdue": store.leases.overdue,
         "reservations": len(store.reservations),
         "credits": store.credits.stats(),
-        "sessions": len(d.sessions),
-        "requests": d.requests,
-        "errors": d.errors,
-        "auth_rejected": d.auth_rejected(),
+        "sessions": sessions,
+        "requests": d.counters.requests,
+        "errors": d.counters.errors,
+        "auth_rejected": auth_rejected,
     }
 
 

@@ -16,21 +16,27 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .. import logs
 from ..errors import LimitError
 from ..protocol.stream import LENGTH, SUFFIX, reply_bytes, request_too_long
 from ..protocol.wire import MAX_HEADER_BYTES, error_reply
 
-if TYPE_CHECKING:
-    from .daemon import Daemon
+
+
+class Dispatcher(Protocol):
+    """What the stream needs of the daemon: its one dispatcher, and dropping a closed connection's session."""
+
+    def handle_request(self, transport: str, owner: bytes, raw_header: Any, payload: list[Any]) -> Any: ...
+
+    def drop_session(self, owner: bytes, reason: str) -> None: ...
 
 __all__ = ["StreamServer", "SUFFIX"]
 
 
 class StreamServer:
-    def __init__(self, daemon: "Daemon", path: str, tasks: set[asyncio.Task]) -> None:
+    def __init__(self, daemon: Dispatcher, path: str, tasks: set[asyncio.Task]) -> None:
         self.daemon = daemon
         self.path = path
         self.tasks = tasks          # replies that had to wait, as tasks (the daemon's stop waits for them)

@@ -80,7 +80,7 @@ def open_gpu(config: ServerConfig, arena: SharedArena, claims: Claims) -> Any:
     if shared is not None:
         claims.leftovers.append(shared)
     logs.info("gpu_tier", device=str(gpu.device), capacity_bytes=gpu.capacity_bytes,
-              host_pinned=bool(gpu.pinned and gpu.pinned.pinned))
+              host_pinned=bool(gpu.page_locked and gpu.page_locked.locked))
     return gpu
 
 

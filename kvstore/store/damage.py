@@ -23,12 +23,10 @@ while a check reads it, the slot is neither evicted nor demoted nor freed by a d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from .entry import DiskState, Entry, State
 
-if TYPE_CHECKING:
-    from .store import Store
 
 TIERS = ("host", "disk", "gpu", "remote")
 
@@ -50,25 +48,25 @@ class IntegrityCounters:
 class DamageMixin:
     """Methods of ``Store`` for checksums and damaged copies (see the module docstring)."""
 
-    def begin_check(self: "Store", entries: Iterable[Entry]) -> None:
+    def begin_check(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
             entry.checking += 1
 
-    def end_check(self: "Store", entries: Iterable[Entry]) -> None:
+    def end_check(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
             entry.checking -= 1
             assert entry.checking >= 0, "ended more checks than begun"
             if entry.doomed:
                 self._release_if_idle(entry)
 
-    def checksummed(self: "Store", entries: Sequence[Entry]) -> None:
+    def checksummed(self, entries: Sequence[Entry]) -> None:
         """Commit's checksums are known: write-back and the remote put start (they carry the sum)."""
         live = [e for e in entries if e.readable and self.index.get(e.key) is e and e.host_offset is not None]
         self._queue_writes(live)
         if self.remote is not None and live:
             self.remote.after_commit(live)
 
-    def damaged(self: "Store", entry: Entry, tier: str) -> int:
+    def damaged(self, entry: Entry, tier: str) -> int:
         """``entry``'s copy in ``tier`` failed its checksum: repair from another copy or drop the chunk and its
         continuations. Returns the chunks dropped from the index (0 when repaired or already gone)."""
         if self.index.get(entry.key) is not entry or not entry.readable:
@@ -80,7 +78,7 @@ class DamageMixin:
             return 0
         return self.drop_chain(entry, quarantine=f"{tier} copy failed its checksum" if tier == "disk" else None)
 
-    def _repair(self: "Store", entry: Entry, tier: str) -> bool:
+    def _repair(self, entry: Entry, tier: str) -> bool:
         if entry.pins or entry.loading is not None or entry.gpu_loading is not None:
             return False
         if tier == "host" and entry.host_offset is not None and entry.checking == 0 \
@@ -102,7 +100,7 @@ class DamageMixin:
             return True
         return False
 
-    def drop_chain(self: "Store", entry: Entry, quarantine: str | None = None) -> int:
+    def drop_chain(self, entry: Entry, quarantine: str | None = None) -> int:
         """Remove ``entry`` and every chunk that continues it, from every tier. Returns how many."""
         doomed = [entry] + self.continuations(entry.key)
         if quarantine is not None:
@@ -115,7 +113,7 @@ class DamageMixin:
         self.integrity.dropped += dropped
         return dropped
 
-    def drop_keys(self: "Store", keys: Sequence[bytes]) -> int:
+    def drop_keys(self, keys: Sequence[bytes]) -> int:
         """Drop the chunks ``keys`` name (and their continuations); a verify mismatch."""
         dropped = 0
         for key in keys:
@@ -124,7 +122,7 @@ class DamageMixin:
                 dropped += self.drop_chain(entry)
         return dropped
 
-    def continuations(self: "Store", key: bytes) -> list[Entry]:
+    def continuations(self, key: bytes) -> list[Entry]:
         """Every indexed chunk whose chain passes through ``key`` (one pass over the index)."""
         children: dict[bytes, list[Entry]] = {}
         for entry in self.index.values():

@@ -40,8 +40,8 @@ import time
 from typing import Sequence
 
 from .. import logs
-from ..tiers.disk import ChecksumError, DiskTier, round_up
-from ..tiers.disk_format import FormatError
+from ..errors import ChecksumError, FormatError
+from ..tiers.disk import DiskTier, round_up
 from .entry import Entry
 from .store import Store
 
@@ -95,6 +95,10 @@ class TierManager:
         self.wake_writer()
         self.store.rebalance()
         self._drained.set()
+
+    def queued_bytes(self) -> int:
+        """Bytes committed and waiting for (or being written to) the disk."""
+        return self.store.dirty_bytes
 
     def over_bound(self, nbytes: int) -> bool:
         """Whether queuing ``nbytes`` more would pass the write-back bound (a lone large put always passes)."""

@@ -32,7 +32,8 @@ Checksums. A put carries each chunk's own checksum (taken at commit) into the re
 from the slot, so DRAM damaged between commit and put gives a record that fails on read. A fetch returns the
 records' checked sums, which become the fetched chunks' checksums: one xxh3 pass per transfer either way.
 
-Failure. Every store call has a deadline and runs on this mover's threads, never on the event loop. While the store
+Failure. Every store call has a deadline and runs on the backend's worker pool (the one executor of the remote
+path), awaited here, never on the event loop. While the store
 is down the backend answers at once (its breaker, ``remote/base.py``) and probes it now and then, so lookups fall
 back to the local tiers within one deadline and the remote tier returns by itself with the store.
 """
@@ -40,7 +41,6 @@ back to the local tiers within one deadline and the remote tier returns by itsel
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -54,7 +54,6 @@ MAX_FETCH = 256          # chunks asked for in one lookup (the Store also stops 
 BAD_TTL = 60.0           # seconds a value that could not be read back is not offered again
 BAD_MAX = 4096
 VERIFY_BAD_TTL = 3600.0  # seconds a chunk a verification found wrong is not fetched from the store again
-WORKERS = 4              # threads that wait on store calls (each call has its own deadline)
 DRAIN_MAX = 5.0          # at stop, how long puts in flight may take to finish
 
 
@@ -63,7 +62,6 @@ class RemoteMover:
         self.store = store
         self.backend = backend
         self.chunk_limit = chunk_limit
-        self.pool = concurrent.futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="kvstore-remote")
         self.loads: dict[bytes, asyncio.Future] = {}   # key -> its fetch (result: chunks published)
         self.bad: OrderedDict[bytes, float] = OrderedDict()   # key -> until when it is not offered
         self.puts_in_flight = 0
@@ -164,7 +162,7 @@ class RemoteMover:
         done = loop.create_future()
         published = 0
         try:
-            sizes = await loop.run_in_executor(self.pool, self.backend.batch_lookup, keys)
+            sizes = await self.backend.lookup_async(keys)
             sizes = self._plausible(sizes)
             entries = self.store.start_remote_fetch(namespace, keys[:len(sizes)], sizes, parent)
             for entry in entries:
@@ -173,8 +171,7 @@ class RemoteMover:
             if entries:
                 views = [self.store.host.read(e.host_offset, e.size) for e in entries]
                 sums: list[int | None] = []
-                got = await loop.run_in_executor(self.pool, self.backend.batch_get_into,
-                                                 [e.key for e in entries], views, None, sums)
+                got = await self.backend.get_into_async([e.key for e in entries], views, None, sums)
                 loaded = self._leading_whole(entries, got)
                 published = self.store.finish_remote_fetch(entries, loaded, sums)
                 entries = []
@@ -236,7 +233,5 @@ class RemoteMover:
                 "unreadable_keys": len(self.bad)}
 
     def close(self, wait: float = 5.0) -> None:
-        """Stop the workers (each call ends by its deadline), then the backend (its calls get ``wait`` seconds):
-        before the arena is unmapped."""
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        """Close the backend (its calls get ``wait`` seconds to end): before the arena is unmapped."""
         self.backend.close(wait)

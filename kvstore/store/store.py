@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-from ..errors import LeaseError, ReservationError, StoreFullError
-from ..tiers.disk import DamagedSource, DiskTier
+from ..errors import ChecksumError, DamagedSource, FormatError, LeaseError, ReservationError, StoreFullError
+from ..tiers.disk import DiskTier
 from ..tiers.host import HostTier
 from .damage import DamageMixin, IntegrityCounters
 from ..protocol.index_layout import STATE_OF_TIER
@@ -314,6 +314,27 @@ class Store(DamageMixin):
         handle = self.leases.extend(owner, lease_id, self.clock())
         return handle.deadline - self.clock()
 
+    def read(self, entry: Entry) -> memoryview:
+        """The DRAM bytes of a chunk the caller holds a lease or reservation on."""
+        assert entry.host_offset is not None
+        return self.host.read(entry.host_offset, entry.size)
+
+    def write(self, slot: Slot, data: object) -> None:
+        """Copy a put's bytes into the slot its reservation got."""
+        self.host.write(slot.offset, data)
+
+    def arena(self) -> tuple[str, int]:
+        """The shared arena's path and size, for clients that map it."""
+        return self.host.arena.path, self.host.arena.size
+
+    def entries(self, keys: Sequence[bytes]) -> list[Entry]:
+        """The indexed entries of ``keys`` (any state), in order, skipping keys not indexed."""
+        return [e for e in (self.index.get(k) for k in keys) if e is not None]
+
+    def wants_gpu(self) -> bool:
+        """Whether some chunk asked for a GPU promotion that the GPU mover has not taken yet."""
+        return bool(self.gpu_wanted)
+
     def count_remote_hits(self, chunks: int) -> None:
         """A lookup found ``chunks`` more in the remote store (or being fetched from it) past its local walk."""
         self.counters.hit_keys += chunks
@@ -474,8 +495,6 @@ class Store(DamageMixin):
             return True
         self.host.free(offset)
         if error is not None:
-            from ..tiers.disk import ChecksumError
-            from ..tiers.disk_format import FormatError
             bad = isinstance(error, (ChecksumError, FormatError))
             if bad:
                 tc.checksum_failures += 1

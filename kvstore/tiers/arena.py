@@ -4,7 +4,8 @@ One file in ``/dev/shm`` (tmpfs), created by the daemon with owner-only permissi
 client, so that a chunk moves with one memcpy each way and a get is a zero-copy view. Its pages are allocated
 up front with ``posix_fallocate``: tmpfs overcommits, and a write to a page that tmpfs cannot back kills the
 writer with SIGBUS — failing at start with a clear message is better than failing mid-put. Allocating up front
-also means clients only take minor faults on first touch; they map with MAP_POPULATE to take those at connect.
+also means clients only take minor faults on first touch. Clients map lazily, so that connect does not grow
+with the arena, and populate the slots a request touches (``kvstore/client/pages.py``).
 
 The file name is derived from the socket path, so a daemon restarted on the same socket finds and removes the
 segment a crashed predecessor left behind.
@@ -72,8 +73,7 @@ class SharedArena:
             actual = os.fstat(fd).st_size
             if actual < size:
                 raise OSError(errno.EINVAL, f"shared arena {path} is {actual} bytes, expected {size}")
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            buf = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            buf = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         return cls(path=path, size=size, buf=buf, owner=False)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import lz4.block
 
 from ..errors import ConfigError
+from ..errors import ChecksumError, DamagedSource
 from .disk_format import FLAG_LZ4, FLAG_RAW_SUM, HEADER_BYTES, ChunkHeader, FormatError, checksum, pack_header, unpack_header
 
 BLOCK = 4096
@@ -48,14 +49,6 @@ _FANOUT_NAME = re.compile(r"^[0-9a-f]{2}$")
 
 def round_up(n: int, to: int = BLOCK) -> int:
     return -(-n // to) * to
-
-
-class ChecksumError(Exception):
-    """A stored payload whose checksum does not match its header: treated as a miss."""
-
-
-class DamagedSource(ChecksumError):
-    """A chunk's DRAM bytes, about to be written, no longer match the checksum taken at commit."""
 
 
 @dataclass

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import xxhash
 
+from ..errors import FormatError
+
 MAGIC = b"KVSCHUNK"
 FORMAT_VERSION = 1
 HEADER_BYTES = 4096
@@ -48,10 +50,6 @@ MAX_NAMESPACE_BYTES = HEADER_BYTES - 64 - KEY_BYTES
 _FIXED = struct.Struct("<8sHHHH16sQQQ")
 _SUM = struct.Struct("<Q")
 assert _FIXED.size == 56
-
-
-class FormatError(ValueError):
-    """A header that is not ours, torn, or inconsistent with its file."""
 
 
 @dataclass(frozen=True)

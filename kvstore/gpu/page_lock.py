@@ -1,4 +1,4 @@
-"""Page-locking the shared host arena with CUDA, so host↔GPU copies are asynchronous DMA at PCIe speed.
+"""Page-locking the shared host arena (``cudaHostRegister``; "pin" in kvstore means a lease, never this) with CUDA, so host↔GPU copies are asynchronous DMA at PCIe speed.
 
 ``cudaHostRegister`` pins existing pages (our arena is an mmap of a /dev/shm file, so it cannot come from
 ``cudaHostAlloc``) and makes them visible to every CUDA context (``cudaHostRegisterPortable``). The daemon
@@ -26,22 +26,22 @@ HOST_REGISTER_PORTABLE = 1
 
 
 @dataclass
-class PinnedRegion:
+class PageLockedRegion:
     """A host range and whether CUDA has it page-locked (``reason`` says why not)."""
 
     address: int
     nbytes: int
-    pinned: bool
+    locked: bool
     reason: str = ""
 
-    def unpin(self) -> None:
-        """Unregister before the memory is unmapped (a no-op when it was never pinned)."""
-        if not self.pinned:
+    def unlock(self) -> None:
+        """Unregister before the memory is unmapped (a no-op when it was never page-locked)."""
+        if not self.locked:
             return
         import torch
 
         torch.cuda.cudart().cudaHostUnregister(self.address)
-        self.pinned = False
+        self.locked = False
 
 
 def memlock_limit() -> int | None:
@@ -62,7 +62,7 @@ def _error_code(result: Any) -> int:
     return int(getattr(result, "value", result))
 
 
-def pin(buf: Any, nbytes: int, who: str = "daemon") -> PinnedRegion:
+def page_lock(buf: Any, nbytes: int, who: str = "daemon") -> PageLockedRegion:
     """Page-lock ``nbytes`` of ``buf`` with CUDA, or explain (and log) why it stays pageable."""
     address = buffer_address(buf)
     limit = memlock_limit()
@@ -71,10 +71,10 @@ def pin(buf: Any, nbytes: int, who: str = "daemon") -> PinnedRegion:
         import torch
 
         if not torch.cuda.is_available():
-            return PinnedRegion(address, nbytes, False, "no CUDA device is visible")
+            return PageLockedRegion(address, nbytes, False, "no CUDA device is visible")
         start = time.monotonic()
         code = _error_code(torch.cuda.cudart().cudaHostRegister(address, nbytes, HOST_REGISTER_PORTABLE))
-    except Exception as exc:  # noqa: BLE001 - any failure to pin means "stay pageable"
+    except Exception as exc:  # noqa: BLE001 - any failure to page-lock means "stay pageable"
         code, start = -1, time.monotonic()
         reason = f"cudaHostRegister raised {exc!r}"
     else:
@@ -82,9 +82,9 @@ def pin(buf: Any, nbytes: int, who: str = "daemon") -> PinnedRegion:
     if code == 0:
         logs.info("host_pinned", who=who, bytes=nbytes, seconds=round(time.monotonic() - start, 3),
                   memlock=limit_text)
-        return PinnedRegion(address, nbytes, True)
+        return PageLockedRegion(address, nbytes, True)
     hint = ("raise the locked-memory limit to at least the host tier size (ulimit -l unlimited, "
             "LimitMEMLOCK=infinity, docker --ulimit memlock=-1)") if limit is not None and limit < nbytes else ""
     logs.warning("host_pin_failed", who=who, bytes=nbytes, reason=reason, memlock=limit_text,
                  fallback="pageable copies (slower, synchronous)", fix=hint or "none needed")
-    return PinnedRegion(address, nbytes, False, reason)
+    return PageLockedRegion(address, nbytes, False, reason)

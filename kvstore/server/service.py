@@ -1,0 +1,89 @@
+"""The service: everything a request handler may touch, and the tier orchestration requests need.
+
+The daemon (``daemon.py``) keeps sockets, sessions, dispatch and the life cycle; it builds one ``Service`` at
+start-up and hands it to every handler (``handlers.py``, ``integrity_handlers.py``). Handlers import this module,
+never the daemon, so the server package has no import cycle, and a handler cannot reach a socket or a session
+table. Decisions that span tiers (which tier to promote from for a lookup, what a get waits for before it pins)
+are made here, in one place, rather than in each handler; the Store's own fields stay behind its methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..config import ServerConfig
+from ..store.gpu_mover import GpuMover
+from ..store.manager import TierManager
+from ..store.published_index import PublishedIndex
+from ..store.remote_mover import RemoteMover
+from ..store.store import LookupResult, Store
+from .safeguards import Safeguards
+from .session import Session
+
+
+@dataclass
+class ServiceCounters:
+    lookup_tokens: int = 0
+    hit_tokens: int = 0
+    requests: int = 0
+    errors: int = 0
+
+
+class Service:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.started = time.time()
+        self.counters = ServiceCounters()
+        self.store: Store  # set at start-up, with the movers below
+        self.manager: TierManager | None = None        # the disk tier's mover
+        self.gpu_mover: GpuMover | None = None
+        self.gpu_hello: dict[str, Any] | None = None   # the HELLO reply's "gpu" field (exported once)
+        self.remote: RemoteMover | None = None
+        self.safeguards: Safeguards  # checksums, scrubs, verification, key parameters
+        self.index: PublishedIndex | None = None       # the lookup index clients read in shared memory
+        self.stream_path: Callable[[], str | None] = lambda: None   # the listening stream socket, if any
+        self.stats: Callable[[], dict[str, Any]] = dict   # the daemon's ``stats`` reply (set by the daemon)
+
+    # -- lookups --------------------------------------------------------------------------------------------
+    def count_lookup_tokens(self, session: Session, asked: int, found: int) -> None:
+        self.counters.lookup_tokens += asked * session.chunk_tokens
+        self.counters.hit_tokens += found * session.chunk_tokens
+
+    def promote_after_lookup(self, keys: Sequence[bytes], result: LookupResult) -> None:
+        """A lookup that found disk-only chunks starts reading them into DRAM, so the get that follows hits."""
+        if self.manager is not None and "disk" in result.tiers:
+            self.manager.promote(self.store.to_promote(keys))
+
+    # -- puts -----------------------------------------------------------------------------------------------
+    def write_back_behind(self, nbytes: int) -> bool:
+        """Whether a put of ``nbytes`` must wait for write-back to catch up (back-pressure)."""
+        return self.manager is not None and self.manager.over_bound(nbytes)
+
+    async def wait_for_write_back(self, nbytes: int, seconds: float) -> bool:
+        assert self.manager is not None
+        return await self.manager.wait_for_room(nbytes, seconds)
+
+    # -- gets -----------------------------------------------------------------------------------------------
+    def arrivals(self, keys: Sequence[bytes], gpu_ok: bool, verify: bool, wait: bool) -> list[asyncio.Future]:
+        """What a get of ``keys`` waits for before it pins: checksums being taken (for a verifying reader), and
+        when the reader may wait, reads from disk, copies down from the GPU tier (for a reader that cannot map
+        it) and fetches from the remote store. Starts the reads and copies it asks for."""
+        waits: list[asyncio.Future] = self.safeguards.integrity.waits(keys) if verify else []
+        if wait:
+            if self.manager is not None:
+                on_disk = self.store.to_promote(keys)
+                if on_disk:
+                    waits += self.manager.promote(on_disk)
+            if self.gpu_mover is not None and not gpu_ok:
+                waits += self.gpu_mover.fetch_down(self.store.gpu_only(keys))
+            if self.remote is not None:
+                waits += self.remote.pending(keys)   # chunks a lookup found in the remote store, still arriving
+        return [w for w in waits if not w.done()]
+
+    def after_get(self) -> None:
+        """Gets count hits; the second DRAM hit of a chunk asks for its GPU promotion: wake the mover for it."""
+        if self.gpu_mover is not None and self.store.wants_gpu():
+            self.gpu_mover.wake()
