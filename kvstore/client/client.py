@@ -1,7 +1,8 @@
 """The client: the public surface engines and tools use to talk to a kvstore daemon.
 
-Over ``ipc://`` the client maps the daemon's shared arena: ``put`` reserves slots, copies each buffer into its
-slot with one memcpy and commits; ``get`` takes a lease and returns zero-copy views of the leased slots. Over
+Over ``ipc://`` the client maps the daemon's shared arena: ``put`` copies each buffer with one memcpy into the
+arena space the daemon lent it and commits in one message (``credit.py``; reserve → copy → commit when it lends
+none); ``get`` takes a lease and returns zero-copy views of the leased slots. Over
 ``tcp://`` the same calls carry the bytes in ZeroMQ frames. If the daemon restarts, the client says hello
 again (re-mapping the new arena) and retries the request once.
 
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import default_socket
-from ..errors import ClientClosedError, DaemonUnavailable, KVStoreError, LeaseError, UsageError, VersionError
+from ..errors import (ClientClosedError, DaemonUnavailable, KVStoreError, LeaseError, StoreFullError, UsageError,
+                      VersionError)
 from ..keys import KEY_SCHEME
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
@@ -32,6 +34,7 @@ from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
 from ..tiers.arena import SharedArena
 from .buffers import copy_into, nbytes_of
+from .credit import CreditWriter
 from .shared_index import SeenNotes, SharedIndexView
 from .stream_transport import StreamLost, StreamTransport
 from .pages import PagePopulator
@@ -167,7 +170,7 @@ class Client:
                  client_id: str | None = None, use_arena: bool | None = None,
                  curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False,
                  key_scheme: str = KEY_SCHEME, hash_seed: int = 0,
-                 shared_index: bool = True, stream: bool = True) -> None:
+                 shared_index: bool = True, stream: bool = True, credits: bool = True) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
             hint = f" (a socket path? use ipc://{self.address})" if self.address.startswith("/") else ""
@@ -202,6 +205,7 @@ class Client:
         self._index: SharedIndexView | None = None
         self._index_file: tuple[int, int] | None = None
         self._seen = SeenNotes()
+        self._credit = CreditWriter(credits)   # puts in one round trip (client/credit.py); False: reserve + commit
         try:
             self._hello()
         except BaseException:
@@ -217,6 +221,7 @@ class Client:
             "pid": pid, "pid_start": pid_start, "arena": self.use_arena, "gpu": self.want_gpu,
             "key_scheme": self.key_scheme, "hash_seed": self.hash_seed,
         }
+        self._credit.forget()   # a new session holds no credit
         header = self._hello_on_stream(hello)
         if header is None:
             self._transport = self._zmq
@@ -418,7 +423,11 @@ class Client:
             return 0
         if self._arena_view is None:
             return self._put_inline(keys, buffers, parent)
-        reservation = self.reserve(keys, [nbytes_of(b) for b in buffers], parent)
+        sizes = [nbytes_of(b) for b in buffers]
+        committed = self._credit.put(self, keys, buffers, sizes, parent)
+        if committed is not None:
+            return committed
+        reservation = self.reserve(keys, sizes, parent)
         try:
             for view, buf in zip(reservation.views, buffers):
                 if view is not None:
@@ -432,7 +441,13 @@ class Client:
         """Reserve arena slots of ``sizes`` bytes for ``keys`` (ipc:// only); see ``Reservation``."""
         if self._arena_view is None:
             raise ValueError("reserve needs the shared arena (an ipc:// client); use put over tcp://")
-        header, _ = self._call({"op": Op.RESERVE, "keys": wire_keys(keys), "sizes": list(sizes), "parent": parent})
+        request = {"op": Op.RESERVE, "keys": wire_keys(keys), "sizes": list(sizes), "parent": parent}
+        try:
+            header, _ = self._call(request)
+        except StoreFullError:
+            if not self._credit.give_back(self):   # the space lent to us may be what is missing
+                raise
+            header, _ = self._call(request)
         views: list[memoryview | None] = []
         for slot in header["slots"]:
             if slot is not None and self._pages is not None:
