@@ -5,9 +5,10 @@
 For each chunk size, a batch of 16 chunks is put (reserve → copy into the arena → commit) and read back (get →
 copy each view into a destination buffer, as an engine copies into its KV cache → release). The reference is a
 plain in-process memcpy of the same bytes into the same destination buffers, timed in the same round as the puts
-and gets so that all see the same machine noise; ratios are medians of per-round ratios. Over ipc:// two paths
-are measured in the same rounds: today's (requests on the stream socket, lookups from the shared index) and the
-one before them (every request through ZeroMQ), so the before/after ratio is taken under the same load.
+and gets so that all see the same machine noise; ratios are medians of per-round ratios. Over ipc:// three paths
+are measured in the same rounds: today's (requests on the stream socket, lookups from the shared index, puts into
+a credit in one round trip), the same with reserve + commit puts, and the one before the stream socket (every
+request through ZeroMQ), so the before/after ratios are taken under the same load.
 
 Lookup latency: one lookup of a 64-chunk prefix, from the shared index, over the stream socket and over ZeroMQ
 (interleaved blocks), then the same with 8 client processes at once, each asking every 0.5 ms. Writes
@@ -33,9 +34,11 @@ SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
 BATCH = 16
 
 
-# Client settings of each path measured over ipc://: today's, and the one before the stream socket and the
-# shared index (ZeroMQ for every request, lookups over the socket), interleaved in the same rounds.
-IPC_PATHS = {"ipc": {}, "ipc_zmq": {"stream": False, "shared_index": False}}
+# Client settings of each path measured over ipc://: today's (puts into a credit: one round trip), the same with
+# reserve + commit puts (two round trips), and the one before the stream socket and the shared index (ZeroMQ for
+# every request, lookups over the socket), interleaved in the same rounds.
+IPC_PATHS = {"ipc": {}, "ipc_reserve": {"credits": False}, "ipc_zmq": {"stream": False, "shared_index": False,
+                                                                   "credits": False}}
 
 
 def measure_paths(address: str, paths: dict[str, dict], size: int, repeat: int) -> dict:
@@ -78,6 +81,8 @@ def measure_paths(address: str, paths: dict[str, dict], size: int, repeat: int) 
         out.update({f"{name}_put_GBps": nbytes / med(put_t) / 1e9, f"{name}_get_GBps": nbytes / med(get_t) / 1e9,
                     f"{name}_put_vs_memcpy": med([m / p for m, p in zip(times["memcpy"], put_t)]),
                     f"{name}_get_vs_memcpy": med([m / g for m, g in zip(times["memcpy"], get_t)])})
+    if "ipc" in clients and "ipc_reserve" in clients:   # the A/B of the two puts, round by round
+        out["ipc_put_speedup_vs_reserve"] = med([r / p for r, p in zip(times["ipc_reserve_put"], times["ipc_put"])])
     return out
 
 
@@ -176,13 +181,14 @@ def main() -> None:
     path = write_result("client-throughput", {"batch": BATCH, "rows": rows, "lookup_64_chunks": lookup,
                                               "lookup_64_chunks_8_clients": concurrent, "load_average": load},
                         quick=args.quick, out=args.out)
-    print("| chunk | memcpy GB/s | ipc put GB/s (×memcpy) | ipc get GB/s (×memcpy) | before: ipc put (×) | before: ipc get (×) "
-          "| tcp put GB/s | tcp get GB/s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| chunk | memcpy GB/s | ipc put GB/s (×memcpy) | ipc get GB/s (×memcpy) | reserve+commit put (×) "
+          "| ZeroMQ: put (×) | ZeroMQ: get (×) | tcp put GB/s | tcp get GB/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['chunk']} | {r['ipc_memcpy_GBps']:.2f} | {r['ipc_put_GBps']:.2f} ({r['ipc_put_vs_memcpy']:.2f}×) "
-              f"| {r['ipc_get_GBps']:.2f} ({r['ipc_get_vs_memcpy']:.2f}×) | {r['ipc_zmq_put_vs_memcpy']:.2f}× "
-              f"| {r['ipc_zmq_get_vs_memcpy']:.2f}× | {r['tcp_put_GBps']:.2f} | {r['tcp_get_GBps']:.2f} |")
+              f"| {r['ipc_get_GBps']:.2f} ({r['ipc_get_vs_memcpy']:.2f}×) | {r['ipc_reserve_put_vs_memcpy']:.2f}× "
+              f"| {r['ipc_zmq_put_vs_memcpy']:.2f}× | {r['ipc_zmq_get_vs_memcpy']:.2f}× "
+              f"| {r['tcp_put_GBps']:.2f} | {r['tcp_get_GBps']:.2f} |")
     print("\nlookup of a 64-chunk prefix (p50 / p99 µs, lookups/s; 8 clients: p50 / p99):")
     for name in LOOKUP_PATHS:
         one, many = lookup[name], concurrent[name]

@@ -24,6 +24,9 @@ still writes what was measured, so the command never hangs. Sub-checks:
                  disk and out of the GPU tier past its watermark, and read back into another paged cache, bytes
                  compared (--cpu-dry-run: the CPU-backed test tier, KVSTORE_GPU_TIER_DEVICE=cpu)
   hf_e2e         the HuggingFace end-to-end test on cuda (KVSTORE_TEST_DEVICE=cuda)
+  vllm_worker    the vLLM connector's worker path (bench/vllm_gpu_check.py): how long saving N chunks blocks
+                 the step (target < 5 % of the copy time), load bandwidth into the paged cache from the pinned
+                 arena and from the GPU tier, against torch's pinned host-to-device and device-to-device copies
 """
 
 from __future__ import annotations
@@ -323,6 +326,13 @@ def check_pinned_host(r: dict) -> None:
         arena.close()
 
 
+def check_vllm_worker(r: dict) -> None:
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from vllm_gpu_check import check_vllm_worker as check
+
+    check(r, DEVICE, child_env(), CHILDREN, cuda_time_ms)
+
+
 def serve_flags() -> str:
     out = subprocess.run([sys.executable, "-m", "kvstore", "serve", "--help"], capture_output=True, text=True,
                          env=child_env(), cwd=ROOT, timeout=60)
@@ -534,12 +544,14 @@ def main() -> int:
             run_check("kernels", check_kernels)
             run_check("daemon_tiers", check_daemon_tiers)
             run_check("hf_e2e", lambda r: check_hf_e2e(r, 120))
+            run_check("vllm_worker", check_vllm_worker)
         elif RESULTS["checks"]["env"].get("cuda_available"):
             run_check("native_build", check_native_build)
             run_check("kernels", check_kernels)
             run_check("hbm_tier", check_hbm_tier)
             run_check("pinned_host", check_pinned_host)
             run_check("daemon_tiers", check_daemon_tiers)
+            run_check("vllm_worker", check_vllm_worker)
             left = args.budget - (time.monotonic() - started) - 10
             run_check("hf_e2e", lambda r: check_hf_e2e(r, max(10.0, left)))
     except TimeoutError as exc:

@@ -50,44 +50,6 @@ def test_bytes_round_trip():
         layout.chunk_from_buffer(buffers[0][:-2], geometry)
 
 
-def test_paged_round_trip_through_scattered_blocks():
-    block_size, num_blocks = 4, 20
-    caches = [torch.zeros(num_blocks, GEOM.num_kv_heads, block_size, 2 * GEOM.head_dim) for _ in range(3)]
-    # a request whose 24 tokens sit in six non-contiguous blocks
-    table = torch.tensor([7, 2, 15, 0, 11, 4])
-    keys, values = _dense(24)
-    chunks = layout.dense_to_chunks(keys, values, 0, 3, GEOM)
-    layout.scatter_paged(chunks, caches, table, 0)
-    # token 13 lives in block table[3] = 0, offset 1
-    torch.testing.assert_close(caches[1][0, :, 1, :4], keys[1][0, :, 13])
-    torch.testing.assert_close(caches[1][0, :, 1, 4:], values[1][0, :, 13])
-    back = layout.gather_paged(caches, table, 1, 2, GEOM)
-    torch.testing.assert_close(back, chunks[1:])
-
-
-def test_paged_scatter_skips_engine_owned_tokens():
-    caches = [torch.zeros(4, 2, 4, 8) for _ in range(3)]
-    table = torch.tensor([3, 1, 0, 2])
-    keys, values = _dense(16)
-    chunks = layout.dense_to_chunks(keys, values, 0, 2, GEOM)
-    layout.scatter_paged(chunks, caches, table, 0, skip_tokens=4)
-    assert torch.count_nonzero(caches[0][3]) == 0  # first block untouched
-    torch.testing.assert_close(caches[0][1, :, 0, :4], keys[0][0, :, 4])
-
-
-def test_paged_respects_physical_stride_order():
-    # vLLM may keep a layer as [blocks, block_size, heads, 2D] in memory and hand
-    # out the [blocks, heads, block_size, 2D] view; indexing must not care.
-    physical = [torch.zeros(6, 4, 2, 8) for _ in range(3)]
-    caches = [p.permute(0, 2, 1, 3) for p in physical]
-    table = torch.tensor([5, 0, 3, 1])
-    keys, values = _dense(16)
-    chunks = layout.dense_to_chunks(keys, values, 0, 2, GEOM)
-    layout.scatter_paged(chunks, caches, table, 0)
-    torch.testing.assert_close(physical[2][3, 1, :, :4], keys[2][0, :, 9])
-    torch.testing.assert_close(layout.gather_paged(caches, table, 0, 2, GEOM), chunks)
-
-
 @pytest.mark.parametrize(
     "name,shape",
     [
@@ -131,13 +93,13 @@ def test_namespace_names_everything_that_changes_bytes():
     assert f"v{layout.LAYOUT_VERSION}" in base
 
 
-def test_paged_kernel_blocks_split_engine_blocks():
-    # block ids name 8-token blocks; the cache holds them as pairs of 4-token kernel blocks
-    caches = [torch.zeros(2 * 5, 2, 4, 8) for _ in range(3)]
-    table = torch.tensor([4, 1])
-    keys, values = _dense(16)
-    chunks = layout.dense_to_chunks(keys, values, 0, 2, GEOM)
-    layout.scatter_paged(chunks, caches, table, 0, block_size=8)
-    # token 13: block id table[1] = 1, within 5 -> kernel block 1 * 2 + 1 = 3, offset 1
-    torch.testing.assert_close(caches[0][3, :, 1, :4], keys[0][0, :, 13])
-    torch.testing.assert_close(layout.gather_paged(caches, table, 0, 2, GEOM, block_size=8), chunks)
+def test_paged_namespace_names_the_cache_format():
+    g = layout.PagedGeometry(num_layers=4, layer_block_bytes=1024, blocks_per_chunk=2, chunk_tokens=256,
+                             cache_format="full(kv_heads=2,head=32,float32,block=128);LBHNC;cpu")
+    assert g.chunk_nbytes == 4 * 2 * 1024
+    base = layout.paged_namespace("m", g)
+    other = layout.PagedGeometry(4, 1024, 2, 256, "full(kv_heads=2,head=32,float32,block=128);LBNHC;cuda")
+    assert len({base, layout.paged_namespace("m", other), layout.paged_namespace("m", g, salt="s"),
+                layout.paged_namespace("m", g, tp_rank=1, tp_size=2), layout.namespace("m", GEOM)}) == 5
+    with pytest.raises(ValueError, match="positive"):
+        layout.PagedGeometry(0, 1024, 2, 256, "x")

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+import time
+
 import pytest
 import torch
 from servers import require_module
@@ -9,12 +14,20 @@ from servers import require_module
 require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
 pytest.importorskip("transformers")
 
+from conftest import wait_for  # noqa: E402
 from engines.tiny import greedy, prefill, prompt, tiny_llama  # noqa: E402
-from engines.vllm_env import Engine, request  # noqa: E402
+from engines.vllm_env import Engine, close_all, request  # noqa: E402
 
 from kvstore.connectors.hf import _new_cache  # noqa: E402
 
 CHUNK = 256
+
+
+@pytest.fixture(autouse=True)
+def engines_closed(start_daemon):
+    """Every engine a test made is shut down before its daemons are (so nothing maps their arenas then)."""
+    yield
+    close_all()
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +55,7 @@ def save_whole_prompt(eng: Engine, model, req_id: str, ids: torch.Tensor, salt: 
     meta = eng.schedule_new(req, 0, ext, ids.shape[1] - ext)
     keys, values = kv_of(model, ids)
     eng.run_step(meta, lambda: eng.write_kv(req_id, keys, values, ext, ids.shape[1]))
+    eng.drain()
     return meta
 
 
@@ -58,11 +72,11 @@ def test_shared_prefix_loads_into_other_blocks_and_continues_like_full_prefill(d
     req = request("b", second[0].tolist())
     assert two.lookup(req) == 1024
     meta = two.schedule_new(req, 0, 1024, second.shape[1] - 1024)
-    assert [(s.num_chunks, s.skip_tokens) for s in meta.loads] == [(4, 0)]
-    assert not meta.saves  # everything full is already stored
+    assert [(s.num_chunks, s.skip_tokens, s.is_async) for s in two.last_load_meta.loads] == [(4, 0, True)]
+    assert not meta.loads and not meta.saves  # loaded before it is scheduled; everything full is stored
     keys, values = kv_of(model, second)
-    assert two.run_step(meta, lambda: two.write_kv("b", keys, values, 1024, second.shape[1])) == (None, None)
-    assert two.worker.get_block_ids_with_load_errors() == set()
+    two.run_step(meta, lambda: two.write_kv("b", keys, values, 1024, second.shape[1]))
+    assert two.received == {"b"} and two.load_errors == set()
 
     loaded_k, loaded_v = two.read_kv("b", 1024)
     for layer in range(len(keys)):
@@ -86,13 +100,14 @@ def test_engine_prefix_cache_hit_is_left_alone(daemon, model):
     two = engine(daemon, model, seed=3)
     req = request("b", ids[0].tolist())
     assert two.lookup(req, local_tokens=512) == 512
-    meta = two.schedule_new(req, 512, 512, ids.shape[1] - 1024)
+    meta = two.admit(req, 512, 512)
     assert [(s.num_chunks, s.skip_tokens) for s in meta.loads] == [(4, 512)]
     table = two.blocks["b"]
     for cache in two.caches.values():
         for b in table[:512 // 16]:
             cache[b].fill_(7.0)  # blocks the engine's own prefix cache holds (and may share)
     two.run_step(meta)
+    two.wait_loaded("b")
     k, _ = two.read_kv("b", 1024)
     keys, _ = kv_of(model, ids)
     assert torch.all(k[0][:, :, :512] == 7.0)
@@ -111,7 +126,9 @@ def test_chunked_prefill_saves_chunks_as_they_complete(daemon, model):
     meta = one.schedule_cached(req, 300, 400)
     assert [(s.first_chunk, s.num_chunks) for s in meta.saves] == [(1, 1)]
     one.run_step(meta, lambda: one.write_kv("a", keys, values, 300, 700))
-    assert one.scheduler.request_finished(req, one.blocks["a"]) == (False, None)
+    assert one.finish(req) is True  # saves may be in flight: vLLM keeps the blocks until they are done
+    one.drain(finished={"a"})
+    assert one.sent == {"a"}
 
     two = engine(daemon, model, seed=2)
     req = request("b", ids[0].tolist())
@@ -126,12 +143,13 @@ def test_chunk_evicted_between_lookup_and_load_is_reported(daemon, model):
     two = engine(daemon, model, seed=2)
     req = request("b", ids[0].tolist())
     assert two.lookup(req) == 1024
-    meta = two.schedule_new(req, 0, 1024, 5)
+    meta = two.admit(req, 0, 1024)
     store = two.scheduler._stores[0]
     with daemon.client() as c:
         assert c.delete(store.keys(ids[0].tolist())[2:]) == 2
     two.run_step(meta)
-    assert two.worker.get_block_ids_with_load_errors() == set(two.blocks["b"][512 // 16:1024 // 16])
+    two.wait_loaded("b")  # a failed load is still a finished one, with its unwritten blocks reported
+    assert two.load_errors == set(two.blocks["b"][512 // 16:1024 // 16])
     assert two.worker.get_block_ids_with_load_errors() == set()
 
 
@@ -155,6 +173,7 @@ def test_bfloat16_pages_round_trip_bit_exact(daemon):
     req = request("a", ids)
     eng.lookup(req)
     eng.run_step(eng.schedule_new(req, 0, 0, n), lambda: eng.write_kv("a", keys, values, 0, n))
+    eng.drain()
     two = Engine(daemon.address, layers=3, kv_heads=4, head_dim=8, dtype=torch.bfloat16, chunk_tokens=64, seed=5)
     req = request("b", ids)
     assert two.lookup(req) == 192
@@ -173,6 +192,8 @@ def test_daemon_down_means_zero_hits_and_normal_steps(model, tmp_path):
     assert eng.lookup(req) == 0
     meta = eng.schedule_new(req, 0, 0, 600)
     assert eng.run_step(meta, lambda: eng.write_kv("a", keys, values, 0, 600)) == (None, None)
+    eng.drain()
+    assert eng.worker.stats["save_failures"] == 1
     assert eng.lookup(request("b", ids[0].tolist())) == 0
 
 
@@ -185,3 +206,123 @@ def test_daemon_dies_mid_run(start_daemon, model):
     req = request("b", ids[0].tolist())
     assert one.lookup(req) == 0
     one.run_step(one.schedule_new(req, 0, 0, 600))  # saves fail quietly
+
+
+def test_scheduler_asks_the_daemon_once_per_request_and_batches_a_pass(daemon, model):
+    eng = engine(daemon, model, extra={"lookup_batch": 64})
+    ids = prompt(600, seed=12)
+    save_whole_prompt(eng, model, "stored", ids)
+    waiting = [request(f"w{i}", ids[0].tolist() if i % 2 else prompt(600, seed=100 + i)[0].tolist())
+               for i in range(256)]
+    for req in waiting:
+        eng.scheduler.on_new_request(req)
+    before = dict(eng.scheduler.stats)
+    for _ in range(3):  # the scheduler considers every waiting request again in each pass
+        found = [eng.scheduler.get_num_new_matched_tokens(req, 0)[0] for req in waiting]
+    assert found == [512 if i % 2 else 0 for i in range(256)]
+    calls = eng.scheduler.stats["lookup_calls"] - before.get("lookup_calls", 0)
+    assert calls == 256 // 64  # one round trip per 64 waiting requests, not one per request and pass
+    eng.scheduler.request_finished(waiting[0], [])
+    assert "w0" not in eng.scheduler._lookups
+
+
+def test_producer_never_loads_and_consumer_never_saves(daemon, model):
+    ids = prompt(600, seed=13)
+    producer = engine(daemon, model, seed=1, role="kv_producer")
+    save_whole_prompt(producer, model, "a", ids)
+    assert producer.lookup(request("again", ids[0].tolist())) == 0  # stored, but a producer never loads
+    consumer = engine(daemon, model, seed=2, role="kv_consumer")
+    req = request("b", ids[0].tolist())
+    assert consumer.lookup(req) == 512
+    meta = consumer.schedule_new(req, 0, 512, 600 - 512)
+    assert not meta.saves and consumer.last_load_meta.loads
+    assert consumer.finish(req) is False  # nothing saved: vLLM frees its blocks at once
+
+
+def test_unsupported_vllm_versions_are_refused_in_one_line():
+    from kvstore.connectors.vllm import check_vllm_version
+    from kvstore.errors import ConfigError
+
+    for ok in ("0.32.0", "0.33.0", "0.33.1rc1", "0.32.0+cpu"):
+        check_vllm_version(ok)
+    for bad in ("0.31.2", "0.34.0", "1.0.0", "dev"):
+        with pytest.raises(ConfigError, match=r"supports vLLM 0\.32 and 0\.33, not") as err:
+            check_vllm_version(bad)
+        assert "\n" not in str(err.value)
+
+
+@contextlib.contextmanager
+def stopped(daemon):
+    """The daemon frozen (SIGSTOP): calls to it hang until it goes on (SIGCONT) or they time out."""
+    daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+
+
+def test_saves_over_the_bytes_bound_are_dropped_not_waited_for(daemon, model):
+    eng = engine(daemon, model, extra={"max_save_bytes": 1, "timeout": 10.0})
+    ids = prompt(1100, seed=14)
+    req = request("a", ids[0].tolist())
+    keys, values = kv_of(model, ids)
+    eng.lookup(req)
+    with stopped(daemon):  # the first step's save waits on the frozen daemon, on the saver thread
+        started = time.monotonic()
+        eng.run_step(eng.schedule_new(req, 0, 0, 600), lambda: eng.write_kv("a", keys, values, 0, 600))
+        eng.run_step(eng.schedule_cached(req, 600, 500), lambda: eng.write_kv("a", keys, values, 600, 1100))
+        assert eng.worker.stats["saves_dropped"] == 2  # the second step's chunks did not fit behind the first
+        assert time.monotonic() - started < 5  # the steps never waited for the daemon
+    assert eng.finish(req) is True
+    eng.drain(finished={"a"})
+    assert eng.sent == {"a"} and eng.worker.stats["chunks_saved"] == 2
+
+
+def test_preempted_request_saves_are_settled_before_its_blocks_are_reused(daemon, model):
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    eng = engine(daemon, model, extra={"timeout": 10.0})
+    ids = prompt(600, seed=15)
+    req = request("a", ids[0].tolist())
+    keys, values = kv_of(model, ids)
+    eng.lookup(req)
+    with stopped(daemon):
+        eng.run_step(eng.schedule_new(req, 0, 0, 300), lambda: eng.write_kv("a", keys, values, 0, 300))
+        eng.run_step(eng.schedule_cached(req, 300, 300), lambda: eng.write_kv("a", keys, values, 300, 600))
+        out = SchedulerOutput.make_empty()
+        out.preempted_req_ids = {"a"}
+        meta = eng.scheduler.build_connector_meta(out)
+        assert meta.preempted == ["a"]
+        # The next step drops the queued save at once and waits for the running one before the blocks go.
+        step = threading.Thread(target=eng.run_step, args=(meta,))
+        step.start()
+        assert wait_for(lambda: eng.worker.stats["saves_dropped"] == 1)
+        assert step.is_alive()
+    step.join(10)
+    assert not step.is_alive() and not eng.worker._transfers.saving("a")
+    assert eng.worker.stats["chunks_saved"] == 1
+
+
+def test_metadata_crosses_processes():
+    import pickle
+
+    from kvstore.connectors.vllm import KVStoreConnectorMetadata, LoadSpec, SaveSpec
+
+    meta = KVStoreConnectorMetadata([LoadSpec("a", [1, 2], [3], 1, 0)], [SaveSpec("b", [4], [5], 0, 1)], ["c"])
+    assert pickle.loads(pickle.dumps(meta)) == meta
+
+
+def test_auto_loads_in_the_step_when_idle_and_off_it_when_busy(daemon, model):
+    ids = prompt(600, seed=16)
+    save_whole_prompt(engine(daemon, model, seed=1), model, "a", ids)
+    two = engine(daemon, model, seed=2, extra={"load_async": "auto"})
+    idle = request("idle", ids[0].tolist())
+    assert two.lookup(idle) == 512 and two.is_async["idle"] is False  # nothing runs: load before the forward
+    meta = two.schedule_new(idle, 0, 512, 600 - 512)
+    assert [s.is_async for s in meta.loads] == [False]
+    two.run_step(meta)
+    assert two.load_errors == set() and two.received == set()  # a synchronous load is never "received"
+    busy = request("busy", ids[0].tolist())
+    assert two.lookup(busy) == 512 and two.is_async["busy"] is True  # "idle" is running now
+    with pytest.raises(Exception, match="load_async"):
+        engine(daemon, model, extra={"load_async": "sometimes"})

@@ -107,6 +107,56 @@ def test_bad_requests_are_refused(kernels):
         PagedKV.from_vllm([caches[0], torch.randn(2, NB + 1, BS, H, D)])
 
 
+# vLLM 0.32+ per-layer caches: logical [blocks, heads, block_size, 2 * head_dim] in three physical orders
+BLOCK_LAYOUTS = {
+    "LBHNC": (0, 1, 2, 3),  # the physical order, as a permutation of the logical axes
+    "LBNHC": (0, 2, 1, 3),
+    "LHBNC": (1, 0, 2, 3),  # heads outside the block axis: a block is not one run of memory
+}
+
+
+def block_cache(order: tuple[int, ...], fill: float | None = None) -> torch.Tensor:
+    logical = (NB, H, BS, 2 * D)
+    physical = [logical[i] for i in order]
+    t = torch.randn(physical) if fill is None else torch.full(physical, fill)
+    inverse = [order.index(i) for i in range(4)]
+    return t.permute(inverse)  # the logical view the engine hands out
+
+
+@pytest.mark.parametrize("name", list(BLOCK_LAYOUTS))
+def test_block_planes_copy_blocks_as_stored(kernels, name):
+    order = BLOCK_LAYOUTS[name]
+    caches = [block_cache(order) for _ in range(L)]
+    kv = PagedKV.from_blocks(caches, BS)
+    assert not kv.token_major
+    assert len(kv.rows) == (L * H if name == "LHBNC" else L)
+    ids = [7, 2, 11]
+    chunk = gather(kv, ids, kernels=kernels)
+    assert chunk.numel() == L * len(ids) * H * BS * 2 * D * 4
+    if name == "LBHNC":  # one plane per layer: the chunk is [layers, blocks, block bytes]
+        assert torch.equal(chunk.view(torch.float32).view(L, 3, H, BS, 2 * D)[1, 2], caches[1][11])
+    targets = [block_cache(order, 0.0) for _ in range(L)]
+    scatter(PagedKV.from_blocks(targets, BS), chunk, [0, 5, 9], kernels=kernels)
+    for src, dst in zip(caches, targets):
+        assert torch.equal(dst[[0, 5, 9]], src[ids])
+        assert not dst[[b for b in range(NB) if b not in (0, 5, 9)]].any()
+
+
+def test_block_planes_skip_blocks_and_refuse_partial_blocks(kernels):
+    caches = [block_cache(BLOCK_LAYOUTS["LBHNC"]) for _ in range(L)]
+    chunk = gather(PagedKV.from_blocks(caches, BS), [3, 4, 5], kernels=kernels)
+    targets = [block_cache(BLOCK_LAYOUTS["LBHNC"], 7.0) for _ in range(L)]
+    kv = PagedKV.from_blocks(targets, BS)
+    scatter(kv, chunk, [8, 1, 2], skip_blocks=1, kernels=kernels)
+    for src, dst in zip(caches, targets):
+        assert (dst[8] == 7.0).all()  # the engine's own block, left alone
+        assert torch.equal(dst[[1, 2]], src[[4, 5]])
+    with pytest.raises(ValueError, match="whole blocks"):
+        gather(kv, [0, 1], num_tokens=BS + 1, kernels=kernels)
+    with pytest.raises(ValueError, match="skip"):
+        scatter(kv, chunk, [8, 1, 2], skip_blocks=4, kernels=kernels)
+
+
 def test_registry_choice_and_override(monkeypatch):
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match="unknown"):

@@ -1,7 +1,8 @@
 """The client: the public surface engines and tools use to talk to a kvstore daemon.
 
-Over ``ipc://`` the client maps the daemon's shared arena: ``put`` reserves slots, copies each buffer into its
-slot with one memcpy and commits; ``get`` takes a lease and returns zero-copy views of the leased slots. Over
+Over ``ipc://`` the client maps the daemon's shared arena: ``put`` copies each buffer with one memcpy into the
+arena space the daemon lent it and commits in one message (``credit.py``; reserve → copy → commit when it lends
+none); ``get`` takes a lease and returns zero-copy views of the leased slots. Over
 ``tcp://`` the same calls carry the bytes in ZeroMQ frames. If the daemon restarts, the client says hello
 again (re-mapping the new arena) and retries the request once.
 
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import default_socket
-from ..errors import ClientClosedError, DaemonUnavailable, KVStoreError, LeaseError, UsageError, VersionError
+from ..errors import (ClientClosedError, DaemonUnavailable, KVStoreError, LeaseError, StoreFullError, UsageError,
+                      VersionError)
 from ..keys import KEY_SCHEME
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
@@ -32,6 +34,7 @@ from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
 from ..tiers.arena import SharedArena
 from .buffers import copy_into, nbytes_of
+from .credit import CreditWriter
 from .shared_index import SeenNotes, SharedIndexView
 from .stream_transport import StreamLost, StreamTransport
 from .pages import PagePopulator
@@ -120,6 +123,37 @@ class Lease:
                              f"may have been written under its views; discard what was read from them") from None
 
 
+class Reservation:
+    """Arena slots reserved for new chunks: fill ``views`` (None: that key is already stored), then ``commit``.
+
+    The two halves of ``put`` for callers that write the bytes themselves, e.g. an engine gathering KV
+    straight into the slots. Uncommitted slots are freed by ``abort`` (or when the reservation's TTL passes)."""
+
+    def __init__(self, client: "Client", reservation_id: int, views: list[memoryview | None]) -> None:
+        self._client = client
+        self.id = reservation_id
+        self.views = views
+
+    def commit(self) -> int:
+        """Publish the filled chunks; returns how many were written."""
+        rid, self.id = self.id, 0
+        self._release_views()
+        header, _ = self._client._call({"op": Op.COMMIT, "reservation": rid}, retry=False)
+        return int(header["committed"])
+
+    def abort(self) -> None:
+        rid, self.id = self.id, 0
+        self._release_views()
+        if rid:
+            self._client._call({"op": Op.ABORT, "reservation": rid}, retry=False)
+
+    def _release_views(self) -> None:
+        for view in self.views:
+            if view is not None:
+                view.release()
+        self.views = []
+
+
 def _file_identity(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -136,7 +170,7 @@ class Client:
                  client_id: str | None = None, use_arena: bool | None = None,
                  curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False,
                  key_scheme: str = KEY_SCHEME, hash_seed: int = 0,
-                 shared_index: bool = True, stream: bool = True) -> None:
+                 shared_index: bool = True, stream: bool = True, credits: bool = True) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
             hint = f" (a socket path? use ipc://{self.address})" if self.address.startswith("/") else ""
@@ -171,6 +205,7 @@ class Client:
         self._index: SharedIndexView | None = None
         self._index_file: tuple[int, int] | None = None
         self._seen = SeenNotes()
+        self._credit = CreditWriter(credits)   # puts in one round trip (client/credit.py); False: reserve + commit
         try:
             self._hello()
         except BaseException:
@@ -186,6 +221,7 @@ class Client:
             "pid": pid, "pid_start": pid_start, "arena": self.use_arena, "gpu": self.want_gpu,
             "key_scheme": self.key_scheme, "hash_seed": self.hash_seed,
         }
+        self._credit.forget()   # a new session holds no credit
         header = self._hello_on_stream(hello)
         if header is None:
             self._transport = self._zmq
@@ -321,6 +357,34 @@ class Client:
         """How many leading ``keys`` are stored (in any tier). Pins nothing."""
         return self.lookup_tiers(keys).count
 
+    def lookup_many(self, chains: Sequence[Sequence[bytes]]) -> list[int]:
+        """``lookup`` of several key chains: from the shared index where it answers, else in one round trip
+        (the requests are pipelined)."""
+        if self._index is not None and self._transport.alive():
+            return [self.lookup(keys) for keys in chains]
+        try:
+            return self._lookup_many(chains)
+        except (VersionError, StreamLost):
+            self._hello()  # the daemon restarted and forgot us
+            return self._lookup_many(chains)
+
+    def _lookup_many(self, chains: Sequence[Sequence[bytes]]) -> list[int]:
+        if self._seen:
+            self._send_seen()
+        ids = [self._transport.send({"op": Op.LOOKUP, "keys": wire_keys(keys), "promote": True}) if keys else 0
+               for keys in chains]
+        counts, error = [], None
+        for rid in ids:  # every reply is waited for (or given up on), so none is left behind when one fails
+            try:
+                wait = 0.0 if isinstance(error, DaemonUnavailable) else None
+                counts.append(int(self._transport.wait(rid, wait)[0]["count"]) if rid else 0)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, once the others are in
+                error = error or exc
+                counts.append(0)
+        if error is not None:
+            raise error
+        return counts
+
     def lookup_tiers(self, keys: Sequence[bytes], promote: bool = True) -> LookupResult:
         """How many leading ``keys`` are stored and how many of those each tier holds. Read from the daemon's
         shared index where it can answer (``client/shared_index.py``), else asked over the socket."""
@@ -360,18 +424,36 @@ class Client:
         if self._arena_view is None:
             return self._put_inline(keys, buffers, parent)
         sizes = [nbytes_of(b) for b in buffers]
-        header, _ = self._call({"op": Op.RESERVE, "keys": wire_keys(keys), "sizes": sizes, "parent": parent})
-        rid = header["reservation"]
+        committed = self._credit.put(self, keys, buffers, sizes, parent)
+        if committed is not None:
+            return committed
+        reservation = self.reserve(keys, sizes, parent)
         try:
-            for slot, buf in zip(header["slots"], buffers):
-                if slot is not None:
-                    self._pages.touch(slot[0], slot[1])
-                    copy_into(self._arena_view[slot[0]:slot[0] + slot[1]], buf)
+            for view, buf in zip(reservation.views, buffers):
+                if view is not None:
+                    copy_into(view, buf)
         except BaseException:
-            self._call({"op": Op.ABORT, "reservation": rid}, retry=False)
+            reservation.abort()
             raise
-        header, _ = self._call({"op": Op.COMMIT, "reservation": rid}, retry=False)
-        return int(header["committed"])
+        return reservation.commit()
+
+    def reserve(self, keys: Sequence[bytes], sizes: Sequence[int], parent: bytes | None = None) -> Reservation:
+        """Reserve arena slots of ``sizes`` bytes for ``keys`` (ipc:// only); see ``Reservation``."""
+        if self._arena_view is None:
+            raise ValueError("reserve needs the shared arena (an ipc:// client); use put over tcp://")
+        request = {"op": Op.RESERVE, "keys": wire_keys(keys), "sizes": list(sizes), "parent": parent}
+        try:
+            header, _ = self._call(request)
+        except StoreFullError:
+            if not self._credit.give_back(self):   # the space lent to us may be what is missing
+                raise
+            header, _ = self._call(request)
+        views: list[memoryview | None] = []
+        for slot in header["slots"]:
+            if slot is not None and self._pages is not None:
+                self._pages.touch(slot[0], slot[1])
+            views.append(None if slot is None else self._arena_view[slot[0]:slot[0] + slot[1]])
+        return Reservation(self, int(header["reservation"]), views)
 
     def _put_inline(self, keys: Sequence[bytes], buffers: Sequence[Any], parent: bytes | None) -> int:
         from .buffers import as_host_bytes

@@ -8,16 +8,19 @@ lets the engine run its normal prefill.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence, Union
 
 import torch
 
 import kvstore
 from kvstore.breaker import Breaker
 
-from .layout import KVGeometry, chunk_from_buffer
+from .layout import KVGeometry, PagedGeometry, chunk_from_buffer, chunks_to_dense
+
+Geometry = Union[KVGeometry, PagedGeometry]
 
 log = logging.getLogger("kvstore.connectors")
 
@@ -35,8 +38,11 @@ class DaemonLink:
         self._breaker = Breaker(retry_s)
 
     @classmethod
-    def to(cls, address: str | None, chunk_tokens: int, timeout: float = 2.0, **kw: Any) -> "DaemonLink":
-        return cls(lambda: kvstore.connect(address, chunk_tokens=chunk_tokens, timeout=timeout), **kw)
+    def to(cls, address: str | None, chunk_tokens: int, timeout: float = 2.0,
+           connect: dict[str, Any] | None = None, **kw: Any) -> "DaemonLink":
+        """A link to the daemon at `address`; `connect`: more `kvstore.connect` options (gpu, pin_arena)."""
+        options = dict(connect or {})
+        return cls(lambda: kvstore.connect(address, chunk_tokens=chunk_tokens, timeout=timeout, **options), **kw)
 
     def client(self) -> kvstore.Client | None:
         if self._client is None and self._breaker.allows():
@@ -114,7 +120,7 @@ def compare_chunks(stored: torch.Tensor, computed: torch.Tensor, atol: float, rt
 class ChunkStore:
     """Chunks of one namespace and geometry, through a client or a `DaemonLink`."""
 
-    def __init__(self, link: kvstore.Client | DaemonLink, namespace: str, geometry: KVGeometry) -> None:
+    def __init__(self, link: kvstore.Client | DaemonLink, namespace: str, geometry: Geometry) -> None:
         self.link = link if isinstance(link, DaemonLink) else _Fixed(link)
         self.namespace = namespace
         self.geometry = geometry
@@ -138,8 +144,18 @@ class ChunkStore:
         try:
             return self._client().lookup(keys)
         except Exception as exc:  # noqa: BLE001 - any failure is a miss
-            self._warn("lookup", exc)
+            self.warn("lookup", exc)
             return 0
+
+    def lookup_many(self, chains: Sequence[Sequence[bytes]]) -> list[int]:
+        """``lookup`` of several chains in one round trip; all 0 when the daemon cannot say."""
+        if not any(chains):
+            return [0] * len(chains)
+        try:
+            return self._client().lookup_many(chains)
+        except Exception as exc:  # noqa: BLE001 - any failure is a miss
+            self.warn("lookup", exc)
+            return [0] * len(chains)
 
     def lookup_tiers(self, keys: Sequence[bytes]) -> tuple[int, dict[str, int]]:
         """Like `lookup`, with how many of the hits each tier holds."""
@@ -149,7 +165,7 @@ class ChunkStore:
             found = self._client().lookup_tiers(keys)
             return found.count, dict(found.tiers)
         except Exception as exc:  # noqa: BLE001
-            self._warn("lookup", exc)
+            self.warn("lookup", exc)
             return 0, {}
 
     def load(self, keys: Sequence[bytes], device: torch.device | str = "cpu") -> torch.Tensor:
@@ -168,7 +184,7 @@ class ChunkStore:
                     try:
                         chunks.append(chunk_from_buffer(view, self.geometry))
                     except ValueError as exc:
-                        self._warn("chunk size", exc)
+                        self.warn("chunk size", exc)
                         break
                 if chunks:
                     out = self.geometry.empty_chunks(len(chunks), device)
@@ -179,8 +195,84 @@ class ChunkStore:
                         torch.cuda.current_stream(out.device).synchronize()
             return out
         except Exception as exc:  # noqa: BLE001
-            self._warn("get", exc)
+            self.warn("get", exc)
             return self.geometry.empty_chunks(0, device)
+
+    @contextlib.contextmanager
+    def lease(self, keys: Sequence[bytes]) -> Iterator[list[Any]]:
+        """Zero-copy views of the longest leasable prefix of `keys` whose sizes fit the geometry, valid
+        inside the `with`; an empty list when the daemon cannot give any. The lease ends on exit."""
+        held = None
+        if keys:
+            try:
+                held = self._client().get(keys)
+            except Exception as exc:  # noqa: BLE001
+                self.warn("get", exc)
+        try:
+            views = list(held.views) if held is not None else []
+            for i, view in enumerate(views):
+                if _nbytes(view) != self.geometry.chunk_nbytes:
+                    self.warn("chunk size", ValueError(
+                        f"chunk holds {_nbytes(view)} bytes, expected {self.geometry.chunk_nbytes}"))
+                    views = views[:i]
+                    break
+            yield views
+        finally:
+            if held is not None:
+                held.release()
+
+    def reserve(self, keys: Sequence[bytes], first: int, count: int) -> Any:
+        """Arena slots for chunks `first .. first + count` of the chain `keys` (a `kvstore.client.Reservation`
+        whose views are None for chunks already stored), or None when the daemon cannot give them."""
+        parent = keys[first - 1] if first > 0 else None
+        try:
+            return self._client().reserve(keys[first:first + count], [self.geometry.chunk_nbytes] * count,
+                                          parent=parent)
+        except Exception as exc:  # noqa: BLE001
+            self.warn("reserve", exc)
+            return None
+
+    def commit(self, reservation: Any) -> int:
+        try:
+            return reservation.commit()
+        except Exception as exc:  # noqa: BLE001
+            self.warn("commit", exc)
+            return 0
+
+    def abort(self, reservation: Any) -> None:
+        try:
+            reservation.abort()
+        except Exception as exc:  # noqa: BLE001 - the reservation's TTL frees it anyway
+            log.debug("kvstore abort failed: %s", exc)
+
+    def load_dense(self, keys: Sequence[bytes], device: torch.device | str = "cpu"
+                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The longest loadable prefix of `keys` as per-layer `[1, kv_heads, n * chunk_tokens, head_dim]` K and
+        V tensors (empty lists on a miss). On the CPU each chunk is copied once, straight from its leased view
+        into its place in one tensor holding every layer's K and V; elsewhere through `load` (one copy to the
+        device, the reordering there)."""
+        if torch.device(device).type != "cpu":
+            return chunks_to_dense(self.load(keys, device)) if keys else ([], [])
+        g = self.geometry
+        try:
+            with self._client().get(keys) as views:
+                chunks = []
+                for view in views:
+                    try:
+                        chunks.append(chunk_from_buffer(view, g))
+                    except ValueError as exc:
+                        self.warn("chunk size", exc)
+                        break
+                t = g.chunk_tokens
+                dense = torch.empty((g.num_layers, 2, 1, g.num_kv_heads, len(chunks) * t, g.head_dim), dtype=g.dtype)
+                for i, chunk in enumerate(chunks):   # [layers, 2, T, heads, dim] -> [layers, 2, heads, T, dim]
+                    dense[:, :, 0, :, i * t:(i + 1) * t].copy_(chunk.permute(0, 1, 3, 2, 4))
+        except Exception as exc:  # noqa: BLE001
+            self.warn("get", exc)
+            return [], []
+        if not chunks:
+            return [], []
+        return [dense[layer, 0] for layer in range(g.num_layers)], [dense[layer, 1] for layer in range(g.num_layers)]
 
     def verify(self, keys: Sequence[bytes], computed: torch.Tensor, atol: float | None = None,
                rtol: float | None = None) -> VerifyResult:
@@ -205,7 +297,7 @@ class ChunkStore:
             dropped = self._client().report_verify(self.namespace, keys[:len(stored)], result.checks,
                                                    result.mismatches, max_diff, first_bad)
         except Exception as exc:  # noqa: BLE001
-            self._warn("verify", exc)
+            self.warn("verify", exc)
             return result
         if result.mismatches:
             log.error("kvstore chunks of %s differ from the computed KV (%d of %d, max difference %g); the "
@@ -225,13 +317,20 @@ class ChunkStore:
         try:
             return self._client().put(new_keys, list(chunks), parent=parent)
         except Exception as exc:  # noqa: BLE001
-            self._warn("put", exc)
+            self.warn("put", exc)
             return 0
 
-    def _warn(self, what: str, exc: BaseException) -> None:
+    def warn(self, what: str, exc: BaseException) -> None:
+        """Note a failure of `what` (once per kind at warning level) and let the link decide on reconnecting."""
         self.link.failed(exc)
         if what not in self._warned:
             self._warned.add(what)
             log.warning("kvstore %s failed, running without the cache: %s", what, exc)
         else:
             log.debug("kvstore %s failed: %s", what, exc)
+
+
+def _nbytes(view: Any) -> int:
+    if isinstance(view, torch.Tensor):
+        return view.numel() * view.element_size()
+    return memoryview(view).nbytes

@@ -45,7 +45,7 @@ import xxhash
 import kvstore
 
 from ._store import ChunkStore, VerifyResult
-from .layout import KVGeometry, chunks_to_dense, dense_to_chunks, namespace
+from .layout import KVGeometry, dense_to_chunks, namespace
 
 log = logging.getLogger("kvstore.connectors.hf")
 
@@ -171,13 +171,22 @@ def load_prefix(
         n = hits * store.geometry.chunk_tokens
         cache, _ = verify_prefix(store, model, input_ids[:, :n], keys[:hits], verify_tolerance)
         return cache, n
-    chunks = store.load(keys[:hits], device=input_ids.device)
-    if len(chunks) == 0:
+    keys_per_layer, values_per_layer = store.load_dense(keys[:hits], device=input_ids.device)
+    if not keys_per_layer:
         return cache, 0
-    keys_per_layer, values_per_layer = chunks_to_dense(chunks)
+    _fill_cache(cache, keys_per_layer, values_per_layer)
+    return cache, keys_per_layer[0].shape[-2]
+
+
+def _fill_cache(cache: Any, keys_per_layer: list[torch.Tensor], values_per_layer: list[torch.Tensor]) -> None:
+    """Put loaded K and V into an empty cache. Releases with per-layer objects (4.56 and later) take the tensors
+    as they are: ``update`` would copy each once more (a concatenation onto an empty tensor)."""
     for layer, (k, v) in enumerate(zip(keys_per_layer, values_per_layer)):
-        cache.update(k, v, layer)
-    return cache, len(chunks) * store.geometry.chunk_tokens
+        if hasattr(cache, "layers"):
+            cache.update(k[..., :0, :], v[..., :0, :], layer)   # sets the layer up (device, dtype), copies nothing
+            cache.layers[layer].keys, cache.layers[layer].values = k, v
+        else:
+            cache.update(k, v, layer)
 
 
 @torch.no_grad()

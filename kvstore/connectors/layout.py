@@ -9,9 +9,10 @@ as one contiguous tensor of shape
 
 in the model's dtype, and stored as the raw bytes of that tensor. Keeping tokens
 before heads makes any run of tokens within a layer one contiguous slab, which
-is what paged engines address (a block is a run of tokens). Every connector
-speaks this one layout, so the bytes of a prefix do not depend on the engine
-that computed them; `LAYOUT_VERSION` changes whenever it does.
+is what paged engines address (a block is a run of tokens). The transformers
+and SGLang connectors speak this one layout, so the bytes of a prefix do not
+depend on which of them computed it; `LAYOUT_VERSION` changes whenever it
+does. (vLLM's chunks are its own block bytes: see "paged" below.)
 
 Engine layouts
 --------------
@@ -21,10 +22,10 @@ tokens), on whatever device the engine's tensors live:
 
 * dense per layer, `[batch, kv_heads, seq, head_dim]` for K and for V
   (transformers `DynamicCache`): `dense_to_chunks` / `chunks_to_dense`;
-* paged per layer, `[num_blocks, kv_heads, block_size, head_dim_k + head_dim_v]`
-  with K then V on the last axis (vLLM's logical per-layer view; its physical
-  stride order may differ and does not matter here), addressed through a
-  request's block table: `gather_paged` / `scatter_paged`;
+* paged (vLLM): whole blocks copied as the engine stores them, by
+  `kvstore.ops.gather` / `scatter` over block planes, so these chunks are the
+  engine's own block bytes (`PagedGeometry`, `paged_namespace`: the cache
+  format is part of the namespace) rather than the layout above;
 * host pages (SGLang HiCache), one page per chunk in one of its named layouts:
   `page_to_chunk` / `chunk_into_page`.
 
@@ -191,91 +192,46 @@ def chunks_to_dense(chunks: torch.Tensor) -> tuple[list[torch.Tensor], list[torc
 
 
 # --------------------------------------------------------------------------
-# paged per-layer K/V ([blocks, heads, block_size, 2*dim], vLLM)
+# paged caches (vLLM): whole blocks, in the engine's own cache format, through kvstore.ops
 
 
-def paged_slots(
-    block_table: torch.Tensor, start: int, end: int, block_size: int, kernel_block_size: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(block index, offset) in a paged cache of each token position in `[start, end)`.
+@dataclass(frozen=True)
+class PagedGeometry:
+    """What fixes the bytes of a chunk copied block by block out of a paged cache (``kvstore.ops`` block
+    planes): per layer, ``blocks_per_chunk`` blocks of ``layer_block_bytes`` each, as the engine stores them.
 
-    `block_table` holds a request's block ids of `block_size` tokens. An engine
-    may split each such block into `block_size // kernel_block_size` kernel
-    blocks, in which case the cache's first axis counts kernel blocks.
+    ``cache_format`` names everything that decides those bytes beyond the counts here (attention kind, heads,
+    head size, dtype, block size, physical layout, device backend); it goes into the namespace, so engines
+    whose blocks differ never read each other's chunks.
     """
-    kbs = kernel_block_size or block_size
-    if block_size % kbs:
-        raise ValueError(f"kernel block size {kbs} does not divide block size {block_size}")
-    positions = torch.arange(start, end, device=block_table.device)
-    within = positions % block_size
-    blocks = block_table[positions // block_size] * (block_size // kbs) + within // kbs
-    return blocks, within % kbs
+
+    num_layers: int
+    layer_block_bytes: int
+    blocks_per_chunk: int
+    chunk_tokens: int
+    cache_format: str
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "layer_block_bytes", "blocks_per_chunk", "chunk_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def chunk_nbytes(self) -> int:
+        return self.num_layers * self.blocks_per_chunk * self.layer_block_bytes
 
 
-def gather_paged_layer(
-    cache: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
-) -> None:
-    """Copy the slots' K and V of one layer into `out`, a `[n, 2, T, H, D]` view."""
-    n, _, t, _, d = out.shape
-    rows = cache[slots[0], :, slots[1]].unflatten(0, (n, t))  # [n, T, H, 2D]
-    out[:, 0].copy_(rows[..., :d])
-    out[:, 1].copy_(rows[..., d:])
-
-
-def gather_paged(
-    layers: Sequence[torch.Tensor],
-    block_table: torch.Tensor,
-    first_chunk: int,
-    num_chunks: int,
-    geometry: KVGeometry,
-    block_size: int | None = None,
-) -> torch.Tensor:
-    """Chunks of one request read out of paged per-layer caches.
-
-    `layers[l]` is `[num_blocks, kv_heads, kernel_block_size, 2 * head_dim]`;
-    `block_table` holds the request's block ids in token order (a 1-D integer
-    tensor on the caches' device); `block_size` is the tokens a block id
-    covers (default: the caches' own block size). Returns
-    `[num_chunks, *chunk_shape]` on the caches' device.
-    """
-    _check_layers(len(layers), len(layers), geometry)
-    t = geometry.chunk_tokens
-    kbs = layers[0].shape[2]
-    slots = paged_slots(block_table, first_chunk * t, (first_chunk + num_chunks) * t, block_size or kbs, kbs)
-    out = geometry.empty_chunks(num_chunks, layers[0].device)
-    for layer, cache in enumerate(layers):
-        gather_paged_layer(cache, slots, out[:, layer])
-    return out
-
-
-def scatter_paged(
-    chunks: torch.Tensor,
-    layers: Sequence[torch.Tensor],
-    block_table: torch.Tensor,
-    first_chunk: int,
-    skip_tokens: int = 0,
-    block_size: int | None = None,
-) -> None:
-    """Write `chunks` (starting at chunk `first_chunk`) into paged caches.
-
-    The first `skip_tokens` tokens of the run are left alone: they sit in
-    blocks the engine already holds (its own prefix cache), which may be shared
-    with other requests.
-    """
-    n, num_layers, _, t, _, d = chunks.shape
-    if num_layers != len(layers):
-        raise ValueError(f"chunks hold {num_layers} layers, engine has {len(layers)}")
-    start = first_chunk * t + skip_tokens
-    end = (first_chunk + n) * t
-    if start >= end:
-        return
-    kbs = layers[0].shape[2]
-    blocks, offsets = paged_slots(block_table, start, end, block_size or kbs, kbs)
-    src = chunks.to(layers[0].device, non_blocking=True)
-    for layer, cache in enumerate(layers):
-        tokens = src[:, layer].permute(1, 0, 2, 3, 4).flatten(1, 2)[:, skip_tokens:]  # [2, m, H, D]
-        cache[blocks, :, offsets, :d] = tokens[0]
-        cache[blocks, :, offsets, d:] = tokens[1]
+def paged_namespace(model_id: str, geometry: PagedGeometry, *, tp_rank: int = 0, tp_size: int = 1,
+                    salt: str = "") -> str:
+    """The namespace string for whole-block chunks of this model, shard and cache format."""
+    if not 0 <= tp_rank < tp_size:
+        raise ValueError(f"tp_rank {tp_rank} outside tp_size {tp_size}")
+    g = geometry
+    parts = [f"kvstore-pages-v{LAYOUT_VERSION}", f"model={model_id}", f"format={g.cache_format}",
+             f"layers={g.num_layers}", f"chunk={g.chunk_tokens}", f"tp={tp_rank}/{tp_size}"]
+    if salt:
+        parts.append(f"salt={salt}")
+    return ";".join(parts)
 
 
 # --------------------------------------------------------------------------

@@ -1,50 +1,55 @@
-"""vLLM connector (KV connector API v1, vLLM 0.33): prompt prefixes from and to kvstore.
+"""vLLM connector (KV connector API v1; vLLM 0.32 and 0.33): prompt prefixes from and to kvstore.
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector": "KVStoreConnector",
         "kv_connector_module_path": "kvstore.connectors.vllm", "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"address": "ipc:///run/kvstore/kvstore.sock", "chunk_tokens": 256}}'
 
-Extra config: `address` (default: the daemon's default socket), `chunk_tokens`
-(a multiple of vLLM's block size; default 256), `model_id` (default: the served
-model and revision), `cache_salt` (added to every namespace), `timeout`
-(seconds a daemon call may take, default 2) and `retry_s` (how long to run
-without the daemon after it failed, default 5).
+Extra config: `address` (default: the daemon's default socket), `chunk_tokens` (a multiple of vLLM's block
+size; default 256), `model_id` (default: the served model and revision), `cache_salt` (added to every
+namespace), `timeout` (seconds a daemon call may take, default 2), `retry_s` (how long to run without the
+daemon after it failed, default 5), `load_async` (true: loads off the engine's step; false: in it; default
+"auto": off it while other requests run, in it when the engine is idle), `save_async` (default true: saves off
+the step), `max_save_bytes` (saves in flight, default 1 GiB; more is dropped), `lookup_batch` (waiting
+requests looked up in one daemon round trip, default 64), `gpu_tier` (CUDA engines: map the daemon's GPU
+pool, default true). `kv_role`: `kv_both`, `kv_producer` (saves, never loads) or `kv_consumer` (loads, never
+saves).
 
 How a request flows
 -------------------
-Scheduler: `get_num_new_matched_tokens` computes the prompt's chunk keys and
-asks the daemon how many lead chunks it holds (a lookup, which pins nothing),
-for every tensor-parallel rank's namespace, and offers the smallest count,
-less what vLLM already holds and never the prompt's last token. A daemon that
-is down or erroring answers 0: a normal prefill. `update_state_after_alloc`
-notes the load; `build_connector_meta` sends each worker the loads (token ids,
-block ids, how many leading tokens to leave alone) and the saves (every full
-prompt chunk that becomes computed in this step and is not known stored).
+Scheduler. `get_num_new_matched_tokens` asks the daemon once per request: the first time a request is
+considered, it and the other waiting requests not asked about yet (`on_new_request`) are looked up in one
+round trip; the answer (leading chunks stored, for every tensor-parallel rank's namespace) is kept until the
+request is scheduled or finished. It offers those chunks less what vLLM already holds, never the prompt's last
+token, and says the load is asynchronous when other requests are running: vLLM parks the request in
+WAITING_FOR_REMOTE_KVS, gives it blocks, and keeps running the rest of the batch. (On an idle engine nothing
+would overlap the load, so it runs in the step before the forward, sparing the request the steps an
+asynchronous load waits to be reported.) `build_connector_meta` sends the workers each step's loads and saves
+(every full prompt chunk that becomes computed in the step and is not known stored) and the preempted requests.
+A request with saves in flight keeps its blocks after it finishes (`request_finished` returns True) until the
+workers report the saves done.
 
-Worker: `start_load_kv` reads the chunks and scatters them into the paged
-per-layer caches through the request's block ids before the forward runs, so
-`wait_for_layer_load` has nothing to wait for. `save_kv_layer` gathers each
-layer's new chunks as the layer finishes; `wait_for_save` fills in any layer
-not seen and puts the chunks to the daemon. Loads and saves complete within the
-step, so `get_finished` reports nothing pending. A chunk that vanished between
-lookup and load is reported by `get_block_ids_with_load_errors`; with
-`kv_load_failure_policy: recompute` vLLM then recomputes those blocks.
+Worker (`_transfers.Transfers`). `start_load_kv` queues the loads on a background thread, which leases the
+chunks and scatters the leased views straight into the request's blocks; `get_finished` reports finished loads
+(and, through `get_block_ids_with_load_errors`, the blocks a missing chunk left unwritten, which vLLM
+recomputes under `kv_load_failure_policy: recompute`). `wait_for_save` queues the step's saves on a second
+thread, which reserves arena slots, gathers the blocks straight into them and commits; `get_finished` reports
+a finished request once its saves are done. `handle_preemptions` settles a preempted request's saves before
+its blocks are reused. With `load_async`/`save_async` false the same work runs inside the step.
 
-Supported: one KV cache group of full attention with equal K and V head sizes
-(the common decoder models). Anything else disables the connector (no hits, no
-saves) with a warning.
+Chunks are the engine's own block bytes (`kvstore.ops` block planes), so the namespace names the KV cache
+format (`_geometry`); supported: one KV cache group of plain full attention. Anything else disables the
+connector (no hits, no saves) with a warning.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -52,14 +57,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from ..errors import ConfigError
+from ..ops import PagedKV
 from ._store import ChunkStore, DaemonLink
-from .layout import (
-    KVGeometry,
-    gather_paged_layer,
-    namespace,
-    paged_slots,
-    scatter_paged,
-)
+from ._transfers import LoadJob, SaveJob, Transfers
+from ._vllm_records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
+from ._vllm_settings import SUPPORTED_VLLM, check_vllm_version, load_mode, model_id, tp_rank
+from .layout import PagedGeometry, dtype_name, paged_namespace
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -72,48 +76,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvstore.connectors.vllm")
 
-__all__ = ["KVStoreConnector", "KVStoreConnectorMetadata", "LoadSpec", "SaveSpec"]
-
-
-@dataclass
-class LoadSpec:
-    """Load chunks `0 .. num_chunks` of a request, writing from token `skip_tokens` on."""
-
-    req_id: str
-    token_ids: list[int]
-    block_ids: list[int]
-    num_chunks: int
-    skip_tokens: int
-    salt: str = ""
-
-
-@dataclass
-class SaveSpec:
-    """Save chunks `first_chunk .. first_chunk + num_chunks` of a request."""
-
-    req_id: str
-    token_ids: list[int]
-    block_ids: list[int]
-    first_chunk: int
-    num_chunks: int
-    salt: str = ""
-
-
-@dataclass
-class KVStoreConnectorMetadata(KVConnectorMetadata):
-    loads: list[LoadSpec] = field(default_factory=list)
-    saves: list[SaveSpec] = field(default_factory=list)
-
-
-@dataclass
-class _Tracked:
-    """Scheduler-side state of one running request."""
-
-    prompt: list[int]
-    block_ids: list[int]
-    saved_chunks: int
-    salt: str
-
+__all__ = ["KVStoreConnector", "KVStoreConnectorMetadata", "LoadSpec", "SaveSpec", "SUPPORTED_VLLM",
+           "check_vllm_version"]
 
 class KVStoreConnector(KVConnectorBase_V1):
     """Loads prompt prefixes from, and saves them to, a kvstore daemon."""
@@ -123,88 +87,146 @@ class KVStoreConnector(KVConnectorBase_V1):
     def __init__(
         self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig"
     ) -> None:
+        check_vllm_version(vllm.__version__)
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self._block_size = vllm_config.cache_config.block_size
         self._chunk_tokens = int(extra.get("chunk_tokens", 256))
-        if self._chunk_tokens % self._block_size:
-            raise ValueError(
-                f"kvstore chunk_tokens {self._chunk_tokens} must be a multiple of the block size {self._block_size}"
-            )
+        if self._chunk_tokens <= 0 or self._chunk_tokens % self._block_size:
+            raise ConfigError(f"kvstore chunk_tokens {self._chunk_tokens} must be a positive multiple of vLLM's "
+                              f"block size {self._block_size}")
         self._load_enabled = self._kv_transfer_config.is_kv_consumer
         self._save_enabled = self._kv_transfer_config.is_kv_producer
+        self._load_mode = load_mode(extra.get("load_async", "auto"))
+        self._save_async = bool(extra.get("save_async", True))
+        self._lookup_batch = max(1, int(extra.get("lookup_batch", 64)))
         parallel = vllm_config.parallel_config
         self._tp_size = parallel.tensor_parallel_size
-        self._geometry = _geometry(kv_cache_config, self._chunk_tokens)
+        self._geometry = _geometry(kv_cache_config, self._chunk_tokens, vllm_config)
         if parallel.pipeline_parallel_size > 1:
             self._geometry = None  # stages hold different layers; not supported yet
-        self._model_id = str(extra.get("model_id") or _model_id(vllm_config))
+        self._model_id = str(extra.get("model_id") or model_id(vllm_config))
         self._salt = str(extra.get("cache_salt", ""))
-        self._link = DaemonLink.to(
-            extra.get("address"), self._chunk_tokens, timeout=float(extra.get("timeout", 2.0)),
-            retry_s=float(extra.get("retry_s", 5.0)),
-        )
+        self._extra = extra
+        self._links: list[DaemonLink] = []
+        self._stats: dict[str, int] = {}
         # scheduler side
         self._stores: list[ChunkStore] = []
-        self._lookups: dict[str, int] = {}  # req id -> chunks found by the last lookup
-        self._salts: dict[str, str] = {}  # req id -> the request's cache salt
-        self._loads: dict[str, tuple[int, int]] = {}  # req id -> (chunks, tokens to skip)
-        self._tracked: dict[str, _Tracked] = {}
+        self._unasked: dict[str, "Request"] = {}   # waiting requests not looked up yet
+        self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (tokens when asked, chunks found)
+        self._salts: dict[str, str] = {}
+        self._loads: dict[str, LoadSpec] = {}
+        self._loaded: dict[str, int] = {}           # req id -> chunks loaded, until the request is tracked
+        self._async: dict[str, bool] = {}           # req id -> whether its load was offered as asynchronous
+        self._tracked: dict[str, Tracked] = {}
         # worker side
-        self._layers: list[torch.Tensor] = []
-        self._store: ChunkStore | None = None
-        self._pending: list[tuple[SaveSpec, torch.Tensor, set[int], tuple]] = []
+        self._transfers: Transfers | None = None
+        self._ratio = 1                              # kernel blocks per vLLM block
+        self._loading: dict[str, LoadSpec] = {}      # asynchronous loads in flight
+        self._saving: set[str] = set()               # requests with saves planned (their blocks are kept)
+        self._finishing: set[str] = set()            # ... that finished, waiting for their saves
         self._load_errors: set[int] = set()
         if self._geometry is None:
             log.warning("kvstore connector disabled: unsupported KV cache layout %s", kv_cache_config)
         elif role == KVConnectorRole.SCHEDULER:
-            self._stores = [self._chunk_store(rank) for rank in range(self._tp_size)]
+            link = self._link()  # a local client reads lookups from the daemon's shared index
+            self._stores = [self._chunk_store(rank, link) for rank in range(self._tp_size)]
+            link.client()  # connect (and map) now, not on the first request; a daemon that is down: later
 
     # -- shared ------------------------------------------------------------------------------------------
-    def _chunk_store(self, tp_rank: int) -> ChunkStore:
+    def _link(self, **connect: Any) -> DaemonLink:
+        link = DaemonLink.to(self._extra.get("address"), self._chunk_tokens,
+                             timeout=float(self._extra.get("timeout", 2.0)),
+                             retry_s=float(self._extra.get("retry_s", 5.0)), connect=connect)
+        self._links.append(link)
+        return link
+
+    def _chunk_store(self, tp_rank: int, link: DaemonLink) -> ChunkStore:
         assert self._geometry is not None
-        ns = namespace(f"vllm:{self._model_id}", self._geometry, tp_rank=tp_rank, tp_size=self._tp_size,
-                       salt=self._salt)
-        return ChunkStore(self._link, ns, self._geometry)
+        ns = paged_namespace(f"vllm:{self._model_id}", self._geometry, tp_rank=tp_rank, tp_size=self._tp_size,
+                             salt=self._salt)
+        return ChunkStore(link, ns, self._geometry)
 
     @property
     def _enabled(self) -> bool:
         return self._geometry is not None
 
+    def _count(self, name: str, n: int = 1) -> None:
+        self._stats[name] = self._stats.get(name, 0) + n
+
     # -- scheduler side ----------------------------------------------------------------------------------
+    def on_new_request(self, request: "Request") -> None:
+        if self._enabled and self._load_enabled:
+            self._unasked[request.request_id] = request
+
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
-        salt = getattr(request, "cache_salt", None) or ""
-        self._salts[request.request_id] = salt
+        self._salts[request.request_id] = getattr(request, "cache_salt", None) or ""
         if not (self._enabled and self._load_enabled):
             return 0, False
-        t = self._chunk_tokens
-        tokens = list(request.all_token_ids[: request.num_tokens])
-        usable = (len(tokens) - 1) // t  # leave the last token to compute
-        if usable * t <= num_computed_tokens:
+        self._count("asked")
+        found = self._lookups.get(request.request_id)
+        if found is None or found[0] != request.num_tokens:
+            self._look_up(request)
+            found = self._lookups[request.request_id]
+        external = found[1] * self._chunk_tokens - num_computed_tokens
+        if external <= 0:
             return 0, False
-        hits = usable
-        for store in self._stores:
-            hits = store.lookup(store.keys(tokens[: hits * t], salt))
-            if hits * t <= num_computed_tokens:
+        # Off the step when other requests run (they keep going while this one waits for its KV); in the step
+        # when the engine is idle, where it saves the steps an asynchronous load waits for its report.
+        asynchronous = self._load_mode == "async" or (self._load_mode == "auto" and bool(self._tracked))
+        self._async[request.request_id] = asynchronous
+        return external, asynchronous
+
+    def _look_up(self, request: "Request") -> None:
+        """Look `request` up, and with it the waiting requests not asked about yet, in one round trip."""
+        batch = {request.request_id: request}
+        for rid, other in list(self._unasked.items()):
+            if len(batch) >= self._lookup_batch:
                 break
-        self._lookups[request.request_id] = hits
-        return max(0, hits * t - num_computed_tokens), False
+            batch.setdefault(rid, other)
+        t = self._chunk_tokens
+        prompts = {rid: list(r.all_token_ids[: r.num_tokens]) for rid, r in batch.items()}
+        hits = {rid: (len(tokens) - 1) // t for rid, tokens in prompts.items()}  # leave the last token
+        for store in self._stores:
+            asked = [rid for rid in batch if hits[rid] > 0]
+            salts = {rid: getattr(batch[rid], "cache_salt", None) or "" for rid in asked}
+            counts = store.lookup_many([store.keys(prompts[rid][: hits[rid] * t], salts[rid]) for rid in asked])
+            self._count("lookup_calls")
+            for rid, count in zip(asked, counts):
+                hits[rid] = count
+        for rid, r in batch.items():
+            self._lookups[rid] = (r.num_tokens, hits[rid])
+            self._unasked.pop(rid, None)
+        self._count("lookups", len(batch))
 
     def update_state_after_alloc(
         self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int
     ) -> None:
-        hits = self._lookups.pop(request.request_id, 0)
-        if num_external_tokens > 0 and hits > 0:
-            self._loads[request.request_id] = (hits, hits * self._chunk_tokens - num_external_tokens)
+        rid = request.request_id
+        found = self._lookups.pop(rid, None)
+        self._unasked.pop(rid, None)
+        if num_external_tokens <= 0 or found is None or found[1] <= 0:
+            return
+        chunks = found[1]
+        end = chunks * self._chunk_tokens
+        block_ids = list(blocks.get_block_ids()[0])[: -(-end // self._block_size)]
+        self._loads[rid] = LoadSpec(rid, list(request.all_token_ids[:end]), block_ids, chunks,
+                                    end - num_external_tokens, self._salts.get(rid, ""), self._async.pop(rid, True))
+        self._loaded[rid] = chunks
+        self._count("load_specs")
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         meta = KVStoreConnectorMetadata()
         if not self._enabled:
             return meta
+        meta.loads, self._loads = list(self._loads.values()), {}
+        meta.preempted = list(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        if meta.preempted:
+            self._count("preempted", len(meta.preempted))
         for new in scheduler_output.scheduled_new_reqs:
-            loaded = self._loads.get(new.req_id, (0, 0))[0]
-            self._tracked[new.req_id] = _Tracked(
-                list(new.prompt_token_ids or []), list(new.block_ids[0]), loaded, self._salts.pop(new.req_id, "")
+            self._tracked[new.req_id] = Tracked(
+                list(new.prompt_token_ids or []), list(new.block_ids[0]), self._loaded.pop(new.req_id, 0),
+                self._salts.pop(new.req_id, ""),
             )
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
             self._plan(new.req_id, done, meta)
@@ -220,18 +242,11 @@ class KVStoreConnector(KVConnectorBase_V1):
                 tracked.block_ids.extend(new_blocks[0])
             done = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
             self._plan(req_id, done, meta)
-        self._loads.clear()
         return meta
 
     def _plan(self, req_id: str, computed: int, meta: KVStoreConnectorMetadata) -> None:
         tracked = self._tracked[req_id]
         t = self._chunk_tokens
-        load = self._loads.get(req_id)
-        if load is not None:
-            chunks, skip = load
-            meta.loads.append(
-                LoadSpec(req_id, tracked.prompt[: chunks * t], list(tracked.block_ids), chunks, skip, tracked.salt)
-            )
         ready = min(computed, len(tracked.prompt)) // t
         if self._save_enabled and ready > tracked.saved_chunks:
             first = tracked.saved_chunks
@@ -240,114 +255,150 @@ class KVStoreConnector(KVConnectorBase_V1):
                          first, ready - first, tracked.salt)
             )
             tracked.saved_chunks = ready
+            tracked.saving = True
+            self._count("save_specs")
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        self._tracked.pop(request.request_id, None)
-        self._lookups.pop(request.request_id, None)
-        self._salts.pop(request.request_id, None)
-        self._loads.pop(request.request_id, None)
-        return False, None  # saves finish within the step that computed them
+        rid = request.request_id
+        tracked = self._tracked.pop(rid, None)
+        for state in (self._lookups, self._unasked, self._salts, self._loads, self._loaded, self._async):
+            state.pop(rid, None)
+        delay = tracked is not None and tracked.saving and self._save_async
+        if delay:
+            self._count("delayed_frees")
+        return delay, None
 
     # -- worker side -------------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         if not self._enabled:
             return
+        assert self._geometry is not None
         names = self._kv_cache_config.kv_cache_groups[0].layer_names
         missing = [n for n in names if n not in kv_caches]
         if missing:
-            log.warning("kvstore connector disabled: no KV cache for layers %s", missing[:3])
-            self._geometry = None
+            self._disable(f"no KV cache for layers {missing[:3]}")
             return
-        self._layers = [kv_caches[n] for n in names]
-        self._layer_index = {n: i for i, n in enumerate(names)}
-        self._store = self._chunk_store(_tp_rank(self._vllm_config))
+        layers = [kv_caches[n] for n in names]
+        num_blocks = self._kv_cache_config.num_blocks
+        self._ratio = max(1, layers[0].shape[0] // num_blocks) if num_blocks else 1
+        try:
+            kv = PagedKV.from_blocks(layers, self._block_size // self._ratio)
+        except ValueError as exc:
+            self._disable(str(exc))
+            return
+        if len(kv.rows) * kv.row_bytes * self._ratio != self._geometry.num_layers * self._geometry.layer_block_bytes:
+            self._disable(f"the caches hold {len(kv.rows) * kv.row_bytes * self._ratio} bytes a block, the KV cache "
+                          f"spec says {self._geometry.num_layers * self._geometry.layer_block_bytes}")
+            return
+        rank = tp_rank(self._vllm_config)
+        connect = {"pin_arena": True, "gpu": bool(self._extra.get("gpu_tier", True))} if kv.device.type == "cuda" else {}
+        self._transfers = Transfers(kv, self._chunk_store(rank, self._link(**connect)),
+                                    self._chunk_store(rank, self._link(**connect)),
+                                    int(self._extra.get("max_save_bytes", 1 << 30)))
+
+    def _disable(self, why: str) -> None:
+        log.warning("kvstore connector disabled: %s", why)
+        self._geometry = None
+
+    def _chunk_blocks(self, block_ids: list[int]):
+        """Chunk index -> the kernel block ids of that chunk's blocks."""
+        per_chunk, ratio = self._chunk_tokens // self._block_size, self._ratio
+
+        def blocks(chunk: int) -> list[int]:
+            return [b * ratio + j for b in block_ids[chunk * per_chunk:(chunk + 1) * per_chunk] for j in range(ratio)]
+        return blocks
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
-        if self._store is None or not self.has_connector_metadata():
+        if self._transfers is None or not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVStoreConnectorMetadata)
-        for spec in meta.loads:
-            try:
-                self._load(spec)
-            except Exception as exc:  # noqa: BLE001 - a failed load is a recompute, never a failed step
-                log.warning("kvstore load of request %s failed: %s", spec.req_id, exc)
-                self._fail_blocks(spec, spec.skip_tokens)
-
-    def _load(self, spec: LoadSpec) -> None:
-        assert self._store is not None
         t = self._chunk_tokens
-        first = spec.skip_tokens // t
-        keys = self._store.keys(spec.token_ids, spec.salt)[first: spec.num_chunks]
-        chunks = self._store.load(keys, device=self._layers[0].device)
-        table = torch.tensor(spec.block_ids, dtype=torch.long, device=self._layers[0].device)
-        scatter_paged(chunks, self._layers, table, first, spec.skip_tokens - first * t, self._block_size)
-        loaded_to = (first + len(chunks)) * t
-        if loaded_to < spec.num_chunks * t:
-            self._fail_blocks(spec, max(loaded_to, spec.skip_tokens))
+        for spec in meta.loads:
+            first = spec.skip_tokens // t
+            job = LoadJob(spec.req_id, spec.token_ids, spec.salt, first, spec.num_chunks,
+                          self._chunk_blocks(spec.block_ids),
+                          skip_blocks=(spec.skip_tokens - first * t) // self._block_size * self._ratio)
+            if spec.is_async:
+                self._loading[spec.req_id] = spec
+                self._transfers.submit_load(job)
+            else:
+                self._note_load(spec, self._transfers.run_load(job))
 
-    def _fail_blocks(self, spec: LoadSpec, from_token: int) -> None:
+    def _note_load(self, spec: LoadSpec, job: LoadJob) -> None:
+        """Report the blocks a load left unwritten (vLLM recomputes them)."""
+        loaded_to = (job.first_chunk + job.loaded) * self._chunk_tokens
         end = spec.num_chunks * self._chunk_tokens
-        first_block, last_block = from_token // self._block_size, -(-end // self._block_size)
-        self._load_errors.update(spec.block_ids[first_block:last_block])
+        if loaded_to < end:
+            first_block, last_block = max(loaded_to, spec.skip_tokens) // self._block_size, -(-end // self._block_size)
+            self._load_errors.update(spec.block_ids[first_block:last_block])
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv completed every load before the forward
+        return  # synchronous loads are complete before the forward; asynchronous ones are not in this step
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: "AttentionMetadata", **kwargs: Any
     ) -> None:
-        if self._store is None or not self.has_connector_metadata():
-            return
-        layer = self._layer_index.get(layer_name)
-        if layer is None:
-            return
-        for _, staging, seen, slots in self._staged():
-            gather_paged_layer(kv_layer, slots, staging[:, layer])
-            seen.add(layer)
-
-    def _staged(self) -> list[tuple[SaveSpec, torch.Tensor, set[int], tuple]]:
-        """Staging buffers for this step's saves, made on first use in the step."""
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, KVStoreConnectorMetadata)
-        if not self._pending and meta.saves:
-            device = self._layers[0].device
-            kbs = self._layers[0].shape[2]
-            t = self._chunk_tokens
-            for spec in meta.saves:
-                table = torch.tensor(spec.block_ids, dtype=torch.long, device=device)
-                start, end = spec.first_chunk * t, (spec.first_chunk + spec.num_chunks) * t
-                slots = paged_slots(table, start, end, self._block_size, kbs)
-                self._pending.append((spec, self._geometry.empty_chunks(spec.num_chunks, device), set(), slots))
-        return self._pending
+        return  # the step's saves are queued whole in wait_for_save
 
     def wait_for_save(self) -> None:
-        if self._store is None or not self.has_connector_metadata():
+        if self._transfers is None or not self.has_connector_metadata():
             return
-        try:
-            for spec, staging, seen, slots in self._staged():
-                for layer, cache in enumerate(self._layers):
-                    if layer not in seen:
-                        gather_paged_layer(cache, slots, staging[:, layer])
-                keys = self._store.keys(spec.token_ids, spec.salt)
-                self._store.store(keys, staging, spec.first_chunk)
-        except Exception as exc:  # noqa: BLE001 - a lost save is a future miss
-            log.warning("kvstore save failed: %s", exc)
-        finally:
-            self._pending = []
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KVStoreConnectorMetadata) and self._geometry is not None
+        if not meta.saves:
+            return
+        ready = None
+        if self._transfers.kv.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self._transfers.kv.device))
+        for spec in meta.saves:
+            job = SaveJob(spec.req_id, spec.token_ids, spec.salt, spec.first_chunk, spec.num_chunks,
+                          self._chunk_blocks(spec.block_ids), spec.num_chunks * self._geometry.chunk_nbytes, ready)
+            if self._save_async:
+                self._saving.add(spec.req_id)
+                self._transfers.submit_save(job)
+            else:
+                self._transfers.run_save(job)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if self._transfers is not None and isinstance(kv_connector_metadata, KVStoreConnectorMetadata):
+            self._transfers.settle(kv_connector_metadata.preempted)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return None, None
+        if self._transfers is None:
+            return None, None
+        received = set()
+        for job in self._transfers.collect().loads:
+            spec = self._loading.pop(job.req_id, None)
+            if spec is not None:
+                self._note_load(spec, job)
+                received.add(job.req_id)
+        self._finishing |= finished_req_ids & self._saving
+        sent = {rid for rid in self._finishing if not self._transfers.saving(rid)}
+        self._finishing -= sent
+        self._saving -= sent
+        return sent or None, received or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
+    @property
+    def stats(self) -> dict[str, int]:
+        """What this side has done: lookups and plans (scheduler), chunks moved and dropped (worker)."""
+        moved = self._transfers.counters.as_dict() if self._transfers is not None else {}
+        return {**self._stats, **moved}
+
     def shutdown(self) -> None:
-        self._link.close()
+        if self._transfers is not None:
+            self._transfers.close()
+        for link in self._links:
+            link.close()
 
 
-def _geometry(kv_cache_config: "KVCacheConfig", chunk_tokens: int) -> KVGeometry | None:
+def _geometry(kv_cache_config: "KVCacheConfig", chunk_tokens: int, vllm_config: "VllmConfig") -> PagedGeometry | None:
+    """The chunk geometry of this engine's KV cache, or None when the connector does not support it."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
@@ -358,29 +409,16 @@ def _geometry(kv_cache_config: "KVCacheConfig", chunk_tokens: int) -> KVGeometry
         type(spec) is FullAttentionSpec
         and spec.sliding_window is None
         and spec.attention_chunk_size is None
-        and spec.head_size_v == spec.head_size
         and getattr(spec, "num_head_slots", None) is None
         and getattr(spec, "state_content_bytes", None) is None
+        and getattr(spec, "page_size_padded", None) is None
         and getattr(spec.kv_quant_mode, "name", "NONE") == "NONE"
     )
-    if not plain:
+    if not plain or chunk_tokens % spec.block_size:
         return None
-    return KVGeometry(len(groups[0].layer_names), spec.num_kv_heads, spec.head_size, spec.dtype, chunk_tokens)
-
-
-def _model_id(vllm_config: "VllmConfig") -> str:
-    model = getattr(vllm_config, "model_config", None)
-    if model is None:
-        return "unknown-model"
-    revision = getattr(model, "revision", None)
-    return f"{model.model}@{revision}" if revision else str(model.model)
-
-
-def _tp_rank(vllm_config: "VllmConfig") -> int:
-    try:
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-
-        return get_tensor_model_parallel_rank()
-    except Exception:  # noqa: BLE001 - not in a distributed worker (tests, single process)
-        rank = getattr(vllm_config.parallel_config, "rank", 0) or int(os.environ.get("RANK", 0))
-        return rank % vllm_config.parallel_config.tensor_parallel_size
+    layout = getattr(kv_cache_config, "kv_cache_layout", None) or "default"
+    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or "unknown"
+    cache_format = (f"full(kv_heads={spec.num_kv_heads},head={spec.head_size},head_v={spec.head_size_v},"
+                    f"{dtype_name(spec.dtype)},block={spec.block_size});layout={layout};device={device}")
+    return PagedGeometry(len(groups[0].layer_names), spec.page_size_bytes, chunk_tokens // spec.block_size,
+                         chunk_tokens, cache_format)

@@ -80,27 +80,39 @@ def _side_stream(kv: PagedKV, stream: Any) -> Any:
     return stream if stream is not None else torch.cuda.Stream(kv.device)
 
 
+def _ordered_side(kv: PagedKV, stream: Any, after: Any) -> Any:
+    """A side stream that starts after ``after`` (an event), or after the current stream's work so far."""
+    side = _side_stream(kv, stream)
+    if after is not None:
+        side.wait_event(after)
+    else:
+        side.wait_stream(torch.cuda.current_stream(kv.device))
+    return side
+
+
 def load_async(kv: PagedKV, chunk: torch.Tensor, block_ids: Sequence[int] | torch.Tensor,
-               num_tokens: int | None = None, stream: Any = None) -> Any:
+               num_tokens: int | None = None, stream: Any = None, skip_blocks: int = 0, after: Any = None) -> Any:
     """Scatter one chunk (a GPU-pool view, or a page-locked host slot) into the paged cache on ``stream``.
 
-    Returns the event recorded after the copy (None on CPU, where the copy is already done)."""
+    ``skip_blocks`` leaves the chunk's first blocks out (see ``kvstore.ops.scatter``); ``after``: an event the
+    copy waits for (default: the current stream's work so far, which allocated the blocks). Returns the event
+    recorded after the copy (None on CPU, where the copy is already done)."""
     if kv.device.type != "cuda":
-        scatter(kv, chunk, block_ids, num_tokens)
+        scatter(kv, chunk, block_ids, num_tokens, skip_blocks=skip_blocks)
         return None
-    side = _side_stream(kv, stream)
-    side.wait_stream(torch.cuda.current_stream(kv.device))  # the blocks were allocated by earlier work
+    side = _ordered_side(kv, stream, after)
     with torch.cuda.stream(side):
-        scatter(kv, chunk, block_ids, num_tokens)
+        scatter(kv, chunk, block_ids, num_tokens, skip_blocks=skip_blocks)
         event = torch.cuda.Event()
         event.record(side)
     return event
 
 
 def save_async(kv: PagedKV, block_ids: Sequence[int] | torch.Tensor, slot: torch.Tensor,
-               num_tokens: int | None = None, stream: Any = None) -> Any:
+               num_tokens: int | None = None, stream: Any = None, after: Any = None) -> Any:
     """Gather blocks into a reserved slot (GPU-pool view: directly; host slot: via a device staging buffer).
 
+    ``after``: the event after which the blocks hold the KV (default: the current stream's work so far).
     Returns the event to wait for before COMMIT (None on CPU, where the copy is already done)."""
     if kv.device.type != "cuda":
         if slot.device == kv.device:
@@ -108,8 +120,7 @@ def save_async(kv: PagedKV, block_ids: Sequence[int] | torch.Tensor, slot: torch
         else:
             slot.view(torch.uint8).reshape(-1).copy_(gather(kv, block_ids, num_tokens))
         return None
-    side = _side_stream(kv, stream)
-    side.wait_stream(torch.cuda.current_stream(kv.device))  # the blocks hold KV written by earlier work
+    side = _ordered_side(kv, stream, after)
     with torch.cuda.stream(side):
         if slot.device == kv.device:
             gather(kv, block_ids, num_tokens, out=slot)

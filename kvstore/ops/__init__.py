@@ -3,6 +3,10 @@
     kv = PagedKV.from_vllm(kv_caches)                 # per-layer [2, num_blocks, block_size, heads, dim]
     chunk = gather(kv, block_ids)                     # one chunk: [layers, 2, tokens, heads*dim] as bytes
     scatter(kv, chunk, block_ids)                     # and back, into (other) blocks
+    gather(kv, block_ids, out=slot)                   # straight into a reserved arena slot (one copy)
+    scatter(kv, leased_view, block_ids, skip_blocks=1)  # from a leased view, leaving block 0 alone
+
+Every connector moves paged KV through these two functions; ``kvstore.gpu.engine`` runs them on a side stream.
 
 See ``paged.py`` for the layout model and ``registry.py`` for how the implementation is chosen.
 """
@@ -13,6 +17,7 @@ from typing import Sequence
 
 import torch
 
+from . import torch_kernels
 from .paged import ChunkShape, PagedKV, block_ids_tensor
 from .registry import Kernels, select
 
@@ -51,12 +56,20 @@ def gather(kv: PagedKV, block_ids: Sequence[int] | torch.Tensor, num_tokens: int
 
 
 def scatter(kv: PagedKV, chunk: torch.Tensor, block_ids: Sequence[int] | torch.Tensor,
-            num_tokens: int | None = None, kernels: Kernels | None = None) -> None:
+            num_tokens: int | None = None, kernels: Kernels | None = None, skip_blocks: int = 0) -> None:
     """Copy one contiguous chunk into the given blocks of every plane. A chunk on another device (a host
-    chunk for a GPU cache) is first copied over, asynchronously when it is pinned."""
+    chunk for a GPU cache) is first copied over, asynchronously when it is pinned.
+
+    ``skip_blocks``: the chunk's first blocks are left out (``block_ids[:skip_blocks]`` are not written): they
+    are blocks the engine already holds, possibly shared with other requests."""
     ids = _block_ids(kv, block_ids)
     tokens = kv.check_blocks(ids, num_tokens)
     src = _as_bytes(chunk, kv.chunk_shape(tokens).nbytes)
     if src.device != kv.device:
         src = src.to(kv.device, non_blocking=True)
+    if skip_blocks:
+        if not 0 < skip_blocks <= ids.numel() or tokens != ids.numel() * kv.block_size:
+            raise ValueError(f"cannot skip {skip_blocks} of {ids.numel()} blocks holding {tokens} tokens")
+        torch_kernels.scatter_blocks(kv, src, ids, skip_blocks)
+        return
     (kernels or select(kv.device)).scatter(kv, src, ids, tokens)

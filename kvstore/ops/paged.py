@@ -5,15 +5,27 @@ chunk as one contiguous object. Moving a chunk is therefore a gather (blocks →
 (chunk → blocks, on load) over *every* layer at once, and it is the hot path of every connector.
 
 Model. A paged cache is a list of **planes**: 2-D byte tensors ``[num_blocks, row_bytes]`` in which row ``b``
-holds block ``b`` (``block_size`` tokens) of one layer's K or of its V. Only each row must be contiguous; the
-row stride may be larger (vLLM's FlashInfer layout interleaves K and V per block). Planes are ordered layer by
-layer, K before V, so the chunk layout is ``[layers, 2, tokens, kv_heads * head_dim]`` in the cache's dtype —
-layer-major, which lets a connector hand over one layer while the next is still in flight.
+holds block ``b`` (``block_size`` tokens) of one plane. Only each row must be one run of memory; the row stride
+may be larger (vLLM's FlashInfer layout interleaves K and V per block). The chunk layout is
+``[planes, blocks, row_bytes]``: plane-major, which lets a connector hand over one layer while the next is
+still in flight. Two kinds of planes:
+
+* **token-major** planes, whose rows are ``block_size`` runs of ``token_bytes`` (one token's K, or V, or
+  latent): a chunk of them is ``[planes, tokens, token_bytes]``, the same bytes whichever engine wrote them, and
+  a chunk may end inside a block (``num_tokens``). ``from_vllm`` and ``from_kv_pairs`` build these:
 
   vLLM FlashAttention, per layer ``[2, num_blocks, block_size, kv_heads, head_dim]``  → planes ``t[0]``, ``t[1]``
   vLLM FlashInfer,     per layer ``[num_blocks, 2, block_size, kv_heads, head_dim]``  → planes ``t[:, 0]``, ``t[:, 1]``
   separate K and V,    per layer ``[num_blocks, block_size, kv_heads, head_dim]``     → planes ``k``, ``v``
+  one latent per layer (MLA), ``[num_blocks, block_size, latent_dim]``              → ``PagedKV(latents, block_size)``
   token-indexed pools (SGLang ``[slots, kv_heads, head_dim]``) are planes with ``block_size == 1``.
+
+* **block** planes (``from_blocks``), whose rows are a block's bytes exactly as the engine stores them, in
+  whatever order the attention backend keeps heads, tokens and K/V inside a block (vLLM 0.32+: one tensor per
+  layer, logical ``[num_blocks, kv_heads, block_size, content]``, any physical stride order). Copying whole
+  blocks is one ``memcpy`` per block and plane and needs no knowledge of the backend; the price is that the
+  bytes depend on the engine's cache format, so a connector names that format in its namespace, and chunks
+  always cover whole blocks.
 
 A chunk covers ``len(block_ids)`` whole blocks. When its last block is only partly used (a short final chunk),
 ``num_tokens`` says how many tokens count, and the copy goes token by token so that the rest of that block is
@@ -32,17 +44,44 @@ from typing import Sequence
 import torch
 
 
-def _as_rows(t: torch.Tensor, block_size: int) -> torch.Tensor:
-    """View a ``[num_blocks, block_size, ...]`` tensor as ``[num_blocks, row_bytes]`` bytes (rows contiguous)."""
-    if t.dim() < 2 or t.shape[1] != block_size:
-        raise ValueError(f"a cache plane must be [num_blocks, block_size={block_size}, ...], got {tuple(t.shape)}")
-    row = t[0]
-    if not row.is_contiguous():
-        raise ValueError("each block of a cache plane must be contiguous in memory")
-    size = row.element_size()
-    row_bytes = row.numel() * size
+def _is_dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` covers one gap-free run of memory, in some order of its axes."""
+    expected = 1
+    dims = sorted(((st, s) for s, st in zip(t.shape, t.stride()) if s != 1))
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _byte_rows(t: torch.Tensor) -> torch.Tensor:
+    """View ``t`` (blocks on axis 0, each block one run of memory) as ``[num_blocks, row_bytes]`` bytes."""
+    size = t.element_size()
+    row_bytes = t[0].numel() * size
     storage = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
     return storage.as_strided((t.shape[0], row_bytes), (t.stride(0) * size, 1), t.storage_offset() * size)
+
+
+def _as_rows(t: torch.Tensor, block_size: int) -> torch.Tensor:
+    """A token-major plane ``[num_blocks, block_size, ...]`` (each block contiguous) as byte rows."""
+    if t.dim() < 2 or t.shape[1] != block_size:
+        raise ValueError(f"a cache plane must be [num_blocks, block_size={block_size}, ...], got {tuple(t.shape)}")
+    if not t[0].is_contiguous():
+        raise ValueError("each block of a cache plane must be contiguous in memory")
+    return _byte_rows(t)
+
+
+def _block_planes(layer: torch.Tensor) -> list[torch.Tensor]:
+    """A layer's cache as planes whose blocks are single runs of memory: the layer itself when each block is,
+    else its slices along axis 1 (e.g. heads kept outside the block axis), recursively."""
+    if layer.dim() < 2:
+        raise ValueError(f"a paged cache layer must be [num_blocks, ...], got {tuple(layer.shape)}")
+    if _is_dense(layer[0]):
+        return [layer]
+    if layer.dim() < 3:
+        raise ValueError(f"no axis split makes the blocks of a {tuple(layer.shape)} cache contiguous")
+    return [p for i in range(layer.shape[1]) for p in _block_planes(layer[:, i])]
 
 
 @dataclass(frozen=True)
@@ -61,7 +100,7 @@ class ChunkShape:
 class PagedKV:
     """An engine's paged KV cache, as planes of byte rows, with gather and scatter over all of them at once."""
 
-    def __init__(self, planes: Sequence[torch.Tensor], block_size: int) -> None:
+    def __init__(self, planes: Sequence[torch.Tensor], block_size: int, token_major: bool = True) -> None:
         if not planes:
             raise ValueError("a paged cache needs at least one plane")
         if block_size <= 0:
@@ -73,10 +112,11 @@ class PagedKV:
                                  f"{tuple(p.shape)}/{p.dtype}/{p.device} next to "
                                  f"{tuple(first.shape)}/{first.dtype}/{first.device}")
         self.block_size = block_size
+        self.token_major = token_major  # rows are block_size runs of one token each (see the module docstring)
         self.dtype = first.dtype
         self.device = first.device
         self.num_blocks = first.shape[0]
-        self.rows = [_as_rows(p, block_size) for p in planes]
+        self.rows = [_as_rows(p, block_size) if token_major else _byte_rows(p) for p in planes]
         self.row_bytes = self.rows[0].shape[1]
         self.token_bytes = self.row_bytes // block_size
         self.row_stride = self.rows[0].stride(0)
@@ -97,6 +137,14 @@ class PagedKV:
             block_size = layer.shape[2]
             planes += [layer[0], layer[1]] if kv_first else [layer[:, 0], layer[:, 1]]
         return cls(planes, block_size)
+
+    @classmethod
+    def from_blocks(cls, layers: Sequence[torch.Tensor], block_size: int) -> "PagedKV":
+        """Per-layer caches indexed by block on axis 0, copied as the engine stores each block (block planes:
+        chunks of whole blocks only). vLLM 0.32+ hands out ``[num_blocks, kv_heads, block_size, content]``."""
+        if not layers:
+            raise ValueError("a paged cache needs at least one layer")
+        return cls([p for layer in layers for p in _block_planes(layer)], block_size, token_major=False)
 
     @classmethod
     def from_kv_pairs(cls, k_caches: Sequence[torch.Tensor], v_caches: Sequence[torch.Tensor]) -> "PagedKV":
@@ -123,10 +171,14 @@ class PagedKV:
         if not full - self.block_size < tokens <= full:
             raise ValueError(f"{tokens} tokens do not fill the last of {block_ids.numel()} blocks of "
                              f"{self.block_size} tokens")
+        if tokens != full and not self.token_major:
+            raise ValueError("a chunk of block planes covers whole blocks; "
+                             f"{tokens} tokens end inside a block of {self.block_size}")
         return tokens
 
     def token_rows(self) -> list[torch.Tensor]:
-        """The planes viewed token by token: ``[num_blocks * block_size, token_bytes]`` (for partial blocks)."""
+        """The planes viewed token by token: ``[num_blocks * block_size, token_bytes]`` (for partial blocks of
+        token-major planes)."""
         return [r.unflatten(1, (self.block_size, self.token_bytes)).flatten(0, 1) for r in self.rows]
 
 

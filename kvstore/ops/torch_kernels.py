@@ -32,3 +32,11 @@ def scatter(kv: PagedKV, chunk: torch.Tensor, block_ids: torch.Tensor, tokens: i
     src = chunk.view(len(rows), index.numel(), rows[0].shape[1])
     for plane, row in enumerate(rows):
         row.index_copy_(0, index, src[plane])
+
+
+def scatter_blocks(kv: PagedKV, chunk: torch.Tensor, block_ids: torch.Tensor, skip: int) -> None:
+    """Like ``scatter`` over whole blocks, leaving the chunk's first ``skip`` blocks out."""
+    src = chunk.view(len(kv.rows), block_ids.numel(), kv.row_bytes)[:, skip:]
+    index = block_ids[skip:]
+    for plane, row in enumerate(kv.rows):
+        row.index_copy_(0, index, src[plane])

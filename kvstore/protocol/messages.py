@@ -175,6 +175,40 @@ class Reserve:
         return cls(keys=keys, sizes=read_sizes(h, len(keys), max_size), parent=read_optional_key(h, "parent"))
 
 
+MAX_CREDIT_BYTES = 1 << 48
+
+
+@dataclass(frozen=True)
+class CreditPut:
+    """Chunks a writer copied into its credit (``store/credits.py``), and the credit it wants for the next put."""
+
+    credit: int              # 0: none held (a first credit is asked for; no keys then)
+    keys: list[bytes]
+    offsets: list[int]       # arena byte offsets, checked against the credit by the Store
+    sizes: list[int]
+    parent: bytes | None
+    want: int                # bytes the writer wants lent for its next put (0: give the credit back)
+
+    @classmethod
+    def parse(cls, h: dict[str, Any], max_size: int) -> "CreditPut":
+        keys = read_keys(h, allow_empty=True)
+        if len(set(keys)) != len(keys):
+            raise BadRequestError("field 'keys' holds the same key twice")
+        return cls(credit=read_int(h, "credit", 0, (1 << 64) - 1), keys=keys,
+                   offsets=read_offsets(h, len(keys)), sizes=read_sizes(h, len(keys), max_size) if keys else [],
+                   parent=read_optional_key(h, "parent"), want=read_int(h, "want", 0, MAX_CREDIT_BYTES))
+
+
+def read_offsets(h: dict[str, Any], count: int) -> list[int]:
+    value = h.get("offsets", [] if not count else None)
+    if not isinstance(value, list) or len(value) != count:
+        raise BadRequestError(f"field 'offsets' must be a list of {count} integers, one per key")
+    for i, o in enumerate(value):
+        if not isinstance(o, int) or isinstance(o, bool) or not 0 <= o < MAX_CREDIT_BYTES:
+            raise BadRequestError(f"offsets[{i}] must be an integer in [0, {MAX_CREDIT_BYTES}), got {o!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Handle:
     """A lease or reservation id."""

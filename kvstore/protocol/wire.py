@@ -57,6 +57,7 @@ class Op(enum.IntEnum):
     VERIFY = 15         # a connector compared computed KV with stored chunks: counts, and what to drop
     CORRUPT = 16        # a client's view failed its checksum: the daemon checks the chunk itself
     LOOKUP_SEEN = 17   # lookups a client answered from the shared index: touch and count them (client/shared_index.py)
+    CREDIT_PUT = 18    # publish chunks copied into a put credit, lend the next one (store/credits.py)
 
 
 def _check_unique_ops() -> None:

@@ -100,6 +100,22 @@ def handle_abort(svc: Service, s: Session, h: dict, frames: list) -> Frames:
     return [ok_reply(h["id"], aborted=svc.store.abort(s.owner, rid))]
 
 
+def handle_credit_put(svc: Service, s: Session, h: dict, frames: list) -> Any:
+    """A put in one round trip: chunks the client copied into its credit, and the credit for its next put."""
+    if not s.arena:
+        raise PermissionDeniedError("put credits need the shared arena; clients over tcp:// put with PUT_INLINE")
+    req = m.CreditPut.parse(h, svc.config.chunk_limit)
+    if req.keys:
+        svc.safeguards.params.stored(s.namespace, s.key_params)
+    return _throttled(svc, sum(req.sizes), lambda: _credit_put_now(svc, s, h, req))
+
+
+def _credit_put_now(svc: Service, s: Session, h: dict, req: m.CreditPut) -> Frames:
+    committed, grant = svc.store.credits.put(s.owner, s.namespace, req.credit, req.keys, req.offsets, req.sizes,
+                                             req.parent, req.want)
+    return [ok_reply(h["id"], committed=committed, **grant.wire())]
+
+
 def handle_put_inline(svc: Service, s: Session, h: dict, frames: list) -> Frames:
     keys = m.read_keys(h)
     if len(frames) != len(keys):
@@ -195,6 +211,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.COMMIT: handle_commit,
     Op.ABORT: handle_abort,
     Op.PUT_INLINE: handle_put_inline,
+    Op.CREDIT_PUT: handle_credit_put,
     Op.GET: handle_get,
     Op.RELEASE: handle_release,
     Op.EXTEND: handle_extend,
@@ -229,5 +246,7 @@ def hello_reply(svc: Service, owner: bytes, transport: str, h: dict) -> tuple[Se
         "reserve_ttl": svc.store.reserve_ttl,
         "max_batch": MAX_BATCH,
         "max_chunk": svc.config.chunk_limit,
+        "align": svc.store.host.allocator.align,   # a put credit's chunks start at multiples of it
+        "credit_max": svc.store.credits.largest,   # the largest credit lent (store/credits.py)
     }
     return session, [ok_reply(h["id"], **reply)]

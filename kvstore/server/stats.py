@@ -35,6 +35,7 @@ def daemon_stats(d: "Service", sessions: int, auth_rejected: int) -> dict[str, A
         "leases": len(store.leases),
         "leases_overdue": store.leases.overdue,
         "reservations": len(store.reservations),
+        "credits": store.credits.stats(),
         "sessions": sessions,
         "requests": d.counters.requests,
         "errors": d.counters.errors,
@@ -45,7 +46,8 @@ def daemon_stats(d: "Service", sessions: int, auth_rejected: int) -> dict[str, A
 def tier_stats(store: "Store") -> dict[str, dict[str, Any]]:
     usage = store.host.usage()
     tiers: dict[str, dict[str, Any]] = {"host": {"capacity_bytes": usage.capacity_bytes,
-                                                 "used_bytes": usage.used_bytes, "chunks": usage.chunks}}
+                                                 "used_bytes": usage.used_bytes - store.credits.lent_bytes,
+                                                 "chunks": usage.chunks - len(store.credits)}}   # lent: "credits"
     disk = store.disk
     if disk is not None:
         tiers["disk"] = {"capacity_bytes": disk.capacity_bytes, "used_bytes": disk.used_bytes, "chunks": disk.chunks}

@@ -59,6 +59,7 @@ from .gpu_ledger import GpuLedger
 from .remote_ledger import RemoteLedger
 from .room import make_room
 from ..protocol.index_layout import STATE_OF_TIER
+from .credits import CreditBook
 from .entry import DiskState, Entry, State
 from .policies import DEFAULT_POLICY, make_queue
 from .handles import Handle, HandleTable
@@ -148,6 +149,7 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         self.leases: HandleTable[list[Entry]] = HandleTable("lease", LeaseError)
         self.reservations: HandleTable[Reservation] = HandleTable("reservation", ReservationError)
         self.counters = StoreCounters()
+        self.credits = CreditBook(self)   # free arena space lent to writers, so a put needs no RESERVE
 
     # -- lookup -------------------------------------------------------------------------------------------
     def leading(self, keys: Sequence[bytes]) -> list[Entry]:
@@ -212,20 +214,23 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         return handle, slots
 
     def commit(self, owner: bytes, rid: int) -> int:
-        res = self.reservations.take(owner, rid).payload
-        for entry in res.entries:
+        return self.publish(self.reservations.take(owner, rid).payload.entries)
+
+    def publish(self, entries: list[Entry]) -> int:
+        """Make a reservation's written entries readable (a commit, or a put into a credit: ``credits.py``)."""
+        for entry in entries:
             entry.state = State.COMMITTED
             self._sync(entry.key)
-        self.lru.add_chain(res.entries)
-        if self.sums is not None and res.entries:
-            self.sums.after_commit(res.entries)   # then write-back and the remote put, which carry the sums
+        self.lru.add_chain(entries)
+        if self.sums is not None and entries:
+            self.sums.after_commit(entries)   # then write-back and the remote put, which carry the sums
         else:
-            self.checksummed(res.entries)
+            self.checksummed(entries)
         c = self.counters
         c.puts += 1
-        c.put_chunks += len(res.entries)
-        c.put_bytes += sum(e.size for e in res.entries)
-        return len(res.entries)
+        c.put_chunks += len(entries)
+        c.put_bytes += sum(e.size for e in entries)
+        return len(entries)
 
     def abort(self, owner: bytes, rid: int) -> int:
         res = self.reservations.take(owner, rid).payload
@@ -305,6 +310,7 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         reservations = self.reservations.pop_expired(now)
         for handle in reservations:
             self._drop_reserved(handle.payload.entries)
+        self.credits.expire(now, keep_leases_of)
         self.counters.expired_leases += len(leases)
         self.counters.expired_reservations += len(reservations)
         return len(leases), len(reservations)
@@ -317,6 +323,7 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         reservations = self.reservations.pop_owner(owner)
         for handle in reservations:
             self._drop_reserved(handle.payload.entries)
+        self.credits.drop_owner(owner)
         return len(leases), len(reservations)
 
     def committed_chunks(self) -> int:

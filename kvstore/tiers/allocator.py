@@ -98,6 +98,16 @@ class ExtentAllocator:
             end += next_len
         self._insert_free(start, end - start)
 
+    def split(self, offset: int, at: int) -> None:
+        """Cut the allocated extent at ``offset`` in two at byte ``at``; both halves stay allocated and are freed
+        on their own (a put credit hands out the chunks written into it this way: ``store/credits.py``)."""
+        start, cut = offset // self.align, at // self.align
+        units = self._allocated.get(start)
+        if units is None or offset % self.align or at % self.align or not start < cut < start + units:
+            raise ValueError(f"cannot split the extent at {offset} at {at}")
+        self._allocated[start] = cut - start
+        self._allocated[cut] = start + units - cut
+
     def size_of(self, offset: int) -> int:
         return self._allocated[offset // self.align] * self.align
 
@@ -181,6 +191,9 @@ class ExtentSpace:
 
     def free(self, offset: int) -> None:
         self.allocator.free(offset)
+
+    def split(self, offset: int, at: int) -> None:
+        self.allocator.split(offset, at)
 
     def usage(self) -> TierUsage:
         return TierUsage(self.capacity_bytes, self.used_bytes, self.chunks)

@@ -4,12 +4,18 @@ Caches are vLLM's per-layer views (`create_kv_cache_views`) over one flat buffer
 order differs from the logical [blocks, heads, block_size, 2 * head_dim]; requests, scheduler output and
 per-step records are vLLM's classes. The "forward" writes given K and V into the request's blocks the way
 attention does (through a per-token slot mapping), so the connector is checked against an independent writer.
+
+Loads are asynchronous as in vLLM: a request with external hits is first admitted (`admit`: blocks for the
+prefix, a step whose metadata carries the load), waits until a step's `get_finished` reports it received
+(`wait_loaded`), and is then scheduled as a new request with the loaded tokens computed. Saves finish in the
+background; `drain` steps until they have.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +38,7 @@ from vllm.v1.request import Request  # noqa: E402
 from kvstore.connectors.vllm import KVStoreConnector  # noqa: E402
 
 BLOCK = 16
+OPEN: list["Engine"] = []  # engines not closed yet (`close_all` at the end of a test)
 
 
 def layer_names(n: int) -> list[str]:
@@ -47,12 +54,12 @@ def kv_cache_config(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtyp
                          kv_cache_groups=[KVCacheGroupSpec(layer_names(layers), spec)]), spec, tensor
 
 
-def vllm_config(address: str, chunk_tokens: int, **extra) -> VllmConfig:
+def vllm_config(address: str, chunk_tokens: int, role: str = "kv_both", **extra) -> VllmConfig:
     transfer = KVTransferConfig(
-        kv_connector="KVStoreConnector", kv_connector_module_path="kvstore.connectors.vllm", kv_role="kv_both",
+        kv_connector="KVStoreConnector", kv_connector_module_path="kvstore.connectors.vllm", kv_role=role,
         kv_load_failure_policy="recompute",
         kv_connector_extra_config={"address": address, "chunk_tokens": chunk_tokens, "model_id": "tiny-llama",
-                                   "timeout": 2.0, **extra},
+                                   "timeout": 2.0, "load_async": True, **extra},
     )
     return VllmConfig(kv_transfer_config=transfer, cache_config=CacheConfig(block_size=BLOCK))
 
@@ -71,9 +78,10 @@ class Engine:
     device: str = "cpu"
     extra: dict = field(default_factory=dict)
     seed: int = 0
+    role: str = "kv_both"
 
     def __post_init__(self):
-        config = vllm_config(self.address, self.chunk_tokens, **self.extra)
+        config = vllm_config(self.address, self.chunk_tokens, self.role, **self.extra)
         self.kv_config, spec, tensor = kv_cache_config(self.layers, self.kv_heads, self.head_dim, self.dtype,
                                                        self.num_blocks)
         raw = torch.zeros(tensor.size, dtype=torch.int8, device=self.device)
@@ -86,6 +94,13 @@ class Engine:
         self.free = list(range(self.num_blocks))
         random.Random(self.seed).shuffle(self.free)  # requests get scattered, non-contiguous blocks
         self.blocks: dict[str, list[int]] = {}
+        self.seen: set[str] = set()
+        self.load_errors: set[int] = set()
+        self.sent: set[str] = set()
+        self.received: set[str] = set()
+        self.admitted: dict[str, int] = {}  # req id -> external tokens loaded asynchronously
+        OPEN.append(self)
+        self.is_async: dict[str, bool] = {}  # req id -> what the connector said of its load
 
     def allocate(self, req_id: str, upto_tokens: int) -> list[int]:
         have = self.blocks.setdefault(req_id, [])
@@ -116,24 +131,54 @@ class Engine:
         return keys, values
 
     def lookup(self, request: Request, local_tokens: int = 0) -> int:
+        if request.request_id not in self.seen:
+            self.seen.add(request.request_id)
+            self.scheduler.on_new_request(request)
         ext, is_async = self.scheduler.get_num_new_matched_tokens(request, local_tokens)
-        assert is_async is False
+        assert is_async is False or ext > 0
+        self.is_async[request.request_id] = is_async
         return ext
 
+    def _kv_blocks(self, req_id: str) -> KVCacheBlocks:
+        return KVCacheBlocks(([KVCacheBlock(b) for b in self.blocks[req_id]],))
+
+    def admit(self, request: Request, local_tokens: int, ext_tokens: int):
+        """vLLM's first allocation for an asynchronous load: blocks for the prefix; returns the step's metadata."""
+        self.allocate(request.request_id, local_tokens + ext_tokens)
+        self.scheduler.update_state_after_alloc(request, self._kv_blocks(request.request_id), ext_tokens)
+        self.admitted[request.request_id] = ext_tokens
+        return self.scheduler.build_connector_meta(SchedulerOutput.make_empty())
+
+    def wait_loaded(self, req_id: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while req_id not in self.received:
+            assert time.monotonic() < deadline, f"load of {req_id} never finished"
+            self.run_step(self.scheduler.build_connector_meta(SchedulerOutput.make_empty()))
+            time.sleep(0.005)
+
     def schedule_new(self, request: Request, local_tokens: int, ext_tokens: int, num_tokens: int):
-        """Allocate, notify the connector, and build the step's metadata for a new request."""
+        """Allocate, notify the connector, and build the step's metadata for a new request (after its
+        asynchronous load, which this runs first unless `admit` already did)."""
+        rid = request.request_id
+        asynchronous = ext_tokens > 0 and self.is_async.get(rid, False)
+        if asynchronous and rid not in self.admitted:
+            self.last_load_meta = self.admit(request, local_tokens, ext_tokens)
+            self.run_step(self.last_load_meta)
+        if asynchronous:
+            self.wait_loaded(rid)
         computed = local_tokens + ext_tokens
-        new_blocks = self.allocate(request.request_id, computed + num_tokens)
-        kv_blocks = KVCacheBlocks(([KVCacheBlock(b) for b in self.blocks[request.request_id]],))
-        self.scheduler.update_state_after_alloc(request, kv_blocks, ext_tokens)
-        new = NewRequestData.from_request(request, (list(self.blocks[request.request_id]),))
+        self.allocate(rid, computed + num_tokens)
+        self.scheduler.update_state_after_alloc(request, self._kv_blocks(rid), 0 if asynchronous else ext_tokens)
+        new = NewRequestData.from_request(request, (list(self.blocks[rid]),))
         new.num_computed_tokens = computed
         out = SchedulerOutput.make_empty()
         out.scheduled_new_reqs = [new]
-        out.num_scheduled_tokens = {request.request_id: num_tokens}
+        out.num_scheduled_tokens = {rid: num_tokens}
         out.total_num_scheduled_tokens = num_tokens
-        assert new_blocks is not None
-        return self.scheduler.build_connector_meta(out)
+        meta = self.scheduler.build_connector_meta(out)
+        if not asynchronous:
+            self.last_load_meta = meta
+        return meta
 
     def schedule_cached(self, request: Request, computed: int, num_tokens: int):
         new_blocks = self.allocate(request.request_id, computed + num_tokens)
@@ -147,9 +192,10 @@ class Engine:
         out.total_num_scheduled_tokens = num_tokens
         return self.scheduler.build_connector_meta(out)
 
-    def run_step(self, meta, forward=None):
-        """The worker's view of one step: bind, load, forward (per layer: save), save, clear."""
+    def run_step(self, meta, forward=None, finished: set[str] | None = None):
+        """The worker's view of one step: bind, load, forward (per layer: save), save, collect, clear."""
         self.worker.bind_connector_metadata(meta)
+        self.worker.handle_preemptions(meta)
         self.worker.start_load_kv(None)
         if forward is not None:
             forward()
@@ -157,9 +203,33 @@ class Engine:
             self.worker.wait_for_layer_load(name)
             self.worker.save_kv_layer(name, cache, None)
         self.worker.wait_for_save()
-        finished = self.worker.get_finished(set())
+        sent, received = self.worker.get_finished(finished or set())
+        self.sent |= sent or set()
+        self.received |= received or set()
+        self.load_errors |= self.worker.get_block_ids_with_load_errors()
         self.worker.clear_connector_metadata()
-        return finished
+        return sent, received
+
+    def drain(self, finished: set[str] | None = None, timeout: float = 10.0) -> None:
+        """Step until the background saves (and loads) are done."""
+        deadline = time.monotonic() + timeout
+        while not self.worker._transfers.idle():
+            assert time.monotonic() < deadline, "background transfers never finished"
+            time.sleep(0.005)
+        self.run_step(self.scheduler.build_connector_meta(SchedulerOutput.make_empty()), finished=finished)
+
+    def finish(self, request: Request) -> bool:
+        """The request is done: returns whether the connector keeps its blocks (saves in flight)."""
+        delay, _ = self.scheduler.request_finished(request, self.blocks[request.request_id])
+        return delay
+
+
+def close_all() -> None:
+    """Shut every open engine's connectors down: their clients unmap the daemons' arenas."""
+    while OPEN:
+        engine = OPEN.pop()
+        engine.scheduler.shutdown()
+        engine.worker.shutdown()
 
 
 def request(req_id: str, token_ids: list[int], cache_salt: str | None = None) -> Request:

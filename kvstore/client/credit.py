@@ -1,0 +1,155 @@
+"""The writer's end of a put credit (``store/credits.py``): a put in one round trip.
+
+The client holds at most one credit, an extent of the daemon's arena lent to it. A put lays its chunks out at
+page-aligned offsets from the credit's start, copies them in, and sends one ``CREDIT_PUT``; the reply publishes
+the chunks and names the credit for the next put. A put falls back to reserve + commit (``None`` from ``put``)
+when the daemon lends no credit (an older daemon, no room, the share of the arena lent is used up), when the
+chunks do not fit the largest credit it lends, and while another thread of the client is writing into the
+credit. A reserve that finds the store full gives the credit back and tries once more. A refused credit is not asked for again for a second, so a full store does not cost a third round trip
+per put.
+
+A request about the credit forgets it until its reply names the next one: after a timeout the client never
+writes into space the daemon may have published meanwhile (the daemon frees the credit the client forgot).
+
+The credit's deadline is the daemon's reservation TTL counted from before the request that lent it; a credit
+past half of it is renewed before any byte is copied in, so bytes are never written into space the daemon may
+already have taken back (it spares the credits of local clients whose process it follows anyway).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..errors import ReservationError, VersionError
+from ..protocol.messages import wire_keys
+from ..protocol.wire import Op
+from .buffers import copy_into
+
+if TYPE_CHECKING:
+    from .client import Client
+
+RENEW_AT = 0.5          # share of the TTL after which a credit is renewed before use
+REFUSED_BACKOFF_S = 1.0
+GROWTH = 2              # a credit twice the put's size: a somewhat larger next put still fits
+
+
+@dataclass(frozen=True)
+class HeldCredit:
+    id: int
+    offset: int
+    size: int
+    valid_until: float   # time.monotonic() past which it is renewed before use
+    arena: Any           # the client's arena mapping it was lent in (a restarted daemon lends in another)
+
+
+class CreditWriter:
+    """The one credit a client holds, and the put that uses it."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.held: HeldCredit | None = None
+        self._lock = threading.Lock()
+        self._refused_need = 0          # a credit this big (or bigger) was refused ...
+        self._refused_until = 0.0       # ... until then: such puts go straight to reserve + commit
+
+    def forget(self) -> None:
+        """A new session (the daemon restarted, or the client said hello again): the daemon holds no credit."""
+        self.held = None
+
+    def put(self, client: "Client", keys: Sequence[bytes], buffers: Sequence[Any], sizes: list[int],
+            parent: bytes | None) -> int | None:
+        """Chunks committed through the credit, or None: put them with reserve + commit instead."""
+        align = int(client.server_info.get("align") or 0)
+        if not self.enabled or not align:
+            return None
+        starts, need = _layout(sizes, align)
+        if need > int(client.server_info.get("credit_max") or 0) or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if _all_stored(client, keys):
+                return None   # reserve + commit copies nothing for stored keys (and touches them)
+            credit = self._usable(client, need)
+            if credit is None:
+                return None
+            view = client._arena_view
+            for start, size, buf in zip(starts, sizes, buffers):
+                copy_into(view[credit.offset + start:credit.offset + start + size], buf)
+            sent = time.monotonic()
+            self.held = None   # spent: until a reply names the next one (a lost reply must not leave it usable)
+            try:
+                header, _ = client._call({"op": Op.CREDIT_PUT, "credit": credit.id, "keys": wire_keys(keys),
+                                          "offsets": [credit.offset + s for s in starts], "sizes": sizes,
+                                          "parent": parent, "want": GROWTH * need}, retry=False)
+            except (ReservationError, VersionError):
+                self.held = None   # taken back, or a restarted daemon never lent it: put the other way
+                return None
+            self._keep(header, sent, client)
+            return int(header["committed"])
+        finally:
+            self._lock.release()
+
+    def give_back(self, client: "Client") -> bool:
+        """Return the held credit to the free space (a reserve found the store full); False when none is held
+        or another thread is writing into it."""
+        if self.held is None or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            held, self.held = self.held, None
+            if held is None or held.arena is not client._arena:
+                return False
+            try:
+                client._call({"op": Op.CREDIT_PUT, "credit": held.id, "keys": b"", "want": 0}, retry=False)
+            except (ReservationError, VersionError):
+                return False
+            return True
+        finally:
+            self._lock.release()
+
+    def _usable(self, client: "Client", need: int) -> HeldCredit | None:
+        """The held credit when it takes ``need`` bytes and is fresh, else one asked for now (or None)."""
+        held = self.held
+        if held is not None and held.arena is not client._arena:
+            held = self.held = None
+        if held is not None and held.size >= need and time.monotonic() < held.valid_until:
+            return held
+        now = time.monotonic()
+        if need >= self._refused_need and now < self._refused_until:
+            return None
+        self.held = None   # the daemon may move it: until the reply says where it is
+        try:
+            header, _ = client._call({"op": Op.CREDIT_PUT, "credit": held.id if held else 0, "keys": b"",
+                                      "want": GROWTH * need})
+        except ReservationError:
+            self.held = None
+            return None
+        self._keep(header, now, client)
+        if self.held is None or self.held.size < need:
+            self._refused_need, self._refused_until = need, now + REFUSED_BACKOFF_S
+            return None
+        return self.held
+
+    def _keep(self, header: dict[str, Any], sent: float, client: "Client") -> None:
+        cid = int(header.get("credit") or 0)
+        self.held = None if not cid else HeldCredit(
+            cid, int(header["offset"]), int(header["size"]), sent + RENEW_AT * float(header["ttl"]), client._arena)
+
+
+def _all_stored(client: "Client", keys: Sequence[bytes]) -> bool:
+    """Whether the daemon's shared index lists every key (a put of them all would copy for nothing)."""
+    index = client._index
+    if index is None:
+        return False
+    walk = index._walk(keys, False)   # one try, uncounted: a table that moved just means "copy them"
+    return isinstance(walk, tuple) and walk[0] == len(keys)
+
+
+def _layout(sizes: Sequence[int], align: int) -> tuple[list[int], int]:
+    """Each chunk's start from the credit's start (aligned, in order) and the bytes all of them take."""
+    starts, at = [], 0
+    for size in sizes:
+        starts.append(at)
+        at += -(-size // align) * align
+    return starts, at

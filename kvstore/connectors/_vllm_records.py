@@ -1,0 +1,54 @@
+"""What the vLLM connector's scheduler half sends its workers each step, and what it keeps per request.
+
+The metadata crosses from the scheduler process to the workers (pickled by vLLM), so it holds plain values
+only: token ids, block ids, counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+
+@dataclass
+class LoadSpec:
+    """Load chunks `0 .. num_chunks` of a request, writing from token `skip_tokens` on."""
+
+    req_id: str
+    token_ids: list[int]
+    block_ids: list[int]
+    num_chunks: int
+    skip_tokens: int
+    salt: str = ""
+    is_async: bool = True
+
+
+@dataclass
+class SaveSpec:
+    """Save chunks `first_chunk .. first_chunk + num_chunks` of a request."""
+
+    req_id: str
+    token_ids: list[int]
+    block_ids: list[int]
+    first_chunk: int
+    num_chunks: int
+    salt: str = ""
+
+
+@dataclass
+class KVStoreConnectorMetadata(KVConnectorMetadata):
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Tracked:
+    """Scheduler-side state of one running request."""
+
+    prompt: list[int]
+    block_ids: list[int]
+    saved_chunks: int
+    salt: str
+    saving: bool = False  # a save was planned: its blocks outlive the request until the workers are done

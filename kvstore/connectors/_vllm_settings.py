@@ -1,0 +1,54 @@
+"""What the vLLM connector reads from vLLM: the version it runs in, its settings, the model and the rank.
+
+Each check refuses a bad value with one line naming it and what would be accepted (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+SUPPORTED_VLLM = ("0.32", "0.33")
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse a vLLM whose connector interface this connector was not written against."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if not found or f"{found[1]}.{found[2]}" not in SUPPORTED_VLLM:
+        raise ConfigError(f"kvstore's vLLM connector supports vLLM {' and '.join(SUPPORTED_VLLM)}, not {version}: "
+                          f"install one of those")
+
+
+def load_mode(value: Any) -> str:
+    """`load_async`: true (always off the step), false (always in it) or "auto" (off it while others run)."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or str(value).lower() in ("true", "false", "1", "0"):
+        return "async" if str(value).lower() in ("true", "1") else "sync"
+    raise ConfigError(f"kvstore load_async must be true, false or \"auto\", not {value!r}")
+
+
+def model_id(vllm_config: "VllmConfig") -> str:
+    """The served model and revision: part of every namespace (unless `model_id` is configured)."""
+    model = getattr(vllm_config, "model_config", None)
+    if model is None:
+        return "unknown-model"
+    revision = getattr(model, "revision", None)
+    return f"{model.model}@{revision}" if revision else str(model.model)
+
+
+def tp_rank(vllm_config: "VllmConfig") -> int:
+    """This worker's tensor-parallel rank (each rank has a namespace of its own)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank()
+    except Exception:  # noqa: BLE001 - not in a distributed worker (tests, single process)
+        rank = getattr(vllm_config.parallel_config, "rank", 0) or int(os.environ.get("RANK", 0))
+        return rank % vllm_config.parallel_config.tensor_parallel_size
