@@ -21,15 +21,25 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from ..errors import ReservationError, VersionError
 from ..protocol.messages import wire_keys
 from ..protocol.wire import Op
 from .buffers import copy_into
 
-if TYPE_CHECKING:
-    from .client import Client
+
+
+class Client(Protocol):
+    """What a credit writer uses of the Client (a protocol rather than an import: client.py imports this module)."""
+
+    _arena: Any
+    _arena_view: memoryview | None
+    _index: Any
+    server_info: dict[str, Any]
+
+    def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
+              retry: bool = True) -> tuple[dict[str, Any], list[Any]]: ...
 
 RENEW_AT = 0.5          # share of the TTL after which a credit is renewed before use
 REFUSED_BACKOFF_S = 1.0

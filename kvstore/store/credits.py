@@ -31,14 +31,27 @@ id.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from ..errors import BadRequestError, ReservationError, StoreFullError
 from .entry import Entry, State
 from .handles import Handle, HandleTable
 
-if TYPE_CHECKING:
-    from .store import Store
+
+
+class Store(Protocol):
+    """What the credit book uses of the Store (a protocol rather than an import: store.py imports this module)."""
+
+    host: Any
+    index: dict[bytes, Entry]
+    lru: Any
+    counters: Any
+    reserve_ttl: float
+    disk_full_reason: str
+
+    def clock(self) -> float: ...
+    def publish(self, entries: list[Entry]) -> int: ...
+    def _allocate(self, size: int) -> int: ...
 
 ONE_CREDIT_SHARE = 32   # a credit holds at most 1/32 of the host tier
 ALL_CREDITS_SHARE = 8   # all credits together at most 1/8
