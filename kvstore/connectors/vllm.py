@@ -38,18 +38,13 @@ thread, which reserves arena slots, gathers the blocks straight into them and co
 a finished request once its saves are done. `handle_preemptions` settles a preempted request's saves before
 its blocks are reused. With `load_async`/`save_async` false the same work runs inside the step.
 
-Online verification. A request chosen by `verify_fraction` (by a hash of its id: the same answer every time the
-scheduler asks, every request at 1.0) is offered no external tokens although its chunks are stored: vLLM
-computes the prefix as for a miss. As its stored chunks become computed, `build_connector_meta` sends the
-workers a comparison of them (a `SaveSpec` with `verify`), which the save thread runs off the step like a save,
-bounded by the same bytes in flight: it gathers the computed blocks, leases the stored chunks and compares them,
-exactly in float32 on the CPU (deterministic kernels), within `tolerance_for` the dtype elsewhere, and reports
-to the daemon (`ChunkStore.report`), which counts it under `verify` and drops a chain from its first chunk that
-differs. Those chunks are not saved again by the request (a damaged chain stays gone until a later miss saves
-it afresh). The request's output is plain prefill's whatever the store holds; a failed comparison is a log
-line. The default is 0 because a verified hit costs the prefill it would have saved: 1 % verification cost 8 %
-of throughput on the transformers model (`bench/results/verify-latest.json`); an operator who suspects a
-scribbling client turns it on.
+Online verification. A request chosen by `verify_fraction` (a hash of its id: the same answer each time, all
+at 1.0) is offered no external tokens though its chunks are stored, so vLLM computes its prefix; once those
+chunks are computed the save thread, off the step and bounded like saves, compares them with the stored ones
+(exactly in float32 on the CPU, `tolerance_for` the dtype elsewhere) and reports to the daemon, which counts it
+under `verify` and drops a chain from its first chunk that differs (not saved again by this request). The
+output is plain prefill's; a failed comparison is a log line. Default 0: a verified hit costs the prefill it
+would have saved (1 % verified cost 8 % of throughput on the transformers model, bench/results/verify-latest.json).
 
 Chunks are the engine's own block bytes (`kvstore.ops` block planes), so the namespace names the KV cache
 format (`_geometry`); supported: one KV cache group of plain full attention. Anything else disables the
