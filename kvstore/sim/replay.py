@@ -31,6 +31,7 @@ from typing import Sequence
 from ..errors import StoreFullError
 from ..store.entry import Entry
 from ..store.policies import DEFAULT_POLICY
+from ..store.room import shed_to_low
 from ..store.store import Store
 from ..tiers.host import HostTier
 from ..tiers.virtual import VirtualArena, VirtualDisk
@@ -141,18 +142,17 @@ class SimulatedStore:
             entry = wanted.pop(next(iter(wanted)))
             if store.start_gpu_promote(entry) is not None:
                 store.finish_gpu_promote(entry, True)
-        if not store.gpu_over_high():
-            return
-        while store.gpu_over_low():
-            victim = store.gpu_victim()
-            if victim is None:
-                break
-            try:
-                host_offset = store.start_gpu_demote(victim)
-            except StoreFullError:
-                break   # DRAM holds only pinned chunks: as the mover, try again next round
-            if host_offset is not None:
-                store.finish_gpu_demote(victim, True)
+        shed_to_low(store.gpu_over_high, store.gpu_over_low, store.gpu_victim, self._demote)
+
+    def _demote(self, entry: Entry) -> bool:
+        """The GPU mover's demotion, the copy down complete at once."""
+        try:
+            host_offset = self.store.start_gpu_demote(entry)
+        except StoreFullError:
+            return False   # DRAM holds only pinned chunks: as the mover, try again next round
+        if host_offset is not None:
+            self.store.finish_gpu_demote(entry, True)
+        return True
 
     def _promote(self, entries: list[Entry]) -> None:
         for entry in entries:

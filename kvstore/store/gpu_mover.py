@@ -32,6 +32,7 @@ from .. import logs
 from ..errors import StoreFullError
 from .entry import Entry
 from .integrity import checksum
+from .room import shed_to_low
 from .store import Store
 
 if TYPE_CHECKING:
@@ -137,16 +138,16 @@ class GpuMover:
 
     # -- demotion ---------------------------------------------------------------------------------------------
     def _rebalance(self) -> None:
-        if not self.store.gpu_over_high(self.leaving):
-            return
-        while self.store.gpu_over_low(self.leaving):
-            victim = self.store.gpu_victim()
-            if victim is None:
-                break
-            try:
-                self.demote(victim)
-            except StoreFullError:
-                break   # DRAM is full of leased chunks: try again on the next round
+        store = self.store
+        shed_to_low(lambda: store.gpu_over_high(self.leaving), lambda: store.gpu_over_low(self.leaving),
+                    store.gpu_victim, self._demote_for_room)
+
+    def _demote_for_room(self, entry: Entry) -> bool:
+        try:
+            self.demote(entry)
+        except StoreFullError:
+            return False   # DRAM is full of leased chunks: try again on the next round
+        return True
 
     def demote(self, entry: Entry, to_host: bool = False) -> asyncio.Future | None:
         """Move one chunk out of the GPU tier (into DRAM, when ``to_host``, even if it is on disk). Returns the

@@ -36,20 +36,28 @@ chunks (``pin_chain``) while a background put reads their slots and unpins them 
 Chunks found in the remote store get host slots from ``start_remote_fetch`` as RESERVED entries (invisible to
 readers; a put of the same key sees them as being written) and are published, or dropped, by
 ``finish_remote_fetch``; published ones are queued for the disk like a put.
+
+This file keeps the core (index, leases, reservations, the DRAM arena, allocate/free/pin/unpin); each lower tier's
+bookkeeping is a mixin of its own file: ``disk_ledger.py``, ``gpu_ledger.py``, ``remote_ledger.py``; the
+counters are in ``counters.py``.
 """
 
 from __future__ import annotations
 
-import errno
 import time
 from dataclasses import dataclass, field
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-from ..errors import ChecksumError, DamagedSource, FormatError, LeaseError, ReservationError, StoreFullError
+from ..errors import LeaseError, ReservationError, StoreFullError
 from ..tiers.disk import DiskTier
 from ..tiers.host import HostTier
+from .counters import StoreCounters, TierCounters
 from .damage import DamageMixin, IntegrityCounters
+from .disk_ledger import DiskLedger
+from .gpu_ledger import GpuLedger
+from .remote_ledger import RemoteLedger
+from .room import make_room
 from ..protocol.index_layout import STATE_OF_TIER
 from .credits import CreditBook
 from .entry import DiskState, Entry, State
@@ -58,55 +66,6 @@ from .handles import Handle, HandleTable
 
 if TYPE_CHECKING:
     from ..gpu.tier import GpuTier
-
-
-@dataclass
-class StoreCounters:
-    lookups: int = 0
-    lookup_keys: int = 0
-    hit_keys: int = 0
-    puts: int = 0
-    put_chunks: int = 0
-    put_bytes: int = 0
-    gets: int = 0
-    get_chunks: int = 0
-    get_bytes: int = 0
-    evictions: int = 0
-    evicted_bytes: int = 0
-    expired_leases: int = 0
-    expired_reservations: int = 0
-    full_errors: int = 0
-
-
-@dataclass
-class TierCounters:
-    """Movements between tiers, in chunks and bytes (plain fields: exported as they are)."""
-
-    promotions_disk_host: int = 0
-    promoted_bytes_disk_host: int = 0
-    demotions_host_disk: int = 0
-    demoted_bytes_host_disk: int = 0
-    evictions_host: int = 0          # left DRAM with no disk copy: lost
-    evictions_disk: int = 0          # left the disk tier (a DRAM copy may remain)
-    evicted_bytes_disk: int = 0
-    disk_writes: int = 0
-    disk_write_bytes: int = 0        # bytes stored on disk (after compression)
-    disk_write_skipped: int = 0      # no room on disk even after eviction, or write failed
-    disk_reads: int = 0
-    disk_read_bytes: int = 0
-    checksum_failures: int = 0
-    io_errors: int = 0
-    quarantined: int = 0
-    unwritten_evictions: int = 0     # evicted from DRAM while still waiting for write-back
-    promotions_host_gpu: int = 0
-    promoted_bytes_host_gpu: int = 0
-    demotions_gpu_host: int = 0      # left the GPU tier with a DRAM copy (kept, or copied down)
-    demoted_bytes_gpu_host: int = 0
-    demotions_gpu_disk: int = 0      # left the GPU tier with only a disk copy below it
-    demoted_bytes_gpu_disk: int = 0
-    gpu_copies_down: int = 0         # demotions that had to copy the bytes back into DRAM first
-    promotions_remote_host: int = 0  # chunks fetched from the remote store into DRAM
-    promoted_bytes_remote_host: int = 0
 
 
 class DiskIo(Protocol):
@@ -138,11 +97,6 @@ class SumSink(Protocol):
     def after_commit(self, entries: list[Entry]) -> None: ...
 
 
-HOST_HIGH_WATERMARK = 0.95
-HOST_LOW_WATERMARK = 0.85
-GPU_HIGH_WATERMARK = 0.95
-GPU_LOW_WATERMARK = 0.85
-GPU_PROMOTE_HITS = 2    # the second get that finds a chunk in DRAM asks for its promotion
 
 
 @dataclass(frozen=True)
@@ -166,7 +120,7 @@ class Reservation:
     present: list[Entry] = field(default_factory=list)
 
 
-class Store(DamageMixin):
+class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
     def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float,
                  clock: Callable[[], float] = time.monotonic, disk: DiskTier | None = None,
                  gpu: "GpuTier | None" = None, policy: str = DEFAULT_POLICY) -> None:
@@ -331,14 +285,6 @@ class Store(DamageMixin):
         """The indexed entries of ``keys`` (any state), in order, skipping keys not indexed."""
         return [e for e in (self.index.get(k) for k in keys) if e is not None]
 
-    def wants_gpu(self) -> bool:
-        """Whether some chunk asked for a GPU promotion that the GPU mover has not taken yet."""
-        return bool(self.gpu_wanted)
-
-    def count_remote_hits(self, chunks: int) -> None:
-        """A lookup found ``chunks`` more in the remote store (or being fetched from it) past its local walk."""
-        self.counters.hit_keys += chunks
-
     # -- removal --------------------------------------------------------------------------------------------
     def delete(self, keys: Sequence[bytes]) -> int:
         deleted = 0
@@ -380,206 +326,8 @@ class Store(DamageMixin):
         self.credits.drop_owner(owner)
         return len(leases), len(reservations)
 
-    def rebalance(self) -> int:
-        """Above the high watermark, drop DRAM copies of chunks already on disk (LRU first) until under the low
-        one. Stops at a chunk not yet on disk: that is for the write-back to fix, not for demotion to lose."""
-        if self.disk is None or self.host.used_bytes <= HOST_HIGH_WATERMARK * self.host.capacity_bytes:
-            return 0
-        demoted = 0
-        while self.host.used_bytes > HOST_LOW_WATERMARK * self.host.capacity_bytes:
-            victim = self.lru.peek_oldest()
-            if victim is None or victim.disk is not DiskState.STORED or victim.gpu_loading is not None \
-                    or victim.checking:
-                break
-            self.lru.pop_oldest()
-            self._drop_host_copy(victim)
-            demoted += 1
-        return demoted
-
-    # -- disk tier: called by the tier manager ----------------------------------------------------------------
-    def adopt(self, key: bytes, size: int, namespace: str, footprint: int, checksum: int | None = None,
-              parent: bytes | None = None) -> bool:
-        """Index a chunk found on disk at start (call oldest first). False when it does not fit the cap."""
-        assert self.disk is not None
-        if key in self.index or not self._charge_disk(footprint):
-            return False
-        entry = Entry(key, size, namespace, parent, State.COMMITTED, disk=DiskState.STORED, disk_bytes=footprint,
-                      checksum=checksum)
-        self.index[key] = entry
-        self.disk_lru.add_newest(entry)
-        self._sync(key)
-        return True
-
-    def next_write(self) -> Entry | None:
-        """Take the next queued chunk for writing, with its disk space charged; None when the queue is empty."""
-        assert self.disk is not None
-        while self.dirty:
-            entry = self.dirty.popleft()
-            self.dirty_bytes -= entry.size
-            if entry.disk is not DiskState.QUEUED or self.index.get(entry.key) is not entry \
-                    or entry.host_offset is None:
-                continue  # deleted or evicted while queued
-            footprint = self.disk.footprint(entry.size)
-            if not self._charge_disk(footprint):
-                self._forget_disk(entry)
-                self.tier_counters.disk_write_skipped += 1
-                continue
-            entry.disk = DiskState.WRITING
-            entry.disk_bytes = footprint
-            self.dirty_bytes += entry.size
-            return entry
-        return None
-
-    def finish_write(self, entry: Entry, stored: int | None, error: BaseException | None) -> None:
-        """A write ended: ``stored`` payload bytes, or ``error``."""
-        assert self.disk is not None
-        self.dirty_bytes -= entry.size
-        tc = self.tier_counters
-        if error is not None:
-            damaged = isinstance(error, DamagedSource)   # the slot failed its check: nothing was written
-            tc.io_errors += not damaged
-            tc.disk_write_skipped += 1
-            if getattr(error, "errno", None) == errno.ENOSPC:
-                self.disk_full_reason = (f"disk tier is full: the filesystem of {self.disk.directory} has no space "
-                                         f"left for a {entry.size}-byte chunk; free space there or lower --disk-size")
-                self.disk_full_need = 2 * entry.disk_bytes
-            entry.disk = DiskState.NONE
-            self.disk.uncharge(entry.disk_bytes)
-            entry.disk_bytes = 0
-            self.disk_lru.remove(entry)
-            if entry.doomed:
-                self._release_if_idle(entry)
-            elif damaged:
-                self.damaged(entry, "host")
-            return
-        assert stored is not None
-        entry.disk = DiskState.STORED
-        actual = self.disk.footprint(stored)
-        self.disk.used_bytes -= entry.disk_bytes - actual
-        entry.disk_bytes = actual
-        tc.disk_writes += 1
-        tc.disk_write_bytes += stored
-        self.disk_full_reason = ""
-        if entry.doomed:
-            self._release_if_idle(entry)
-
-    def start_promote(self, entry: Entry) -> int | None:
-        """Give a disk-only chunk a host slot to be read into; None if it is not promotable or DRAM is full."""
-        if entry.host_offset is not None or entry.gpu_offset is not None or entry.loading is not None \
-                or entry.disk is not DiskState.STORED or not entry.readable:
-            return None
-        try:
-            offset = self._allocate(entry.size)
-        except StoreFullError:
-            return None
-        entry.loading = offset
-        self.disk_lru.remove(entry)
-        return offset
-
-    def finish_promote(self, entry: Entry, error: BaseException | None, checksum: int | None = None) -> bool:
-        """A promotion read ended (``checksum``: the one the file holds, checked against the bytes read). On error
-        the chunk is a miss from now on: a bad file is quarantined and the chunk dropped with its continuations."""
-        offset, entry.loading = entry.loading, None
-        tc = self.tier_counters
-        if error is None and not entry.doomed:
-            if entry.checksum is None:
-                entry.checksum = checksum
-            entry.host_offset = offset
-            self._sync(entry.key)
-            self.lru.add_chain([entry])
-            self.disk_lru.add_chain([entry])
-            tc.promotions_disk_host += 1
-            tc.promoted_bytes_disk_host += entry.size
-            tc.disk_reads += 1
-            tc.disk_read_bytes += entry.size
-            return True
-        self.host.free(offset)
-        if error is not None:
-            bad = isinstance(error, (ChecksumError, FormatError))
-            if bad:
-                tc.checksum_failures += 1
-            else:
-                tc.io_errors += 1
-            if bad and not entry.doomed:
-                self.damaged(entry, "disk")
-            if not entry.doomed:
-                del self.index[entry.key]
-                self.lru.remove(entry)
-            self._drop_disk_copy(entry, quarantine=str(error) if bad else None)
-            entry.doomed = True
-            self._sync(entry.key)
-        self._release_if_idle(entry)
-        return False
-
-    def to_promote(self, keys: Sequence[bytes]) -> list[Entry]:
-        """The disk-only chunks of the longest stored prefix of ``keys``, cut where the prefix would pass half the
-        host tier: promoting more would evict the prefix's own first chunks to make room for its last ones."""
-        budget = self.host.capacity_bytes // 2
-        chosen = []
-        for entry in self.leading(keys):
-            budget -= entry.size
-            if budget < 0:
-                break
-            if entry.host_offset is None and entry.gpu_offset is None:
-                chosen.append(entry)
-        return chosen
-
-    def gpu_only(self, keys: Sequence[bytes]) -> list[Entry]:
-        """The chunks of the longest stored prefix of ``keys`` that only the GPU tier holds in memory: what a
-        reader without the GPU mapping needs copied down before it can read them."""
-        return [e for e in self.leading(keys) if e.host_offset is None and e.gpu_offset is not None]
-
     def committed_chunks(self) -> int:
         return sum(1 for e in self.index.values() if e.state is State.COMMITTED)
-
-    # -- remote tier: called by the remote mover (remote_mover.py) -------------------------------------------
-    def pin_chain(self, entries: Sequence[Entry]) -> None:
-        """Keep committed chunks' slots in place (out of every LRU) until ``unpin_chain``: a remote put reads them."""
-        for entry in entries:
-            self._pin(entry)
-
-    def unpin_chain(self, entries: Sequence[Entry]) -> None:
-        self._unpin_chain(list(entries))
-
-    def start_remote_fetch(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
-                           parent: bytes | None) -> list[Entry]:
-        """Host slots for chunks the remote store holds, in chain order, as RESERVED entries. Stops at a key already
-        indexed (stored, or being written or fetched), at a slot that cannot be had without evicting pinned
-        chunks, and where the chain would pass half the host tier (it would evict its own prefix)."""
-        budget = self.host.capacity_bytes // 2
-        entries: list[Entry] = []
-        prev = parent
-        for key, size in zip(keys, sizes):
-            budget -= size
-            if budget < 0 or key in self.index:
-                break
-            try:
-                offset = self._allocate(size)
-            except StoreFullError:
-                break
-            entry = Entry(key, size, namespace, prev, State.RESERVED, host_offset=offset)
-            self.index[key] = entry
-            entries.append(entry)
-            prev = key
-        return entries
-
-    def finish_remote_fetch(self, entries: Sequence[Entry], loaded: int,
-                            sums: Sequence[int | None] = ()) -> int:
-        """The first ``loaded`` entries hold their bytes, checked against the records' ``sums``: publish them with
-        those sums (and queue them for the disk); free the rest. Returns how many were published."""
-        good = list(entries[:loaded])
-        for entry, checksum in zip(good, sums):
-            entry.checksum = checksum
-        for entry in good:
-            entry.state = State.COMMITTED
-            self._sync(entry.key)
-        self.lru.add_chain(good)
-        self._queue_writes(good)
-        self._drop_reserved(list(entries[loaded:]))
-        tc = self.tier_counters
-        tc.promotions_remote_host += len(good)
-        tc.promoted_bytes_remote_host += sum(e.size for e in good)
-        return len(good)
 
     # -- internals: the one place each resource is taken and given back ---------------------------------------
     def _sync(self, key: bytes) -> None:
@@ -594,36 +342,15 @@ class Store(DamageMixin):
         else:
             self.published.remove(key)
 
-    def _queue_writes(self, entries: list[Entry]) -> None:
-        """Queue newly committed chunks for write-back to the disk tier (commit order: prefixes first)."""
-        if self.disk is None or not entries:
-            return
-        for entry in entries:
-            entry.disk = DiskState.QUEUED
-            self.dirty.append(entry)
-            self.dirty_bytes += entry.size
-        self.disk_lru.add_chain(entries)
-        if self.io is not None:
-            self.io.wake_writer()
-
     def _allocate(self, size: int) -> int:
-        skipped: list[Entry] = []   # chunks being written: their slots are in use until the write ends
-        try:
-            while True:
-                offset = self.host.allocate(size)
-                if offset is not None:
-                    return offset
-                victim = self.lru.pop_oldest()
-                if victim is None:
-                    raise StoreFullError(
-                        f"host tier is full: no room for a {size}-byte chunk and every stored chunk is leased or "
-                        f"being written ({self.host.used_bytes} of {self.host.capacity_bytes} bytes in use)")
-                if victim.disk is DiskState.WRITING or victim.gpu_loading is not None or victim.checking:
-                    skipped.append(victim)
-                    continue
-                self._drop_host_copy(victim)
-        finally:
-            self.lru.push_oldest(skipped)
+        """A DRAM slot, evicting (or demoting) the oldest unpinned chunks until one fits. A chunk being written,
+        copied to the GPU tier or checked keeps its slot (and its place in the queue)."""
+        offset = make_room(lambda: self.host.allocate(size), self.lru, _may_leave_dram, self._drop_host_copy)
+        if offset is None:
+            raise StoreFullError(
+                f"host tier is full: no room for a {size}-byte chunk and every stored chunk is leased or "
+                f"being written ({self.host.used_bytes} of {self.host.capacity_bytes} bytes in use)")
+        return offset
 
     def _drop_host_copy(self, entry: Entry) -> None:
         """An unpinned chunk leaves DRAM (it is already out of the host LRU): demoted if on disk, else evicted."""
@@ -650,56 +377,6 @@ class Store(DamageMixin):
         self.counters.evictions += 1
         self.counters.evicted_bytes += entry.size
 
-    def _charge_disk(self, footprint: int) -> bool:
-        """Make room on disk (evicting its LRU chunks) and charge ``footprint`` bytes; False if impossible."""
-        assert self.disk is not None
-        if footprint > self.disk.capacity_bytes:
-            return False
-        skipped: list[Entry] = []
-        try:
-            while not self.disk.charge(footprint):
-                victim = self.disk_lru.pop_oldest()
-                if victim is None:
-                    return False
-                if victim.disk is not DiskState.STORED:
-                    skipped.append(victim)   # queued or being written: not evictable from disk yet
-                    continue
-                self._evict_from_disk(victim)
-            return True
-        finally:
-            self.disk_lru.push_oldest(skipped)
-
-    def _evict_from_disk(self, entry: Entry) -> None:
-        """A chunk leaves the disk tier (already out of the disk LRU); it is lost unless still in DRAM."""
-        self.tier_counters.evictions_disk += 1
-        self.tier_counters.evicted_bytes_disk += entry.size
-        self._drop_disk_copy(entry)
-        if entry.host_offset is None and entry.gpu_offset is None and entry.loading is None and not entry.doomed:
-            del self.index[entry.key]
-            self._sync(entry.key)
-            self.lru.remove(entry)
-            self.counters.evictions += 1
-            self.counters.evicted_bytes += entry.size
-
-    def _drop_disk_copy(self, entry: Entry, quarantine: str | None = None) -> None:
-        if entry.disk is DiskState.STORED and self.disk is not None:
-            self.disk.uncharge(entry.disk_bytes)
-            entry.disk_bytes = 0
-            entry.disk = DiskState.NONE
-            if self.io is not None:
-                self.io.remove_file(entry.key, quarantine)
-            if quarantine is not None:
-                self.tier_counters.quarantined += 1
-
-    def _forget_disk(self, entry: Entry) -> None:
-        """The chunk will not (or no longer) be on disk: drop a stored copy; a queued one is skipped later."""
-        if entry.disk is DiskState.STORED:
-            self._drop_disk_copy(entry)
-        elif entry.disk is DiskState.QUEUED:
-            entry.disk = DiskState.NONE
-        if entry.disk is DiskState.NONE:
-            self.disk_lru.remove(entry)
-
     def _release_if_idle(self, entry: Entry) -> None:
         """Free what a removed (doomed) chunk still holds, once nothing uses it any more."""
         if entry.busy:
@@ -716,15 +393,6 @@ class Store(DamageMixin):
             self.host.free(entry.host_offset)
             entry.host_offset = None
             self._sync(entry.key)
-
-    def _free_gpu(self, entry: Entry) -> None:
-        if entry.gpu_offset is not None:
-            assert self.gpu is not None
-            self.gpu.free(entry.gpu_offset)
-            entry.gpu_offset = None
-            self._sync(entry.key)
-            entry.hits = 0   # back up only on new repeated hits: a demoted chunk must not bounce straight back
-            self.gpu_lru.remove(entry)
 
     def _drop_reserved(self, entries: list[Entry]) -> None:
         for entry in entries:
@@ -761,120 +429,10 @@ class Store(DamageMixin):
         self.lru.add_chain([e for e in back_in_queue if e.host_offset is not None])
         self.gpu_lru.add_chain([e for e in back_in_queue if e.gpu_offset is not None])
 
-    # -- GPU tier: called by the GPU mover (gpu_mover.py) ---------------------------------------------------
-    def _count_hits(self, found: list[Entry]) -> None:
-        for entry in found:
-            if entry.gpu_offset is not None:
-                continue
-            entry.hits += 1
-            if entry.hits >= GPU_PROMOTE_HITS and entry.gpu_loading is None:
-                self.gpu_wanted[entry.key] = entry
 
-    def start_gpu_promote(self, entry: Entry) -> int | None:
-        """Give a DRAM chunk a GPU slot to be copied into; None if it is not promotable or no slot frees up."""
-        if self.gpu is None or not entry.readable or self.index.get(entry.key) is not entry \
-                or entry.host_offset is None or entry.gpu_offset is not None or entry.gpu_loading is not None:
-            return None
-        offset = self._allocate_gpu(entry.size)
-        if offset is not None:
-            entry.gpu_loading = offset
-        return offset
-
-    def finish_gpu_promote(self, entry: Entry, ok: bool) -> bool:
-        """The copy into the GPU slot ended: publish the slot (or give it back on failure or delete)."""
-        assert self.gpu is not None
-        offset, entry.gpu_loading = entry.gpu_loading, None
-        if not ok or entry.doomed:
-            self.gpu.free(offset)
-            if entry.doomed:
-                self._release_if_idle(entry)
-            return False
-        entry.gpu_offset = offset
-        self._sync(entry.key)
-        if entry.pins == 0:
-            self.gpu_lru.add_chain([entry])
-        self.tier_counters.promotions_host_gpu += 1
-        self.tier_counters.promoted_bytes_host_gpu += entry.size
-        return True
-
-    def gpu_over_high(self, leaving: int = 0) -> bool:
-        return self.gpu is not None and self.gpu.used_bytes - leaving > GPU_HIGH_WATERMARK * self.gpu.capacity_bytes
-
-    def gpu_over_low(self, leaving: int = 0) -> bool:
-        return self.gpu is not None and self.gpu.used_bytes - leaving > GPU_LOW_WATERMARK * self.gpu.capacity_bytes
-
-    def start_gpu_demote(self, entry: Entry, to_host: bool = False) -> int | None:
-        """Move a chunk out of the GPU tier. Free at once when a DRAM copy exists, or a disk copy and
-        ``to_host`` is false (returns None); otherwise returns the host slot the GPU slot must be copied into
-        before ``finish_gpu_demote``. Raises StoreFullError when DRAM has no room for it."""
-        assert self.gpu is not None
-        self.gpu_lru.remove(entry)
-        if entry.host_offset is not None or (entry.disk is DiskState.STORED and not to_host):
-            to_host = entry.host_offset is not None
-            self._free_gpu(entry)
-            self._count_gpu_demotion(entry, "host" if to_host else "disk")
-            return None
-        try:
-            entry.loading = self._allocate(entry.size)
-        except StoreFullError:
-            if entry.pins == 0:
-                self.gpu_lru.push_oldest([entry])
-            raise
-        return entry.loading
-
-    def gpu_victim(self) -> Entry | None:
-        """The GPU chunk to demote next: the least recently used one that is not leased."""
-        return self.gpu_lru.peek_oldest()
-
-    def finish_gpu_demote(self, entry: Entry, ok: bool) -> None:
-        """The copy down ended: the chunk lives in DRAM (and its GPU slot goes, unless it was leased meanwhile)."""
-        offset, entry.loading = entry.loading, None
-        if not ok or entry.doomed:
-            self.host.free(offset)
-            if entry.doomed:
-                self._release_if_idle(entry)
-            elif entry.pins == 0:
-                self.gpu_lru.push_oldest([entry])
-            return
-        entry.host_offset = offset
-        self._sync(entry.key)
-        self.tier_counters.gpu_copies_down += 1
-        if entry.pins == 0:
-            self.lru.add_chain([entry])
-            self._free_gpu(entry)
-            self._count_gpu_demotion(entry, "host")
-        if self.disk is not None and entry.disk is DiskState.NONE:
-            entry.disk = DiskState.QUEUED   # it lost its queued write when it left DRAM for the GPU tier
-            self.dirty.append(entry)
-            self.dirty_bytes += entry.size
-            self.disk_lru.add_newest(entry)
-            if self.io is not None:
-                self.io.wake_writer()
-
-    def _count_gpu_demotion(self, entry: Entry, to: str) -> None:
-        tc = self.tier_counters
-        setattr(tc, f"demotions_gpu_{to}", getattr(tc, f"demotions_gpu_{to}") + 1)
-        setattr(tc, f"demoted_bytes_gpu_{to}", getattr(tc, f"demoted_bytes_gpu_{to}") + entry.size)
-
-    def _allocate_gpu(self, size: int) -> int | None:
-        """A GPU slot, making room by dropping GPU copies that have a copy below (oldest first); None if even
-        then there is none: copies that must be copied down first are the background demotion's job."""
-        assert self.gpu is not None
-        skipped: list[Entry] = []
-        try:
-            while True:
-                offset = self.gpu.allocate(size)
-                if offset is not None:
-                    return offset
-                victim = self.gpu_lru.pop_oldest()
-                if victim is None:
-                    return None
-                if victim.host_offset is None and victim.disk is not DiskState.STORED:
-                    skipped.append(victim)
-                    continue
-                self.start_gpu_demote(victim)
-        finally:
-            self.gpu_lru.push_oldest(skipped)
+def _may_leave_dram(entry: Entry) -> bool:
+    """Whether nothing but the index uses the chunk's DRAM slot (a write, a GPU copy or a check reads it)."""
+    return entry.disk is not DiskState.WRITING and entry.gpu_loading is None and not entry.checking
 
 
 def top_tier(entry: Entry) -> str:

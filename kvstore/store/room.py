@@ -1,0 +1,58 @@
+"""Making room in a tier, written once for every tier: the make-room loop and the watermark loop.
+
+``make_room`` is what an allocation does when its tier is full: take the oldest chunk of the tier's eviction
+queue, evict it if it may leave now (or set it aside, keeping its place, if it may not: being written, being
+copied, leased elsewhere), and try again, until the allocation succeeds or the queue is empty. The DRAM arena
+(``Store._allocate``), the disk tier's charge (``DiskLedger._charge_disk``) and the GPU pool
+(``GpuLedger._allocate_gpu``) differ only in those three arguments.
+
+``shed_to_low`` is the background watermark round: once a tier is above its high watermark, move its oldest
+chunks out until it is under the low one, stopping at the first chunk that cannot leave (that is for another
+round, or another mover, to fix). DRAM (``DiskLedger.rebalance``), the GPU mover and the simulator's GPU round
+share it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+from .entry import Entry
+from .eviction import EvictionQueue
+
+T = TypeVar("T")
+
+
+def make_room(attempt: Callable[[], T | None], queue: EvictionQueue, may_leave: Callable[[Entry], bool],
+              leave: Callable[[Entry], None]) -> T | None:
+    """``attempt()`` until it returns something other than None, evicting ``queue``'s oldest chunks (those that
+    ``may_leave``) in between; None when the queue runs out. Skipped chunks go back to the old end, in order."""
+    skipped: list[Entry] = []
+    try:
+        while True:
+            got = attempt()
+            if got is not None:
+                return got
+            victim = queue.pop_oldest()
+            if victim is None:
+                return None
+            if not may_leave(victim):
+                skipped.append(victim)
+                continue
+            leave(victim)
+    finally:
+        queue.push_oldest(skipped)
+
+
+def shed_to_low(over_high: Callable[[], bool], over_low: Callable[[], bool], next_victim: Callable[[], Entry | None],
+                leave: Callable[[Entry], bool]) -> int:
+    """Above the high watermark, ``leave`` the ``next_victim`` until under the low one; stops when there is no
+    victim or one cannot leave (``leave`` returns False). Returns how many left."""
+    if not over_high():
+        return 0
+    moved = 0
+    while over_low():
+        victim = next_victim()
+        if victim is None or not leave(victim):
+            break
+        moved += 1
+    return moved
