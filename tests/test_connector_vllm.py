@@ -326,3 +326,25 @@ def test_auto_loads_in_the_step_when_idle_and_off_it_when_busy(daemon, model):
     assert two.lookup(busy) == 512 and two.is_async["busy"] is True  # "idle" is running now
     with pytest.raises(Exception, match="load_async"):
         engine(daemon, model, extra={"load_async": "sometimes"})
+
+
+def test_verify_fraction_is_checked_in_one_line_and_chooses_by_request_id(daemon, model):
+    from kvstore.connectors._vllm_settings import chosen_for_verify, verify_fraction
+    from kvstore.errors import ConfigError
+
+    for bad in (-0.1, 1.5, "often", None, True, float("nan")):
+        with pytest.raises(ConfigError, match=r"verify_fraction must be a number from 0 to 1") as err:
+            verify_fraction(bad)
+        assert "\n" not in str(err.value)
+    assert verify_fraction("0.25") == 0.25
+    ids = [f"req-{i}" for i in range(4000)]
+    assert all(chosen_for_verify(r, 1.0) for r in ids) and not any(chosen_for_verify(r, 0.0) for r in ids)
+    tenth = [chosen_for_verify(r, 0.1) for r in ids]
+    assert 0.08 < sum(tenth) / len(ids) < 0.12 and tenth == [chosen_for_verify(r, 0.1) for r in ids]
+
+    tokens = prompt(600, seed=17)
+    save_whole_prompt(engine(daemon, model, seed=1), model, "a", tokens)
+    verifying = engine(daemon, model, seed=2, extra={"verify_fraction": 1.0})
+    assert verifying.lookup(request("v", tokens[0].tolist())) == 0   # a would-be hit, computed to compare
+    with pytest.raises(ConfigError, match="verify_fraction"):
+        engine(daemon, model, extra={"verify_fraction": 2})

@@ -33,7 +33,7 @@ import torch
 
 from ..gpu.engine import load_async, save_async
 from ..ops import PagedKV
-from ._store import ChunkStore
+from ._store import ChunkStore, exact_or_tolerance
 
 log = logging.getLogger("kvstore.connectors")
 
@@ -65,6 +65,7 @@ class SaveJob:
     nbytes: int
     ready: Any = None          # CUDA event after which the blocks hold the KV (None on CPU)
     saved: int = 0
+    verify: bool = False       # compare the computed chunks with the stored ones instead of saving them
 
 
 @dataclass
@@ -74,6 +75,8 @@ class Counters:
     chunks_saved: int = 0
     saves_dropped: int = 0
     save_failures: int = 0
+    chunks_verified: int = 0
+    verify_mismatches: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -89,8 +92,9 @@ class Transfers:
     """The background loader and saver of one engine worker."""
 
     def __init__(self, kv: PagedKV, load_store: ChunkStore, save_store: ChunkStore,
-                 max_save_bytes: int) -> None:
+                 max_save_bytes: int, dtype: torch.dtype = torch.uint8) -> None:
         self.kv = kv
+        self.dtype = dtype                          # of the cache's values, for comparisons
         self.counters = Counters()
         self._load_store, self._save_store = load_store, save_store
         self._max_save_bytes = max_save_bytes
@@ -155,7 +159,7 @@ class Transfers:
         return job
 
     def run_save(self, job: SaveJob) -> SaveJob:
-        self._save(job)
+        self._verify(job) if job.verify else self._save(job)
         return job
 
     def close(self) -> None:
@@ -208,7 +212,7 @@ class Transfers:
                 if self._closed:
                     return
                 job = self._running_save = self._saves.pop(0)
-            self._save(job)
+            self._verify(job) if job.verify else self._save(job)
             with self._lock:
                 self._running_save = None
                 self._finish_save(job)
@@ -252,6 +256,33 @@ class Transfers:
             with self._lock:
                 self.counters.chunks_saved += job.saved
                 self.counters.save_failures += int(failed)
+
+    def _verify(self, job: SaveJob) -> None:
+        """Compare the chunks the engine computed with the stored ones and report it (the daemon drops a chain
+        that differs). A failure is logged; the request has its computed KV either way."""
+        store = self._save_store
+        t, nbytes = store.geometry.chunk_tokens, store.geometry.chunk_nbytes
+        end = job.first_chunk + job.num_chunks
+        try:
+            keys = store.keys(job.token_ids[: end * t], job.salt)[job.first_chunk:end]
+            computed = torch.empty((job.num_chunks, nbytes), dtype=torch.uint8, device=self.kv.device)
+            events = [save_async(self.kv, job.chunk_blocks(job.first_chunk + i), computed[i], after=job.ready)
+                      for i in range(job.num_chunks)]
+            for event in events:
+                if event is not None:
+                    event.synchronize()
+            with store.lease(keys) as views:
+                stored = torch.empty((len(views), nbytes), dtype=torch.uint8, device=self.kv.device)
+                for i, view in enumerate(views):
+                    stored[i].copy_(_as_tensor(view))
+            atol, rtol = exact_or_tolerance(self.dtype, self.kv.device)
+            result = store.report(keys, stored.view(self.dtype), computed.view(self.dtype), atol, rtol)
+        except Exception as exc:  # noqa: BLE001 - a failed verification is a log line, never a failed request
+            log.warning("kvstore verification of request %s failed: %s", job.req_id, exc)
+            return
+        with self._lock:
+            self.counters.chunks_verified += result.checks
+            self.counters.verify_mismatches += result.mismatches
 
 
 def _as_tensor(view: Any) -> torch.Tensor:

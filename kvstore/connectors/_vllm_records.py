@@ -34,6 +34,7 @@ class SaveSpec:
     first_chunk: int
     num_chunks: int
     salt: str = ""
+    verify: bool = False  # compare these computed chunks with the stored ones instead of saving them
 
 
 @dataclass
@@ -52,3 +53,5 @@ class Tracked:
     saved_chunks: int
     salt: str
     saving: bool = False  # a save was planned: its blocks outlive the request until the workers are done
+    verify_chunks: int = 0  # leading chunks stored but computed, to be compared with the store
+    verified_chunks: int = 0  # ... of which a comparison was planned

@@ -5,6 +5,7 @@ Each check refuses a bad value with one line naming it and what would be accepte
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,26 @@ def load_mode(value: Any) -> str:
     if isinstance(value, bool) or str(value).lower() in ("true", "false", "1", "0"):
         return "async" if str(value).lower() in ("true", "1") else "sync"
     raise ConfigError(f"kvstore load_async must be true, false or \"auto\", not {value!r}")
+
+
+def verify_fraction(value: Any) -> float:
+    """`verify_fraction`: the share of would-be hits computed and compared instead of loaded, in [0, 1]."""
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
+        fraction = float("nan")
+    if isinstance(value, bool) or not 0.0 <= fraction <= 1.0:
+        raise ConfigError(f"kvstore verify_fraction must be a number from 0 to 1 (e.g. 0.01), not {value!r}")
+    return fraction
+
+
+def chosen_for_verify(req_id: str, fraction: float) -> bool:
+    """Whether request `req_id` is one of the `fraction` verified: by a hash of its id, so the choice is the
+    same every time the scheduler asks about it (and every request at 1.0)."""
+    if fraction <= 0.0:
+        return False
+    draw = int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(), "big") / 2.0 ** 64
+    return draw < fraction
 
 
 def model_id(vllm_config: "VllmConfig") -> str:

@@ -12,7 +12,8 @@ daemon after it failed, default 5), `load_async` (true: loads off the engine's s
 "auto": off it while other requests run, in it when the engine is idle), `save_async` (default true: saves off
 the step), `max_save_bytes` (saves in flight, default 1 GiB; more is dropped), `lookup_batch` (waiting
 requests looked up in one daemon round trip, default 64), `gpu_tier` (CUDA engines: map the daemon's GPU
-pool, default true). `kv_role`: `kv_both`, `kv_producer` (saves, never loads) or `kv_consumer` (loads, never
+pool, default true), `verify_fraction` (the share of would-be hits computed and compared with the store instead
+of loaded, from 0 to 1; default 0: see "Online verification"). `kv_role`: `kv_both`, `kv_producer` (saves, never loads) or `kv_consumer` (loads, never
 saves).
 
 How a request flows
@@ -36,6 +37,14 @@ recomputes under `kv_load_failure_policy: recompute`). `wait_for_save` queues th
 thread, which reserves arena slots, gathers the blocks straight into them and commits; `get_finished` reports
 a finished request once its saves are done. `handle_preemptions` settles a preempted request's saves before
 its blocks are reused. With `load_async`/`save_async` false the same work runs inside the step.
+
+Online verification. A request chosen by `verify_fraction` (a hash of its id: the same answer each time, all
+at 1.0) is offered no external tokens though its chunks are stored, so vLLM computes its prefix; once those
+chunks are computed the save thread, off the step and bounded like saves, compares them with the stored ones
+(exactly in float32 on the CPU, `tolerance_for` the dtype elsewhere) and reports to the daemon, which counts it
+under `verify` and drops a chain from its first chunk that differs (not saved again by this request). The
+output is plain prefill's; a failed comparison is a log line. Default 0: a verified hit costs the prefill it
+would have saved (1 % verified cost 8 % of throughput on the transformers model, bench/results/verify-latest.json).
 
 Chunks are the engine's own block bytes (`kvstore.ops` block planes), so the namespace names the KV cache
 format (`_geometry`); supported: one KV cache group of plain full attention. Anything else disables the
@@ -62,7 +71,9 @@ from ..ops import PagedKV
 from ._store import ChunkStore, DaemonLink
 from ._transfers import LoadJob, SaveJob, Transfers
 from ._vllm_records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
-from ._vllm_settings import SUPPORTED_VLLM, check_vllm_version, load_mode, model_id, tp_rank
+from ._vllm_settings import (
+    SUPPORTED_VLLM, check_vllm_version, chosen_for_verify, load_mode, model_id, tp_rank, verify_fraction,
+)
 from .layout import PagedGeometry, dtype_name, paged_namespace
 
 if TYPE_CHECKING:
@@ -100,6 +111,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._load_mode = load_mode(extra.get("load_async", "auto"))
         self._save_async = bool(extra.get("save_async", True))
         self._lookup_batch = max(1, int(extra.get("lookup_batch", 64)))
+        self._verify_fraction = verify_fraction(extra.get("verify_fraction", 0.0))
         parallel = vllm_config.parallel_config
         self._tp_size = parallel.tensor_parallel_size
         self._geometry = _geometry(kv_cache_config, self._chunk_tokens, vllm_config)
@@ -118,6 +130,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._loads: dict[str, LoadSpec] = {}
         self._loaded: dict[str, int] = {}           # req id -> chunks loaded, until the request is tracked
         self._async: dict[str, bool] = {}           # req id -> whether its load was offered as asynchronous
+        self._verifying: dict[str, int] = {}        # req id -> stored chunks it computes to compare instead
         self._tracked: dict[str, Tracked] = {}
         # worker side
         self._transfers: Transfers | None = None
@@ -170,6 +183,9 @@ class KVStoreConnector(KVConnectorBase_V1):
             found = self._lookups[request.request_id]
         external = found[1] * self._chunk_tokens - num_computed_tokens
         if external <= 0:
+            return 0, False
+        if chosen_for_verify(request.request_id, self._verify_fraction):
+            self._verifying[request.request_id] = found[1]  # computed as a miss, compared once computed
             return 0, False
         # Off the step when other requests run (they keep going while this one waits for its KV); in the step
         # when the engine is idle, where it saves the steps an asynchronous load waits for its report.
@@ -224,9 +240,10 @@ class KVStoreConnector(KVConnectorBase_V1):
         if meta.preempted:
             self._count("preempted", len(meta.preempted))
         for new in scheduler_output.scheduled_new_reqs:
+            verify = self._verifying.pop(new.req_id, 0)
             self._tracked[new.req_id] = Tracked(
-                list(new.prompt_token_ids or []), list(new.block_ids[0]), self._loaded.pop(new.req_id, 0),
-                self._salts.pop(new.req_id, ""),
+                list(new.prompt_token_ids or []), list(new.block_ids[0]),
+                max(self._loaded.pop(new.req_id, 0), verify), self._salts.pop(new.req_id, ""), verify_chunks=verify,
             )
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
             self._plan(new.req_id, done, meta)
@@ -257,11 +274,23 @@ class KVStoreConnector(KVConnectorBase_V1):
             tracked.saved_chunks = ready
             tracked.saving = True
             self._count("save_specs")
+        compared = min(ready, tracked.verify_chunks)
+        if compared > tracked.verified_chunks:
+            first = tracked.verified_chunks
+            meta.saves.append(
+                SaveSpec(req_id, tracked.prompt[: compared * t],
+                         list(tracked.block_ids[: compared * t // self._block_size]), first, compared - first,
+                         tracked.salt, verify=True)
+            )
+            tracked.verified_chunks = compared
+            tracked.saving = True  # the comparison reads the blocks: they outlive the request until it is done
+            self._count("verify_specs")
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
         tracked = self._tracked.pop(rid, None)
-        for state in (self._lookups, self._unasked, self._salts, self._loads, self._loaded, self._async):
+        for state in (self._lookups, self._unasked, self._salts, self._loads, self._loaded, self._async,
+                      self._verifying):
             state.pop(rid, None)
         delay = tracked is not None and tracked.saving and self._save_async
         if delay:
@@ -294,7 +323,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         connect = {"pin_arena": True, "gpu": bool(self._extra.get("gpu_tier", True))} if kv.device.type == "cuda" else {}
         self._transfers = Transfers(kv, self._chunk_store(rank, self._link(**connect)),
                                     self._chunk_store(rank, self._link(**connect)),
-                                    int(self._extra.get("max_save_bytes", 1 << 30)))
+                                    int(self._extra.get("max_save_bytes", 1 << 30)), dtype=layers[0].dtype)
 
     def _disable(self, why: str) -> None:
         log.warning("kvstore connector disabled: %s", why)
@@ -354,7 +383,8 @@ class KVStoreConnector(KVConnectorBase_V1):
             ready.record(torch.cuda.current_stream(self._transfers.kv.device))
         for spec in meta.saves:
             job = SaveJob(spec.req_id, spec.token_ids, spec.salt, spec.first_chunk, spec.num_chunks,
-                          self._chunk_blocks(spec.block_ids), spec.num_chunks * self._geometry.chunk_nbytes, ready)
+                          self._chunk_blocks(spec.block_ids), spec.num_chunks * self._geometry.chunk_nbytes, ready,
+                          verify=spec.verify)
             if self._save_async:
                 self._saving.add(spec.req_id)
                 self._transfers.submit_save(job)
