@@ -100,6 +100,21 @@ def memcpy_seconds(nbytes: int, repeat: int) -> float:
     return median_seconds(lambda: np.copyto(dst, src), repeat)
 
 
+def timed_put_get(client, keys: list[bytes], payloads: list[np.ndarray], dests: list[np.ndarray]) -> tuple[float, float]:
+    """Put ``payloads`` under ``keys``, read them back into ``dests`` (as an engine copies into its cache), check
+    them and delete the keys; returns (put seconds, get seconds)."""
+    t0 = time.perf_counter()
+    client.put(keys, payloads)
+    t1 = time.perf_counter()
+    with client.get(keys) as views:
+        for v, d in zip(views, dests):
+            np.copyto(d, np.frombuffer(v, dtype=np.uint8))
+    t2 = time.perf_counter()
+    assert all(np.array_equal(p, d) for p, d in zip(payloads, dests))
+    client.delete(keys)
+    return t1 - t0, t2 - t1
+
+
 def add_output_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="JSON",
                         help="write the result here instead (default: bench/results/ for a full run, "

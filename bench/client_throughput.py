@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore  # noqa: E402
-from _common import add_output_flag, start_daemon, write_result  # noqa: E402
+from _common import add_output_flag, start_daemon, timed_put_get, write_result  # noqa: E402
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
 BATCH = 16
@@ -58,16 +58,7 @@ def measure_paths(address: str, paths: dict[str, dict], size: int, repeat: int) 
         round_times = {"memcpy": memcpy_s}
         for name, c in clients.items():
             keys = c.chunk_keys([i + 1] * 16 * BATCH)
-            t1 = time.perf_counter()
-            c.put(keys, payloads)
-            t2 = time.perf_counter()
-            with c.get(keys) as views:
-                for v, d in zip(views, dests):
-                    np.copyto(d, np.frombuffer(v, dtype=np.uint8))
-            t3 = time.perf_counter()
-            assert all(np.array_equal(p, d) for p, d in zip(payloads, dests))
-            c.delete(keys)
-            round_times[f"{name}_put"], round_times[f"{name}_get"] = t2 - t1, t3 - t2
+            round_times[f"{name}_put"], round_times[f"{name}_get"] = timed_put_get(c, keys, payloads, dests)
         if i:  # the first round warms up
             for key, value in round_times.items():
                 times[key].append(value)

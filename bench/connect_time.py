@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore  # noqa: E402
-from _common import add_output_flag, start_daemon, write_result  # noqa: E402
+from _common import add_output_flag, start_daemon, timed_put_get, write_result  # noqa: E402
 from kvstore.units import format_size, parse_size  # noqa: E402
 
 BATCH, CHUNK = 16, 2 << 20
@@ -41,14 +41,8 @@ def one_round(address: str, payloads: list[np.ndarray], dests: list[np.ndarray],
             for p, d in zip(payloads, dests):
                 np.copyto(d, p)
             t1 = time.perf_counter()
-            c.put(keys, payloads)
-            t2 = time.perf_counter()
-            with c.get(keys) as views:
-                for v, d in zip(views, dests):
-                    np.copyto(d, np.frombuffer(v, dtype=np.uint8))
-            t3 = time.perf_counter()
-            c.delete(keys)
-            row.update({f"{phase}_memcpy_s": t1 - t0, f"{phase}_put_s": t2 - t1, f"{phase}_get_s": t3 - t2})
+            put_s, get_s = timed_put_get(c, keys, payloads, dests)
+            row.update({f"{phase}_memcpy_s": t1 - t0, f"{phase}_put_s": put_s, f"{phase}_get_s": get_s})
         return row
     finally:
         c.close()
