@@ -246,8 +246,8 @@ def main() -> int:
     finally:
         POOL.close()
         daemon.stop()
-    path = write_result("vllm-engine" if parts >= {"scheduler", "misses", "hits", "replay"} else
-                        "vllm-engine-" + "-".join(sorted(parts)), result)
+    name = "vllm-engine" if parts >= {"scheduler", "misses", "hits", "replay"} else "vllm-engine-" + "-".join(sorted(parts))
+    path = write_result(name, result, quick=args.quick)
     print(path)
     return 0
 
