@@ -129,6 +129,11 @@ class DiskLedger(TierLedger):
         if self.mover is not None:
             self.mover.wake()
 
+    def expect(self, nbytes: int) -> None:
+        """``nbytes`` more (or, negative, fewer) are being checksummed and will be queued: back-pressure counts
+        them already (``integrity.py``)."""
+        self.dirty_bytes += nbytes
+
     def idle(self) -> bool:
         """Whether nothing waits for write-back (queued, being checksummed or written)."""
         return not self.dirty and self.dirty_bytes == 0

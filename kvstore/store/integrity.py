@@ -109,7 +109,7 @@ class Integrity:
     def _count_waiting(self, entries: list[Entry], sign: int) -> None:
         disk = self.store.disk_ledger
         if disk is not None:
-            disk.dirty_bytes += sign * sum(e.size for e in entries)
+            disk.expect(sign * sum(e.size for e in entries))
 
     def waits(self, keys: Sequence[bytes]) -> list[asyncio.Future]:
         """The sum jobs still running for any of ``keys``."""
