@@ -134,10 +134,6 @@ class DiskLedger(TierLedger):
         them already (``integrity.py``)."""
         self.dirty_bytes += nbytes
 
-    def idle(self) -> bool:
-        """Whether nothing waits for write-back (queued, being checksummed or written)."""
-        return not self.dirty and self.dirty_bytes == 0
-
     def over_bound(self, nbytes: int, bound: int) -> bool:
         """Whether queuing ``nbytes`` more would pass the write-back bound (a lone large put always passes)."""
         return self.dirty_bytes > 0 and self.dirty_bytes + nbytes > bound
