@@ -1,6 +1,6 @@
 """The tier manager: write-back to disk, promotion from disk, and back-pressure, around the Store.
 
-Write-back, not write-through. A commit makes a chunk readable from DRAM at once and queues it (``Store.dirty``,
+Write-back, not write-through. A commit makes a chunk readable from DRAM at once and queues it (``DiskLedger.dirty``,
 commit order, so a chain's prefix reaches disk before its continuations); up to ``io_depth`` workers write
 queued chunks straight from their host slots. A put therefore costs DRAM bandwidth, not disk bandwidth, and a
 chunk that is deleted or evicted before its turn is never written at all. The price is the window between
@@ -24,7 +24,7 @@ that same sum in the file's header; a slot that fails is not written and the chu
 damage path (``damage.py``). A read returns the file's sum, which must also be the chunk's own.
 
 Demotion. Chunks whose write has completed can leave DRAM for free (the file is there), so demotion is just a
-free: ``Store.rebalance`` runs after every completed write and on each sweep and keeps the host tier between its
+free: ``DiskLedger.rebalance`` runs after every completed write and on each sweep and keeps the host tier between its
 watermarks, oldest (continuations first) first.
 
 Shape: the tier manager is the disk tier's mover (``movers.py``: start, wake, drain, close, stats); it talks only
