@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import kvstore
 from conftest import wait_for
@@ -42,6 +43,28 @@ def test_off_connector_shows_in_stats_cli_and_metrics_while_it_runs(start_daemon
     assert out.returncode == 0 and "jamba" in out.stdout and "off" in out.stdout, out.stdout + out.stderr
     engine.communicate("", timeout=60)  # the engine exits: the daemon drops its session and the report with it
     assert wait_for(lambda: connectors(d) == [], timeout=20)
+
+
+def test_sglang_backend_reports_on_and_off(start_daemon):
+    pytest.importorskip("sglang")
+    from engines.sglang_env import MLAHostPool, storage_config
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    d = start_daemon()
+    extra = {"backend_name": "kvstore", "module_path": "kvstore.connectors.sglang",
+             "class_name": "KVStoreHiCacheStorage", "interface_v1": 1, "address": d.address}
+
+    class StatePool:  # no per-head KV: what a Mamba state pool offers a storage backend
+        layout, layer_num, page_size, dtype = "layer_first", 2, 16, torch.float32
+
+    off = StorageBackendFactory.create_backend("dynamic", storage_config(extra), StatePool())
+    off.register_mem_pool_host(StatePool())
+    on_pool = MLAHostPool("layer_first", 2, 32, 16, 16, 2)
+    on = StorageBackendFactory.create_backend("dynamic", storage_config(extra, mla=True), on_pool)
+    on.register_mem_pool_host(on_pool)
+    assert on.batch_exists(["0" * 64]) == 0  # the backend's client connects on first use
+    rows = sorted((r["engine"], r["family"], r["state"]) for r in connectors(d))
+    assert rows == [("sglang", "StatePool", "off"), ("sglang", "mla", "on")]
 
 
 @pytest.mark.parametrize("bad", [

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Sequence
 
 import torch
 
@@ -131,9 +132,14 @@ class ChunkLayout:
         """Whether some layers keep less than the whole prefix, or groups have their own block tables."""
         return self.attention != ("full",)
 
-    def namespace(self, model_id: str, *, tp_rank: int = 0, tp_size: int = 1, salt: str = "") -> str:
-        """The namespace of this layout's chunks; a plain dense layout keeps its historic name."""
-        extra: list[str] = []
+    def namespace(self, model_id: str, *, tp_rank: int = 0, tp_size: int = 1, salt: str = "",
+                  shard: Sequence[str] = ()) -> str:
+        """The namespace of this layout's chunks; a plain dense layout keeps its historic name.
+
+        `shard`: fields naming which part of the cache this engine process holds beyond its TP rank, where
+        the engine says so by rank rather than by layer range (SGLang's `pp=r/n`, context-parallel `cp=r/n`).
+        """
+        extra: list[str] = list(shard)
         if self.family is not Family.DENSE:
             extra.append(f"family={self.family.value}")
         if self.mla_split is not None:
