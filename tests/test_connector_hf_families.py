@@ -138,3 +138,17 @@ def test_linear_attention_and_encoder_decoder_are_refused_once_with_a_reason(kv,
     with caplog.at_level(logging.WARNING, logger="kvstore.connectors.hf"):
         assert load_prefix(kv, t5, ids % 64)[1] == 0
     assert "off (t5): encoder-decoder" in caplog.text
+
+
+@pytest.mark.parametrize("family", ["gemma3", "deepseek_v3"])
+def test_verify_compares_the_computed_latent_or_windowed_kv_with_the_stored_chunks(kv, family):
+    model = FAMILIES[family]()
+    ids = prompt(2 * CHUNK + 9, seed=8)
+    _, cache = prefill(model, ids, new_cache(model))
+    assert save_prefix(kv, model, ids, cache) == 2
+    before = kv.stats()["verify"]
+    cache, n = load_prefix(kv, model, ids, verify_fraction=1.0)   # computed, compared, not loaded
+    assert n == 2 * CHUNK
+    assert_continues_like_full_prefill(model, ids, cache, n, steps=4)
+    after = kv.stats()["verify"]
+    assert (after["checks"] - before["checks"], after["mismatches"] - before["mismatches"]) == (2, 0)

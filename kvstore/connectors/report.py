@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import kvstore
+from kvstore.protocol.messages import MAX_CONNECTOR_FAMILY_CHARS, MAX_CONNECTOR_REASON_CHARS
 
 from .families import ChunkLayout, Unsupported
 
@@ -19,18 +20,24 @@ __all__ = ["hold_off_report", "off_report", "on_report", "refuse"]
 log = logging.getLogger("kvstore.connectors")
 
 
+def _report(engine: str, family: str, state: str, reason: str) -> dict[str, str]:
+    return {"engine": engine, "family": family[:MAX_CONNECTOR_FAMILY_CHARS], "state": state, "reason": reason[:MAX_CONNECTOR_REASON_CHARS]}
+
+
 def on_report(engine: str, layout: ChunkLayout) -> dict[str, str]:
-    return {"engine": engine, "family": layout.family_label or layout.family.value, "state": "on",
-            "reason": layout.describe()}
+    """The report of a connector serving `layout`."""
+    return _report(engine, layout.family_label or layout.family.value, "on", layout.describe())
 
 
 def off_report(engine: str, refusal: Unsupported) -> dict[str, str]:
-    return {"engine": engine, "family": refusal.family[:64], "state": "off", "reason": refusal.reason[:400]}
+    """The report of a connector that refused its engine's KV cache."""
+    return _report(engine, refusal.family, "off", refusal.reason)
 
 
 def refuse(address: str | None, engine: str, refusal: Unsupported, timeout: float = 2.0) -> kvstore.Client | None:
-    """Log the one line saying why this connector is off, and hold the daemon's view of it as off."""
-    log.warning(refusal.line(engine))
+    """Log the one line saying why this connector is off (on the engine's connector logger), and hold the
+    daemon's view of it as off."""
+    logging.getLogger(f"kvstore.connectors.{engine}").warning(refusal.line(engine))
     return hold_off_report(address, engine, refusal, timeout)
 
 

@@ -18,6 +18,7 @@ from .wire import MAX_BATCH
 
 MAX_NAMESPACE_CHARS = 512
 MAX_CLIENT_ID_CHARS = 256
+MAX_CONNECTOR_FAMILY_CHARS = 64
 MAX_CONNECTOR_REASON_CHARS = 400
 CONNECTOR_STATES = ("on", "off")
 _ENGINE_NAME = re.compile(r"[a-z0-9]{1,32}")
@@ -148,7 +149,7 @@ class ConnectorReport:
             state = read_str(value, "state", 8)
             if state not in CONNECTOR_STATES:
                 raise BadRequestError(f"state {state!r} must be one of {', '.join(CONNECTOR_STATES)}")
-            return cls(engine, read_str(value, "family", 64, default=""), state,
+            return cls(engine, read_str(value, "family", MAX_CONNECTOR_FAMILY_CHARS, default=""), state,
                        read_str(value, "reason", MAX_CONNECTOR_REASON_CHARS, default=""))
         except (BadRequestError, LimitError) as exc:
             raise type(exc)(f"connector report: {exc}") from None
