@@ -7,12 +7,15 @@ every prompt prefilled in full); a model of another family sent the same prompts
 * Sliding window (Gemma-3-shaped: three sliding layers of window 64, one full layer). The CPU build runs
   vLLM's hybrid allocator here: four KV cache groups, each its own block table, the sliding groups holding
   only the blocks inside their window; loads write exactly those blocks.
-* MLA (DeepSeek-V2-shaped: one 576-wide latent-plus-rope row per token per layer). vLLM turns its own prefix
-  caching and chunked prefill off for MLA on the CPU, so the engine has no path of its own that computes
-  over a cached prefix to compare with; the reference is the full prefill, whose log-probabilities the CPU
-  MLA backend's prefill-over-context kernel reproduces to ~2e-3 (other matrix shapes in float32), hence
-  `MLA_TOL`; tokens must be equal, and the stored latents are checked to be the bytes vLLM computes itself
-  (the daemon's byte count, and the engine comparing recomputed chunks with the stored ones exactly).
+* MLA (DeepSeek-V2-shaped: one 576-wide latent-plus-rope row per token per layer). vLLM's CPU MLA backend
+  cannot prefill over a prefix it did not compute in the same step (vLLM turns its own prefix caching and
+  chunked prefill off for MLA on the CPU; a load followed by a 76-token prefill gave other tokens), but it
+  decodes over cached latents: there the connector offers a hit only when one token is left to compute (a
+  prompt of whole chunks plus one token), saves every prompt's chunks, and loads nothing otherwise. With no
+  path of the engine's own that computes over a cached prefix, the reference is the full prefill; the last
+  prompt token computed as a decode step over the loaded latents goes through other kernels (float32
+  rounding of other matrix shapes), hence `MLA_TOL` on log-probabilities, with equal tokens. That the stored
+  latents are the bytes vLLM computes is checked exactly: an engine that computes its hits compares them.
 """
 
 from __future__ import annotations
@@ -88,18 +91,22 @@ def test_sliding_window_engine_loads_what_another_saved(pool, kv_daemon):
 
 
 def test_mla_engine_loads_the_latents_another_saved(pool, kv_daemon):
-    batch = prompts(3, 1100, seed=91)
+    batch = prompts(3, 4 * CHUNK + 1, seed=91)   # a hit leaves one token: a decode step over the latents
     want = engine(pool, "mla", "plain", connector=False).generate(batch)
     pool.keep("mla-plain", "mla-a")
     close(engine(pool, "mla", "a").generate(batch), want, 1e-5)  # a miss: a full prefill, saved
     assert wait_for(lambda: stored(kv_daemon) == full_chunks(batch))
     with kv_daemon.client() as c:  # one latent plane: layers x tokens x 576 float32
         assert c.stats()["tiers"]["host"]["used_bytes"] >= full_chunks(batch) * 3 * CHUNK * 576 * 4
-    pool.keep("mla-a")
+    pool.keep("mla-a", "mla-plain")
     b = engine(pool, "mla", "b")
     out, loaded, failed = loads(b, batch)
     close(out, want, MLA_TOL)
     assert (loaded, failed) == (full_chunks(batch), 0)
+    longer = prompts(1, 1100, seed=91)            # 76 tokens after the stored chunks: saved, never loaded
+    out, loaded, _ = loads(b, longer)
+    close(out, engine(pool, "mla", "plain", connector=False).generate(longer), 1e-5)
+    assert loaded == 0
     # What was stored is what an engine computes: an engine that computes its hits compares them, exactly.
     pool.keep("mla-b")
     checker = engine(pool, "mla", "verify", verify_fraction=1.0)

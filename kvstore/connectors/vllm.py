@@ -129,6 +129,10 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 self._off_report = refuse(extra.get("address"), "vllm", exc, float(extra.get("timeout", 2.0)))
         # A sliding-window group's blocks behind the window are freed at the next schedule: save in the step.
         self._save_async = bool(extra.get("save_async", True)) and not (self._geometry and self._geometry.frees_blocks)
+        # vLLM's CPU MLA backend cannot prefill over a prefix it did not compute in the same step (vLLM turns its
+        # own prefix caching off there): a hit is offered only when one token is left, computed as a decode.
+        self._decode_only = bool(self._geometry and self._geometry.mla
+                                 and getattr(vllm_config.device_config, "device_type", "") == "cpu")
         self._model_id = str(extra.get("model_id") or model_id(vllm_config))
         self._salt = str(extra.get("cache_salt", ""))
         self._extra = extra
@@ -207,8 +211,8 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
             self._look_up(request)
             found = self._lookups[request.request_id]
         external = found[1] * self._chunk_tokens - num_computed_tokens
-        if external <= 0:
-            return 0, False
+        if external <= 0 or (self._decode_only and found[1] * self._chunk_tokens != request.num_tokens - 1):
+            return 0, False  # (the CPU MLA backend computes over a loaded prefix only as a decode step)
         if chosen_for_verify(request.request_id, self._verify_fraction):
             self._verifying[request.request_id] = found[1]  # computed as a miss, compared once computed
             return 0, False
