@@ -457,3 +457,5 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
             self._transfers.close()
         for link in self._links:
             link.close()
+        if self._off_report is not None:
+            self._off_report.close()
