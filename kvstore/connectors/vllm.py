@@ -62,10 +62,7 @@ import torch
 
 import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
-    KVConnectorMetadata,
-    KVConnectorRole,
-    SupportsHMA,
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -158,7 +155,7 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._saves_here = False                     # this worker saves (MLA under TP: rank 0 only)
         if self._geometry is not None and role == KVConnectorRole.SCHEDULER:
             g = self._geometry  # a local client reads lookups from the daemon's shared index
-            link = self._link(connector=state_report("vllm", g.family, "on", self._describe()))
+            link = self._link(connector=state_report("vllm", g.family, "on", g.describe()))
             stages = list(zip(g.stages, g.stage_labels)) or [(g.paged, None)]
             ranks = [0] if g.mla else range(self._tp_size)   # an MLA latent is stored once for every rank
             self._stores = [self._chunk_store(rank, link, paged, stage) for paged, stage in stages for rank in ranks]
@@ -181,13 +178,6 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
                              tp_size=1 if g.mla else self._tp_size, salt=self._salt, replicated=g.mla,
                              stage=stage if paged is not None else g.stage)
         return ChunkStore(link, ns, paged or g.paged)
-
-    def _describe(self) -> str:
-        g = self._geometry
-        assert g is not None
-        kinds = ",".join(dict.fromkeys(x.kind for x in g.groups))
-        return (f"{'mla' if g.mla else 'dense'}, {len(g.groups)} group(s) {kinds}"
-                + (f", stage layers {g.stage}" if g.stage else "") + f"; {g.paged.cache_format}")
 
     @property
     def _enabled(self) -> bool:

@@ -88,6 +88,12 @@ class EngineGeometry:
     def frees_blocks(self) -> bool:
         return any(g.frees_blocks for g in self.groups)
 
+    def describe(self) -> str:
+        """One line for the connector report: family, groups and their kinds, stage, cache format."""
+        kinds = ",".join(dict.fromkeys(g.kind for g in self.groups))
+        stage = f", stage layers {self.stage}" if self.stage else ""
+        return f"{'mla' if self.mla else 'dense'}, {len(self.groups)} group(s) {kinds}{stage}; {self.paged.cache_format}"
+
     def valid_chunks(self, block_ids: Sequence[Sequence[int]], first: int, end: int, computed_before: int) -> int:
         """The first chunk of `first .. end` from which on every group still holds every block (a save takes
         those); `computed_before`: the tokens computed before the step whose schedule may have freed some."""
