@@ -107,7 +107,7 @@ def check_vllm_worker(r: dict, device: str, env: dict[str, str], children: list,
             ready = torch.cuda.Event()
             ready.record()
         for c in range(n_chunks):
-            transfers.submit_save(SaveJob("req", tokens, "", c, 1, lambda i: ids[i], chunk_bytes, ready))
+            transfers.submit_save(SaveJob("req", tokens, "", c, 1, lambda i: [ids[i]], chunk_bytes, ready))
         blocking = time.perf_counter() - started
         while not transfers.idle():
             time.sleep(0.0005)
