@@ -242,13 +242,17 @@ class PagedGeometry:
 
 
 def paged_namespace(model_id: str, geometry: PagedGeometry, *, tp_rank: int = 0, tp_size: int = 1,
-                    salt: str = "") -> str:
-    """The namespace string for whole-block chunks of this model, shard and cache format."""
+                    salt: str = "", replicated: bool = False, stage: str | None = None) -> str:
+    """The namespace string for whole-block chunks of this model, shard and cache format.
+
+    `replicated`: every tensor-parallel rank holds the same bytes (MLA), so the namespace names no rank;
+    `stage`: the pipeline stage's layer range ("first-end/total")."""
     if not 0 <= tp_rank < tp_size:
         raise ValueError(f"tp_rank {tp_rank} outside tp_size {tp_size}")
     g = geometry
     parts = [f"kvstore-pages-v{LAYOUT_VERSION}", f"model={model_id}", f"format={g.cache_format}",
-             f"layers={g.num_layers}", f"chunk={g.chunk_tokens}", f"tp={tp_rank}/{tp_size}"]
+             f"layers={stage or g.num_layers}", f"chunk={g.chunk_tokens}",
+             "tp=replicated" if replicated else f"tp={tp_rank}/{tp_size}"]
     if salt:
         parts.append(f"salt={salt}")
     return ";".join(parts)

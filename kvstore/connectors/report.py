@@ -49,3 +49,8 @@ def hold_off_report(address: str | None, engine: str, refusal: Unsupported,
     except Exception as exc:  # noqa: BLE001 - the report is informational; the engine runs regardless
         log.debug("kvstore daemon not told that the %s connector is off: %s", engine, exc)
         return None
+
+
+def state_report(engine: str, family: str, state: str, description: str) -> dict[str, str]:
+    """A report for a connector whose layout is not a `ChunkLayout` (vLLM's block-format chunks)."""
+    return _report(engine, family, state, description)
