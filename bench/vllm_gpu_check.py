@@ -107,7 +107,7 @@ def check_vllm_worker(r: dict, device: str, env: dict[str, str], children: list,
             ready = torch.cuda.Event()
             ready.record()
         for c in range(n_chunks):
-            transfers.submit_save(SaveJob("req", tokens, "", c, 1, lambda i: ids[i], chunk_bytes, ready))
+            transfers.submit_save(SaveJob("req", tokens, "", c, 1, lambda i: [ids[i]], chunk_bytes, ready))
         blocking = time.perf_counter() - started
         while not transfers.idle():
             time.sleep(0.0005)
@@ -122,7 +122,7 @@ def check_vllm_worker(r: dict, device: str, env: dict[str, str], children: list,
         loader = Transfers(dst, store(), store(), max_save_bytes=1)
 
         def load_all() -> None:
-            job = loader.run_load(LoadJob("req", tokens, "", 0, n_chunks, lambda i: ids[i]))
+            job = loader.run_load(LoadJob("req", tokens, "", 0, n_chunks, lambda i: [ids[i]]))
             assert job.loaded == n_chunks, f"loaded {job.loaded} of {n_chunks} chunks"
 
         host_ms = time_ms(load_all)

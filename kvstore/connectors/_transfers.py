@@ -47,8 +47,7 @@ class LoadJob:
     salt: str
     first_chunk: int
     num_chunks: int
-    chunk_blocks: Callable[[int], list[int]]   # chunk index -> the engine block ids it goes into
-    skip_blocks: int = 0                        # blocks of the first chunk the engine already holds
+    chunk_blocks: Callable[[int], list[list[int]]]   # chunk index -> per cache group, the block ids it fills
     loaded: int = 0                             # chunks written (set by the job)
 
 
@@ -61,7 +60,7 @@ class SaveJob:
     salt: str
     first_chunk: int
     num_chunks: int
-    chunk_blocks: Callable[[int], list[int]]
+    chunk_blocks: Callable[[int], list[list[int]]]
     nbytes: int
     ready: Any = None          # CUDA event after which the blocks hold the KV (None on CPU)
     saved: int = 0
@@ -91,9 +90,10 @@ class _Done:
 class Transfers:
     """The background loader and saver of one engine worker."""
 
-    def __init__(self, kv: PagedKV, load_store: ChunkStore, save_store: ChunkStore,
+    def __init__(self, kv: PagedKV | Sequence[PagedKV], load_store: ChunkStore, save_store: ChunkStore,
                  max_save_bytes: int, dtype: torch.dtype = torch.uint8) -> None:
-        self.kv = kv
+        self.kvs = list(kv) if isinstance(kv, (list, tuple)) else [kv]  # one per KV cache group
+        self.kv = self.kvs[0]
         self.dtype = dtype                          # of the cache's values, for comparisons
         self.counters = Counters()
         self._load_store, self._save_store = load_store, save_store
@@ -189,9 +189,7 @@ class Transfers:
             with self._load_store.lease(keys) as views:
                 events = []
                 for i, view in enumerate(views):
-                    chunk = job.first_chunk + i
-                    events.append(load_async(self.kv, _as_tensor(view), job.chunk_blocks(chunk),
-                                             skip_blocks=job.skip_blocks if i == 0 else 0))
+                    events += self._scatter(_as_tensor(view), job.chunk_blocks(job.first_chunk + i))
                 for event in events:
                     if event is not None:
                         event.synchronize()  # the lease may end only once the copies have
@@ -241,8 +239,7 @@ class Transfers:
             events = []
             for i, view in enumerate(reservation.views):
                 if view is not None:  # None: already stored (by another engine or request)
-                    slot = _as_tensor(view)
-                    events.append(save_async(self.kv, job.chunk_blocks(job.first_chunk + i), slot, after=job.ready))
+                    events += self._gather(job.chunk_blocks(job.first_chunk + i), _as_tensor(view), job.ready)
             for event in events:
                 if event is not None:
                     event.synchronize()
@@ -266,8 +263,8 @@ class Transfers:
         try:
             keys = store.keys(job.token_ids[: end * t], job.salt)[job.first_chunk:end]
             computed = torch.empty((job.num_chunks, nbytes), dtype=torch.uint8, device=self.kv.device)
-            events = [save_async(self.kv, job.chunk_blocks(job.first_chunk + i), computed[i], after=job.ready)
-                      for i in range(job.num_chunks)]
+            events = [e for i in range(job.num_chunks)
+                      for e in self._gather(job.chunk_blocks(job.first_chunk + i), computed[i], job.ready)]
             for event in events:
                 if event is not None:
                     event.synchronize()
@@ -283,6 +280,37 @@ class Transfers:
         with self._lock:
             self.counters.chunks_verified += result.checks
             self.counters.verify_mismatches += result.mismatches
+
+    # -- one chunk, group by group ---------------------------------------------------------------------------
+    def _pieces(self, chunk: torch.Tensor, groups: list[list[int]]) -> list[torch.Tensor]:
+        """The chunk's bytes split by cache group: each group's layers x blocks x block bytes, in order."""
+        flat, at, out = chunk.reshape(-1).view(torch.uint8), 0, []
+        for kv, ids in zip(self.kvs, groups):
+            n = len(kv.rows) * len(ids) * kv.row_bytes
+            out.append(flat[at:at + n])
+            at += n
+        if at != flat.numel():
+            raise ValueError(f"the chunk holds {flat.numel()} bytes; its blocks hold {at}")
+        return out
+
+    def _scatter(self, chunk: torch.Tensor, groups: list[list[int]]) -> list[Any]:
+        """Write one chunk into the blocks vLLM allocated: those marked -1 (blocks the engine already holds, the
+        null block of a sliding window) are left alone."""
+        events = []
+        for kv, piece, ids in zip(self.kvs, self._pieces(chunk, groups), groups):
+            keep = [i for i, b in enumerate(ids) if b >= 0]
+            if len(keep) < len(ids):
+                if not keep:
+                    continue
+                piece = piece.view(len(kv.rows), len(ids), kv.row_bytes)[:, keep].contiguous()
+                ids = [ids[i] for i in keep]
+            events.append(load_async(kv, piece, ids))
+        return events
+
+    def _gather(self, groups: list[list[int]], slot: torch.Tensor, after: Any) -> list[Any]:
+        """Copy one chunk's blocks, every group, into `slot` (every id must be an allocated block)."""
+        return [save_async(kv, ids, piece, after=after)
+                for kv, piece, ids in zip(self.kvs, self._pieces(slot, groups), groups)]
 
 
 def _as_tensor(view: Any) -> torch.Tensor:

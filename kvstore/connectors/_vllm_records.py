@@ -17,7 +17,7 @@ class LoadSpec:
 
     req_id: str
     token_ids: list[int]
-    block_ids: list[int]
+    block_ids: list[list[int]]   # per KV cache group
     num_chunks: int
     skip_tokens: int
     salt: str = ""
@@ -30,7 +30,7 @@ class SaveSpec:
 
     req_id: str
     token_ids: list[int]
-    block_ids: list[int]
+    block_ids: list[list[int]]   # per KV cache group
     first_chunk: int
     num_chunks: int
     salt: str = ""
@@ -49,7 +49,7 @@ class Tracked:
     """Scheduler-side state of one running request."""
 
     prompt: list[int]
-    block_ids: list[int]
+    block_ids: list[list[int]]   # per KV cache group
     saved_chunks: int
     salt: str
     saving: bool = False  # a save was planned: its blocks outlive the request until the workers are done

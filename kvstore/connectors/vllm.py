@@ -46,9 +46,11 @@ under `verify` and drops a chain from its first chunk that differs (not saved ag
 output is plain prefill's; a failed comparison is a log line. Default 0: a verified hit costs the prefill it
 would have saved (1 % verified cost 8 % of throughput on the transformers model, bench/results/verify-latest.json).
 
-Chunks are the engine's own block bytes (`kvstore.ops` block planes), so the namespace names the KV cache
-format (`_geometry`); supported: one KV cache group of plain full attention. Anything else disables the
-connector (no hits, no saves) with a warning.
+Chunks are the engine's own block bytes (`kvstore.ops` block planes), every KV cache group's blocks of the
+chunk's tokens, so the namespace names the KV cache format: per model family (dense, MLA, sliding-window and
+hybrid groups, pipeline stages, fp8) what a chunk holds is `vllm_geometry`'s. A cache it does not describe
+(Mamba state, cross attention...) turns the connector off: one line naming the family and the reason, and a
+connector report the daemon shows as off (`kvstore stats`, /metrics).
 """
 
 from __future__ import annotations
@@ -60,21 +62,22 @@ import torch
 
 import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
-    KVConnectorMetadata,
-    KVConnectorRole,
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from ..errors import ConfigError
 from ..ops import PagedKV
 from ._store import ChunkStore, DaemonLink
+from .families import Unsupported
+from .report import refuse, state_report
 from ._transfers import LoadJob, SaveJob, Transfers
 from ._vllm_records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
 from ._vllm_settings import (
     SUPPORTED_VLLM, check_vllm_version, chosen_for_verify, load_mode, model_id, tp_rank, verify_fraction,
 )
-from .layout import PagedGeometry, dtype_name, paged_namespace
+from .layout import PagedGeometry, paged_namespace
+from .vllm_geometry import NULL_BLOCK, EngineGeometry, engine_geometry
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -90,8 +93,9 @@ log = logging.getLogger("kvstore.connectors.vllm")
 __all__ = ["KVStoreConnector", "KVStoreConnectorMetadata", "LoadSpec", "SaveSpec", "SUPPORTED_VLLM",
            "check_vllm_version"]
 
-class KVStoreConnector(KVConnectorBase_V1):
-    """Loads prompt prefixes from, and saves them to, a kvstore daemon."""
+class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
+    """Loads prompt prefixes from, and saves them to, a kvstore daemon (every KV cache group: `SupportsHMA`
+    keeps vLLM's hybrid allocator on, so sliding-window groups hold only the blocks inside their window)."""
 
     _cache_hit_source = CacheHitSource.HOST
 
@@ -109,14 +113,23 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._load_enabled = self._kv_transfer_config.is_kv_consumer
         self._save_enabled = self._kv_transfer_config.is_kv_producer
         self._load_mode = load_mode(extra.get("load_async", "auto"))
-        self._save_async = bool(extra.get("save_async", True))
         self._lookup_batch = max(1, int(extra.get("lookup_batch", 64)))
         self._verify_fraction = verify_fraction(extra.get("verify_fraction", 0.0))
         parallel = vllm_config.parallel_config
         self._tp_size = parallel.tensor_parallel_size
-        self._geometry = _geometry(kv_cache_config, self._chunk_tokens, vllm_config)
-        if parallel.pipeline_parallel_size > 1:
-            self._geometry = None  # stages hold different layers; not supported yet
+        self._geometry: EngineGeometry | None = None
+        self._off_report = None                      # holds the daemon's view of this connector as off
+        try:
+            self._geometry = engine_geometry(kv_cache_config, self._chunk_tokens, vllm_config)
+        except Unsupported as exc:
+            if role == KVConnectorRole.SCHEDULER:  # one line per engine; its workers stay quiet
+                self._off_report = refuse(extra.get("address"), "vllm", exc, float(extra.get("timeout", 2.0)))
+        # A sliding-window group's blocks behind the window are freed at the next schedule: save in the step.
+        self._save_async = bool(extra.get("save_async", True)) and not (self._geometry and self._geometry.frees_blocks)
+        # vLLM's CPU MLA backend cannot prefill over a prefix it did not compute in the same step (vLLM turns its
+        # own prefix caching off there): a hit is offered only when one token is left, computed as a decode.
+        self._decode_only = bool(self._geometry and self._geometry.mla
+                                 and getattr(vllm_config.device_config, "device_type", "") == "cpu")
         self._model_id = str(extra.get("model_id") or model_id(vllm_config))
         self._salt = str(extra.get("cache_salt", ""))
         self._extra = extra
@@ -139,11 +152,13 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._saving: set[str] = set()               # requests with saves planned (their blocks are kept)
         self._finishing: set[str] = set()            # ... that finished, waiting for their saves
         self._load_errors: set[int] = set()
-        if self._geometry is None:
-            log.warning("kvstore connector disabled: unsupported KV cache layout %s", kv_cache_config)
-        elif role == KVConnectorRole.SCHEDULER:
-            link = self._link()  # a local client reads lookups from the daemon's shared index
-            self._stores = [self._chunk_store(rank, link) for rank in range(self._tp_size)]
+        self._saves_here = False                     # this worker saves (MLA under TP: rank 0 only)
+        if self._geometry is not None and role == KVConnectorRole.SCHEDULER:
+            g = self._geometry  # a local client reads lookups from the daemon's shared index
+            link = self._link(connector=state_report("vllm", g.family, "on", g.describe()))
+            stages = list(zip(g.stages, g.stage_labels)) or [(g.paged, None)]
+            ranks = [0] if g.mla else range(self._tp_size)   # an MLA latent is stored once for every rank
+            self._stores = [self._chunk_store(rank, link, paged, stage) for paged, stage in stages for rank in ranks]
             link.client()  # connect (and map) now, not on the first request; a daemon that is down: later
 
     # -- shared ------------------------------------------------------------------------------------------
@@ -154,11 +169,15 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._links.append(link)
         return link
 
-    def _chunk_store(self, tp_rank: int, link: DaemonLink) -> ChunkStore:
-        assert self._geometry is not None
-        ns = paged_namespace(f"vllm:{self._model_id}", self._geometry, tp_rank=tp_rank, tp_size=self._tp_size,
-                             salt=self._salt)
-        return ChunkStore(link, ns, self._geometry)
+    def _chunk_store(self, tp_rank: int, link: DaemonLink, paged: PagedGeometry | None = None,
+                     stage: str | None = None) -> ChunkStore:
+        """The chunks of one tensor-parallel rank (none for MLA) of one pipeline stage (this one's by default)."""
+        g = self._geometry
+        assert g is not None
+        ns = paged_namespace(f"vllm:{self._model_id}", paged or g.paged, tp_rank=0 if g.mla else tp_rank,
+                             tp_size=1 if g.mla else self._tp_size, salt=self._salt, replicated=g.mla,
+                             stage=stage if paged is not None else g.stage)
+        return ChunkStore(link, ns, paged or g.paged)
 
     @property
     def _enabled(self) -> bool:
@@ -182,8 +201,8 @@ class KVStoreConnector(KVConnectorBase_V1):
             self._look_up(request)
             found = self._lookups[request.request_id]
         external = found[1] * self._chunk_tokens - num_computed_tokens
-        if external <= 0:
-            return 0, False
+        if external <= 0 or (self._decode_only and found[1] * self._chunk_tokens != request.num_tokens - 1):
+            return 0, False  # (the CPU MLA backend computes over a loaded prefix only as a decode step)
         if chosen_for_verify(request.request_id, self._verify_fraction):
             self._verifying[request.request_id] = found[1]  # computed as a miss, compared once computed
             return 0, False
@@ -225,7 +244,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             return
         chunks = found[1]
         end = chunks * self._chunk_tokens
-        block_ids = list(blocks.get_block_ids()[0])[: -(-end // self._block_size)]
+        block_ids = [[NULL_BLOCK if b.is_null else b.block_id for b in group] for group in blocks.blocks]
         self._loads[rid] = LoadSpec(rid, list(request.all_token_ids[:end]), block_ids, chunks,
                                     end - num_external_tokens, self._salts.get(rid, ""), self._async.pop(rid, True))
         self._loaded[rid] = chunks
@@ -242,11 +261,11 @@ class KVStoreConnector(KVConnectorBase_V1):
         for new in scheduler_output.scheduled_new_reqs:
             verify = self._verifying.pop(new.req_id, 0)
             self._tracked[new.req_id] = Tracked(
-                list(new.prompt_token_ids or []), list(new.block_ids[0]),
+                list(new.prompt_token_ids or []), [list(g) for g in new.block_ids],
                 max(self._loaded.pop(new.req_id, 0), verify), self._salts.pop(new.req_id, ""), verify_chunks=verify,
             )
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
-            self._plan(new.req_id, done, meta)
+            self._plan(new.req_id, done, meta, new.num_computed_tokens)
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             tracked = self._tracked.get(req_id)
@@ -254,34 +273,36 @@ class KVStoreConnector(KVConnectorBase_V1):
                 continue
             new_blocks = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids:
-                tracked.block_ids = list(new_blocks[0]) if new_blocks else []
+                tracked.block_ids = [list(g) for g in new_blocks] if new_blocks else [[] for _ in tracked.block_ids]
             elif new_blocks:
-                tracked.block_ids.extend(new_blocks[0])
+                for mine, more in zip(tracked.block_ids, new_blocks):
+                    mine.extend(more)
             done = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
-            self._plan(req_id, done, meta)
+            self._plan(req_id, done, meta, cached.num_computed_tokens[i])
         return meta
 
-    def _plan(self, req_id: str, computed: int, meta: KVStoreConnectorMetadata) -> None:
+    def _plan(self, req_id: str, computed: int, meta: KVStoreConnectorMetadata, before: int) -> None:
+        """Plan the saves (and comparisons) of the chunks `req_id` completes in this step; `before`: the
+        tokens it had computed before it (vLLM may have freed blocks behind a sliding window at them)."""
         tracked = self._tracked[req_id]
+        assert self._geometry is not None
         t = self._chunk_tokens
         ready = min(computed, len(tracked.prompt)) // t
         if self._save_enabled and ready > tracked.saved_chunks:
-            first = tracked.saved_chunks
-            meta.saves.append(
-                SaveSpec(req_id, tracked.prompt[: ready * t], list(tracked.block_ids[: ready * t // self._block_size]),
-                         first, ready - first, tracked.salt)
-            )
+            first = self._geometry.valid_chunks(tracked.block_ids, tracked.saved_chunks, ready, before)
+            if first > tracked.saved_chunks:
+                self._count("chunks_not_held", first - tracked.saved_chunks)
+            if ready > first:
+                meta.saves.append(SaveSpec(req_id, tracked.prompt[: ready * t], tracked.block_ids, first,
+                                           ready - first, tracked.salt))
+                tracked.saving = True
+                self._count("save_specs")
             tracked.saved_chunks = ready
-            tracked.saving = True
-            self._count("save_specs")
         compared = min(ready, tracked.verify_chunks)
         if compared > tracked.verified_chunks:
             first = tracked.verified_chunks
-            meta.saves.append(
-                SaveSpec(req_id, tracked.prompt[: compared * t],
-                         list(tracked.block_ids[: compared * t // self._block_size]), first, compared - first,
-                         tracked.salt, verify=True)
-            )
+            meta.saves.append(SaveSpec(req_id, tracked.prompt[: compared * t], tracked.block_ids, first,
+                                       compared - first, tracked.salt, verify=True))
             tracked.verified_chunks = compared
             tracked.saving = True  # the comparison reads the blocks: they outlive the request until it is done
             self._count("verify_specs")
@@ -297,57 +318,59 @@ class KVStoreConnector(KVConnectorBase_V1):
             self._count("delayed_frees")
         return delay, None
 
+    def request_finished_all_groups(self, request: "Request", block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished(request, list(block_ids[0]) if block_ids else [])
+
     # -- worker side -------------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         if not self._enabled:
             return
-        assert self._geometry is not None
-        names = self._kv_cache_config.kv_cache_groups[0].layer_names
-        missing = [n for n in names if n not in kv_caches]
+        g = self._geometry
+        assert g is not None
+        missing = [n for group in g.groups for n in group.layer_names if n not in kv_caches]
         if missing:
             self._disable(f"no KV cache for layers {missing[:3]}")
             return
-        layers = [kv_caches[n] for n in names]
         num_blocks = self._kv_cache_config.num_blocks
-        self._ratio = max(1, layers[0].shape[0] // num_blocks) if num_blocks else 1
-        try:
-            kv = PagedKV.from_blocks(layers, self._block_size // self._ratio)
+        first = kv_caches[g.groups[0].layer_names[0]]
+        self._ratio = max(1, first.shape[0] // num_blocks) if num_blocks else 1
+        try:  # one set of block planes per KV cache group (each group has its own block table)
+            kvs = [PagedKV.from_blocks([kv_caches[n] for n in group.layer_names], group.block_size // self._ratio)
+                   for group in g.groups]
         except ValueError as exc:
             self._disable(str(exc))
             return
-        if len(kv.rows) * kv.row_bytes * self._ratio != self._geometry.num_layers * self._geometry.layer_block_bytes:
-            self._disable(f"the caches hold {len(kv.rows) * kv.row_bytes * self._ratio} bytes a block, the KV cache "
-                          f"spec says {self._geometry.num_layers * self._geometry.layer_block_bytes}")
+        held = sum(len(kv.rows) * kv.row_bytes * self._ratio * (self._chunk_tokens // group.block_size)
+                   for kv, group in zip(kvs, g.groups))
+        if held != g.paged.chunk_nbytes:
+            self._disable(f"the caches hold {held} bytes a chunk, the KV cache spec says {g.paged.chunk_nbytes}")
             return
         rank = tp_rank(self._vllm_config)
-        connect = {"pin_arena": True, "gpu": bool(self._extra.get("gpu_tier", True))} if kv.device.type == "cuda" else {}
-        self._transfers = Transfers(kv, self._chunk_store(rank, self._link(**connect)),
+        self._saves_here = self._save_enabled and not (g.mla and rank != 0)  # MLA: rank 0 saves for every rank
+        connect = {"pin_arena": True, "gpu": bool(self._extra.get("gpu_tier", True))} if first.device.type == "cuda" else {}
+        self._transfers = Transfers(kvs, self._chunk_store(rank, self._link(**connect)),
                                     self._chunk_store(rank, self._link(**connect)),
-                                    int(self._extra.get("max_save_bytes", 1 << 30)), dtype=layers[0].dtype)
+                                    int(self._extra.get("max_save_bytes", 1 << 30)), dtype=first.dtype)
 
     def _disable(self, why: str) -> None:
         log.warning("kvstore connector disabled: %s", why)
         self._geometry = None
 
-    def _chunk_blocks(self, block_ids: list[int]):
-        """Chunk index -> the kernel block ids of that chunk's blocks."""
-        per_chunk, ratio = self._chunk_tokens // self._block_size, self._ratio
-
-        def blocks(chunk: int) -> list[int]:
-            return [b * ratio + j for b in block_ids[chunk * per_chunk:(chunk + 1) * per_chunk] for j in range(ratio)]
-        return blocks
+    def _chunk_blocks(self, block_ids: list[list[int]], skip_tokens: int = 0):
+        """Chunk index -> per KV cache group, the kernel block ids that chunk fills (see `chunk_blocks`)."""
+        g = self._geometry
+        assert g is not None
+        return lambda chunk: g.chunk_blocks(block_ids, chunk, skip_tokens, self._ratio)
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         if self._transfers is None or not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVStoreConnectorMetadata)
-        t = self._chunk_tokens
         for spec in meta.loads:
-            first = spec.skip_tokens // t
-            job = LoadJob(spec.req_id, spec.token_ids, spec.salt, first, spec.num_chunks,
-                          self._chunk_blocks(spec.block_ids),
-                          skip_blocks=(spec.skip_tokens - first * t) // self._block_size * self._ratio)
+            job = LoadJob(spec.req_id, spec.token_ids, spec.salt, spec.skip_tokens // self._chunk_tokens,
+                          spec.num_chunks, self._chunk_blocks(spec.block_ids, spec.skip_tokens))
             if spec.is_async:
                 self._loading[spec.req_id] = spec
                 self._transfers.submit_load(job)
@@ -355,12 +378,10 @@ class KVStoreConnector(KVConnectorBase_V1):
                 self._note_load(spec, self._transfers.run_load(job))
 
     def _note_load(self, spec: LoadSpec, job: LoadJob) -> None:
-        """Report the blocks a load left unwritten (vLLM recomputes them)."""
-        loaded_to = (job.first_chunk + job.loaded) * self._chunk_tokens
-        end = spec.num_chunks * self._chunk_tokens
-        if loaded_to < end:
-            first_block, last_block = max(loaded_to, spec.skip_tokens) // self._block_size, -(-end // self._block_size)
-            self._load_errors.update(spec.block_ids[first_block:last_block])
+        """Report the blocks a load left unwritten, in every group (vLLM recomputes them)."""
+        blocks = self._chunk_blocks(spec.block_ids, spec.skip_tokens)
+        for chunk in range(job.first_chunk + job.loaded, spec.num_chunks):
+            self._load_errors.update(b // self._ratio for group in blocks(chunk) for b in group if b >= 0)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # synchronous loads are complete before the forward; asynchronous ones are not in this step
@@ -383,12 +404,13 @@ class KVStoreConnector(KVConnectorBase_V1):
             ready.record(torch.cuda.current_stream(self._transfers.kv.device))
         for spec in meta.saves:
             job = SaveJob(spec.req_id, spec.token_ids, spec.salt, spec.first_chunk, spec.num_chunks,
-                          self._chunk_blocks(spec.block_ids), spec.num_chunks * self._geometry.chunk_nbytes, ready,
-                          verify=spec.verify)
+                          self._chunk_blocks(spec.block_ids), spec.num_chunks * self._geometry.paged.chunk_nbytes,
+                          ready, verify=spec.verify)
             if self._save_async:
-                self._saving.add(spec.req_id)
-                self._transfers.submit_save(job)
-            else:
+                self._saving.add(spec.req_id)  # reported sent once done (at once by a rank that does not save)
+                if self._saves_here:
+                    self._transfers.submit_save(job)
+            elif self._saves_here:
                 self._transfers.run_save(job)
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
@@ -425,30 +447,5 @@ class KVStoreConnector(KVConnectorBase_V1):
             self._transfers.close()
         for link in self._links:
             link.close()
-
-
-def _geometry(kv_cache_config: "KVCacheConfig", chunk_tokens: int, vllm_config: "VllmConfig") -> PagedGeometry | None:
-    """The chunk geometry of this engine's KV cache, or None when the connector does not support it."""
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-    groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
-    if len(groups) != 1:
-        return None
-    spec = groups[0].kv_cache_spec
-    plain = (
-        type(spec) is FullAttentionSpec
-        and spec.sliding_window is None
-        and spec.attention_chunk_size is None
-        and getattr(spec, "num_head_slots", None) is None
-        and getattr(spec, "state_content_bytes", None) is None
-        and getattr(spec, "page_size_padded", None) is None
-        and getattr(spec.kv_quant_mode, "name", "NONE") == "NONE"
-    )
-    if not plain or chunk_tokens % spec.block_size:
-        return None
-    layout = getattr(kv_cache_config, "kv_cache_layout", None) or "default"
-    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or "unknown"
-    cache_format = (f"full(kv_heads={spec.num_kv_heads},head={spec.head_size},head_v={spec.head_size_v},"
-                    f"{dtype_name(spec.dtype)},block={spec.block_size});layout={layout};device={device}")
-    return PagedGeometry(len(groups[0].layer_names), spec.page_size_bytes, chunk_tokens // spec.block_size,
-                         chunk_tokens, cache_format)
+        if self._off_report is not None:
+            self._off_report.close()

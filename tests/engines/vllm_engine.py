@@ -1,6 +1,6 @@
 """A real vLLM engine in its own virtualenv, driven by the test process over JSON lines.
 
-    <engine venv>/bin/python tests/engines/vllm_engine.py save-model DIR      # a random-weight Llama, once
+    <engine venv>/bin/python tests/engines/vllm_engine.py save-model DIR [FAMILY]   # a random-weight model, once
     <engine venv>/bin/python tests/engines/vllm_engine.py serve CONFIG_JSON   # then one request per line
 
 The CPU build of vLLM and the `vllm` interface wheel the other tests use install the same module, so the engine
@@ -30,17 +30,32 @@ import time
 from typing import Any, Callable
 
 
-def save_model(directory: str, seed: int = 0) -> None:
-    """A small Llama (head size 32, which the CPU attention backend supports) with random float32 weights."""
+def save_model(directory: str, family: str = "dense", seed: int = 0, hidden: int = 128, layers: int = 4) -> None:
+    """A small model of one family with random float32 weights (nothing downloaded): `dense` (Llama, head size
+    32, which the CPU attention backend supports), `mla` (DeepSeek-V2-shaped: kv_lora_rank 512,
+    qk_rope_head_dim 64) or `sliding` (Gemma-3-shaped: sliding-window layers of window 64, then a full one)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers as tf
 
-    config = LlamaConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=8192, rope_theta=10000.0, torch_dtype="float32",
-    )
+    common = dict(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, max_position_embeddings=8192,
+                  torch_dtype="float32")
+    if family == "dense":
+        model = tf.LlamaForCausalLM, tf.LlamaConfig(num_hidden_layers=layers, num_attention_heads=4,
+                                                    num_key_value_heads=2, rope_theta=10000.0, **common)
+    elif family == "mla":  # dense MLPs on every layer: the CPU build's MoE router wants expert groups
+        model = tf.DeepseekV2ForCausalLM, tf.DeepseekV2Config(
+            num_hidden_layers=layers - 1, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=512,
+            q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64,
+            moe_intermediate_size=hidden // 2, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+            first_k_dense_replace=layers, **common)
+    elif family == "sliding":
+        model = tf.Gemma3ForCausalLM, tf.Gemma3TextConfig(
+            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=64,
+            layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"], **common)
+    else:
+        raise SystemExit(f"unknown model family {family!r}: dense, mla or sliding")
     torch.manual_seed(seed)
-    LlamaForCausalLM(config).to(torch.float32).save_pretrained(directory)
+    model[0](model[1]).to(torch.float32).save_pretrained(directory)
 
 
 class Engine:
@@ -164,8 +179,8 @@ def serve(config: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "save-model":
-        save_model(sys.argv[2])
+    if sys.argv[1] == "save-model":  # DIR [FAMILY [HIDDEN LAYERS]]
+        save_model(sys.argv[2], *sys.argv[3:4], **dict(zip(("hidden", "layers"), map(int, sys.argv[4:6]))))
     elif sys.argv[1] == "serve":
         serve(json.loads(sys.argv[2]))
     else:

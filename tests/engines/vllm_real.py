@@ -196,13 +196,13 @@ class EnginePool:
     def __init__(self) -> None:
         self.engines: dict[str, EngineProc] = {}
         self._workdir: str | None = None
-        self._model: str | None = None
+        self._models: dict[str, str] = {}
 
     def use_workdir(self, path: str) -> None:
         """Put the engines' socket (and the model) in `path`, e.g. a daemon's own directory."""
         if self.engines:
             raise RuntimeError("use_workdir comes before the first engine starts")
-        self._workdir, self._model = path, None
+        self._workdir, self._models = path, {}
 
     @property
     def workdir(self) -> str:
@@ -233,15 +233,16 @@ class EnginePool:
                    OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"), TOKENIZERS_PARALLELISM="false")
         return env
 
-    def model(self) -> str:
-        if self._model is None:
+    def model(self, family: str = "dense") -> str:
+        """A random-weight model of `family` (`vllm_engine.save_model`), saved once per session."""
+        if family not in self._models:
             python = engine_python()
             assert python is not None
-            path = os.path.join(self.workdir, "model")
-            subprocess.run([python, str(ENGINE_SCRIPT), "save-model", path], check=True, env=self.env(),
+            path = os.path.join(self.workdir, "model" if family == "dense" else f"model-{family}")
+            subprocess.run([python, str(ENGINE_SCRIPT), "save-model", path, family], check=True, env=self.env(),
                            cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
-            self._model = path
-        return self._model
+            self._models[family] = path
+        return self._models[family]
 
     def connector(self, role: str = "kv_both", **extra: Any) -> dict[str, Any]:
         """A kv_transfer_config for the kvstore connector on the pool's socket."""
@@ -258,7 +259,8 @@ class EnginePool:
             return engine
         python = engine_python()
         assert python is not None
-        config = {"model": self.model(), "num_blocks": 256, **config}  # 32k tokens of KV: a few MiB
+        family = config.pop("family", "dense")
+        config = {"model": self.model(family), "num_blocks": 256, **config}  # 32k tokens of KV: a few MiB
         engine = EngineProc(python, config, os.path.join(self.workdir, f"engine-{name}.log"), self.env())
         self.engines[name] = engine
         return engine
@@ -272,7 +274,7 @@ class EnginePool:
         self.keep()
         if self._workdir is not None and not os.environ.get("KVSTORE_KEEP_TEST_DIRS"):
             shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir, self._model = None, None
+            self._workdir, self._models = None, {}
 
 
 POOL = EnginePool()
