@@ -361,9 +361,13 @@ def test_async_calls_share_the_pool_and_leave_the_loop_free(backend):
 def test_public_surface():
     import kvstore.remote as remote
 
+    from kvstore.errors import RemoteError as TreeError
+
     assert set(remote.__all__) == {"Health", "RemoteBackend", "RemoteError", "open_backend"}
-    for name in remote.__all__:
-        assert hasattr(remote, name)
+    defined_here = {name for name, value in vars(remote).items()
+                    if not name.startswith("_") and getattr(value, "__module__", "").startswith("kvstore.remote")}
+    assert defined_here | {"RemoteError"} == set(remote.__all__), "every public name of the package is exported"
+    assert remote.RemoteError is TreeError   # re-exported from the one error tree, not a second class
 
 
 def test_redis_cluster_down_at_start_is_an_outage():

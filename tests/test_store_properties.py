@@ -1,14 +1,16 @@
 """Property test of the Store's accounting: random operation sequences, every invariant checked after each step.
 
-The Store runs as the daemon wires it (a tier manager behind ``io``, a remote mover behind ``remote``, a
-checksummer behind ``sums``, the shared index behind ``published``), over payload-less tiers
-(``tiers/virtual.py``): a small host arena, a small GPU pool and a small disk, so that eviction, demotion and
-skipped writes happen often. No daemon process runs; the test plays the movers itself and finishes their
-transfers in any order, successfully or not, so every interleaving of intents and completions is tried.
+The Store runs as the daemon wires it (its disk, GPU and remote ledgers, a checksummer behind ``sums``, the
+shared index behind ``published``), over payload-less tiers (``tiers/virtual.py``): a small host arena, a small
+GPU pool and a small disk, so that eviction, demotion and skipped writes happen often. No daemon process runs;
+the test is every ledger's mover: it records what the ledgers wake it for, asks the ledgers for work as the
+movers do, and finishes the transfers in any order, successfully or not, so every interleaving of intents and
+completions is tried.
 
 Checked after every step: every extent of every allocator belongs to exactly one entry field (``host_offset``,
 ``loading``, ``gpu_offset``, ``gpu_loading``); the disk tier's charge is the sum of the entries' footprints; the
-write-back byte count matches its queue; every eviction queue holds only entries it may evict (indexed,
+write-back byte count matches its queue; every promotion request names an indexed chunk, every queued remote
+put was handed to its mover, and the Store holds no mover; every eviction queue holds only entries it may evict (indexed,
 readable, unleased, holding a copy in its tier); a leased chunk keeps the copy its get returned; the published
 index says exactly what the index says.
 """
@@ -48,27 +50,21 @@ class Published:
         self.states.pop(key, None)
 
 
-class Wiring:
-    """The tier manager, remote mover and checksummer, reduced to the intents they would act on."""
+class Movers:
+    """The disk, GPU and remote movers, reduced to what their ledgers wake them for."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.wakes = 0
         self.removed: list[bytes] = []
         self.remote_puts: list[list[Entry]] = []
-        self.unsummed: list[list[Entry]] = []
 
-    def wake_writer(self) -> None:
+    def wake(self) -> None:
         self.wakes += 1
+        self.remote_puts += self.store.remote_ledger.take_puts()   # as the remote mover sends them
 
     def remove_file(self, key: bytes, quarantine: str | None = None) -> None:
         self.removed.append(key)
-
-    def after_commit(self, entries: list[Entry]) -> None:   # the remote mover's hook
-        entries = [e for e in entries if e.host_offset is not None]
-        if entries:
-            self.store.pin_chain(entries)
-            self.remote_puts.append(entries)
 
 
 class Sums:
@@ -104,14 +100,19 @@ class StoreMachine(RuleBasedStateMachine):
         gpu = HostTier(VirtualArena(gpu_pages * PAGE)) if gpu_pages else None
         store = Store(HostTier(VirtualArena(host_pages * PAGE)), TTL, TTL, clock=lambda: self.now, disk=disk,
                       gpu=gpu, policy=policy)
-        self.wiring = Wiring(store)
+        self.wiring = Movers(store)
         self.sums = Sums()
         self.published = Published()
-        store.io = self.wiring
+        for ledger in (store.disk_ledger, store.gpu_ledger):
+            if ledger is not None:
+                ledger.mover = self.wiring
+        store.remote_ledger.mover = self.wiring if remote else None
         store.published = self.published
-        store.remote = self.wiring if remote else None
         store.sums = self.sums if summed else None
         self.store = store
+        self.disk = store.disk_ledger
+        self.gpu = store.gpu_ledger
+        self.remote = store.remote_ledger
 
     def ready(self) -> bool:
         return self.store is not None
@@ -207,13 +208,14 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(ready)
     @rule()
     def rebalance(self) -> None:
-        self.store.rebalance()
+        if self.disk is not None:
+            self.disk.rebalance()
 
     # -- the disk tier's mover ---------------------------------------------------------------------------------
     @precondition(lambda self: self.ready() and self.store.disk is not None)
     @rule()
     def start_write(self) -> None:
-        entry = self.store.next_write()
+        entry = self.disk.next_write()
         if entry is not None:
             self.writes.append(entry)
 
@@ -221,19 +223,19 @@ class StoreMachine(RuleBasedStateMachine):
     @rule()
     def write_back(self) -> None:
         """The tier manager drains the write-back queue, every write succeeding (as the simulator does)."""
-        if self.store.disk is None:
+        if self.disk is None:
             return
-        entry = self.store.next_write()
+        entry = self.disk.next_write()
         while entry is not None:
-            self.store.finish_write(entry, entry.size, None)
-            entry = self.store.next_write()
+            self.disk.finish_write(entry, entry.size, None)
+            entry = self.disk.next_write()
 
     @precondition(lambda self: self.writes)
     @rule(pick=st.integers(0, 100), outcome=st.sampled_from(["ok", "ok", "io", "damaged"]))
     def finish_write(self, pick: int, outcome: str) -> None:
         entry = self.writes.pop(pick % len(self.writes))
         error = {"ok": None, "io": OSError(5, "I/O error"), "damaged": DamagedSource("slot failed")}[outcome]
-        self.store.finish_write(entry, entry.size if error is None else None, error)
+        self.disk.finish_write(entry, entry.size if error is None else None, error)
 
     @precondition(lambda self: self.ready() and self.store.disk is not None)
     @rule(first=st.integers(0, len(KEYS) - 1), length=st.integers(1, 6), pick=st.integers(0, 100))
@@ -244,8 +246,8 @@ class StoreMachine(RuleBasedStateMachine):
         if disk_only and pick % 2:
             start = KEYS.index(disk_only[pick % len(disk_only)])
             keys = KEYS[start:start + length]
-        for entry in self.store.to_promote(keys):
-            if self.store.start_promote(entry) is None:
+        for entry in self.disk.to_promote(keys):
+            if self.disk.start_promote(entry) is None:
                 break
             self.promotions.append(entry)
 
@@ -254,40 +256,52 @@ class StoreMachine(RuleBasedStateMachine):
     def finish_promote(self, pick: int, outcome: str) -> None:
         entry = self.promotions.pop(pick % len(self.promotions))
         error = {"ok": None, "io": OSError(5, "I/O error"), "checksum": ChecksumError("bad sum")}[outcome]
-        self.store.finish_promote(entry, error, checksum=1)
+        self.disk.finish_promote(entry, error, checksum=1)
 
     # -- the GPU tier's mover ------------------------------------------------------------------------------------
-    @precondition(lambda self: self.ready() and self.store.gpu_wanted)
-    @rule()
-    def start_gpu_promote(self) -> None:
-        wanted = self.store.gpu_wanted
-        entry = wanted.pop(next(iter(wanted)))
-        if self.store.start_gpu_promote(entry) is not None:
-            self.gpu_promotions.append(entry)
+    @precondition(lambda self: self.ready() and self.gpu is not None and self.gpu.wanted)
+    @rule(limit=st.integers(1, 3))
+    def start_gpu_promote(self, limit: int) -> None:
+        for entry in self.gpu.promotions(limit):
+            if self.gpu.start_promote(entry) is not None:
+                self.gpu_promotions.append(entry)
 
-    @precondition(lambda self: self.ready() and self.store.gpu_wanted)
+    @precondition(lambda self: self.ready() and self.gpu is not None and self.gpu.wanted)
     @rule()
     def promote_wanted(self) -> None:
-        """The GPU mover's round: every wanted promotion, each copy complete at once."""
-        wanted = self.store.gpu_wanted
-        while wanted:
-            entry = wanted.pop(next(iter(wanted)))
-            if self.store.start_gpu_promote(entry) is not None:
-                self.store.finish_gpu_promote(entry, True)
+        """The GPU mover's round (the simulator's): every wanted promotion, each copy complete at once."""
+        for entry in self.gpu.promotions(len(self.gpu.wanted)):
+            if self.gpu.start_promote(entry) is not None:
+                self.gpu.finish_promote(entry, True)
 
     @precondition(lambda self: self.gpu_promotions)
     @rule(pick=st.integers(0, 100), ok=st.booleans())
     def finish_gpu_promote(self, pick: int, ok: bool) -> None:
-        self.store.finish_gpu_promote(self.gpu_promotions.pop(pick % len(self.gpu_promotions)), ok)
+        self.gpu.finish_promote(self.gpu_promotions.pop(pick % len(self.gpu_promotions)), ok)
 
-    @precondition(lambda self: self.ready() and self.store.gpu is not None)
+    @precondition(lambda self: self.ready() and self.gpu is not None)
+    @rule()
+    def shed_gpu(self) -> None:
+        """The GPU mover's watermark round, each copy down left in flight."""
+        self.gpu.shed(self._demote)
+
+    def _demote(self, victim: Entry) -> bool:
+        try:
+            offset = self.gpu.start_demote(victim)
+        except StoreFullError:
+            return False
+        if offset is not None:
+            self.gpu_demotions.append(victim)
+        return True
+
+    @precondition(lambda self: self.ready() and self.gpu is not None)
     @rule(to_host=st.booleans())
     def start_gpu_demote(self, to_host: bool) -> None:
-        victim = self.store.gpu_victim()
+        victim = self.gpu.victim()
         if victim is None:
             return
         try:
-            offset = self.store.start_gpu_demote(victim, to_host=to_host)
+            offset = self.gpu.start_demote(victim, to_host=to_host)
         except StoreFullError:
             return
         if offset is not None:
@@ -296,19 +310,19 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.gpu_demotions)
     @rule(pick=st.integers(0, 100), ok=st.booleans())
     def finish_gpu_demote(self, pick: int, ok: bool) -> None:
-        self.store.finish_gpu_demote(self.gpu_demotions.pop(pick % len(self.gpu_demotions)), ok)
+        self.gpu.finish_demote(self.gpu_demotions.pop(pick % len(self.gpu_demotions)), ok)
 
     # -- the remote tier's mover ------------------------------------------------------------------------------------
     @precondition(lambda self: self.ready() and self.wiring.remote_puts)
     @rule(pick=st.integers(0, 100))
     def finish_remote_put(self, pick: int) -> None:
-        self.store.unpin_chain(self.wiring.remote_puts.pop(pick % len(self.wiring.remote_puts)))
+        self.remote.put_done(self.wiring.remote_puts.pop(pick % len(self.wiring.remote_puts)))
 
     @precondition(ready)
     @rule(first=st.integers(0, len(KEYS) - 1), length=st.integers(1, 4))
     def start_remote_fetch(self, first: int, length: int) -> None:
         keys = KEYS[first:first + length]
-        entries = self.store.start_remote_fetch("ns", keys, [PAGE] * len(keys), KEYS[first - 1] if first else None)
+        entries = self.remote.start_fetch("ns", keys, [PAGE] * len(keys), KEYS[first - 1] if first else None)
         if entries:
             self.fetches.append(entries)
 
@@ -317,7 +331,7 @@ class StoreMachine(RuleBasedStateMachine):
     def finish_remote_fetch(self, pick: int, loaded: int) -> None:
         entries = self.fetches.pop(pick % len(self.fetches))
         loaded = min(loaded, len(entries))
-        self.store.finish_remote_fetch(entries, loaded, [1] * loaded)
+        self.remote.finish_fetch(entries, loaded, [1] * loaded)
 
     # -- invariants ------------------------------------------------------------------------------------------
     @invariant()
@@ -335,6 +349,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert all(e.gpu_offset is None and e.gpu_loading is None for e in entries)
         self.check_disk(entries)
         self.check_queues()
+        self.check_intents()
         self.check_leases()
         self.check_published()
 
@@ -347,6 +362,15 @@ class StoreMachine(RuleBasedStateMachine):
         assert set(held) == {unit * tier.allocator.align for unit in allocated}, \
             "every allocator extent belongs to exactly one entry field"
         assert tier.used_bytes == tier.allocator.align * sum(allocated.values())
+
+    def check_intents(self) -> None:
+        """What the ledgers hold for their movers names live chunks, and the Store holds no mover."""
+        store = self.store
+        if self.gpu is not None:
+            for key, entry in self.gpu.wanted.items():
+                assert store.index.get(key) is entry, "a promotion request names a chunk no longer indexed"
+        assert not self.remote.outbox, "a queued remote put was not handed to the woken mover"
+        assert all(v is not self.wiring for v in vars(store).values()), "the Store holds a mover"
 
     def check_disk(self, entries: list[Entry]) -> None:
         store = self.store
@@ -361,13 +385,13 @@ class StoreMachine(RuleBasedStateMachine):
         assert sorted(map(id, writing)) == sorted(map(id, self.writes))
         for entry in writing:
             assert entry.host_offset is not None, "a chunk being written keeps its DRAM slot"
-        assert store.dirty_bytes == sum(e.size for e in store.dirty) + sum(e.size for e in writing)
+        assert self.disk.dirty_bytes == sum(e.size for e in self.disk.dirty) + sum(e.size for e in writing)
 
     def check_queues(self) -> None:
         store = self.store
         for name, queue, holds in (("host", store.lru, lambda e: e.host_offset is not None),
-                                   ("gpu", store.gpu_lru, lambda e: e.gpu_offset is not None),
-                                   ("disk", store.disk_lru, lambda e: e.disk is not DiskState.NONE)):
+                                   ("gpu", self.gpu.lru if self.gpu else [], lambda e: e.gpu_offset is not None),
+                                   ("disk", self.disk.lru if self.disk else [], lambda e: e.disk is not DiskState.NONE)):
             for entry in queue:
                 assert store.index.get(entry.key) is entry, f"{name} queue holds an unindexed chunk"
                 assert entry.readable, f"{name} queue holds an unreadable chunk"
@@ -378,7 +402,7 @@ class StoreMachine(RuleBasedStateMachine):
             if entry.readable and entry.pins == 0 and entry.host_offset is not None:
                 assert entry in store.lru, "an evictable DRAM chunk is missing from the host queue"
             if entry.disk is DiskState.STORED and entry.loading is None or entry.disk is DiskState.QUEUED:
-                assert entry in store.disk_lru, "a chunk on disk is missing from the disk queue"
+                assert entry in self.disk.lru, f"a chunk on disk is missing from the disk queue {entry}"
 
     def check_leases(self) -> None:
         for _, _, entries, tiers in self.leases:

@@ -37,19 +37,17 @@ real URL stays with the subclass's client and never reaches a log line,
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures as cf
 import enum
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..breaker import Breaker
 from ..errors import RemoteError
 from ..security.redact import redact_url
 from . import record
+from .guarded import GuardedCalls
 
 __all__ = ["Health", "RemoteBackend", "RemoteError"]
 
@@ -63,7 +61,7 @@ class Health(enum.Enum):
     DOWN = "down"
 
 
-class RemoteBackend:
+class RemoteBackend(GuardedCalls):
     """Base of remote-store backends; see the module docstring for the behaviour."""
 
     scheme = ""
@@ -77,17 +75,9 @@ class RemoteBackend:
         self.retry_interval = float(retry_interval)
         self.min_rate = float(min_rate)
         self.max_pending_bytes = int(max_pending_bytes)
-        self._pool = cf.ThreadPoolExecutor(2 * workers, thread_name_prefix="kvstore-remote")
-        self._lock = threading.Lock()
-        self._breaker = Breaker(self.retry_interval)   # guarded by _lock
+        super().__init__(self.url, workers, self.retry_interval)
         self._pending_bytes = 0
         self._size_hint = 0          # largest value seen: sizes a batch_get deadline
-        self._closed = False
-        self._inflight = 0           # store calls running on a worker
-        self._idle = threading.Condition(self._lock)
-        self.counters: dict[str, int] = dict.fromkeys((
-            "calls", "errors", "timeouts", "skipped", "outages", "hits", "misses",
-            "corrupt", "puts", "put_bytes", "get_bytes", "put_dropped"), 0)
 
     # ------------------------------------------------------------------ public
 
@@ -323,17 +313,6 @@ class RemoteBackend:
 
     # ---------------------------------------------------------------- private
 
-    def _tracked(self, fn, *args):
-        with self._lock:
-            self._inflight += 1
-        try:
-            return fn(*args)
-        finally:
-            with self._lock:
-                self._inflight -= 1
-                if not self._inflight:
-                    self._idle.notify_all()
-
     def _put_records(self, namespace: str, keys: list[bytes], views: list[memoryview],
                      sums: Sequence[int | None] | None = None) -> int:
         sums = sums if sums is not None else [None] * len(keys)
@@ -370,90 +349,3 @@ class RemoteBackend:
 
     def _data_deadline(self, nbytes: int) -> float:
         return self.timeout + nbytes / self.min_rate
-
-    def _submit(self, fn, *args) -> cf.Future | None:
-        """Start ``fn(*args)`` on the pool; None when the breaker is open or the backend closed (counted)."""
-        with self._lock:
-            if self._closed or not self._allow_locked():
-                self.counters["skipped"] += 1
-                return None
-            self.counters["calls"] += 1
-        try:
-            return self._pool.submit(self._tracked, fn, *args)
-        except RuntimeError:        # pool shut down by close()
-            return None
-
-    def _call(self, deadline: float, fn, *args):
-        """Run ``fn(*args)`` on the pool within ``deadline`` s; ``None`` on any failure."""
-        fut = self._submit(fn, *args)
-        if fut is None:
-            return None
-        try:
-            return fut.result(deadline)
-        except cf.TimeoutError:
-            return self._timed_out(fn, deadline)
-        except Exception as exc:   # noqa: BLE001 - the store failing is a miss
-            self._failed(exc)
-            return None
-
-    async def _acall(self, deadline: float, fn, *args):
-        """``_call`` for the event loop: the same pool, awaited instead of blocked on."""
-        fut = self._submit(fn, *args)
-        if fut is None:
-            return None
-        try:
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), deadline)
-        except asyncio.TimeoutError:
-            return self._timed_out(fn, deadline)
-        except Exception as exc:   # noqa: BLE001
-            self._failed(exc)
-            return None
-
-    def _timed_out(self, fn, deadline: float) -> None:
-        with self._lock:
-            self.counters["timeouts"] += 1
-        self._failed(f"{fn.__name__.strip('_')} timed out after {deadline:.2f}s")
-        return None
-
-    def _allow_locked(self) -> bool:
-        """Whether a call may go to the store; in an outage, maybe start a probe."""
-        if self._breaker.closed:
-            return True
-        if self._breaker.try_probe():
-            try:
-                self._pool.submit(self._tracked, self._run_probe)
-            except RuntimeError:
-                self._breaker.failed()
-        return False
-
-    def _run_probe(self) -> None:
-        try:
-            self._probe()
-        except Exception as exc:   # noqa: BLE001
-            with self._lock:
-                self._breaker.failed()
-            log.debug("remote store %s still down: %s", self.url, exc)
-            return
-        self._recovered()
-
-    def _failed(self, exc: Any) -> None:
-        with self._lock:
-            self.counters["errors"] += 1
-            was_up = self._breaker.failed()
-            if was_up:
-                self.counters["outages"] += 1
-        if was_up:
-            log.warning("remote store %s unavailable (%s); remote lookups are misses "
-                        "until it answers again", self.url, exc)
-        else:
-            log.debug("remote store %s: %s", self.url, exc)
-
-    def _recovered(self) -> None:
-        with self._lock:
-            down_for = self._breaker.succeeded()
-            if down_for is None:
-                return
-            skipped = self.counters["skipped"]
-        log.warning("remote store %s is back after %.1fs (%d calls skipped in total)",
-                    self.url, down_for, skipped)
-

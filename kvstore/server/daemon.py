@@ -20,13 +20,11 @@ client waits out its timeout on a daemon that is going away; then what is queued
 closed (sockets, arena) and the process exits 0. Should any step hang, a timer removes the socket and arena
 files and ends the process (exit 1) when the budget is spent.
 
-GPU tier (``--gpu-mem``): created in ``open`` on the host arena (which it page-locks), exported once (its HELLO
-field is computed at start and handed to every client that asks), moved by the GPU mover's task, drained before
-the disk flush at stop and closed before the arena (unpin before unmap).
-
-Remote tier (``--remote URL``): the backend is opened in ``open`` (which never blocks: a store that is down at
-start is an outage, not an error), offered the host arena for zero-copy transfers, and driven by the remote mover
-(``store/remote_mover.py``); its puts in flight are awaited at stop and it is closed before the arena.
+Tiers below DRAM (``tier_setup.open_tiers``): each is a ledger inside the Store and a mover owned by the service
+(``store/movers.py``: start, wake, drain(deadline), close, stats). The movers start with the loop and are
+drained at stop (``Service.drain_movers``: GPU copies and remote puts by the "remote" deadline, the write-back
+queue by the "disk" one), then closed with the claims, before the arena (a GPU tier unpins it; the remote
+backend's workers read it). A remote store that is down at start is an outage, not an error.
 
 Local clients (``local_access.py``): the Store publishes its lookup index in shared memory, and requests also
 arrive on a Unix stream socket next to the ZeroMQ one (one session per connection, its pins dropped when it
@@ -54,25 +52,20 @@ from ..metrics.collector import StatsCollector
 from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, op_of, request_id_of
-from ..store.gpu_mover import GpuMover
-from ..store.manager import TierManager
-from ..store.remote_mover import RemoteMover
 from ..security.curve import ServerCurve
-from ..store.store import Store
 from ..tiers.arena import SharedArena, arena_path_for
 from ..tiers.host import HostTier
 from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor
-from .safeguards import Safeguards
 from .service import Service
 from .session import Session
 from .stats import connector_stats, daemon_stats
 from .startup import Claims, check_socket_path, check_writable_dir, exclusive_lock, remove_stale_socket
 from .stopping import StopPlan, arm_forced_exit
-from .local_access import open_index, open_stream
+from .local_access import open_stream
 from .stream import StreamServer
-from .tier_setup import open_disk, open_gpu, open_remote, rebuild_index
+from .tier_setup import open_disk, open_tiers
 
 SWEEP_INTERVAL = 0.25
 SNAPSHOT_TIMEOUT = 5.0
@@ -129,23 +122,7 @@ class Daemon:
         host = HostTier(arena)
         take(host.close)
         claims.leftovers.append(arena.path)
-        gpu = open_gpu(self.config, arena, claims)
-        self.svc.store = Store(host, self.config.lease_ttl, self.config.reserve_ttl, disk=disk, gpu=gpu,
-                           policy=self.config.eviction_policy)
-        self.svc.index = open_index(self.config, self.svc.store, claims)
-        if gpu is not None:
-            self.svc.gpu_mover = GpuMover(self.svc.store, gpu)
-            take(self.svc.gpu_mover.close)   # waits for copies in flight: before the GPU pool and the arena go
-            self.svc.gpu_hello = gpu.hello_info()
-        if disk is not None:
-            rebuild_index(self.svc.store, disk)
-            self.svc.manager = TierManager(self.svc.store, disk, self.config.disk_io_depth, self.config.disk_queue_limit)
-            take(self.svc.manager.close)
-        if self.config.remote:
-            self.svc.remote = RemoteMover(self.svc.store, open_remote(self.config, arena, claims), self.config.chunk_limit)
-            take(lambda: self.svc.remote.close(self._remote_close_wait))   # its workers use the arena
-        self.svc.safeguards = Safeguards(self.svc.store, self.svc.manager, self.config.scrub_rate)
-        take(self.svc.safeguards.close)   # its worker hashes arena slots: before the arena is unmapped
+        open_tiers(self.svc, host, disk, arena, claims, lambda: self._remote_close_wait)
         take(self._remove_socket_file)   # after the ipc socket is closed (registered below)
         self._bind("ipc", "ipc://" + path)
         claims.leftovers.append(path)
@@ -199,18 +176,14 @@ class Daemon:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        if self.svc.manager is not None:
-            self.svc.manager.start(loop)
-        if self.svc.remote is not None:
-            self.svc.remote.start(loop)
+        for mover in self.svc.movers():
+            mover.start(loop)
         self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks) for t, s in self._sockets]
         for reactor in self._reactors:
             reactor.start()
         self.stream = await open_stream(self, self.config, loop, self._claims, self._tasks)
         background = [asyncio.create_task(self._sweep_loop()),
                       *self.svc.safeguards.start(loop, self.svc.remote, self.svc.gpu_mover)]
-        if self.svc.gpu_mover is not None:
-            background.append(self.svc.gpu_mover.start(loop))
         interval = watchdog_interval()
         if interval is not None:
             background.append(asyncio.create_task(self._watchdog_loop(interval)))
@@ -262,16 +235,7 @@ class Daemon:
         unfinished = len(self.svc.store.reservations)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=left("drain"))
-        if self.svc.gpu_mover is not None:
-            await _within(self.svc.gpu_mover.drain(), left("remote"))
-        if self.svc.remote is not None:
-            sent = await self.svc.remote.drain(left("remote"))
-            logs.info("remote_drained", complete=sent)
-        if self.svc.manager is not None:
-            started = time.monotonic()
-            queued = self.svc.store.dirty_bytes
-            flushed = await self.svc.manager.flush(left("disk"))
-            logs.info("disk_flushed", complete=flushed, bytes=queued, seconds=round(time.monotonic() - started, 3))
+        await self.svc.drain_movers(lambda step: time.monotonic() + left(step))
         for reactor in self._reactors:
             reactor.stop()  # what is already queued stays in the socket and is answered next
         if self.stream is not None:
@@ -387,7 +351,7 @@ class Daemon:
         if self.svc.index is not None:
             self.svc.index.beat()
         if self.svc.manager is not None:
-            self.svc.store.rebalance()
+            self.svc.manager.ledger.rebalance()
             self.svc.manager.check_space()
         overdue_before = self.svc.store.leases.overdue
         leases, reservations = self.svc.store.expire(keep_leases_of=self._process_alive)
@@ -436,14 +400,6 @@ def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-async def _within(step: Awaitable[Any], seconds: float) -> None:
-    """Run a stop step for at most ``seconds`` (it is cancelled after that)."""
-    try:
-        await asyncio.wait_for(step, max(seconds, 0.001))
-    except asyncio.TimeoutError:
-        logs.warning("stop_step_overdue", after_s=round(seconds, 3))
 
 
 def _drop_late_reply(task: asyncio.Future) -> None:

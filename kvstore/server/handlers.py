@@ -159,7 +159,6 @@ def handle_get(svc: Service, s: Session, h: dict, frames: list) -> Any:
 
 def _get_now(svc: Service, s: Session, h: dict, req: m.Get, gpu_ok: bool) -> Frames:
     handle, entries = svc.store.get(s.owner, req.keys, gpu_ok)
-    svc.after_get()
     if handle is None:
         return [ok_reply(h["id"], lease=0, slots=[], tiers=[])]
     if req.inline or not s.arena:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from .. import logs
 from ..config import ServerConfig
 from ..store.gpu_mover import GpuMover
 from ..store.manager import TierManager
@@ -47,6 +48,10 @@ class Service:
         self.stream_path: Callable[[], str | None] = lambda: None   # the listening stream socket, if any
         self.stats: Callable[[], dict[str, Any]] = dict   # the daemon's ``stats`` reply (set by the daemon)
 
+    def movers(self) -> list[Any]:
+        """The movers of the tiers below DRAM (``store/movers.py``), in start order."""
+        return [m for m in (self.manager, self.remote, self.gpu_mover) if m is not None]
+
     # -- lookups --------------------------------------------------------------------------------------------
     def count_lookup_tokens(self, session: Session, asked: int, found: int) -> None:
         self.counters.lookup_tokens += asked * session.chunk_tokens
@@ -55,7 +60,7 @@ class Service:
     def promote_after_lookup(self, keys: Sequence[bytes], result: LookupResult) -> None:
         """A lookup that found disk-only chunks starts reading them into DRAM, so the get that follows hits."""
         if self.manager is not None and "disk" in result.tiers:
-            self.manager.promote(self.store.to_promote(keys))
+            self.manager.promote(self.manager.ledger.to_promote(keys))
 
     # -- puts -----------------------------------------------------------------------------------------------
     def write_back_behind(self, nbytes: int) -> bool:
@@ -74,16 +79,27 @@ class Service:
         waits: list[asyncio.Future] = self.safeguards.integrity.waits(keys) if verify else []
         if wait:
             if self.manager is not None:
-                on_disk = self.store.to_promote(keys)
+                on_disk = self.manager.ledger.to_promote(keys)
                 if on_disk:
                     waits += self.manager.promote(on_disk)
             if self.gpu_mover is not None and not gpu_ok:
-                waits += self.gpu_mover.fetch_down(self.store.gpu_only(keys))
+                waits += self.gpu_mover.fetch_down(self.gpu_mover.ledger.only_here(keys))
             if self.remote is not None:
                 waits += self.remote.pending(keys)   # chunks a lookup found in the remote store, still arriving
         return [w for w in waits if not w.done()]
 
-    def after_get(self) -> None:
-        """Gets count hits; the second DRAM hit of a chunk asks for its GPU promotion: wake the mover for it."""
-        if self.gpu_mover is not None and self.store.wants_gpu():
-            self.gpu_mover.wake()
+    # -- the stop -------------------------------------------------------------------------------------------
+    async def drain_movers(self, deadline: Callable[[str], float]) -> None:
+        """At stop: the GPU mover's copies and the remote puts by the "remote" step's deadline, the write-back
+        queue by the "disk" step's (``stopping.py``; ``deadline(step)`` is on ``time.monotonic``)."""
+        if self.gpu_mover is not None:
+            done = await self.gpu_mover.drain(deadline("remote"))
+            logs.info("gpu_drained", complete=done)
+        if self.remote is not None:
+            sent = await self.remote.drain(deadline("remote"))
+            logs.info("remote_drained", complete=sent)
+        if self.manager is not None:
+            started = time.monotonic()
+            queued = self.manager.queued_bytes()
+            flushed = await self.manager.drain(deadline("disk"))
+            logs.info("disk_flushed", complete=flushed, bytes=queued, seconds=round(time.monotonic() - started, 3))

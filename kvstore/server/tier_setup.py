@@ -12,16 +12,26 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import logs
 from ..config import ServerConfig
 from ..errors import ConfigError
 from ..security.redact import redact_url
+from ..store.disk_ledger import DiskLedger
+from ..store.gpu_mover import GpuMover
+from ..store.manager import TierManager
+from ..store.remote_mover import RemoteMover
 from ..store.store import Store
 from ..tiers.arena import SharedArena, arena_path_for
 from ..tiers.disk import DiskTier, auto_disk_size
+from ..tiers.host import HostTier
+from .local_access import open_index
+from .safeguards import Safeguards
 from .startup import Claims, exclusive_lock
+
+if TYPE_CHECKING:
+    from .service import Service
 
 REMOTE_NAMESPACE = "kvstore"   # store-wide: chunk keys already commit to each client's namespace
 REMOTE_TIMEOUT = 1.0           # deadline of a remote metadata call (data calls add bytes / 256 MiB/s)
@@ -41,13 +51,39 @@ def open_disk(config: ServerConfig, claims: Claims) -> DiskTier | None:
     return DiskTier(directory, size, compress=config.disk_compression == "lz4")
 
 
-def rebuild_index(store: Store, disk: DiskTier) -> None:
+def open_tiers(svc: "Service", host: HostTier, disk: DiskTier | None, arena: SharedArena, claims: Claims,
+               remote_close_wait: Callable[[], float]) -> None:
+    """The Store over the host arena and the tiers below it, each tier's mover on its ledger, and the safeguards:
+    all onto ``svc``, each closer onto ``claims`` (``remote_close_wait()``: the seconds the stop leaves the
+    remote backend to close)."""
+    config, take = svc.config, claims.take
+    gpu = open_gpu(config, arena, claims)
+    svc.store = store = Store(host, config.lease_ttl, config.reserve_ttl, disk=disk, gpu=gpu,
+                              policy=config.eviction_policy)
+    svc.index = open_index(config, store, claims)
+    if store.gpu_ledger is not None:
+        svc.gpu_mover = GpuMover(store.gpu_ledger)
+        take(svc.gpu_mover.close)   # waits for copies in flight: before the GPU pool and the arena go
+        svc.gpu_hello = gpu.hello_info()
+    if store.disk_ledger is not None:
+        rebuild_index(store.disk_ledger)
+        svc.manager = TierManager(store.disk_ledger, config.disk_io_depth, config.disk_queue_limit)
+        take(svc.manager.close)
+    if config.remote:
+        remote = svc.remote = RemoteMover(store.remote_ledger, open_remote(config, arena, claims), config.chunk_limit)
+        take(lambda: remote.close(remote_close_wait()))   # its workers use the arena
+    svc.safeguards = Safeguards(store, svc.manager, config.scrub_rate)
+    take(svc.safeguards.close)   # its worker hashes arena slots: before the arena is unmapped
+
+
+def rebuild_index(ledger: DiskLedger) -> None:
     """Index every valid chunk file, oldest first (so the disk LRU order survives a restart)."""
+    disk = ledger.disk
     started = time.monotonic()
     found = disk.scan()
     adopted = 0
     for header, _mtime in sorted(found.chunks, key=lambda c: c[1]):
-        if store.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len),
+        if ledger.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len),
                        header.payload_sum if header.raw_sum else None, header.parent):
             adopted += 1
         else:
@@ -57,7 +93,7 @@ def rebuild_index(store: Store, disk: DiskTier) -> None:
         logs.warning("disk_file_quarantined", file=name, reason=reason)
     if found.foreign:
         logs.warning("disk_foreign_files_ignored", count=len(found.foreign), first=found.foreign[0])
-    store.tier_counters.quarantined += len(found.quarantined)
+    ledger.store.tier_counters.quarantined += len(found.quarantined)
     logs.info("disk_index_rebuilt", directory=disk.directory, chunks=adopted, dropped=len(found.chunks) - adopted,
               quarantined=len(found.quarantined), foreign=len(found.foreign), temps_removed=found.temps_removed,
               seconds=round(elapsed, 3), chunks_per_s=round(len(found.chunks) / elapsed) if elapsed else 0,

@@ -1,14 +1,10 @@
 """Trace replay through the daemon's own Store: which tier would have served each request's prefix.
 
-The simulated daemon is the real ``Store`` (index, extent allocator, eviction policy, host/disk bookkeeping,
-write-back queue, demotion watermarks, promotion budget) over payload-less tiers (``tiers/virtual.py``). Only the
-tier manager's threads are replaced: ``SimulatedStore`` is the Store's ``io`` and completes every write-back the
-moment it is queued and every promotion the moment it starts, through the Store's own hooks (``next_write`` /
-``finish_write``, ``start_promote`` / ``finish_promote``). So the figures assume the disk keeps up — the
-capacity question, not the bandwidth one (``bench/disk.py`` answers that). With a GPU tier, the GPU mover's
-work — promotion on repeated hits, demotion past the high watermark — runs after each request through the
-Store's ``start_gpu_*`` / ``finish_gpu_*`` hooks, every copy complete at once, and reads map the GPU pool (an
-engine on the daemon's GPU).
+The simulated daemon is the real ``Store`` (index, extent allocator, eviction policy) with the daemon's own
+ledgers (``store/disk_ledger.py``, ``store/gpu_ledger.py``: write-back queue, demotion watermarks, promotion
+budget, promotion on repeated hits) over payload-less tiers (``tiers/virtual.py``). Only the movers are
+replaced, by movers whose transfers complete at once (``movers.py``): the figures assume the disk and the GPU
+copies keep up. Reads map the GPU pool (an engine on the daemon's GPU).
 
 Per request, as an engine's connector would: look the chain up (which touches it and reports the tier of each
 leading chunk), promote the disk-only chunks, take and release a lease on them (as a load would), then put the
@@ -29,12 +25,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 from ..errors import StoreFullError
-from ..store.entry import Entry
 from ..store.policies import DEFAULT_POLICY
-from ..store.room import shed_to_low
 from ..store.store import Store
 from ..tiers.host import HostTier
 from ..tiers.virtual import VirtualArena, VirtualDisk
+from .movers import InstantDiskMover, InstantGpuMover
 from .trace import BLOCK_TOKENS, Request
 
 OWNER = b"simulator"
@@ -82,7 +77,7 @@ def block_key(block_id: int) -> bytes:
 
 
 class SimulatedStore:
-    """A Store over payload-less tiers whose tier manager finishes every transfer at once."""
+    """A Store over payload-less tiers, its ledgers driven by movers that finish every transfer at once."""
 
     def __init__(self, capacity: Capacity, policy: str = DEFAULT_POLICY) -> None:
         self.chunk_bytes = capacity.chunk_bytes
@@ -91,20 +86,10 @@ class SimulatedStore:
         gpu = HostTier(VirtualArena(capacity.gpu_bytes)) if capacity.gpu_bytes else None
         self.store = Store(HostTier(VirtualArena(capacity.host_bytes)), TTL, TTL, clock=lambda: 0.0, disk=disk,
                            gpu=gpu, policy=policy)
-        self.store.io = self
-        self.put_failures = 0
-
-    # -- the Store's DiskIo ----------------------------------------------------------------------------------
-    def wake_writer(self) -> None:
         store = self.store
-        entry = store.next_write()
-        while entry is not None:
-            store.finish_write(entry, entry.size, None)
-            entry = store.next_write()
-        store.rebalance()
-
-    def remove_file(self, key: bytes, quarantine: str | None = None) -> None:
-        pass
+        self.disk = InstantDiskMover(store.disk_ledger) if store.disk_ledger is not None else None
+        self.gpu = InstantGpuMover(store.gpu_ledger) if store.gpu_ledger is not None else None
+        self.put_failures = 0
 
     # -- one request -----------------------------------------------------------------------------------------
     def cached(self, keys: Sequence[bytes]) -> int:
@@ -115,9 +100,10 @@ class SimulatedStore:
         """Look up, load and then store one request's chain; returns the tier each leading hit came from."""
         store = self.store
         found = store.lookup(keys)
-        self._promote(store.to_promote(keys))
+        if self.disk is not None:
+            self.disk.promote(self.disk.ledger.to_promote(keys))   # as the daemon's lookup and get do
         if found.count:
-            lease, _ = store.get(OWNER, keys[:found.count], gpu_ok=store.gpu is not None)
+            lease, _ = store.get(OWNER, keys[:found.count], gpu_ok=self.gpu is not None)
             if lease is not None:
                 store.release(OWNER, lease.id)
         rest = keys[found.count:]
@@ -129,36 +115,9 @@ class SimulatedStore:
                 self.put_failures += 1
             else:
                 store.commit(OWNER, handle.id)
-        self._move_gpu()
+        if self.gpu is not None:
+            self.gpu.settle()
         return found.tiers
-
-    def _move_gpu(self) -> None:
-        """The GPU mover's round (``gpu_mover.py``), with every copy complete at once."""
-        store = self.store
-        if store.gpu is None:
-            return
-        wanted = store.gpu_wanted
-        while wanted:
-            entry = wanted.pop(next(iter(wanted)))
-            if store.start_gpu_promote(entry) is not None:
-                store.finish_gpu_promote(entry, True)
-        shed_to_low(store.gpu_over_high, store.gpu_over_low, store.gpu_victim, self._demote)
-
-    def _demote(self, entry: Entry) -> bool:
-        """The GPU mover's demotion, the copy down complete at once."""
-        try:
-            host_offset = self.store.start_gpu_demote(entry)
-        except StoreFullError:
-            return False   # DRAM holds only pinned chunks: as the mover, try again next round
-        if host_offset is not None:
-            self.store.finish_gpu_demote(entry, True)
-        return True
-
-    def _promote(self, entries: list[Entry]) -> None:
-        for entry in entries:
-            if self.store.start_promote(entry) is None:
-                break
-            self.store.finish_promote(entry, None)
 
 
 def hit_tokens_by_tier(tiers: list[str], input_length: int, block_tokens: int = BLOCK_TOKENS) -> Counter:

@@ -113,9 +113,10 @@ class CreditBook:
         if keys:
             if handle is None:
                 raise BadRequestError("CREDIT_PUT names chunks but no credit; take one first (credit 0, no keys)")
-            if store.disk_full_reason:
+            refusal = store.put_refusal()
+            if refusal:
                 store.counters.full_errors += 1
-                raise StoreFullError(store.disk_full_reason)
+                raise StoreFullError(refusal)
             self._check_layout(handle.payload, offsets, sizes)
         self._drop_others(owner, credit_id)
         committed, rest = 0, None
@@ -221,7 +222,7 @@ class CreditBook:
             self.counters.refused += 1
             return None
         try:
-            offset = self.store._allocate(want)   # evicts as a reserve would: the space is taken one put ahead
+            offset = self.store.allocate_host(want)   # evicts as a reserve would: the space is taken one put ahead
         except StoreFullError:
             self.counters.refused += 1
             return None

@@ -1,5 +1,8 @@
 """The Store's bookkeeping of chunk checksums and damaged copies (a part of ``Store``, kept in its own file).
 
+A damaged copy in a lower tier is dropped through that tier's ledger (``DiskLedger.rewrite`` / ``drop_copy``,
+``GpuLedger.free``): the ledgers stay the only code that changes their tiers' fields.
+
 Every chunk carries one checksum (xxh3-64 of its bytes as committed, ``Entry.checksum``) in every tier. Who
 computes and checks it is ``integrity.py``; what happens to a copy that fails is decided here, on the event
 loop, by the only code that frees slots:
@@ -57,14 +60,7 @@ class DamageMixin:
             entry.checking -= 1
             assert entry.checking >= 0, "ended more checks than begun"
             if entry.doomed:
-                self._release_if_idle(entry)
-
-    def checksummed(self, entries: Sequence[Entry]) -> None:
-        """Commit's checksums are known: write-back and the remote put start (they carry the sum)."""
-        live = [e for e in entries if e.readable and self.index.get(e.key) is e and e.host_offset is not None]
-        self._queue_writes(live)
-        if self.remote is not None and live:
-            self.remote.after_commit(live)
+                self.release_if_idle(entry)
 
     def damaged(self, entry: Entry, tier: str) -> int:
         """``entry``'s copy in ``tier`` failed its checksum: repair from another copy or drop the chunk and its
@@ -85,26 +81,24 @@ class DamageMixin:
                 and entry.disk is not DiskState.WRITING \
                 and (entry.disk is DiskState.STORED or entry.gpu_offset is not None):
             self.lru.remove(entry)
-            if entry.disk is not DiskState.STORED:
-                self._forget_disk(entry)   # a queued write would copy the bad slot
-            self._free_host(entry)
+            if entry.disk is not DiskState.STORED and self.disk_ledger is not None:
+                self.disk_ledger.forget(entry)   # a queued write would copy the bad slot
+            self.free_host(entry)
             return True
         if tier == "disk" and entry.disk is DiskState.STORED and entry.host_offset is not None:
-            self._drop_disk_copy(entry, quarantine="disk copy failed its checksum")
-            self.disk_lru.remove(entry)
-            self._queue_writes([entry])   # written again from DRAM, after its own check
+            self.disk_ledger.rewrite(entry)   # written again from DRAM, after its own check
             return True
         if tier == "gpu" and entry.gpu_offset is not None \
                 and (entry.host_offset is not None or entry.disk is DiskState.STORED):
-            self._free_gpu(entry)
+            self.gpu_ledger.free(entry)
             return True
         return False
 
     def drop_chain(self, entry: Entry, quarantine: str | None = None) -> int:
         """Remove ``entry`` and every chunk that continues it, from every tier. Returns how many."""
         doomed = [entry] + self.continuations(entry.key)
-        if quarantine is not None:
-            self._drop_disk_copy(entry, quarantine)
+        if quarantine is not None and self.disk_ledger is not None:
+            self.disk_ledger.drop_copy(entry, quarantine)
         dropped = 0
         for chunk in doomed:
             if self.index.get(chunk.key) is chunk and chunk.state is State.COMMITTED:

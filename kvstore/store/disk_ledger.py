@@ -1,77 +1,155 @@
-"""The disk tier's ledger: the ``Store`` methods that keep ``Entry.disk``, ``Entry.disk_bytes``, the disk LRU and
-the write-back queue (``dirty``), and the host watermark that demotes DRAM copies of chunks already on disk.
+"""The disk tier's ledger: the only code that changes ``Entry.disk`` and ``Entry.disk_bytes``, and keeps the disk
+LRU, the write-back queue (``dirty``), the disk tier's charge and the "disk full" state.
 
-The tier manager (``manager.py``) does the I/O and reports back through ``next_write``/``finish_write`` and
-``start_promote``/``finish_promote``; everything here runs on the event loop, like the rest of the Store. It is
-a mixin of ``Store`` (as ``damage.py`` is) so that allocation, freeing and pins stay in one object: the Store is
-still the only code that allocates, frees and pins, and this file the only one that charges the disk tier.
+Its mover is the tier manager (``manager.py``; ``sim/movers.py`` in the simulator): the ledger queues a commit's
+chunks for write-back and wakes the mover, which takes them one by one (``next_write``: disk space is charged
+here, evicting the disk LRU's oldest files), writes them and reports back (``finish_write``); a promotion gets
+its DRAM slot from ``start_promote`` and ends in ``finish_promote``. Files the ledger drops are removed by the
+mover (``remove_file``), in order with its writes. Everything here runs on the event loop. The Store reaches
+this ledger only through the hooks of ``ledger.py``; the host watermark (``rebalance``) is here because it only
+ever drops DRAM copies of chunks already on disk.
 """
 
 from __future__ import annotations
 
 import errno
-from typing import Sequence
+from collections import deque
+from typing import Protocol, Sequence
 
 from ..errors import ChecksumError, DamagedSource, FormatError, StoreFullError
+from ..tiers.disk import DiskTier
 from .entry import DiskState, Entry, State
+from .ledger import StoreCore, TierLedger
+from .policies import make_queue
 from .room import make_room, shed_to_low
 
 HOST_HIGH_WATERMARK = 0.95
 HOST_LOW_WATERMARK = 0.85
 
 
-class DiskLedger:
-    """Methods of ``Store`` for the disk tier (see the module docstring)."""
+class DiskMover(Protocol):
+    """What the ledger asks of its mover: start writing what is queued, and remove files in order with writes."""
 
+    def wake(self) -> None: ...
+
+    def remove_file(self, key: bytes, quarantine: str | None = None) -> None: ...
+
+
+class DiskLedger(TierLedger):
+    name = "disk"
+
+    def __init__(self, store: StoreCore, disk: DiskTier) -> None:
+        self.store = store
+        self.disk = disk
+        self.lru = make_queue(store.policy)
+        self.dirty: deque[Entry] = deque()   # write-back queue, commit order (prefixes first)
+        self.dirty_bytes = 0                 # bytes queued, being checksummed or being written
+        self.full_reason = ""                # set when the filesystem said ENOSPC; puts fail until cleared
+        self.full_need = 0                   # free bytes that clear it (checked by the mover)
+        self.mover: DiskMover | None = None
+
+    # -- hooks (ledger.py) -------------------------------------------------------------------------------------
+    def refusal(self) -> str:
+        return self.full_reason
+
+    def on_commit(self, entries: Sequence[Entry]) -> None:
+        self.queue_writes(entries)
+
+    def on_touch(self, entries: Sequence[Entry]) -> None:
+        self.lru.touch_chain(entries)
+
+    def uses_dram(self, entry: Entry) -> bool:
+        return entry.disk is DiskState.WRITING
+
+    def keeps(self, entry: Entry) -> bool:
+        return entry.disk is DiskState.STORED
+
+    def on_leave_dram(self, entry: Entry, kept: bool) -> None:
+        tc = self.store.tier_counters
+        if entry.disk is DiskState.STORED:
+            tc.demotions_host_disk += 1
+            tc.demoted_bytes_host_disk += entry.size
+        elif kept:
+            self.forget(entry)   # a queued write needs the DRAM slot; the GPU copy is queued when it sinks
+        elif entry.disk is DiskState.QUEUED:
+            tc.unwritten_evictions += 1
+
+    def on_remove(self, entry: Entry) -> None:
+        self.lru.remove(entry)
+
+    def on_free(self, entry: Entry) -> None:
+        self.forget(entry)
+
+    # -- the host watermark --------------------------------------------------------------------------------------
     def rebalance(self) -> int:
         """Above the high watermark, drop DRAM copies of chunks already on disk (LRU first) until under the low
         one. Stops at a chunk not yet on disk: that is for the write-back to fix, not for demotion to lose."""
-        if self.disk is None:
-            return 0
-        host = self.host
+        host = self.store.host
         return shed_to_low(lambda: host.used_bytes > HOST_HIGH_WATERMARK * host.capacity_bytes,
                            lambda: host.used_bytes > HOST_LOW_WATERMARK * host.capacity_bytes,
                            self._next_demotable, self._demote_host_copy)
 
     def _next_demotable(self) -> Entry | None:
         """The oldest DRAM chunk, if its DRAM copy can go now without losing it (it is on disk)."""
-        victim = self.lru.peek_oldest()
+        victim = self.store.lru.peek_oldest()
         if victim is None or victim.disk is not DiskState.STORED or victim.gpu_loading is not None \
                 or victim.checking:
             return None
         return victim
 
     def _demote_host_copy(self, entry: Entry) -> bool:
-        self.lru.pop_oldest()
-        self._drop_host_copy(entry)
+        self.store.lru.pop_oldest()
+        self.store.drop_host_copy(entry)
         return True
 
+    # -- start-up ------------------------------------------------------------------------------------------------
     def adopt(self, key: bytes, size: int, namespace: str, footprint: int, checksum: int | None = None,
               parent: bytes | None = None) -> bool:
         """Index a chunk found on disk at start (call oldest first). False when it does not fit the cap."""
-        assert self.disk is not None
-        if key in self.index or not self._charge_disk(footprint):
+        store = self.store
+        if key in store.index or not self._charge(footprint):
             return False
         entry = Entry(key, size, namespace, parent, State.COMMITTED, disk=DiskState.STORED, disk_bytes=footprint,
                       checksum=checksum)
-        self.index[key] = entry
-        self.disk_lru.add_newest(entry)
-        self._sync(key)
+        store.index[key] = entry
+        self.lru.add_newest(entry)
+        store.sync(key)
         return True
+
+    # -- write-back ----------------------------------------------------------------------------------------------
+    def queue_writes(self, entries: Sequence[Entry]) -> None:
+        """Queue committed chunks for write-back (commit order: prefixes first) and wake the mover."""
+        if not entries:
+            return
+        for entry in entries:
+            entry.disk = DiskState.QUEUED
+            self.dirty.append(entry)
+            self.dirty_bytes += entry.size
+        self.lru.add_chain(entries)
+        if self.mover is not None:
+            self.mover.wake()
+
+    def expect(self, nbytes: int) -> None:
+        """``nbytes`` more (or, negative, fewer) are being checksummed and will be queued: back-pressure counts
+        them already (``integrity.py``)."""
+        self.dirty_bytes += nbytes
+
+    def over_bound(self, nbytes: int, bound: int) -> bool:
+        """Whether queuing ``nbytes`` more would pass the write-back bound (a lone large put always passes)."""
+        return self.dirty_bytes > 0 and self.dirty_bytes + nbytes > bound
 
     def next_write(self) -> Entry | None:
         """Take the next queued chunk for writing, with its disk space charged; None when the queue is empty."""
-        assert self.disk is not None
         while self.dirty:
             entry = self.dirty.popleft()
             self.dirty_bytes -= entry.size
-            if entry.disk is not DiskState.QUEUED or self.index.get(entry.key) is not entry \
+            if entry.disk is not DiskState.QUEUED or self.store.index.get(entry.key) is not entry \
                     or entry.host_offset is None:
                 continue  # deleted or evicted while queued
             footprint = self.disk.footprint(entry.size)
-            if not self._charge_disk(footprint):
-                self._forget_disk(entry)
-                self.tier_counters.disk_write_skipped += 1
+            if not self._charge(footprint):
+                self.forget(entry)
+                self.store.tier_counters.disk_write_skipped += 1
                 continue
             entry.disk = DiskState.WRITING
             entry.disk_bytes = footprint
@@ -81,25 +159,24 @@ class DiskLedger:
 
     def finish_write(self, entry: Entry, stored: int | None, error: BaseException | None) -> None:
         """A write ended: ``stored`` payload bytes, or ``error``."""
-        assert self.disk is not None
         self.dirty_bytes -= entry.size
-        tc = self.tier_counters
+        tc = self.store.tier_counters
         if error is not None:
             damaged = isinstance(error, DamagedSource)   # the slot failed its check: nothing was written
             tc.io_errors += not damaged
             tc.disk_write_skipped += 1
             if getattr(error, "errno", None) == errno.ENOSPC:
-                self.disk_full_reason = (f"disk tier is full: the filesystem of {self.disk.directory} has no space "
-                                         f"left for a {entry.size}-byte chunk; free space there or lower --disk-size")
-                self.disk_full_need = 2 * entry.disk_bytes
+                self.full_reason = (f"disk tier is full: the filesystem of {self.disk.directory} has no space "
+                                    f"left for a {entry.size}-byte chunk; free space there or lower --disk-size")
+                self.full_need = 2 * entry.disk_bytes
             entry.disk = DiskState.NONE
             self.disk.uncharge(entry.disk_bytes)
             entry.disk_bytes = 0
-            self.disk_lru.remove(entry)
+            self.lru.remove(entry)
             if entry.doomed:
-                self._release_if_idle(entry)
+                self.store.release_if_idle(entry)
             elif damaged:
-                self.damaged(entry, "host")
+                self.store.damaged(entry, "host")
             return
         assert stored is not None
         entry.disk = DiskState.STORED
@@ -108,64 +185,24 @@ class DiskLedger:
         entry.disk_bytes = actual
         tc.disk_writes += 1
         tc.disk_write_bytes += stored
-        self.disk_full_reason = ""
+        self.full_reason = ""
         if entry.doomed:
-            self._release_if_idle(entry)
+            self.store.release_if_idle(entry)
 
-    def start_promote(self, entry: Entry) -> int | None:
-        """Give a disk-only chunk a host slot to be read into; None if it is not promotable or DRAM is full."""
-        if entry.host_offset is not None or entry.gpu_offset is not None or entry.loading is not None \
-                or entry.disk is not DiskState.STORED or not entry.readable:
-            return None
-        try:
-            offset = self._allocate(entry.size)
-        except StoreFullError:
-            return None
-        entry.loading = offset
-        self.disk_lru.remove(entry)
-        return offset
-
-    def finish_promote(self, entry: Entry, error: BaseException | None, checksum: int | None = None) -> bool:
-        """A promotion read ended (``checksum``: the one the file holds, checked against the bytes read). On error
-        the chunk is a miss from now on: a bad file is quarantined and the chunk dropped with its continuations."""
-        offset, entry.loading = entry.loading, None
-        tc = self.tier_counters
-        if error is None and not entry.doomed:
-            if entry.checksum is None:
-                entry.checksum = checksum
-            entry.host_offset = offset
-            self._sync(entry.key)
-            self.lru.add_chain([entry])
-            self.disk_lru.add_chain([entry])
-            tc.promotions_disk_host += 1
-            tc.promoted_bytes_disk_host += entry.size
-            tc.disk_reads += 1
-            tc.disk_read_bytes += entry.size
+    def space_back(self, free: int) -> bool:
+        """The mover saw ``free`` bytes free on the filesystem: clear "disk full" if that is enough."""
+        if self.full_reason and free >= self.full_need:
+            self.full_reason = ""
             return True
-        self.host.free(offset)
-        if error is not None:
-            bad = isinstance(error, (ChecksumError, FormatError))
-            if bad:
-                tc.checksum_failures += 1
-            else:
-                tc.io_errors += 1
-            if bad and not entry.doomed:
-                self.damaged(entry, "disk")
-            if not entry.doomed:
-                del self.index[entry.key]
-                self.lru.remove(entry)
-            self._drop_disk_copy(entry, quarantine=str(error) if bad else None)
-            entry.doomed = True
-            self._sync(entry.key)
-        self._release_if_idle(entry)
         return False
 
+    # -- promotion -------------------------------------------------------------------------------------------------
     def to_promote(self, keys: Sequence[bytes]) -> list[Entry]:
         """The disk-only chunks of the longest stored prefix of ``keys``, cut where the prefix would pass half the
         host tier: promoting more would evict the prefix's own first chunks to make room for its last ones."""
-        budget = self.host.capacity_bytes // 2
+        budget = self.store.host.capacity_bytes // 2
         chosen = []
-        for entry in self.leading(keys):
+        for entry in self.store.leading(keys):
             budget -= entry.size
             if budget < 0:
                 break
@@ -173,55 +210,94 @@ class DiskLedger:
                 chosen.append(entry)
         return chosen
 
-    def _queue_writes(self, entries: list[Entry]) -> None:
-        """Queue newly committed chunks for write-back to the disk tier (commit order: prefixes first)."""
-        if self.disk is None or not entries:
-            return
-        for entry in entries:
-            entry.disk = DiskState.QUEUED
-            self.dirty.append(entry)
-            self.dirty_bytes += entry.size
-        self.disk_lru.add_chain(entries)
-        if self.io is not None:
-            self.io.wake_writer()
+    def start_promote(self, entry: Entry) -> int | None:
+        """Give a disk-only chunk a host slot to be read into; None if it is not promotable or DRAM is full."""
+        if entry.host_offset is not None or entry.gpu_offset is not None or entry.loading is not None \
+                or entry.disk is not DiskState.STORED or not entry.readable:
+            return None
+        try:
+            offset = self.store.allocate_host(entry.size)
+        except StoreFullError:
+            return None
+        entry.loading = offset
+        self.lru.remove(entry)
+        return offset
 
-    def _charge_disk(self, footprint: int) -> bool:
+    def finish_promote(self, entry: Entry, error: BaseException | None, checksum: int | None = None) -> bool:
+        """A promotion read ended (``checksum``: the one the file holds, checked against the bytes read). On error
+        the chunk is a miss from now on: a bad file is quarantined and the chunk dropped with its continuations."""
+        store = self.store
+        offset, entry.loading = entry.loading, None
+        tc = store.tier_counters
+        if error is None and not entry.doomed:
+            if entry.checksum is None:
+                entry.checksum = checksum
+            store.fill_host(entry, offset)
+            self.lru.add_chain([entry])
+            tc.promotions_disk_host += 1
+            tc.promoted_bytes_disk_host += entry.size
+            tc.disk_reads += 1
+            tc.disk_read_bytes += entry.size
+            return True
+        store.host.free(offset)
+        if error is not None:
+            bad = isinstance(error, (ChecksumError, FormatError))
+            if bad:
+                tc.checksum_failures += 1
+            else:
+                tc.io_errors += 1
+            if bad and not entry.doomed:
+                store.damaged(entry, "disk")
+            if not entry.doomed:
+                store.unindex(entry)
+            self.drop_copy(entry, quarantine=str(error) if bad else None)
+            entry.doomed = True
+        store.release_if_idle(entry)
+        return False
+
+    # -- copies ------------------------------------------------------------------------------------------------------
+    def rewrite(self, entry: Entry) -> None:
+        """The file failed its checksum but DRAM holds the chunk: quarantine the file and write it again."""
+        self.drop_copy(entry, quarantine="disk copy failed its checksum")
+        self.lru.remove(entry)
+        self.queue_writes([entry])   # written again from DRAM, after its own check
+
+    def _charge(self, footprint: int) -> bool:
         """Make room on disk (evicting its LRU chunks) and charge ``footprint`` bytes; False if impossible. Chunks
         queued or being written are not evictable from disk yet."""
-        assert self.disk is not None
         if footprint > self.disk.capacity_bytes:
             return False
         disk = self.disk
-        return make_room(lambda: True if disk.charge(footprint) else None, self.disk_lru,
-                         lambda e: e.disk is DiskState.STORED, self._evict_from_disk) is not None
+        return make_room(lambda: True if disk.charge(footprint) else None, self.lru,
+                         lambda e: e.disk is DiskState.STORED, self._evict) is not None
 
-    def _evict_from_disk(self, entry: Entry) -> None:
-        """A chunk leaves the disk tier (already out of the disk LRU); it is lost unless still in DRAM."""
-        self.tier_counters.evictions_disk += 1
-        self.tier_counters.evicted_bytes_disk += entry.size
-        self._drop_disk_copy(entry)
+    def _evict(self, entry: Entry) -> None:
+        """A chunk leaves the disk tier (already out of the disk LRU); it is lost unless held in memory."""
+        tc = self.store.tier_counters
+        tc.evictions_disk += 1
+        tc.evicted_bytes_disk += entry.size
+        self.drop_copy(entry)
         if entry.host_offset is None and entry.gpu_offset is None and entry.loading is None and not entry.doomed:
-            del self.index[entry.key]
-            self._sync(entry.key)
-            self.lru.remove(entry)
-            self.counters.evictions += 1
-            self.counters.evicted_bytes += entry.size
+            self.store.lost(entry)
 
-    def _drop_disk_copy(self, entry: Entry, quarantine: str | None = None) -> None:
-        if entry.disk is DiskState.STORED and self.disk is not None:
+    def drop_copy(self, entry: Entry, quarantine: str | None = None) -> None:
+        """The chunk's file goes (uncharged now, removed by the mover in order with its writes)."""
+        if entry.disk is DiskState.STORED:
             self.disk.uncharge(entry.disk_bytes)
             entry.disk_bytes = 0
             entry.disk = DiskState.NONE
-            if self.io is not None:
-                self.io.remove_file(entry.key, quarantine)
+            if self.mover is not None:
+                self.mover.remove_file(entry.key, quarantine)
             if quarantine is not None:
-                self.tier_counters.quarantined += 1
+                self.store.tier_counters.quarantined += 1
 
-    def _forget_disk(self, entry: Entry) -> None:
+    def forget(self, entry: Entry) -> None:
         """The chunk will not (or no longer) be on disk: drop a stored copy; a queued one is skipped later."""
+        if entry.disk is DiskState.NONE:
+            return   # not on disk, so not in the disk LRU
         if entry.disk is DiskState.STORED:
-            self._drop_disk_copy(entry)
+            self.drop_copy(entry)
         elif entry.disk is DiskState.QUEUED:
             entry.disk = DiskState.NONE
         if entry.disk is DiskState.NONE:
-            self.disk_lru.remove(entry)
+            self.lru.remove(entry)

@@ -27,7 +27,7 @@ class Entry:
     parent: bytes | None
     state: State
     host_offset: int | None = None
-    pins: int = 0          # one per lease holding this chunk; see Store._pin / Store._unpin
+    pins: int = 0          # one per lease holding this chunk; see Store.pin / Store.unpin_chain
     doomed: bool = False   # deleted while pinned or busy with I/O: freed when the last of those ends
     disk: DiskState = DiskState.NONE
     disk_bytes: int = 0    # bytes charged to the disk tier for this chunk (0 when none)

@@ -71,7 +71,8 @@ class LruQueue:
                 self._order.move_to_end(entry.key)
 
     def remove(self, entry: Entry) -> None:
-        self._order.pop(entry.key, None)
+        if self._order.get(entry.key) is entry:   # not a newer chunk stored under the key since
+            del self._order[entry.key]
 
     def add_newest(self, entry: Entry) -> None:
         self._order[entry.key] = entry

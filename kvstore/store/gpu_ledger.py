@@ -1,143 +1,183 @@
-"""The GPU tier's ledger: the ``Store`` methods that keep ``Entry.gpu_offset``, ``Entry.gpu_loading``,
-``Entry.hits``, the GPU LRU and the promotion requests (``gpu_wanted``).
+"""The GPU tier's ledger: the only code that changes ``Entry.gpu_offset``, ``Entry.gpu_loading`` and ``Entry.hits``,
+and keeps the GPU LRU and the promotion requests (``wanted``).
 
-The GPU mover (``gpu_mover.py``) runs the copies between ``start_gpu_promote``/``finish_gpu_promote`` and
-``start_gpu_demote``/``finish_gpu_demote`` and the watermark round (``gpu_over_high``, ``gpu_victim``). A mixin of
-``Store``, like ``disk_ledger.py``: GPU slots are allocated and freed only here.
+Its mover (``gpu_mover.py``; ``sim/movers.py`` in the simulator) runs the copies between ``start_promote`` /
+``finish_promote`` and ``start_demote`` / ``finish_demote``. The ledger records intents: the second get that finds
+a chunk in DRAM asks for its promotion (``on_hit``) and wakes the mover; ``promotions`` hands the mover a batch of
+them and ``shed`` runs the watermark round with the mover's demotion. GPU slots are allocated and freed only here.
+A copy down fills a DRAM slot through ``Store.fill_host`` and queues the chunk for the disk through the disk
+ledger (it lost its queued write when its DRAM copy went).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import StoreFullError
 from .entry import DiskState, Entry
-from .room import make_room
+from .ledger import Mover, StoreCore, TierLedger
+from .policies import make_queue
+from .room import make_room, shed_to_low
 
 GPU_HIGH_WATERMARK = 0.95
 GPU_LOW_WATERMARK = 0.85
 GPU_PROMOTE_HITS = 2    # the second get that finds a chunk in DRAM asks for its promotion
 
 
-class GpuLedger:
-    """Methods of ``Store`` for the GPU tier (see the module docstring)."""
+class GpuLedger(TierLedger):
+    name = "gpu"
 
-    def wants_gpu(self) -> bool:
-        """Whether some chunk asked for a GPU promotion that the GPU mover has not taken yet."""
-        return bool(self.gpu_wanted)
+    def __init__(self, store: StoreCore, gpu: Any) -> None:
+        self.store = store
+        self.gpu = gpu                            # kvstore.gpu.tier.GpuTier, or an allocator in tests and the simulator
+        self.lru = make_queue(store.policy)
+        self.wanted: dict[bytes, Entry] = {}      # promotion requests, oldest first (taken by the mover)
+        self.mover: Mover | None = None
 
-    def gpu_only(self, keys: Sequence[bytes]) -> list[Entry]:
-        """The chunks of the longest stored prefix of ``keys`` that only the GPU tier holds in memory: what a
-        reader without the GPU mapping needs copied down before it can read them."""
-        return [e for e in self.leading(keys) if e.host_offset is None and e.gpu_offset is not None]
+    # -- hooks (ledger.py) -------------------------------------------------------------------------------------
+    def on_touch(self, entries: Sequence[Entry]) -> None:
+        self.lru.touch_chain(entries)
 
-    def _count_hits(self, found: list[Entry]) -> None:
-        for entry in found:
+    def on_hit(self, entries: Sequence[Entry]) -> None:
+        for entry in entries:
             if entry.gpu_offset is not None:
                 continue
             entry.hits += 1
             if entry.hits >= GPU_PROMOTE_HITS and entry.gpu_loading is None:
-                self.gpu_wanted[entry.key] = entry
+                self.wanted[entry.key] = entry
+        if self.wanted and self.mover is not None:
+            self.mover.wake()
 
-    def start_gpu_promote(self, entry: Entry) -> int | None:
+    def on_pin(self, entry: Entry) -> None:
+        self.lru.remove(entry)
+
+    def on_unpin(self, entries: Sequence[Entry]) -> None:
+        back = [e for e in entries if e.gpu_offset is not None]
+        self.lru.add_chain(back)
+        if back and self.mover is not None and self.over_high():
+            self.mover.wake()   # a round that found only leased chunks to demote can go on now
+
+    def uses_dram(self, entry: Entry) -> bool:
+        return entry.gpu_loading is not None
+
+    def keeps(self, entry: Entry) -> bool:
+        return entry.gpu_offset is not None
+
+    def on_remove(self, entry: Entry) -> None:
+        self.wanted.pop(entry.key, None)
+
+    def on_free(self, entry: Entry) -> None:
+        self.free(entry)
+
+    # -- reads ---------------------------------------------------------------------------------------------------
+    def only_here(self, keys: Sequence[bytes]) -> list[Entry]:
+        """The chunks of the longest stored prefix of ``keys`` that only the GPU tier holds in memory: what a
+        reader without the GPU mapping needs copied down before it can read them."""
+        return [e for e in self.store.leading(keys) if e.host_offset is None and e.gpu_offset is not None]
+
+    # -- promotion -------------------------------------------------------------------------------------------------
+    def promotions(self, limit: int) -> list[Entry]:
+        """Up to ``limit`` of the oldest promotion requests, taken off the list."""
+        batch = []
+        while self.wanted and len(batch) < limit:
+            batch.append(self.wanted.pop(next(iter(self.wanted))))
+        return batch
+
+    def start_promote(self, entry: Entry) -> int | None:
         """Give a DRAM chunk a GPU slot to be copied into; None if it is not promotable or no slot frees up."""
-        if self.gpu is None or not entry.readable or self.index.get(entry.key) is not entry \
+        if not entry.readable or self.store.index.get(entry.key) is not entry \
                 or entry.host_offset is None or entry.gpu_offset is not None or entry.gpu_loading is not None:
             return None
-        offset = self._allocate_gpu(entry.size)
+        offset = self._allocate(entry.size)
         if offset is not None:
             entry.gpu_loading = offset
         return offset
 
-    def finish_gpu_promote(self, entry: Entry, ok: bool) -> bool:
+    def finish_promote(self, entry: Entry, ok: bool) -> bool:
         """The copy into the GPU slot ended: publish the slot (or give it back on failure or delete)."""
-        assert self.gpu is not None
         offset, entry.gpu_loading = entry.gpu_loading, None
         if not ok or entry.doomed:
             self.gpu.free(offset)
             if entry.doomed:
-                self._release_if_idle(entry)
+                self.store.release_if_idle(entry)
             return False
         entry.gpu_offset = offset
-        self._sync(entry.key)
+        self.store.sync(entry.key)
         if entry.pins == 0:
-            self.gpu_lru.add_chain([entry])
-        self.tier_counters.promotions_host_gpu += 1
-        self.tier_counters.promoted_bytes_host_gpu += entry.size
+            self.lru.add_chain([entry])
+        self.store.tier_counters.promotions_host_gpu += 1
+        self.store.tier_counters.promoted_bytes_host_gpu += entry.size
         return True
 
-    def gpu_over_high(self, leaving: int = 0) -> bool:
-        return self.gpu is not None and self.gpu.used_bytes - leaving > GPU_HIGH_WATERMARK * self.gpu.capacity_bytes
+    # -- demotion ----------------------------------------------------------------------------------------------------
+    def over_high(self, leaving: int = 0) -> bool:
+        return self.gpu.used_bytes - leaving > GPU_HIGH_WATERMARK * self.gpu.capacity_bytes
 
-    def gpu_over_low(self, leaving: int = 0) -> bool:
-        return self.gpu is not None and self.gpu.used_bytes - leaving > GPU_LOW_WATERMARK * self.gpu.capacity_bytes
+    def over_low(self, leaving: int = 0) -> bool:
+        return self.gpu.used_bytes - leaving > GPU_LOW_WATERMARK * self.gpu.capacity_bytes
 
-    def start_gpu_demote(self, entry: Entry, to_host: bool = False) -> int | None:
+    def shed(self, demote: Callable[[Entry], bool], leaving: Callable[[], int] = lambda: 0) -> int:
+        """The watermark round: above the high watermark, ``demote`` the least recently used unleased chunks
+        until under the low one (``leaving``: bytes already being copied down, as good as gone)."""
+        return shed_to_low(lambda: self.over_high(leaving()), lambda: self.over_low(leaving()), self.victim, demote)
+
+    def victim(self) -> Entry | None:
+        """The GPU chunk to demote next: the least recently used one that is not leased."""
+        return self.lru.peek_oldest()
+
+    def start_demote(self, entry: Entry, to_host: bool = False) -> int | None:
         """Move a chunk out of the GPU tier. Free at once when a DRAM copy exists, or a disk copy and
         ``to_host`` is false (returns None); otherwise returns the host slot the GPU slot must be copied into
-        before ``finish_gpu_demote``. Raises StoreFullError when DRAM has no room for it."""
-        assert self.gpu is not None
-        self.gpu_lru.remove(entry)
+        before ``finish_demote``. Raises StoreFullError when DRAM has no room for it."""
+        self.lru.remove(entry)
         if entry.host_offset is not None or (entry.disk is DiskState.STORED and not to_host):
             to_host = entry.host_offset is not None
-            self._free_gpu(entry)
-            self._count_gpu_demotion(entry, "host" if to_host else "disk")
+            self.free(entry)
+            self._count_demotion(entry, "host" if to_host else "disk")
             return None
         try:
-            entry.loading = self._allocate(entry.size)
+            entry.loading = self.store.allocate_host(entry.size)
         except StoreFullError:
             if entry.pins == 0:
-                self.gpu_lru.push_oldest([entry])
+                self.lru.push_oldest([entry])
             raise
         return entry.loading
 
-    def gpu_victim(self) -> Entry | None:
-        """The GPU chunk to demote next: the least recently used one that is not leased."""
-        return self.gpu_lru.peek_oldest()
-
-    def finish_gpu_demote(self, entry: Entry, ok: bool) -> None:
+    def finish_demote(self, entry: Entry, ok: bool) -> None:
         """The copy down ended: the chunk lives in DRAM (and its GPU slot goes, unless it was leased meanwhile)."""
         offset, entry.loading = entry.loading, None
         if not ok or entry.doomed:
-            self.host.free(offset)
+            self.store.host.free(offset)
             if entry.doomed:
-                self._release_if_idle(entry)
+                self.store.release_if_idle(entry)
             elif entry.pins == 0:
-                self.gpu_lru.push_oldest([entry])
+                self.lru.push_oldest([entry])
             return
-        entry.host_offset = offset
-        self._sync(entry.key)
-        self.tier_counters.gpu_copies_down += 1
+        self.store.fill_host(entry, offset, evictable=entry.pins == 0)
+        self.store.tier_counters.gpu_copies_down += 1
         if entry.pins == 0:
-            self.lru.add_chain([entry])
-            self._free_gpu(entry)
-            self._count_gpu_demotion(entry, "host")
-        if self.disk is not None and entry.disk is DiskState.NONE:
-            entry.disk = DiskState.QUEUED   # it lost its queued write when it left DRAM for the GPU tier
-            self.dirty.append(entry)
-            self.dirty_bytes += entry.size
-            self.disk_lru.add_newest(entry)
-            if self.io is not None:
-                self.io.wake_writer()
+            self.free(entry)
+            self._count_demotion(entry, "host")
+        disk = self.store.disk_ledger
+        if disk is not None and entry.disk is DiskState.NONE:
+            disk.queue_writes([entry])   # it lost its queued write when it left DRAM for the GPU tier
 
-    def _count_gpu_demotion(self, entry: Entry, to: str) -> None:
-        tc = self.tier_counters
+    def _count_demotion(self, entry: Entry, to: str) -> None:
+        tc = self.store.tier_counters
         setattr(tc, f"demotions_gpu_{to}", getattr(tc, f"demotions_gpu_{to}") + 1)
         setattr(tc, f"demoted_bytes_gpu_{to}", getattr(tc, f"demoted_bytes_gpu_{to}") + entry.size)
 
-    def _allocate_gpu(self, size: int) -> int | None:
+    def _allocate(self, size: int) -> int | None:
         """A GPU slot, making room by dropping GPU copies that have a copy below (oldest first); None if even
         then there is none: copies that must be copied down first are the background demotion's job."""
-        assert self.gpu is not None
         gpu = self.gpu
-        return make_room(lambda: gpu.allocate(size), self.gpu_lru,
-                         lambda e: e.host_offset is not None or e.disk is DiskState.STORED, self.start_gpu_demote)
+        return make_room(lambda: gpu.allocate(size), self.lru,
+                         lambda e: e.host_offset is not None or e.disk is DiskState.STORED, self.start_demote)
 
-    def _free_gpu(self, entry: Entry) -> None:
+    def free(self, entry: Entry) -> None:
         if entry.gpu_offset is not None:
-            assert self.gpu is not None
             self.gpu.free(entry.gpu_offset)
             entry.gpu_offset = None
-            self._sync(entry.key)
+            self.store.sync(entry.key)
             entry.hits = 0   # back up only on new repeated hits: a demoted chunk must not bounce straight back
-            self.gpu_lru.remove(entry)
+            self.lru.remove(entry)

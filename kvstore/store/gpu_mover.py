@@ -8,8 +8,11 @@ fresh DRAM slot first. Copies are queued on the tier's side streams (``gpu/copie
 otherwise, so the event loop never blocks on the GPU. Only when a copy is done does the Store publish the new
 slot or free the old one: a reader never sees a half-copied chunk.
 
-When it runs: after a get asked for promotions (``wake``), and every ``IDLE_S`` to keep the GPU tier between its
-watermarks (above the high one it demotes the least recently used unleased chunks until under the low one).
+When it runs: when its ledger (``gpu_ledger.py``) wakes it, after a get asked for promotions or once leased
+chunks of a GPU tier above its high watermark were released; each round also keeps the GPU tier between its
+watermarks (above the high one it demotes the least recently used unleased chunks until under the low one:
+``GpuLedger.shed``). It sleeps on its condition otherwise (``movers.py``: no idle timer). It talks only to the
+GPU ledger; its life cycle is every mover's (start, wake, drain, close, stats).
 A reader that cannot map the GPU pool (a tcp:// client, or one that did not ask for it) gets the chunks only the
 GPU tier holds copied down first (``fetch_down``), bounded by its get's ``wait_ms``. On a CPU-backed tier
 (tests) the copies complete as they are queued, through the same code.
@@ -31,16 +34,14 @@ from typing import TYPE_CHECKING, Any
 from .. import logs
 from ..errors import StoreFullError
 from .entry import Entry
+from .gpu_ledger import GpuLedger
 from .integrity import checksum
-from .room import shed_to_low
-from .store import Store
+from .movers import MoverLife
 
 if TYPE_CHECKING:
-    from ..gpu.tier import GpuTier
     from .integrity import Integrity
 
 POLL_S = 0.001        # while copies are in flight
-IDLE_S = 0.25         # watermark check when nothing happens
 MAX_IN_FLIGHT = 64    # promotions queued on the GPU at once
 
 
@@ -52,58 +53,53 @@ class Move:
     done: asyncio.Future | None = None      # demotions: resolved when the chunk is readable from DRAM
 
 
-class GpuMover:
-    def __init__(self, store: Store, gpu: GpuTier) -> None:
-        self.store = store
-        self.gpu = gpu
-        self.moves: list[Move] = []
-        self.down: dict[bytes, asyncio.Future] = {}
+class GpuMover(MoverLife):
+    def __init__(self, ledger: GpuLedger) -> None:
+        super().__init__()
+        self.ledger = ledger
+        self.gpu = ledger.gpu
+        self.host = ledger.store.host
+        self.moves: list[Move] = []   # copies in flight; ``in_flight`` holds the copies down a get waits for
         self.leaving = 0   # bytes of GPU slots being copied down (freed when their copy ends)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        self._woken = False
+        self._draining = False
         self._task: asyncio.Task | None = None
         self.integrity: "Integrity | None" = None   # set by the daemon: check slots around every copy
         self._checking: asyncio.Task | None = None  # the check of the next promotions, while it runs
+        ledger.mover = self
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task:
-        """Start the mover's task (the caller cancels it at shutdown, after ``drain``)."""
-        self._loop = loop
-        self._wake = asyncio.Event()
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().start(loop)
         self._task = loop.create_task(self._run())
-        return self._task
 
     def wake(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        self._woken = True
+        self.changed()
 
     async def _run(self) -> None:
-        assert self._wake is not None
         while True:
+            self._woken = False
             try:
                 self.step()
             except Exception as exc:  # noqa: BLE001 - a bug here must not stop the tier
                 logs.error("gpu_mover_error", error=repr(exc))
             if self.moves:
-                await asyncio.sleep(POLL_S)
+                await asyncio.sleep(POLL_S)   # a GPU copy has no completion the loop can wait on
                 continue
-            self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), IDLE_S)
-            except asyncio.TimeoutError:
-                pass
+            await self.wait_until(lambda: self._woken, None)
 
     def step(self) -> None:
         self._poll()
-        self._promote_wanted()
-        self._rebalance()
+        if not self._draining:
+            self._promote_wanted()
+            self.ledger.shed(self._demote_for_room, lambda: self.leaving)
         self._poll()   # copies on a CPU tier are done at once
 
     # -- promotion --------------------------------------------------------------------------------------------
     def _promote_wanted(self) -> None:
-        wanted = self.store.gpu_wanted
-        batch = []
-        while wanted and len(self.moves) + len(batch) < MAX_IN_FLIGHT and self._checking is None:
-            batch.append(wanted.pop(next(iter(wanted))))
+        if self._checking is not None:
+            return
+        batch = self.ledger.promotions(MAX_IN_FLIGHT - len(self.moves))
         if not batch:
             return
         if self.integrity is None or self._loop is None:
@@ -125,23 +121,18 @@ class GpuMover:
             self.wake()
 
     def _promote(self, entry: Entry) -> None:
-        offset = self.store.start_gpu_promote(entry)
+        offset = self.ledger.start_promote(entry)
         if offset is None:
             return
         try:
             transfer = self.gpu.copy_from_host(entry.host_offset, entry.size, offset)
         except Exception as exc:  # noqa: BLE001 - a failed copy leaves the chunk where it was
             logs.warning("gpu_promote_failed", key=entry.key.hex(), error=repr(exc))
-            self.store.finish_gpu_promote(entry, False)
+            self.ledger.finish_promote(entry, False)
             return
         self.moves.append(Move(entry, True, transfer))
 
     # -- demotion ---------------------------------------------------------------------------------------------
-    def _rebalance(self) -> None:
-        store = self.store
-        shed_to_low(lambda: store.gpu_over_high(self.leaving), lambda: store.gpu_over_low(self.leaving),
-                    store.gpu_victim, self._demote_for_room)
-
     def _demote_for_room(self, entry: Entry) -> bool:
         try:
             self.demote(entry)
@@ -153,24 +144,24 @@ class GpuMover:
         """Move one chunk out of the GPU tier (into DRAM, when ``to_host``, even if it is on disk). Returns the
         copy's future, or None when it left at once. Raises StoreFullError when it needs DRAM and DRAM has no
         room."""
-        pending = self.down.get(entry.key)
+        pending = self.in_flight.get(entry.key)
         if pending is not None:
             return pending
         if entry.gpu_offset is None or entry.loading is not None:
             return None
         gpu_offset = entry.gpu_offset
-        host_offset = self.store.start_gpu_demote(entry, to_host)
+        host_offset = self.ledger.start_demote(entry, to_host)
         if host_offset is None:
             return None
         try:
             transfer = self.gpu.copy_to_host(gpu_offset, entry.size, host_offset)
         except Exception as exc:  # noqa: BLE001 - the chunk stays in the GPU tier
             logs.warning("gpu_demote_failed", key=entry.key.hex(), error=repr(exc))
-            self.store.finish_gpu_demote(entry, False)
+            self.ledger.finish_demote(entry, False)
             return None
         assert self._loop is not None
         done = self._loop.create_future()
-        self.down[entry.key] = done
+        self.in_flight[entry.key] = done
         self.leaving += entry.size
         self.moves.append(Move(entry, False, transfer, done))
         return done
@@ -204,7 +195,8 @@ class GpuMover:
 
     def _finish(self, move: Move, ok: bool) -> None:
         if move.up:
-            self.store.finish_gpu_promote(move.entry, ok)
+            self.ledger.finish_promote(move.entry, ok)
+            self.changed()
             return
         entry = move.entry
         if ok and self.integrity is not None and self._loop is not None and entry.checksum is not None:
@@ -218,7 +210,7 @@ class GpuMover:
         entry = move.entry
         got = None
         try:
-            view = self.store.host.read(entry.loading, entry.size)
+            view = self.host.read(entry.loading, entry.size)
             got = await asyncio.get_running_loop().run_in_executor(self.integrity.pool, checksum, view)
         finally:
             self._finish_down(move, got == entry.checksum)
@@ -227,24 +219,29 @@ class GpuMover:
 
     def _finish_down(self, move: Move, ok: bool) -> None:
         self.leaving -= move.entry.size
-        self.down.pop(move.entry.key, None)
-        self.store.finish_gpu_demote(move.entry, ok)
+        self.in_flight.pop(move.entry.key, None)
+        self.ledger.finish_demote(move.entry, ok)
         if move.done is not None and not move.done.done():
             move.done.set_result(ok)
+        self.changed()
 
     def stats(self) -> dict[str, int]:
-        return {"copies_in_flight": len(self.moves), "promotions_wanted": len(self.store.gpu_wanted),
+        return {"copies_in_flight": len(self.moves), "promotions_wanted": len(self.ledger.wanted),
                 "bytes_leaving": self.leaving}
 
-    async def drain(self) -> None:
-        """At shutdown: stop starting copies and let those in flight end (and be published)."""
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-        while self.moves:
-            self._poll()
-            if self.moves:
-                await asyncio.sleep(POLL_S)
+    def idle(self) -> bool:
+        return not self.moves and not self.in_flight
+
+    async def drain(self, deadline: float) -> bool:
+        """At stop: start no more copies, let those in flight end (and be published), then stop the task."""
+        self._draining = True
+        self.wake()
+        try:
+            return await self.wait_until(self.idle, deadline)
+        finally:
+            if self._task is not None:
+                self._task.cancel()
+                self._task = None
 
     def close(self) -> None:
         """Wait for any copy still queued, so that the GPU pool and the arena can go."""

@@ -16,7 +16,7 @@ The chunk is readable at once; what waits for its sum is what carries the sum: t
 to the remote store start when it is known (``Store.checksummed``), and a get that asks for verification waits
 for it (``waits``). With a disk tier, summing is the first step of write-back: the slot is held as a slot being
 written is (``Store.begin_check``: not evicted, so a chunk is not lost between its commit and its write), and its
-bytes count as waiting for write-back (``Store.dirty_bytes``), so puts feel the write-back's back-pressure from
+bytes count as waiting for write-back (``DiskLedger.dirty_bytes``), so puts feel the write-back's back-pressure from
 commit on (``manager.py``). Without one, the slot is not held: puts back to back must be able to evict the
 previous put's chunks at once. Either way a chunk that left its slot while its sum was taken gets no sum from
 that job: a hash of a reused slot is never kept. Re-checks (``check_host``) always hold the slot: a false alarm
@@ -107,8 +107,9 @@ class Integrity:
         self.store.checksummed(summed)
 
     def _count_waiting(self, entries: list[Entry], sign: int) -> None:
-        if self.store.disk is not None:
-            self.store.dirty_bytes += sign * sum(e.size for e in entries)
+        disk = self.store.disk_ledger
+        if disk is not None:
+            disk.expect(sign * sum(e.size for e in entries))
 
     def waits(self, keys: Sequence[bytes]) -> list[asyncio.Future]:
         """The sum jobs still running for any of ``keys``."""

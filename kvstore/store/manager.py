@@ -1,11 +1,11 @@
 """The tier manager: write-back to disk, promotion from disk, and back-pressure, around the Store.
 
-Write-back, not write-through. A commit makes a chunk readable from DRAM at once and queues it (``Store.dirty``,
+Write-back, not write-through. A commit makes a chunk readable from DRAM at once and queues it (``DiskLedger.dirty``,
 commit order, so a chain's prefix reaches disk before its continuations); up to ``io_depth`` workers write
 queued chunks straight from their host slots. A put therefore costs DRAM bandwidth, not disk bandwidth, and a
 chunk that is deleted or evicted before its turn is never written at all. The price is the window between
 commit and the end of the write: ``kill -9`` (or a crash) loses the chunks still queued, which is acceptable for
-a cache — a lost chunk is a miss, never wrong data. SIGTERM flushes the queue (bounded by ``FLUSH_TIMEOUT``).
+a cache — a lost chunk is a miss, never wrong data. SIGTERM flushes the queue (``drain``, bounded by the stop budget's disk step, ``server/stopping.py``).
 
 Back-pressure. The queue holds references, never copies: a queued chunk's bytes are its DRAM slot. So memory
 cannot grow past the host tier, but a put faster than the disk would fill DRAM with chunks that cannot yet be
@@ -24,8 +24,12 @@ that same sum in the file's header; a slot that fails is not written and the chu
 damage path (``damage.py``). A read returns the file's sum, which must also be the chunk's own.
 
 Demotion. Chunks whose write has completed can leave DRAM for free (the file is there), so demotion is just a
-free: ``Store.rebalance`` runs after every completed write and on each sweep and keeps the host tier between its
+free: ``DiskLedger.rebalance`` runs after every completed write and on each sweep and keeps the host tier between its
 watermarks, oldest (continuations first) first.
+
+Shape: the tier manager is the disk tier's mover (``movers.py``: start, wake, drain, close, stats); it talks only
+to the disk ledger (``disk_ledger.py``), which wakes it when a commit queued writes. Back-pressure and the flush
+wait on the mover's condition (``wait_until``), notified by every write that ends.
 
 File removals go to the same worker pool; a later write of the same key waits for an earlier removal, so a
 delete followed by a put of the same key never loses the new file to the old unlink.
@@ -42,41 +46,36 @@ from typing import Sequence
 from .. import logs
 from ..errors import ChecksumError, FormatError
 from ..tiers.disk import DiskTier, round_up
+from .disk_ledger import DiskLedger
 from .entry import Entry
-from .store import Store
-
-FLUSH_TIMEOUT = 30.0
+from .movers import MoverLife
 
 
-class TierManager:
-    def __init__(self, store: Store, disk: DiskTier, io_depth: int, queue_bytes: int) -> None:
-        self.store = store
-        self.disk = disk
+class TierManager(MoverLife):
+    def __init__(self, ledger: DiskLedger, io_depth: int, queue_bytes: int) -> None:
+        super().__init__()
+        self.ledger = ledger
+        self.disk: DiskTier = ledger.disk
+        self.host = ledger.store.host
         self.io_depth = io_depth
         self.queue_bytes = queue_bytes
         # Twice the write depth, so that promotion reads always find a worker while writes are in flight.
         self.pool = concurrent.futures.ThreadPoolExecutor(2 * io_depth, thread_name_prefix="kvstore-io")
         self.writing = 0
-        self.loads: dict[bytes, asyncio.Future] = {}
         self._removing: dict[bytes, concurrent.futures.Future] = {}
-        self._drained = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        store.io = self
-
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.wake_writer()
+        ledger.mover = self
 
     # -- write-back -----------------------------------------------------------------------------------------
-    def wake_writer(self) -> None:
+    def wake(self) -> None:
+        """Start writes for what the ledger queued, up to ``io_depth`` at once."""
         if self._loop is None:
             return
         while self.writing < self.io_depth:
-            entry = self.store.next_write()
+            entry = self.ledger.next_write()
             if entry is None:
                 break
             self.writing += 1
-            slot = self.store.host.read(entry.host_offset, round_up(entry.size))
+            slot = self.host.read(entry.host_offset, round_up(entry.size))
             before = self._removing.get(entry.key)
             fut = self._loop.run_in_executor(self.pool, self._write_job, entry, slot, before)
             fut.add_done_callback(lambda f, e=entry: self._write_done(e, f))
@@ -91,48 +90,25 @@ class TierManager:
         error = fut.exception()
         if error is not None:
             logs.warning("disk_write_failed", key=entry.key.hex(), error=repr(error))
-        self.store.finish_write(entry, None if error else fut.result(), error)
-        self.wake_writer()
-        self.store.rebalance()
-        self._drained.set()
+        self.ledger.finish_write(entry, None if error else fut.result(), error)
+        self.wake()
+        self.ledger.rebalance()
+        self.changed()
 
     def queued_bytes(self) -> int:
         """Bytes committed and waiting for (or being written to) the disk."""
-        return self.store.dirty_bytes
+        return self.ledger.dirty_bytes
 
     def over_bound(self, nbytes: int) -> bool:
         """Whether queuing ``nbytes`` more would pass the write-back bound (a lone large put always passes)."""
-        queued = self.store.dirty_bytes
-        return queued > 0 and queued + nbytes > self.queue_bytes
+        return self.ledger.over_bound(nbytes, self.queue_bytes)
 
     async def wait_for_room(self, nbytes: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.over_bound(nbytes):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._drained.clear()
-            try:
-                await asyncio.wait_for(self._drained.wait(), remaining)
-            except asyncio.TimeoutError:
-                return not self.over_bound(nbytes)
-        return True
+        return await self.wait_until(lambda: not self.over_bound(nbytes), time.monotonic() + timeout)
 
-    async def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
-        """Write everything queued (at shutdown). True when the queue is empty."""
-        deadline = time.monotonic() + timeout
-        self.wake_writer()
-        while self.store.dirty or self.writing:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._drained.clear()
-            try:
-                await asyncio.wait_for(self._drained.wait(), min(remaining, 0.1))
-            except asyncio.TimeoutError:
-                pass
-            self.wake_writer()
-        return True
+    def idle(self) -> bool:
+        """Nothing queued or being written (at stop: everything committed is on disk)."""
+        return not self.ledger.dirty and not self.writing
 
     # -- promotion ------------------------------------------------------------------------------------------
     def promote(self, entries: Sequence[Entry]) -> list[asyncio.Future]:
@@ -141,16 +117,16 @@ class TierManager:
         if self._loop is None:
             return futures
         for entry in entries:
-            fut = self.loads.get(entry.key)
+            fut = self.in_flight.get(entry.key)
             if fut is None:
-                offset = self.store.start_promote(entry)
+                offset = self.ledger.start_promote(entry)
                 if offset is None:
                     break  # DRAM full of pinned chunks, or not promotable: the rest would not be a prefix
-                slot = self.store.host.read(offset, round_up(entry.size))
+                slot = self.host.read(offset, round_up(entry.size))
                 before = self._removing.get(entry.key)
                 fut = self._loop.run_in_executor(self.pool, self._read_job, entry, slot, before)
                 fut.add_done_callback(lambda f, e=entry: self._read_done(e, f))
-                self.loads[entry.key] = fut
+                self.in_flight[entry.key] = fut
             futures.append(fut)
         return futures
 
@@ -163,11 +139,12 @@ class TierManager:
         return got
 
     def _read_done(self, entry: Entry, fut: asyncio.Future) -> None:
-        self.loads.pop(entry.key, None)
+        self.in_flight.pop(entry.key, None)
         error = fut.exception()
         if error is not None:
             logs.warning("disk_read_failed", key=entry.key.hex(), error=repr(error))
-        self.store.finish_promote(entry, error, None if error else fut.result())
+        self.ledger.finish_promote(entry, error, None if error else fut.result())
+        self.changed()
 
     async def check_file(self, entry: Entry) -> bool | None:
         """Read and check the chunk's file (a scrub): True when it is damaged, None when it could not be read
@@ -181,7 +158,7 @@ class TierManager:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            self.store.tier_counters.io_errors += 1
+            self.ledger.store.tier_counters.io_errors += 1
             logs.warning("disk_read_failed", key=entry.key.hex(), error=repr(exc))
             return None
         return entry.checksum is not None and got != entry.checksum
@@ -202,13 +179,7 @@ class TierManager:
         fut = self.pool.submit(self._remove_job, key, quarantine, before)
         self._removing[key] = fut
         if self._loop is not None:
-            fut.add_done_callback(lambda f: self._call_soon(self._removed, key, f))
-
-    def _call_soon(self, fn, *args) -> None:
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:
-            pass  # the loop has closed: shutting down, the removal itself is done
+            fut.add_done_callback(lambda f: self.call_soon(self._removed, key, f))
 
     def _remove_job(self, key: bytes, quarantine: str | None, before: concurrent.futures.Future | None) -> None:
         if before is not None:
@@ -227,14 +198,13 @@ class TierManager:
     # -- upkeep ---------------------------------------------------------------------------------------------
     def check_space(self) -> None:
         """Clear the 'disk full' state once the filesystem has room again."""
-        if self.store.disk_full_reason:
-            if shutil.disk_usage(self.disk.directory).free >= self.store.disk_full_need:
-                self.store.disk_full_reason = ""
+        if self.ledger.full_reason:
+            if self.ledger.space_back(shutil.disk_usage(self.disk.directory).free):
                 logs.info("disk_space_back", directory=self.disk.directory)
 
     def stats(self) -> dict[str, int]:
-        return {"write_queue_chunks": len(self.store.dirty), "write_queue_bytes": self.store.dirty_bytes,
-                "writes_in_flight": self.writing, "reads_in_flight": len(self.loads)}
+        return {"write_queue_chunks": len(self.ledger.dirty), "write_queue_bytes": self.ledger.dirty_bytes,
+                "writes_in_flight": self.writing, "reads_in_flight": len(self.in_flight)}
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

@@ -1,6 +1,6 @@
 """The lookup index, published in shared memory for clients to read without a round trip (the writer side).
 
-The Store calls ``set`` and ``remove`` whenever a key's readable state changes (``Store._sync``): committed in
+The Store calls ``set`` and ``remove`` whenever a key's readable state changes (``Store.sync``): committed in
 some tier, moved between tiers, or gone. Only readable chunks are listed, so a reader can never be told a
 reserved or half-written chunk is there. The table layout and its lock-free read protocol are described in
 ``protocol/index_layout.py``; the reader is ``client/shared_index.py``.

@@ -1,6 +1,9 @@
-"""The remote tier's ledger: the ``Store`` methods the remote mover (``remote_mover.py``) calls: pins held by a
-background put, and host slots for chunks fetched from the remote store (RESERVED until ``finish_remote_fetch``
-publishes them). A mixin of ``Store``, like ``disk_ledger.py``.
+"""The remote tier's ledger: the puts a commit asks for (their chunks pinned until the put ends) and the host slots
+of chunks fetched from the remote store (RESERVED until ``finish_fetch`` publishes them).
+
+Its mover (``remote_mover.py``) takes the queued puts (``take_puts``), sends them and reports each one's end
+(``put_done``, which unpins); a fetch gets its slots from ``start_fetch`` and ends in ``finish_fetch``. Chunks
+fetched from the remote store are published without a put back to it (``Store.admit``).
 """
 
 from __future__ import annotations
@@ -9,59 +12,78 @@ from typing import Sequence
 
 from ..errors import StoreFullError
 from .entry import Entry, State
+from .ledger import Mover, StoreCore, TierLedger
 
 
-class RemoteLedger:
-    """Methods of ``Store`` for the remote tier (see the module docstring)."""
+class RemoteLedger(TierLedger):
+    name = "remote"
 
-    def count_remote_hits(self, chunks: int) -> None:
-        """A lookup found ``chunks`` more in the remote store (or being fetched from it) past its local walk."""
-        self.counters.hit_keys += chunks
+    def __init__(self, store: StoreCore) -> None:
+        self.store = store
+        self.outbox: list[list[Entry]] = []   # committed chains waiting for their put, pinned
+        self.mover: Mover | None = None      # none: nothing is sent
 
-    def pin_chain(self, entries: Sequence[Entry]) -> None:
-        """Keep committed chunks' slots in place (out of every LRU) until ``unpin_chain``: a remote put reads them."""
+    # -- hooks (ledger.py) -------------------------------------------------------------------------------------
+    def on_commit(self, entries: Sequence[Entry]) -> None:
+        if self.mover is None:
+            return
+        entries = [e for e in entries if e.host_offset is not None]
+        if not entries:
+            return
         for entry in entries:
-            self._pin(entry)
+            self.store.pin(entry)   # before any worker can read the slots
+        self.outbox.append(entries)
+        self.mover.wake()
 
-    def unpin_chain(self, entries: Sequence[Entry]) -> None:
-        self._unpin_chain(list(entries))
+    # -- puts ------------------------------------------------------------------------------------------------------
+    def take_puts(self) -> list[list[Entry]]:
+        puts, self.outbox = self.outbox, []
+        return puts
 
-    def start_remote_fetch(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
-                           parent: bytes | None) -> list[Entry]:
+    def put_done(self, entries: Sequence[Entry]) -> None:
+        """A put ended (or was never sent): its chunks' slots may move again."""
+        self.store.unpin_chain(list(entries))
+
+    def views(self, entries: Sequence[Entry]) -> list[memoryview]:
+        return [self.store.read(e) for e in entries]
+
+    # -- fetches ---------------------------------------------------------------------------------------------------
+    def known(self, key: bytes) -> bool:
+        """Whether the index holds ``key`` in any state (stored, or being written or fetched)."""
+        return key in self.store.index
+
+    def start_fetch(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
+                    parent: bytes | None) -> list[Entry]:
         """Host slots for chunks the remote store holds, in chain order, as RESERVED entries. Stops at a key already
         indexed (stored, or being written or fetched), at a slot that cannot be had without evicting pinned
         chunks, and where the chain would pass half the host tier (it would evict its own prefix)."""
-        budget = self.host.capacity_bytes // 2
+        store = self.store
+        budget = store.host.capacity_bytes // 2
         entries: list[Entry] = []
         prev = parent
         for key, size in zip(keys, sizes):
             budget -= size
-            if budget < 0 or key in self.index:
+            if budget < 0 or key in store.index:
                 break
             try:
-                offset = self._allocate(size)
+                offset = store.allocate_host(size)
             except StoreFullError:
                 break
             entry = Entry(key, size, namespace, prev, State.RESERVED, host_offset=offset)
-            self.index[key] = entry
+            store.index[key] = entry
             entries.append(entry)
             prev = key
         return entries
 
-    def finish_remote_fetch(self, entries: Sequence[Entry], loaded: int,
-                            sums: Sequence[int | None] = ()) -> int:
+    def finish_fetch(self, entries: Sequence[Entry], loaded: int, sums: Sequence[int | None] = ()) -> int:
         """The first ``loaded`` entries hold their bytes, checked against the records' ``sums``: publish them with
         those sums (and queue them for the disk); free the rest. Returns how many were published."""
         good = list(entries[:loaded])
         for entry, checksum in zip(good, sums):
             entry.checksum = checksum
-        for entry in good:
-            entry.state = State.COMMITTED
-            self._sync(entry.key)
-        self.lru.add_chain(good)
-        self._queue_writes(good)
-        self._drop_reserved(list(entries[loaded:]))
-        tc = self.tier_counters
+        self.store.admit(good, source=self)
+        self.store.drop_reserved(list(entries[loaded:]))
+        tc = self.store.tier_counters
         tc.promotions_remote_host += len(good)
         tc.promoted_bytes_remote_host += sum(e.size for e in good)
         return len(good)

@@ -4,8 +4,9 @@ A remote store (Redis/Valkey, Mooncake Store; ``kvstore/remote/``) sits below th
 daemons of several hosts: what one host's engines computed, another host's engines can load.
 
 Write-back at commit. Every chunk a put commits is sent in the background, one batched put per commit, straight
-from its host slot (zero-copy on Mooncake, whose client reads the registered arena). The chunks are pinned
-(``Store.pin_chain``) until the put ends, so that their slots are neither freed nor reused while a worker reads
+from its host slot (zero-copy on Mooncake, whose client reads the registered arena). The remote ledger
+(``remote_ledger.py``) pins the chunks at commit and queues the put, then wakes this mover; they stay pinned until
+the put ends, so that their slots are neither freed nor reused while a worker reads
 them. Commit rather than "once on disk": another host can find a chunk as early as possible, the disk and the
 remote store are written in parallel from the same slot, and a daemon without a disk tier shares its chunks too.
 Chunks fetched from the remote store, and chunks found on disk at start, are not sent again. The bytes pinned by
@@ -48,7 +49,8 @@ from typing import Any
 
 from .. import logs
 from .entry import Entry
-from .store import Store
+from .movers import MoverLife
+from .remote_ledger import RemoteLedger
 
 MAX_FETCH = 256          # chunks asked for in one lookup (the Store also stops at half the host tier)
 BAD_TTL = 60.0           # seconds a value that could not be read back is not offered again
@@ -57,66 +59,61 @@ VERIFY_BAD_TTL = 3600.0  # seconds a chunk a verification found wrong is not fet
 DRAIN_MAX = 5.0          # at stop, how long puts in flight may take to finish
 
 
-class RemoteMover:
-    def __init__(self, store: Store, backend: Any, chunk_limit: int) -> None:
-        self.store = store
+class RemoteMover(MoverLife):
+    def __init__(self, ledger: RemoteLedger, backend: Any, chunk_limit: int) -> None:
+        super().__init__()   # ``in_flight``: key -> its fetch (result: chunks published)
+        self.ledger = ledger
         self.backend = backend
         self.chunk_limit = chunk_limit
-        self.loads: dict[bytes, asyncio.Future] = {}   # key -> its fetch (result: chunks published)
         self.bad: OrderedDict[bytes, float] = OrderedDict()   # key -> until when it is not offered
         self.puts_in_flight = 0
         self.pinned_bytes = 0
         self.lookups = 0          # lookups that asked the store
         self.lookup_chunks = 0    # chunks those lookups counted as remote hits
         self.lookup_late = 0      # answers that came after the lookup had replied
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._fetches: set[asyncio.Task] = set()
-        self._put_done = asyncio.Event()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.store.remote = self
+        super().start(loop)
+        self.ledger.mover = self   # from now on commits queue puts
 
     # -- write-back ---------------------------------------------------------------------------------------
-    def after_commit(self, entries: list[Entry]) -> None:
-        """Send freshly committed chunks to the store, their slots pinned until the put ends."""
-        entries = [e for e in entries if e.host_offset is not None]
-        if not entries or self._loop is None:
-            return
-        views = [self.store.host.read(e.host_offset, e.size) for e in entries]
-        self.store.pin_chain(entries)   # before any worker can read the slots
+    def wake(self) -> None:
+        """Send the chains the ledger queued (pinned there), one batched put each."""
+        for entries in self.ledger.take_puts():
+            self._send(entries)
+
+    def _send(self, entries: list[Entry]) -> None:
+        views = self.ledger.views(entries)
         fut = self.backend.submit_put([e.key for e in entries], views, sums=[e.checksum for e in entries])
         if fut is None:   # store down or queue full: counted by the backend
-            self.store.unpin_chain(entries)
+            self.ledger.put_done(entries)
             return
         nbytes = sum(e.size for e in entries)
         self.puts_in_flight += 1
         self.pinned_bytes += nbytes
-        fut.add_done_callback(lambda f: self._call_soon(self._put_finished, entries, nbytes))
+        fut.add_done_callback(lambda f: self.call_soon(self._put_finished, entries, nbytes))
 
     def _put_finished(self, entries: list[Entry], nbytes: int) -> None:
         self.puts_in_flight -= 1
         self.pinned_bytes -= nbytes
-        self.store.unpin_chain(entries)
-        self._put_done.set()
+        self.ledger.put_done(entries)
+        self.changed()
 
-    async def drain(self, timeout: float) -> bool:
-        """Wait (at stop) for the puts in flight, so that they reach the store and unpin their chunks."""
-        deadline = time.monotonic() + min(timeout, DRAIN_MAX)
-        while self.puts_in_flight and time.monotonic() < deadline:
-            self._put_done.clear()
-            try:
-                await asyncio.wait_for(self._put_done.wait(), max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                break
+    def idle(self) -> bool:
         return not self.puts_in_flight
+
+    async def drain(self, deadline: float) -> bool:
+        """Wait (at stop) for the puts in flight, so that they reach the store and unpin their chunks (fetches
+        are not waited for: their gets are answered at stop)."""
+        return await self.wait_until(self.idle, min(deadline, time.monotonic() + DRAIN_MAX))
 
     # -- promotion ----------------------------------------------------------------------------------------
     async def continuation(self, namespace: str, keys: Sequence[bytes], start: int, wait: float) -> int:
         """How many of ``keys[start:]`` (the local walk stopped at ``start``) are being fetched or were found in
         the store within ``wait`` seconds; those found start their fetch into DRAM."""
         n = start
-        while n < len(keys) and keys[n] in self.loads:
+        while n < len(keys) and keys[n] in self.in_flight:
             n += 1
         if n == len(keys) or not self._worth_asking(keys[n]):
             return n - start
@@ -137,8 +134,8 @@ class RemoteMover:
     def pending(self, keys: Sequence[bytes]) -> list[asyncio.Future]:
         """The fetches in flight for the chunks right after the longest readable prefix of ``keys``."""
         futures: list[asyncio.Future] = []
-        for key in keys[len(self.store.leading(keys)):]:
-            fut = self.loads.get(key)
+        for key in keys[len(self.ledger.store.leading(keys)):]:
+            fut = self.in_flight.get(key)
             if fut is None:
                 break
             if fut not in futures:
@@ -146,7 +143,7 @@ class RemoteMover:
         return futures
 
     def _worth_asking(self, key: bytes) -> bool:
-        if key in self.store.index:   # being written by a put: not ours to fetch
+        if self.ledger.known(key):   # being written by a put: not ours to fetch
             return False
         until = self.bad.get(key)
         if until is None:
@@ -164,16 +161,16 @@ class RemoteMover:
         try:
             sizes = await self.backend.lookup_async(keys)
             sizes = self._plausible(sizes)
-            entries = self.store.start_remote_fetch(namespace, keys[:len(sizes)], sizes, parent)
+            entries = self.ledger.start_fetch(namespace, keys[:len(sizes)], sizes, parent)
             for entry in entries:
-                self.loads[entry.key] = done
+                self.in_flight[entry.key] = done
             sized.set_result(len(entries))
             if entries:
-                views = [self.store.host.read(e.host_offset, e.size) for e in entries]
+                views = self.ledger.views(entries)
                 sums: list[int | None] = []
                 got = await self.backend.get_into_async([e.key for e in entries], views, None, sums)
                 loaded = self._leading_whole(entries, got)
-                published = self.store.finish_remote_fetch(entries, loaded, sums)
+                published = self.ledger.finish_fetch(entries, loaded, sums)
                 entries = []
         except Exception as exc:   # noqa: BLE001 - a bug here must not leave slots reserved forever
             logs.error("remote_fetch_failed", error=repr(exc))
@@ -181,10 +178,10 @@ class RemoteMover:
                 sized.set_result(0)
         finally:
             if entries:
-                self.store.finish_remote_fetch(entries, 0)
+                self.ledger.finish_fetch(entries, 0)
             for key in keys:
-                if self.loads.get(key) is done:
-                    del self.loads[key]
+                if self.in_flight.get(key) is done:
+                    del self.in_flight[key]
             done.set_result(published)
 
     def _plausible(self, sizes: list[int]) -> list[int]:
@@ -220,15 +217,9 @@ class RemoteMover:
         logs.debug("remote_value_unreadable", key=key.hex())
 
     # -- upkeep -------------------------------------------------------------------------------------------
-    def _call_soon(self, fn: Any, *args: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:
-            pass   # the loop has closed: stopping, nothing left to unpin
-
     def stats(self) -> dict[str, int]:
         return {**self.backend.stats(), "lookups": self.lookups, "lookup_chunks": self.lookup_chunks,
-                "lookup_late": self.lookup_late, "fetching_chunks": len(self.loads),
+                "lookup_late": self.lookup_late, "fetching_chunks": len(self.in_flight),
                 "puts_in_flight": self.puts_in_flight, "pinned_bytes": self.pinned_bytes,
                 "unreadable_keys": len(self.bad)}
 

@@ -3,13 +3,13 @@
 ``make_room`` is what an allocation does when its tier is full: take the oldest chunk of the tier's eviction
 queue, evict it if it may leave now (or set it aside, keeping its place, if it may not: being written, being
 copied, leased elsewhere), and try again, until the allocation succeeds or the queue is empty. The DRAM arena
-(``Store._allocate``), the disk tier's charge (``DiskLedger._charge_disk``) and the GPU pool
-(``GpuLedger._allocate_gpu``) differ only in those three arguments.
+(``Store.allocate_host``), the disk tier's charge (``DiskLedger._charge``) and the GPU pool
+(``GpuLedger._allocate``) differ only in those three arguments.
 
 ``shed_to_low`` is the background watermark round: once a tier is above its high watermark, move its oldest
 chunks out until it is under the low one, stopping at the first chunk that cannot leave (that is for another
-round, or another mover, to fix). DRAM (``DiskLedger.rebalance``), the GPU mover and the simulator's GPU round
-share it.
+round, or another mover, to fix). DRAM (``DiskLedger.rebalance``) and the GPU tier (``GpuLedger.shed``, run by
+the daemon's GPU mover and the simulator's) share it.
 """
 
 from __future__ import annotations

@@ -62,9 +62,9 @@ class S3FifoQueue:
 
     def remove(self, entry: Entry) -> None:
         key = entry.key
-        f = self._freq.pop(key, None)
-        if f is None:
-            return
+        if (self._small.get(key) or self._main.get(key)) is not entry:
+            return   # not queued, or a newer chunk stored under the key since
+        f = self._freq.pop(key)
         if self._small.pop(key, None) is None:
             del self._main[key]
         self._remember(key, f)

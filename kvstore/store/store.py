@@ -14,66 +14,44 @@ one place (``_unpin``); a chunk deleted while pinned is "doomed" and freed by it
 When an allocation fails, the least recently used unpinned chunk is evicted (continuations first, see
 ``eviction.py``) until it succeeds; when nothing is left to evict the put fails with StoreFullError.
 
-With a disk tier the Store also keeps where each chunk lives (``Entry.host_offset``, ``Entry.disk``) and a second
-LRU queue for the disk. Committed chunks are queued for write-back (``dirty``); the tier manager
-(``manager.py``) drains that queue on worker threads and reports back through ``start_write``/``finish_write``
-and ``start_promote``/``finish_promote``: the Store stays the only code that allocates, frees and pins, and all
-of it runs on the event loop. Leaving the host tier is a *demotion* (the slot is freed, the file stays) when the
-chunk is on disk, and an eviction otherwise; leaving the disk tier is an eviction unless the chunk is still in
-DRAM. A chunk being written keeps its place in the host LRU (so a chain keeps its order) but is skipped as a
-victim until its write ends; a chunk being promoted is out of the disk LRU until its read ends.
+Tiers below DRAM (disk, GPU, remote) are each a ledger and a mover (``ledger.py`` has the interface): the
+Store calls every ledger's hooks when a chunk is committed, touched, hit, pinned, unpinned, leaves DRAM, leaves
+the index or is freed, and never calls a mover; a ledger is the only code that changes its tier's fields of an
+entry, and records intents (write this chunk, promote that one) for its mover, which does the I/O and reports
+back to the ledger alone. The ledgers are ``disk_ledger.py`` (``Entry.disk``, the disk LRU, the write-back
+queue), ``gpu_ledger.py`` (``Entry.gpu_offset``, the GPU LRU, promotion requests) and ``remote_ledger.py`` (puts
+in flight, fetched slots). Leaving DRAM is a *demotion* when some ledger ``keeps`` the chunk (it is on disk, or
+in the GPU tier) and an eviction otherwise; a chunk whose DRAM slot a ledger's I/O ``uses_dram`` keeps its slot
+(and its place in the host LRU, so a chain keeps its order) until that I/O ends. ``Entry.loading`` (a DRAM slot
+being filled, from disk or from the GPU tier) is set by the disk and GPU ledgers; ``fill_host`` publishes it.
 
-With a GPU tier (``Entry.gpu_offset``, a third LRU queue ``gpu_lru``) puts still land in DRAM; the second get
-that finds a chunk in DRAM asks for its promotion (``gpu_wanted``), which the GPU mover (``gpu_mover.py``) runs
-as an asynchronous copy between ``start_gpu_promote`` and ``finish_gpu_promote``. The DRAM copy is kept, so a
-GPU copy can usually leave for free; DRAM pressure may drop the DRAM copy of a chunk held in the GPU tier (it
-then lives there alone), and such a chunk is copied back down (``start_gpu_demote`` / ``finish_gpu_demote``)
-before its GPU slot is freed. A leased chunk is in no LRU queue, so it is never chosen for demotion, and a GPU
-slot whose chunk was leased during its copy down is kept until the lease ends.
-
-With a remote tier (``remote_mover.py``) every commit is handed to ``remote`` (the mover), which pins the new
-chunks (``pin_chain``) while a background put reads their slots and unpins them (``unpin_chain``) when it ends.
-Chunks found in the remote store get host slots from ``start_remote_fetch`` as RESERVED entries (invisible to
-readers; a put of the same key sees them as being written) and are published, or dropped, by
-``finish_remote_fetch``; published ones are queued for the disk like a put.
-
-This file keeps the core (index, leases, reservations, the DRAM arena, allocate/free/pin/unpin); each lower tier's
-bookkeeping is a mixin of its own file: ``disk_ledger.py``, ``gpu_ledger.py``, ``remote_ledger.py``; the
-counters are in ``counters.py``.
+The counters are in ``counters.py``; checksums and damaged copies in ``damage.py`` (a part of the Store).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from collections import deque
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ..errors import LeaseError, ReservationError, StoreFullError
+from ..protocol.index_layout import STATE_OF_TIER
 from ..tiers.disk import DiskTier
 from ..tiers.host import HostTier
 from .counters import StoreCounters, TierCounters
+from .credits import CreditBook
 from .damage import DamageMixin, IntegrityCounters
 from .disk_ledger import DiskLedger
+from .entry import Entry, State
 from .gpu_ledger import GpuLedger
+from .handles import Handle, HandleTable
+from .ledger import TierLedger
+from .policies import DEFAULT_POLICY, make_queue
 from .remote_ledger import RemoteLedger
 from .room import make_room
-from ..protocol.index_layout import STATE_OF_TIER
-from .credits import CreditBook
-from .entry import DiskState, Entry, State
-from .policies import DEFAULT_POLICY, make_queue
-from .handles import Handle, HandleTable
 
 if TYPE_CHECKING:
     from ..gpu.tier import GpuTier
-
-
-class DiskIo(Protocol):
-    """What the Store asks of the tier manager: start writing, and remove files in order with writes."""
-
-    def wake_writer(self) -> None: ...
-
-    def remove_file(self, key: bytes, quarantine: str | None = None) -> None: ...
 
 
 class IndexSink(Protocol):
@@ -84,19 +62,11 @@ class IndexSink(Protocol):
     def remove(self, key: bytes) -> None: ...
 
 
-class RemoteSink(Protocol):
-    """What the Store tells the remote mover: these chunks were just committed by a put."""
-
-    def after_commit(self, entries: list[Entry]) -> None: ...
-
-
 class SumSink(Protocol):
     """What the Store tells the checksummer (``integrity.py``): take these committed chunks' sums, then call
     ``Store.checksummed``."""
 
     def after_commit(self, entries: list[Entry]) -> None: ...
-
-
 
 
 @dataclass(frozen=True)
@@ -120,27 +90,14 @@ class Reservation:
     present: list[Entry] = field(default_factory=list)
 
 
-class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
+class Store(DamageMixin):
     def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float,
                  clock: Callable[[], float] = time.monotonic, disk: DiskTier | None = None,
                  gpu: "GpuTier | None" = None, policy: str = DEFAULT_POLICY) -> None:
         self.host = host
-        self.disk = disk
+        self.disk = disk                     # the tiers themselves; their bookkeeping is in the ledgers
         self.gpu = gpu
         self.policy = policy                 # eviction order of every tier (policies.py)
-        self.gpu_lru = make_queue(policy)
-        self.gpu_wanted: dict[bytes, Entry] = {}   # promotion requests, oldest first (drained by the mover)
-        self.disk_lru = make_queue(policy)
-        self.dirty: deque[Entry] = deque()   # write-back queue, commit order (prefixes first)
-        self.dirty_bytes = 0                 # bytes queued or being written
-        self.io: DiskIo | None = None        # set by the tier manager
-        self.remote: RemoteSink | None = None   # set by the remote mover
-        self.sums: SumSink | None = None        # set by the checksummer: commits go through it first
-        self.integrity = IntegrityCounters()
-        self.published: IndexSink | None = None   # the shared lookup index, when the daemon publishes one
-        self.tier_counters = TierCounters()
-        self.disk_full_reason = ""           # set when the filesystem said ENOSPC; puts fail until cleared
-        self.disk_full_need = 0              # free bytes that clear it (checked by the tier manager)
         self.lease_ttl = lease_ttl
         self.reserve_ttl = reserve_ttl
         self.clock = clock
@@ -149,6 +106,16 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         self.leases: HandleTable[list[Entry]] = HandleTable("lease", LeaseError)
         self.reservations: HandleTable[Reservation] = HandleTable("reservation", ReservationError)
         self.counters = StoreCounters()
+        self.tier_counters = TierCounters()
+        self.integrity = IntegrityCounters()
+        self.sums: SumSink | None = None        # set by the checksummer: commits go through it first
+        self.published: IndexSink | None = None   # the shared lookup index, when the daemon publishes one
+        self.disk_ledger = DiskLedger(self, disk) if disk is not None else None
+        self.gpu_ledger = GpuLedger(self, gpu) if gpu is not None else None
+        self.remote_ledger = RemoteLedger(self)   # sends nothing until a remote mover attaches to it
+        # Hook order: disk, GPU, remote (a commit is queued for the disk before it is sent to the remote store).
+        self.ledgers: list[TierLedger] = [t for t in (self.disk_ledger, self.gpu_ledger) if t is not None]
+        self.ledgers.append(self.remote_ledger)
         self.credits = CreditBook(self)   # free arena space lent to writers, so a put needs no RESERVE
 
     # -- lookup -------------------------------------------------------------------------------------------
@@ -172,22 +139,35 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         chain, or what is left of it, and count the lookup as ``lookup`` would have."""
         self._touch_looked_up(self.leading(found_keys), asked, len(found_keys))
 
+    def count_remote_hits(self, chunks: int) -> None:
+        """A lookup found ``chunks`` more in the remote store (or being fetched from it) past its local walk."""
+        self.counters.hit_keys += chunks
+
     def _touch_looked_up(self, found: list[Entry], asked: int, hits: int) -> None:
         self.lru.touch_chain(found)
-        self.disk_lru.touch_chain(found)
-        self.gpu_lru.touch_chain(found)
+        for ledger in self.ledgers:
+            ledger.on_touch(found)
         c = self.counters
         c.lookups += 1
         c.lookup_keys += asked
         c.hit_keys += hits
 
     # -- two-phase put --------------------------------------------------------------------------------------
+    def put_refusal(self) -> str:
+        """Why every put fails now ("" when none need): a lower tier that cannot take what a put queues."""
+        for ledger in self.ledgers:
+            reason = ledger.refusal()
+            if reason:
+                return reason
+        return ""
+
     def reserve(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
                 parent: bytes | None) -> tuple[Handle[Reservation], list[Slot | None]]:
         """Allocate space for the keys not stored yet. Slot None means "already stored or being written"."""
-        if self.disk_full_reason:
+        refusal = self.put_refusal()
+        if refusal:
             self.counters.full_errors += 1
-            raise StoreFullError(self.disk_full_reason)
+            raise StoreFullError(refusal)
         res = Reservation(namespace, [])
         slots: list[Slot | None] = []
         prev = parent
@@ -200,13 +180,13 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
                     slots.append(None)
                 else:
                     entry = Entry(key, size, namespace, prev, State.RESERVED)
-                    entry.host_offset = self._allocate(size)
+                    entry.host_offset = self.allocate_host(size)
                     self.index[key] = entry
                     res.entries.append(entry)
                     slots.append(Slot(entry.host_offset, size))
                 prev = key
         except StoreFullError:
-            self._drop_reserved(res.entries)
+            self.drop_reserved(res.entries)
             self.counters.full_errors += 1
             raise
         self.lru.touch_chain(res.present)
@@ -220,10 +200,10 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         """Make a reservation's written entries readable (a commit, or a put into a credit: ``credits.py``)."""
         for entry in entries:
             entry.state = State.COMMITTED
-            self._sync(entry.key)
+            self.sync(entry.key)
         self.lru.add_chain(entries)
         if self.sums is not None and entries:
-            self.sums.after_commit(entries)   # then write-back and the remote put, which carry the sums
+            self.sums.after_commit(entries)   # then the ledgers hear of them, with their sums (``checksummed``)
         else:
             self.checksummed(entries)
         c = self.counters
@@ -232,11 +212,29 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         c.put_bytes += sum(e.size for e in entries)
         return len(entries)
 
+    def checksummed(self, entries: Sequence[Entry]) -> None:
+        """Commit's checksums are known: every lower tier hears of the chunks still live (they carry the sum)."""
+        live = [e for e in entries if e.readable and self.index.get(e.key) is e and e.host_offset is not None]
+        if live:
+            for ledger in self.ledgers:
+                ledger.on_commit(live)
+
+    def admit(self, entries: list[Entry], source: TierLedger) -> None:
+        """Publish RESERVED entries a lower tier filled (``source``: the remote ledger's fetches), telling the
+        other ledgers as a commit would; no put is counted."""
+        for entry in entries:
+            entry.state = State.COMMITTED
+            self.sync(entry.key)
+        self.lru.add_chain(entries)
+        if entries:
+            for ledger in self.ledgers:
+                if ledger is not source:
+                    ledger.on_commit(entries)
+
     def abort(self, owner: bytes, rid: int) -> int:
         res = self.reservations.take(owner, rid).payload
-        self._drop_reserved(res.entries)
+        self.drop_reserved(res.entries)
         return len(res.entries)
-
     # -- leased reads ---------------------------------------------------------------------------------------
     def get(self, owner: bytes, keys: Sequence[bytes],
             gpu_ok: bool = False) -> tuple[Handle[list[Entry]] | None, list[Entry]]:
@@ -247,8 +245,8 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
             if entry.host_offset is None and not (gpu_ok and entry.gpu_offset is not None):
                 break
             found.append(entry)
-        if self.gpu is not None:
-            self._count_hits(found)
+        for ledger in self.ledgers:
+            ledger.on_hit(found)
         c = self.counters
         c.gets += 1
         c.get_chunks += len(found)
@@ -256,12 +254,12 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         if not found:
             return None, []
         for entry in found:
-            self._pin(entry)
+            self.pin(entry)
         return self.leases.issue(owner, found, self.lease_ttl, self.clock()), found
 
     def release(self, owner: bytes, lease_id: int) -> int:
         entries = self.leases.take(owner, lease_id).payload
-        self._unpin_chain(entries)
+        self.unpin_chain(entries)
         return len(entries)
 
     def extend(self, owner: bytes, lease_id: int) -> float:
@@ -306,10 +304,10 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         now = self.clock()
         leases = self.leases.pop_expired(now, keep_leases_of)
         for handle in leases:
-            self._unpin_chain(handle.payload)
+            self.unpin_chain(handle.payload)
         reservations = self.reservations.pop_expired(now)
         for handle in reservations:
-            self._drop_reserved(handle.payload.entries)
+            self.drop_reserved(handle.payload.entries)
         self.credits.expire(now, keep_leases_of)
         self.counters.expired_leases += len(leases)
         self.counters.expired_reservations += len(reservations)
@@ -319,18 +317,18 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         """A client is gone: release its leases and abort its reservations now."""
         leases = self.leases.pop_owner(owner)
         for handle in leases:
-            self._unpin_chain(handle.payload)
+            self.unpin_chain(handle.payload)
         reservations = self.reservations.pop_owner(owner)
         for handle in reservations:
-            self._drop_reserved(handle.payload.entries)
+            self.drop_reserved(handle.payload.entries)
         self.credits.drop_owner(owner)
         return len(leases), len(reservations)
 
     def committed_chunks(self) -> int:
         return sum(1 for e in self.index.values() if e.state is State.COMMITTED)
 
-    # -- internals: the one place each resource is taken and given back ---------------------------------------
-    def _sync(self, key: bytes) -> None:
+    # -- the one place each resource is taken and given back (ledgers call these too) ---------------------------
+    def sync(self, key: bytes) -> None:
         """Publish ``key``'s readable state as it is now (called after every change to it): its fastest tier, or
         gone. Read from the index rather than from a changed entry, since a doomed entry freed late must not
         unlist the new chunk stored under its key since."""
@@ -342,80 +340,96 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         else:
             self.published.remove(key)
 
-    def _allocate(self, size: int) -> int:
-        """A DRAM slot, evicting (or demoting) the oldest unpinned chunks until one fits. A chunk being written,
-        copied to the GPU tier or checked keeps its slot (and its place in the queue)."""
-        offset = make_room(lambda: self.host.allocate(size), self.lru, _may_leave_dram, self._drop_host_copy)
+    def allocate_host(self, size: int) -> int:
+        """A DRAM slot, evicting (or demoting) the oldest unpinned chunks until one fits. A chunk whose slot a
+        lower tier's I/O uses, or a check reads, keeps its slot (and its place in the queue)."""
+        offset = make_room(lambda: self.host.allocate(size), self.lru, self._may_leave_dram, self.drop_host_copy)
         if offset is None:
             raise StoreFullError(
                 f"host tier is full: no room for a {size}-byte chunk and every stored chunk is leased or "
                 f"being written ({self.host.used_bytes} of {self.host.capacity_bytes} bytes in use)")
         return offset
 
-    def _drop_host_copy(self, entry: Entry) -> None:
-        """An unpinned chunk leaves DRAM (it is already out of the host LRU): demoted if on disk, else evicted."""
-        if entry.disk is DiskState.STORED:
-            self._free_host(entry)   # a GPU copy, if any, stays
-            self.tier_counters.demotions_host_disk += 1
-            self.tier_counters.demoted_bytes_host_disk += entry.size
+    def _may_leave_dram(self, entry: Entry) -> bool:
+        """Whether nothing but the index uses the chunk's DRAM slot (a lower tier's I/O or a check reads it)."""
+        return not entry.checking and not any(ledger.uses_dram(entry) for ledger in self.ledgers)
+
+    def fill_host(self, entry: Entry, offset: int, evictable: bool = True) -> None:
+        """A lower tier filled a DRAM slot with ``entry``'s bytes (a promotion, a copy down): publish it."""
+        entry.host_offset = offset
+        self.sync(entry.key)
+        if evictable:
+            self.lru.add_chain([entry])
+
+    def drop_host_copy(self, entry: Entry) -> None:
+        """An unpinned chunk leaves DRAM (it is already out of the host LRU): demoted if a lower tier keeps it,
+        else evicted."""
+        kept = any(ledger.keeps(entry) for ledger in self.ledgers)
+        for ledger in self.ledgers:
+            ledger.on_leave_dram(entry, kept)
+        if kept:
+            self.free_host(entry)
             return
-        if entry.gpu_offset is not None:
-            self._forget_disk(entry)   # a queued write needs the DRAM slot; the GPU copy is queued when it sinks
-            self._free_host(entry)
-            return
-        if entry.disk is DiskState.QUEUED:
-            self.tier_counters.unwritten_evictions += 1
         self.tier_counters.evictions_host += 1
         self._evict(entry)
 
-    def _evict(self, entry: Entry) -> None:
+    def unindex(self, entry: Entry) -> None:
+        """``entry`` leaves the index and every tier's queues (what it holds is freed by the caller)."""
         del self.index[entry.key]
-        self._sync(entry.key)
-        self.disk_lru.remove(entry)
-        self._forget_disk(entry)
+        self.sync(entry.key)
+        self.lru.remove(entry)
+        for ledger in self.ledgers:
+            ledger.on_remove(entry)
+
+    def lost(self, entry: Entry) -> None:
+        """The last copy of an idle chunk went (a lower tier evicted it): it leaves the index."""
+        self.unindex(entry)
+        self.counters.evictions += 1
+        self.counters.evicted_bytes += entry.size
+
+    def _evict(self, entry: Entry) -> None:
+        self.unindex(entry)
         self._free(entry)
         self.counters.evictions += 1
         self.counters.evicted_bytes += entry.size
 
-    def _release_if_idle(self, entry: Entry) -> None:
+    def release_if_idle(self, entry: Entry) -> None:
         """Free what a removed (doomed) chunk still holds, once nothing uses it any more."""
         if entry.busy:
             return
         self._free(entry)
-        self._forget_disk(entry)
 
     def _free(self, entry: Entry) -> None:
-        self._free_host(entry)
-        self._free_gpu(entry)
+        self.free_host(entry)
+        for ledger in self.ledgers:
+            ledger.on_free(entry)
 
-    def _free_host(self, entry: Entry) -> None:
+    def free_host(self, entry: Entry) -> None:
         if entry.host_offset is not None:
             self.host.free(entry.host_offset)
             entry.host_offset = None
-            self._sync(entry.key)
+            self.sync(entry.key)
 
-    def _drop_reserved(self, entries: list[Entry]) -> None:
+    def drop_reserved(self, entries: list[Entry]) -> None:
         for entry in entries:
             if self.index.get(entry.key) is entry:
                 del self.index[entry.key]
             self._free(entry)
 
     def _remove_committed(self, entry: Entry) -> None:
-        del self.index[entry.key]
-        self._sync(entry.key)
-        self.lru.remove(entry)
-        self.disk_lru.remove(entry)
-        self.gpu_wanted.pop(entry.key, None)
+        self.unindex(entry)
         entry.doomed = True
-        self._release_if_idle(entry)
+        self.release_if_idle(entry)
 
-    def _pin(self, entry: Entry) -> None:
+    def pin(self, entry: Entry) -> None:
+        """A lease (or a put to the remote store) holds the chunk: out of every eviction queue until unpinned."""
         if entry.pins == 0:
             self.lru.remove(entry)
-            self.gpu_lru.remove(entry)
+            for ledger in self.ledgers:
+                ledger.on_pin(entry)
         entry.pins += 1
 
-    def _unpin_chain(self, entries: list[Entry]) -> None:
+    def unpin_chain(self, entries: list[Entry]) -> None:
         back_in_queue = []
         for entry in entries:
             entry.pins -= 1
@@ -423,16 +437,12 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
             if entry.pins:
                 continue
             if entry.doomed:
-                self._release_if_idle(entry)
+                self.release_if_idle(entry)
             else:
                 back_in_queue.append(entry)
         self.lru.add_chain([e for e in back_in_queue if e.host_offset is not None])
-        self.gpu_lru.add_chain([e for e in back_in_queue if e.gpu_offset is not None])
-
-
-def _may_leave_dram(entry: Entry) -> bool:
-    """Whether nothing but the index uses the chunk's DRAM slot (a write, a GPU copy or a check reads it)."""
-    return entry.disk is not DiskState.WRITING and entry.gpu_loading is None and not entry.checking
+        for ledger in self.ledgers:
+            ledger.on_unpin(back_in_queue)
 
 
 def top_tier(entry: Entry) -> str:

@@ -1,0 +1,101 @@
+"""The interface between the Store and the tiers below DRAM: the hooks a tier's ledger answers.
+
+A tier below DRAM (disk, GPU, remote) is two objects. Its *ledger* (``disk_ledger.py``, ``gpu_ledger.py``,
+``remote_ledger.py``) is the only code that changes that tier's fields of an ``Entry`` and its queues, and records
+intents (write this chunk, promote that one, send these); its *mover* (``manager.py``, ``gpu_mover.py``,
+``remote_mover.py``; ``sim/movers.py`` in the simulator) does the I/O those intents ask for and reports back to
+the ledger, and to nobody else. The Store (``store.py``) keeps the index, leases, reservations and the DRAM arena,
+and calls every ledger through the hooks below at the moments a lower tier must hear of; it never calls a mover.
+
+The hooks run on the event loop, inside the Store's own operation: they must not block, and they must not call
+back into the operation that called them (a ledger that wants its mover to act *wakes* it: ``Mover.wake``).
+
+Trade-off: a fixed list of hooks instead of per-tier calls in the Store costs a loop over two or three ledgers
+per hook; in exchange the Store reads as one thing (the index and DRAM) and a tier is added by writing a ledger
+and a mover, without touching ``store.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+from .counters import StoreCounters, TierCounters
+from .entry import Entry
+from .eviction import EvictionQueue
+
+
+class Mover(Protocol):
+    """What every mover offers (``movers.py`` holds the shared life cycle): a ledger only ever wakes it."""
+
+    def wake(self) -> None: ...
+
+
+class StoreCore(Protocol):
+    """What a ledger may ask of the Store (``store.py``): the index, the DRAM arena and its queue, and the one
+    set of allocate/free/pin/unpin primitives. Written out so that no ledger imports the Store."""
+
+    index: dict[bytes, Entry]
+    lru: EvictionQueue
+    host: Any                     # tiers.host.HostTier
+    policy: str
+    counters: StoreCounters
+    tier_counters: TierCounters
+    disk_ledger: Any              # disk_ledger.DiskLedger | None: where a chunk copied down is queued
+
+    def leading(self, keys: Sequence[bytes]) -> list[Entry]: ...
+    def read(self, entry: Entry) -> memoryview: ...
+    def sync(self, key: bytes) -> None: ...
+    def allocate_host(self, size: int) -> int: ...
+    def fill_host(self, entry: Entry, offset: int, evictable: bool = True) -> None: ...
+    def free_host(self, entry: Entry) -> None: ...
+    def drop_host_copy(self, entry: Entry) -> None: ...
+    def drop_reserved(self, entries: list[Entry]) -> None: ...
+    def admit(self, entries: list[Entry], source: "TierLedger") -> None: ...
+    def unindex(self, entry: Entry) -> None: ...
+    def lost(self, entry: Entry) -> None: ...
+    def release_if_idle(self, entry: Entry) -> None: ...
+    def damaged(self, entry: Entry, tier: str) -> int: ...
+    def pin(self, entry: Entry) -> None: ...
+    def unpin_chain(self, entries: list[Entry]) -> None: ...
+
+
+class TierLedger:
+    """A lower tier's hooks, each a no-op here: a ledger overrides those its tier cares about."""
+
+    name = ""
+
+    def refusal(self) -> str:
+        """Why puts must fail now ("" when they need not): e.g. the disk's filesystem is full."""
+        return ""
+
+    def on_commit(self, entries: Sequence[Entry]) -> None:
+        """These chunks were just committed by a put (their checksums taken): readable, each in a DRAM slot."""
+
+    def on_touch(self, entries: Sequence[Entry]) -> None:
+        """A lookup found this chain (prefix first): it is the most recently used."""
+
+    def on_hit(self, entries: Sequence[Entry]) -> None:
+        """A get is about to lease these chunks."""
+
+    def on_pin(self, entry: Entry) -> None:
+        """``entry`` got its first pin: it must not leave this tier until unpinned."""
+
+    def on_unpin(self, entries: Sequence[Entry]) -> None:
+        """These chunks lost their last pin (and are still indexed): they may leave this tier again."""
+
+    def uses_dram(self, entry: Entry) -> bool:
+        """Whether this tier's I/O reads or fills ``entry``'s DRAM slot now (so the slot must stay)."""
+        return False
+
+    def keeps(self, entry: Entry) -> bool:
+        """Whether this tier holds a copy of ``entry`` that survives its DRAM copy."""
+        return False
+
+    def on_leave_dram(self, entry: Entry, kept: bool) -> None:
+        """``entry``'s DRAM copy is about to go; ``kept``: some tier keeps the chunk (else it is evicted)."""
+
+    def on_remove(self, entry: Entry) -> None:
+        """``entry`` left the index (deleted, evicted, dropped): out of this tier's queues and requests."""
+
+    def on_free(self, entry: Entry) -> None:
+        """Nothing uses ``entry`` any more, or its chunk is evicted: give this tier's copy back."""

@@ -1,0 +1,94 @@
+"""The mover life cycle (``store/movers.py``): waits are ``Condition.wait_for`` on completions, never a timer, and
+``drain`` keeps its deadline. The GPU mover sleeps until its ledger wakes it (no idle poll). Real Store, real
+ledgers, payload-less tiers; no daemon process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from kvstore.store.gpu_mover import GpuMover
+from kvstore.store.movers import MoverLife
+from kvstore.store.store import Store
+from kvstore.tiers.host import HostTier
+from kvstore.tiers.virtual import VirtualArena
+
+PAGE = 4096
+
+
+class Counting(MoverLife):
+    """A mover whose one operation in flight the test ends, counting how often its idle state is asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    def idle(self) -> bool:
+        self.asked += 1
+        return super().idle()
+
+
+def test_drain_waits_for_completion_without_polling():
+    async def main() -> tuple[bool, float, int]:
+        mover = Counting()
+        mover.start(asyncio.get_running_loop())
+        mover.in_flight[b"k"] = asyncio.get_running_loop().create_future()
+
+        def complete() -> None:
+            del mover.in_flight[b"k"]
+            mover.changed()
+
+        asyncio.get_running_loop().call_later(0.3, complete)
+        t0 = time.monotonic()
+        done = await mover.drain(time.monotonic() + 5)
+        return done, time.monotonic() - t0, mover.asked
+
+    done, took, asked = asyncio.run(main())
+    assert done and 0.25 < took < 2.0
+    assert asked <= 4, f"idle() asked {asked} times in 0.3 s: the drain polled"
+
+
+def test_drain_keeps_its_deadline():
+    async def main() -> tuple[bool, float]:
+        mover = Counting()
+        mover.start(asyncio.get_running_loop())
+        mover.in_flight[b"k"] = asyncio.get_running_loop().create_future()   # never ends
+        t0 = time.monotonic()
+        done = await mover.drain(time.monotonic() + 0.2)
+        return done, time.monotonic() - t0
+
+    done, took = asyncio.run(main())
+    assert not done and 0.15 < took < 1.0
+
+
+def test_gpu_mover_sleeps_until_its_ledger_wakes_it():
+    store = Store(HostTier(VirtualArena(64 * PAGE)), 10.0, 10.0, gpu=HostTier(VirtualArena(16 * PAGE)))
+
+    async def main() -> tuple[int, int, int]:
+        mover = GpuMover(store.gpu_ledger)
+        steps = 0
+        step = mover.step
+
+        def counted() -> None:
+            nonlocal steps
+            steps += 1
+            step()
+
+        mover.step = counted
+        mover.start(asyncio.get_running_loop())
+        await asyncio.sleep(0.6)
+        idle_steps = steps
+        handle, _ = store.reserve(b"o", "ns", [b"a" * 16], [PAGE], None)
+        store.commit(b"o", handle.id)
+        for _ in range(2):   # the second get that finds the chunk in DRAM asks for its promotion
+            lease, _ = store.get(b"o", [b"a" * 16])
+            store.release(b"o", lease.id)
+        await asyncio.sleep(0.1)
+        woken_steps = steps
+        drained = await mover.drain(time.monotonic() + 1)
+        return idle_steps, woken_steps, drained
+
+    idle_steps, woken_steps, drained = asyncio.run(main())
+    assert idle_steps == 1, f"{idle_steps} rounds in 0.6 s with nothing to do: the mover polled"
+    assert woken_steps > idle_steps, "a promotion request did not wake the mover"
+    assert drained and not store.gpu_ledger.wanted
