@@ -38,8 +38,9 @@ def Daemon(workdir: str, *args: str) -> DaemonProc:
 
 def wait_written(c: kvstore.Client) -> None:
     while True:
-        disk = c.stats()["disk"]
-        if disk["write_queue_chunks"] == 0 and disk["writes_in_flight"] == 0:
+        stats = c.stats()
+        disk, sums = stats["disk"], stats.get("integrity", {}).get("sums_pending", 0)
+        if disk["write_queue_chunks"] == 0 and disk["writes_in_flight"] == 0 and sums == 0:
             return
         time.sleep(0.002)
 

@@ -81,6 +81,20 @@ def test_sigterm_restart_keeps_every_committed_chunk(start_daemon):
     assert "disk_index_rebuilt" in d.log() and "chunks=24" in d.log()
 
 
+def test_sigterm_right_after_a_put_keeps_chunks_whose_sums_were_still_being_taken(start_daemon):
+    # Write-back starts from a chunk's checksum: a stop that only flushed the write queue lost what was summed late.
+    d = start_daemon("--host-mem", "256MiB", "--disk-size", "512MiB")
+    with d.client(namespace="late-sums", chunk_tokens=4) as c:
+        keys = c.chunk_keys(list(range(4 * 4)))
+        payloads = [os.urandom(32 * MiB) for _ in keys]
+        c.put(keys, payloads)
+        assert d.stop(signal.SIGTERM) == 0
+    d.start()
+    with d.client(namespace="late-sums", chunk_tokens=4) as c:
+        assert c.lookup_tiers(keys, promote=False).tiers == {"disk": 4}
+        assert read_all(c, keys) == payloads
+
+
 def test_kill9_serves_completed_writes_and_never_wrong_bytes(start_daemon):
     d = start_daemon("--host-mem", "32MiB")
     with d.client(namespace="kill", chunk_tokens=4) as c:

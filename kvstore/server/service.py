@@ -91,7 +91,10 @@ class Service:
     # -- the stop -------------------------------------------------------------------------------------------
     async def drain_movers(self, deadline: Callable[[str], float]) -> None:
         """At stop: the GPU mover's copies and the remote puts by the "remote" step's deadline, the write-back
-        queue by the "disk" step's (``stopping.py``; ``deadline(step)`` is on ``time.monotonic``)."""
+        queue by the "disk" step's (``stopping.py``; ``deadline(step)`` is on ``time.monotonic``). Sums being taken
+        come first: the write-back and remote put of a fresh chunk start from its sum."""
+        summed = await self.safeguards.integrity.drain(deadline("remote"))
+        logs.info("sums_drained", complete=summed)
         if self.gpu_mover is not None:
             done = await self.gpu_mover.drain(deadline("remote"))
             logs.info("gpu_drained", complete=done)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from typing import Sequence
 
 import xxhash
@@ -110,6 +111,17 @@ class Integrity:
         disk = self.store.disk_ledger
         if disk is not None:
             disk.expect(sign * sum(e.size for e in entries))
+
+    async def drain(self, deadline: float) -> bool:
+        """At stop: wait until every sum being taken is set (write-back and remote puts start from it), or
+        ``deadline`` (on ``time.monotonic``); True when none is left. A chunk whose sum was never set is never
+        queued for the disk, so a stop that did not wait would lose it."""
+        while self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.wait(set(self.pending.values()), timeout=left)
+        return True
 
     def waits(self, keys: Sequence[bytes]) -> list[asyncio.Future]:
         """The sum jobs still running for any of ``keys``."""
