@@ -19,12 +19,10 @@ import math
 import os
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import default_socket
-from ..errors import (ClientClosedError, DaemonUnavailable, KVStoreError, LeaseError, StoreFullError, UsageError,
-                      VersionError)
+from ..errors import ClientClosedError, DaemonUnavailable, KVStoreError, StoreFullError, UsageError, VersionError
 from ..keys import KEY_SCHEME
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
@@ -33,136 +31,23 @@ from ..protocol.stream import SUFFIX as STREAM_SUFFIX
 from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
 from ..tiers.arena import SharedArena
-from .buffers import copy_into, nbytes_of
+from .arena_read import read_into
+from .buffers import copy_into, copy_out, nbytes_of, writable_bytes
 from .credit import CreditWriter
+from .lease import Lease, LookupResult, Reservation
+from .mappings import Mappings, file_identity
 from .shared_index import SeenNotes, SharedIndexView
 from .stream_transport import StreamLost, StreamTransport
 from .pages import PagePopulator
 from .transport import Transport
 
+__all__ = ["Client", "Lease", "LookupResult", "Reservation", "connect"]
+
 DEFAULT_NAMESPACE = "default"
 DEFAULT_CHUNK_TOKENS = 256
 
 
-@dataclass(frozen=True)
-class LookupResult:
-    count: int                 # leading keys stored, in any tier
-    tiers: dict[str, int]      # how many of those leading keys each tier holds
-
-
-class Lease:
-    """Zero-copy views of leased chunks; the chunks stay pinned until ``release``.
-
-    A view is a memoryview of the shared arena, or — for a client that maps the GPU pool — a ``uint8`` tensor of
-    the pool for a chunk the GPU tier holds (``tiers[i]`` says which: "gpu" or "host").
-
-    The views never change under the reader without the reader learning it. A local client whose process the
-    daemon follows keeps its leases past the TTL for as long as it lives. Any other client (one in another pid
-    namespace) may lose a lease at its TTL, after which other chunks may be written under its views: so a
-    release later than the TTL (counted from before the get was sent, so never late) asks the daemon whether the
-    lease was still held, and ``release`` (and leaving the ``with`` block) raises ``LeaseError`` when it was not:
-    whatever was computed from the views must then be thrown away.
-    """
-
-    def __init__(self, client: "Client", lease_id: int, views: list[Any], tiers: list[str] | None = None,
-                 valid_until: float = math.inf) -> None:
-        self._client = client
-        self.id = lease_id
-        self.views = views
-        self.tiers = tiers if tiers is not None else ["host"] * len(views)
-        self._valid_until = valid_until   # time.monotonic() before which the daemon cannot have expired it
-        self._arena = client._arena       # a daemon restarted since maps another arena: these views were left alone
-
-    def __enter__(self) -> list[Any]:
-        return self.views
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        try:
-            self.release()
-        except LeaseError:
-            if exc_type is None:
-                raise   # the block's own error, if any, is the one to report
-
-    def __len__(self) -> int:
-        return len(self.views)
-
-    def extend(self) -> float:
-        """Push the lease's deadline out by its TTL; returns the seconds left."""
-        sent = time.monotonic()
-        header, _ = self._client._call({"op": Op.EXTEND, "lease": self.id})
-        ttl = float(header["ttl"])
-        self._valid_until = max(self._valid_until, sent + ttl)
-        return ttl
-
-    def release(self) -> None:
-        """Unpin the chunks. The views are invalid afterwards (using them raises ValueError).
-
-        Raises LeaseError if the lease had already been taken back (see the class docstring)."""
-        for view in self.views:
-            if isinstance(view, memoryview):
-                view.release()
-        self.views = []
-        if not self.id:
-            return
-        lease_id, self.id = self.id, 0
-        if time.monotonic() < self._valid_until:
-            try:
-                # Nothing to wait for: the lease is held, and a restarted daemon pins nothing anyway.
-                self._client._transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
-            except (DaemonUnavailable, ClientClosedError):
-                pass  # the daemon is gone (nothing is pinned, nothing wrote under the views), or we closed
-            return
-        if self._client._arena is not self._arena:
-            return   # the daemon restarted: nothing wrote into the old arena under these views
-        try:
-            self._client._transport.call({"op": Op.RELEASE, "lease": lease_id})   # past the TTL: was it held?
-        except (DaemonUnavailable, VersionError, ClientClosedError):
-            pass   # the daemon is gone or restarted (it wrote into a new arena, not under these views), or we closed
-        except LeaseError:
-            raise LeaseError(f"lease {lease_id} was taken back at its TTL before it was released: other chunks "
-                             f"may have been written under its views; discard what was read from them") from None
-
-
-class Reservation:
-    """Arena slots reserved for new chunks: fill ``views`` (None: that key is already stored), then ``commit``.
-
-    The two halves of ``put`` for callers that write the bytes themselves, e.g. an engine gathering KV
-    straight into the slots. Uncommitted slots are freed by ``abort`` (or when the reservation's TTL passes)."""
-
-    def __init__(self, client: "Client", reservation_id: int, views: list[memoryview | None]) -> None:
-        self._client = client
-        self.id = reservation_id
-        self.views = views
-
-    def commit(self) -> int:
-        """Publish the filled chunks; returns how many were written."""
-        rid, self.id = self.id, 0
-        self._release_views()
-        header, _ = self._client._call({"op": Op.COMMIT, "reservation": rid}, retry=False)
-        return int(header["committed"])
-
-    def abort(self) -> None:
-        rid, self.id = self.id, 0
-        self._release_views()
-        if rid:
-            self._client._call({"op": Op.ABORT, "reservation": rid}, retry=False)
-
-    def _release_views(self) -> None:
-        for view in self.views:
-            if view is not None:
-                view.release()
-        self.views = []
-
-
-def _file_identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
-
-
-class Client:
+class Client(Mappings):
     """A connection to one daemon. Not fork-safe; use one per thread for the best concurrency."""
 
     def __init__(self, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
@@ -230,10 +115,10 @@ class Client:
         arena = header.get("arena")
         # A restarted daemon makes a new arena file under the same path: compare the file, not just its name,
         # or puts would land in (and gets read from) the dead predecessor's memory.
-        if arena and (self._arena is None or self._arena_file != _file_identity(arena["path"])
+        if arena and (self._arena is None or self._arena_file != file_identity(arena["path"])
                       or self._arena.size != arena["size"]):
             self._detach_arena()
-            self._arena_file = _file_identity(arena["path"])
+            self._arena_file = file_identity(arena["path"])
             self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
             self._arena_view = self._arena.view()
             self._pages = PagePopulator(self._arena.buf, self._arena.size)
@@ -268,59 +153,6 @@ class Client:
             return None
         self._transport = stream
         return header
-
-    def _attach_index(self, path: str | None) -> None:
-        """Map the daemon's lookup index; a restarted daemon has a new file under the same name."""
-        if path and self._index is not None and self._index_file == _file_identity(path):
-            return
-        self._detach_index()
-        if path:
-            self._index_file = _file_identity(path)
-            self._index = SharedIndexView.open(path)
-
-    def _detach_index(self) -> None:
-        if self._index is not None:
-            self._index.close()
-        self._index, self._index_file = None, None
-
-    def _attach_gpu(self, info: dict[str, Any] | None) -> None:
-        """Map the daemon's GPU pool (once per daemon) and pin our arena mapping for async host<->GPU copies."""
-        if info == self._gpu_info and (info is None or self._gpu_pool is not None):
-            return
-        self._detach_gpu()
-        self._gpu_info = info
-        if not info:
-            return
-        from ..gpu.engine import MappedPool, page_lock_mapping  # torch: only for clients that ask for the GPU tier
-
-        self._gpu_pool = MappedPool.from_hello(info)
-        if self._gpu_pool is not None and self._gpu_pool.device.type == "cuda" and self._arena is not None:
-            self._page_locked = page_lock_mapping(self._arena.buf, self._arena.size)
-
-    def _detach_gpu(self) -> None:
-        if self._page_locked is not None:
-            self._page_locked.unlock()
-            self._page_locked = None
-        if self._gpu_pool is not None:
-            self._gpu_pool.close()
-            self._gpu_pool = None
-        self._gpu_info = None
-
-    @property
-    def gpu_pool(self) -> Any:
-        """The mapped GPU pool (``kvstore.gpu.engine.MappedPool``), or None."""
-        return self._gpu_pool
-
-    def _detach_arena(self) -> None:
-        self._detach_gpu()   # unpin before unmapping
-        if self._arena_view is not None:
-            try:
-                self._arena_view.release()
-            except BufferError:
-                pass  # views of live leases still point into it; the mapping goes when they do
-        if self._arena is not None:
-            self._arena.close()
-        self._arena, self._arena_view, self._pages = None, None, None
 
     def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
               retry: bool = True) -> tuple[dict[str, Any], list[Any]]:
@@ -487,6 +319,31 @@ class Client:
             lease = Lease(self, int(header["lease"]), views, list(tiers),
                           sent + float(header.get("ttl", math.inf)))
         return self._verified(lease, list(keys), header.get("sums", [])) if verify else lease
+
+    def get_into(self, keys: Sequence[bytes], dests: Sequence[Any], verify: bool = False) -> int:
+        """Copy the longest stored prefix of ``keys`` into ``dests`` (one writable buffer or tensor per key, at
+        least its chunk's size; the chunk fills its leading bytes); returns how many chunks were copied.
+
+        A local client copies straight out of the arena without a round trip where the daemon's index can answer
+        (``client/arena_read.py``); otherwise — and with ``verify`` — it is a leased ``get`` and a copy."""
+        if len(keys) != len(dests):
+            raise UsageError(f"get_into: {len(keys)} keys but {len(dests)} destinations")
+        if not keys:
+            return 0
+        if not verify and self._index is not None and self._arena_view is not None and self._transport.alive():
+            read = read_into(self._index, self._arena_view, self._pages, keys, dests)
+            if read is not None:
+                if read and self._seen.add_read(read):
+                    self._send_seen()
+                return len(read)
+        with self.get(keys, verify=verify) as views:
+            for i, (view, dest) in enumerate(zip(views, dests)):
+                out = writable_bytes(dest)
+                if nbytes_of(out) < nbytes_of(view):
+                    raise UsageError(f"get_into: destination {i} holds {nbytes_of(out)} bytes; its chunk has "
+                                     f"{nbytes_of(view)}")
+                copy_out(out, view if isinstance(view, memoryview) else memoryview(view.cpu().numpy()))
+            return len(views)
 
     def _verified(self, lease: Lease, keys: list[bytes], sums: list[int | None]) -> Lease:
         from .verify import verified_prefix

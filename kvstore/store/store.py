@@ -172,6 +172,19 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
         chain, or what is left of it, and count the lookup as ``lookup`` would have."""
         self._touch_looked_up(self.leading(found_keys), asked, len(found_keys))
 
+    def note_read(self, keys: Sequence[bytes]) -> None:
+        """A get a local client copied out of the arena itself (``client/arena_read.py``): touched and counted
+        as ``get`` would (its pin and unpin move the chain to the newest end of the queues)."""
+        found = [e for e in self.leading(keys) if e.host_offset is not None]
+        self.lru.touch_chain(found)
+        self.gpu_lru.touch_chain([e for e in found if e.gpu_offset is not None])
+        if self.gpu is not None:
+            self._count_hits(found)
+        c = self.counters
+        c.gets += 1
+        c.get_chunks += len(found)
+        c.get_bytes += sum(e.size for e in found)
+
     def _touch_looked_up(self, found: list[Entry], asked: int, hits: int) -> None:
         self.lru.touch_chain(found)
         self.disk_lru.touch_chain(found)
@@ -338,7 +351,7 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
             return
         entry = self.index.get(key)
         if entry is not None and entry.readable:
-            self.published.set(key, STATE_OF_TIER[top_tier(entry)])
+            self.published.set(key, STATE_OF_TIER[top_tier(entry)], entry.host_offset, entry.size)
         else:
             self.published.remove(key)
 
