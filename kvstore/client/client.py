@@ -156,6 +156,8 @@ class Client(Mappings):
 
     def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
               retry: bool = True) -> tuple[dict[str, Any], list[Any]]:
+        if self._credit.queued is not None:
+            self._credit.settle(self)   # first, so that this request sees the queued put's chunks
         if self._seen:
             self._send_seen()   # first, so that this request sees those lookups' effect
         try:
@@ -169,6 +171,24 @@ class Client(Mappings):
                 raise
             self._hello()  # the daemon restarted and forgot us
         return self._transport.call(header, payloads)
+
+    def _send(self, header: dict[str, Any]) -> int:
+        """Send one request of a pipelined batch without waiting; ``_reply`` collects its answer. A daemon that
+        restarted meanwhile raises VersionError (after a new hello): the batch's other replies are gone."""
+        if self._seen:
+            self._send_seen()
+        try:
+            return self._transport.send(header)
+        except StreamLost as exc:
+            self._hello()
+            raise VersionError(f"the daemon restarted before this request reached it ({exc})") from exc
+
+    def _reply(self, rid: int) -> dict[str, Any]:
+        try:
+            return self._transport.wait(rid)[0]
+        except StreamLost as exc:
+            self._hello()
+            raise VersionError(f"the daemon restarted before it answered ({exc})") from exc
 
     # -- keys -----------------------------------------------------------------------------------------------
     def chunk_keys(self, token_ids: Sequence[int] | Any, include_partial: bool = False,
@@ -201,6 +221,8 @@ class Client(Mappings):
             return self._lookup_many(chains)
 
     def _lookup_many(self, chains: Sequence[Sequence[bytes]]) -> list[int]:
+        if self._credit.queued is not None:
+            self._credit.settle(self)
         if self._seen:
             self._send_seen()
         ids = [self._transport.send({"op": Op.LOOKUP, "keys": wire_keys(keys), "promote": True}) if keys else 0
@@ -222,6 +244,8 @@ class Client(Mappings):
         shared index where it can answer (``client/shared_index.py``), else asked over the socket."""
         if not keys:
             return LookupResult(0, {})
+        if self._credit.queued is not None:
+            self._credit.settle(self)   # a lookup sees this client's queued puts
         if self._index is not None and self._transport.alive():
             answer = self._index.lookup(keys, promote)
             if answer is not None:
@@ -243,22 +267,47 @@ class Client(Mappings):
         except DaemonUnavailable:
             pass
 
-    def put(self, keys: Sequence[bytes], buffers: Sequence[Any], parent: bytes | None = None) -> int:
+    def put(self, keys: Sequence[bytes], buffers: Sequence[Any], parent: bytes | None = None,
+            wait: bool = True) -> int | None:
         """Store one buffer (bytes-like or tensor) per key; keys already stored are skipped.
 
         ``parent`` is the key that precedes ``keys[0]`` in its chain, if any. Returns how many chunks were
         written. Raises StoreFullError when the daemon cannot make room.
+
+        ``wait=False`` (a local client): return None once the bytes are in the arena and the commit is sent,
+        without waiting for the daemon to publish them; ``flush`` returns how many chunks such puts wrote and
+        raises the first error one met (so does the next ``put``). Any read or request of this client waits for
+        the queued commit first, so it sees the chunks.
         """
         if len(keys) != len(buffers):
             raise UsageError(f"put: {len(keys)} keys but {len(buffers)} buffers")
+        if not wait and self._credit.error is not None:
+            self.flush()   # raises the queued puts' error
         if not keys:
-            return 0
+            return 0 if wait else None
         if self._arena_view is None:
-            return self._put_inline(keys, buffers, parent)
+            return self._not_waited(self._put_inline(keys, buffers, parent), wait)
         sizes = [nbytes_of(b) for b in buffers]
-        committed = self._credit.put(self, keys, buffers, sizes, parent)
+        committed = self._credit.put(self, keys, buffers, sizes, parent, wait)
         if committed is not None:
+            return committed if wait else None
+        return self._not_waited(self._put_reserved(keys, buffers, sizes, parent), wait)
+
+    def flush(self) -> int:
+        """Wait for the puts sent with ``wait=False``: how many chunks they wrote since the last flush; raises
+        the first error one of them met."""
+        self._credit.settle(self)
+        return self._credit.take_result()
+
+    def _not_waited(self, committed: int, wait: bool) -> int | None:
+        """A put that could not be queued was made at once: ``flush`` counts it with the queued ones."""
+        if wait:
             return committed
+        self._credit.committed += committed
+        return None
+
+    def _put_reserved(self, keys: Sequence[bytes], buffers: Sequence[Any], sizes: list[int],
+                      parent: bytes | None) -> int:
         reservation = self.reserve(keys, sizes, parent)
         try:
             for view, buf in zip(reservation.views, buffers):
@@ -330,6 +379,8 @@ class Client(Mappings):
             raise UsageError(f"get_into: {len(keys)} keys but {len(dests)} destinations")
         if not keys:
             return 0
+        if self._credit.queued is not None:
+            self._credit.settle(self)   # a read sees this client's queued puts
         if not verify and self._index is not None and self._arena_view is not None and self._transport.alive():
             read = read_into(self._index, self._arena_view, self._pages, keys, dests)
             if read is not None:
@@ -390,6 +441,7 @@ class Client(Mappings):
         return header["stats"]
 
     def close(self) -> None:
+        self._credit.settle(self)   # a queued put is published before the stream closes (call flush for errors)
         note = self._seen.take()
         if note is not None:
             try:   # awaited: closing the socket would drop a note still queued in it
