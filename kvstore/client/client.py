@@ -30,15 +30,13 @@ from ..protocol.messages import wire_keys
 from ..protocol.stream import SUFFIX as STREAM_SUFFIX
 from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
-from ..tiers.arena import SharedArena
 from .arena_read import read_into
 from .buffers import copy_into, copy_out, nbytes_of, writable_bytes
 from .credit import CreditWriter
 from .lease import Lease, LookupResult, Reservation
-from .mappings import Mappings, file_identity
-from .shared_index import SeenNotes, SharedIndexView
+from .mappings import Mappings
+from .shared_index import SeenNotes
 from .stream_transport import StreamLost, StreamTransport
-from .pages import PagePopulator
 from .transport import Transport
 
 __all__ = ["Client", "Lease", "LookupResult", "Reservation", "connect"]
@@ -73,22 +71,14 @@ class Client(Mappings):
         # Local clients send their requests on the daemon's stream socket (protocol/stream.py) when it has one
         self.want_stream = stream and self.use_arena and self.address.startswith("ipc://")
         self.timeout = timeout
-        self._arena: SharedArena | None = None
-        self._arena_view: memoryview | None = None
-        self._pages: PagePopulator | None = None
-        self._arena_file: tuple[int, int] | None = None
+        self._no_mappings()
         self.want_gpu = gpu and self.use_arena
         # Page-lock our arena mapping (CUDA) so that copies from leased views to the GPU are asynchronous DMA;
         # implied by gpu=True when the daemon has a GPU tier, useful alone for engines without one.
         self.pin_arena = pin_arena
-        self._gpu_pool: Any = None        # kvstore.gpu.engine.MappedPool, when the daemon's pool is mapped
-        self._gpu_info: dict[str, Any] | None = None
-        self._page_locked: Any = None     # kvstore.gpu.page_lock.PageLockedRegion of our arena mapping
         self.server_info: dict[str, Any] = {}
         # Lookups from the daemon's shared-memory index (local clients; shared_index=False always asks the socket)
         self.want_shared_index = shared_index and self.use_arena
-        self._index: SharedIndexView | None = None
-        self._index_file: tuple[int, int] | None = None
         self._seen = SeenNotes()
         self._credit = CreditWriter(credits)   # puts in one round trip (client/credit.py); False: reserve + commit
         try:
@@ -112,18 +102,7 @@ class Client(Mappings):
             self._transport = self._zmq
             header, _ = self._zmq.call(hello)
         self.server_info = header
-        arena = header.get("arena")
-        # A restarted daemon makes a new arena file under the same path: compare the file, not just its name,
-        # or puts would land in (and gets read from) the dead predecessor's memory.
-        if arena and (self._arena is None or self._arena_file != file_identity(arena["path"])
-                      or self._arena.size != arena["size"]):
-            self._detach_arena()
-            self._arena_file = file_identity(arena["path"])
-            self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
-            self._arena_view = self._arena.view()
-            self._pages = PagePopulator(self._arena.buf, self._arena.size)
-        elif not arena:
-            self._detach_arena()
+        self._attach_arena(header.get("arena"))
         # The index is read only while our stream to its writer is open: a daemon that died shows there at once
         on_stream = isinstance(self._transport, StreamTransport)
         self._attach_index(header.get("index") if self.want_shared_index and on_stream else None)
@@ -367,7 +346,11 @@ class Client(Mappings):
                      else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
             lease = Lease(self, int(header["lease"]), views, list(tiers),
                           sent + float(header.get("ttl", math.inf)))
-        return self._verified(lease, list(keys), header.get("sums", [])) if verify else lease
+        if not verify:
+            return lease
+        from .verify import verified_lease
+
+        return verified_lease(self, lease, list(keys), header.get("sums", []))
 
     def get_into(self, keys: Sequence[bytes], dests: Sequence[Any], verify: bool = False) -> int:
         """Copy the longest stored prefix of ``keys`` into ``dests`` (one writable buffer or tensor per key, at
@@ -395,18 +378,6 @@ class Client(Mappings):
                                      f"{nbytes_of(view)}")
                 copy_out(out, view if isinstance(view, memoryview) else memoryview(view.cpu().numpy()))
             return len(views)
-
-    def _verified(self, lease: Lease, keys: list[bytes], sums: list[int | None]) -> Lease:
-        from .verify import verified_prefix
-
-        good, failed = verified_prefix(lease.views, sums)
-        if failed:
-            self._call({"op": Op.CORRUPT, "keys": [keys[i] for i in failed]})
-        for view in lease.views[good:]:
-            if isinstance(view, memoryview):
-                view.release()
-        lease.views, lease.tiers = lease.views[:good], lease.tiers[:good]
-        return lease
 
     def scrub(self, rate: int = 0, timeout: float = 3600.0) -> dict[str, Any]:
         """Have the daemon check every copy of every chunk now (at most ``rate`` bytes/s, 0: no bound); its

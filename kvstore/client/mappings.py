@@ -35,6 +35,29 @@ class Mappings:
     _gpu_info: dict[str, Any] | None
     _page_locked: Any
 
+    _arena_file: tuple[int, int] | None
+
+    def _no_mappings(self) -> None:
+        self._arena, self._arena_view, self._pages, self._arena_file = None, None, None, None
+        self._index, self._index_file = None, None
+        self._gpu_pool = None      # kvstore.gpu.engine.MappedPool, when the daemon's pool is mapped
+        self._gpu_info = None
+        self._page_locked = None   # kvstore.gpu.page_lock.PageLockedRegion of our arena mapping
+
+    def _attach_arena(self, arena: dict[str, Any] | None) -> None:
+        """Map the arena the daemon named at hello (None: none, e.g. over tcp://)."""
+        # A restarted daemon makes a new arena file under the same path: compare the file, not just its name,
+        # or puts would land in (and gets read from) the dead predecessor's memory.
+        if arena and (self._arena is None or self._arena_file != file_identity(arena["path"])
+                      or self._arena.size != arena["size"]):
+            self._detach_arena()
+            self._arena_file = file_identity(arena["path"])
+            self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
+            self._arena_view = self._arena.view()
+            self._pages = PagePopulator(self._arena.buf, self._arena.size)
+        elif not arena:
+            self._detach_arena()
+
     def _attach_index(self, path: str | None) -> None:
         """Map the daemon's lookup index; a restarted daemon has a new file under the same name."""
         if path and self._index is not None and self._index_file == file_identity(path):
