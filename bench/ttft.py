@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kvstore  # noqa: E402
-from kvstore.connectors.hf import _new_cache, load_prefix, model_namespace, save_prefix  # noqa: E402
+from kvstore.connectors.hf import new_cache, load_prefix, model_namespace, save_prefix  # noqa: E402
 
 from _common import DaemonProc, short_tempdir, write_result  # noqa: E402
 
@@ -80,7 +80,7 @@ def first_token(model, ids: torch.Tensor, client: kvstore.Client | None):
     """(seconds to the first token, tokens cached, the cache, the first token)."""
     sync(ids.device.type)
     t0 = time.perf_counter()
-    cache, n = (_new_cache(model), 0) if client is None else load_prefix(client, model, ids)
+    cache, n = (new_cache(model), 0) if client is None else load_prefix(client, model, ids)
     out = model(ids[:, n:], use_cache=True, **{cache_arg(model): cache}, **last_logits_only(model))
     token = out.logits[:, -1:].argmax(-1)
     sync(ids.device.type)
@@ -102,7 +102,7 @@ def ideal_first_token(model, ids: torch.Tensor, prefix_cache, n: int):
 
 @torch.no_grad()
 def prefix_cache_of(model, ids: torch.Tensor, n: int):
-    cache = _new_cache(model)
+    cache = new_cache(model)
     model(ids[:, :n], use_cache=True, **{cache_arg(model): cache})
     return cache
 

@@ -8,7 +8,7 @@ from servers import require_module
 
 require_module("sglang", "SGLang's HiCache storage interface (the sglang wheel)")
 
-from engines.sglang_env import HostPool, storage_config  # noqa: E402
+from engines.sglang_env import HostPool, host_indices, slots_of, storage_config  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageExtraInfo  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 from sglang.srt.mem_cache.utils import get_hash_str  # noqa: E402
@@ -31,14 +31,6 @@ def kv(tokens: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     return ([torch.randn(1, HEADS, tokens, DIM, generator=g) for _ in range(LAYERS)],
             [torch.randn(1, HEADS, tokens, DIM, generator=g) for _ in range(LAYERS)])
-
-
-def slots_of(pages: list[int]) -> list[int]:
-    return [p * PAGE + i for p in pages for i in range(PAGE)]
-
-
-def host_indices(pages: list[int]) -> torch.Tensor:
-    return torch.tensor(slots_of(pages), dtype=torch.int64)
 
 
 @pytest.mark.parametrize("src_layout,dst_layout", list(zip(LAYOUTS, LAYOUTS[1:] + LAYOUTS[:1])))

@@ -18,7 +18,7 @@ from conftest import wait_for  # noqa: E402
 from engines.tiny import greedy, prefill, prompt, tiny_llama  # noqa: E402
 from engines.vllm_env import Engine, close_all, request  # noqa: E402
 
-from kvstore.connectors.hf import _new_cache  # noqa: E402
+from kvstore.connectors.hf import new_cache  # noqa: E402
 
 CHUNK = 256
 
@@ -84,7 +84,7 @@ def test_shared_prefix_loads_into_other_blocks_and_continues_like_full_prefill(d
         assert torch.equal(loaded_v[layer], values[layer][:, :, :1024])
 
     # The loaded pages, handed to the model, continue exactly like a full prefill.
-    cache = _new_cache(model)
+    cache = new_cache(model)
     for layer, (k, v) in enumerate(zip(loaded_k, loaded_v)):
         cache.update(k, v, layer)
     logits, cache = prefill(model, second, cache, start=1024)

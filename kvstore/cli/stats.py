@@ -118,6 +118,14 @@ def render_table(stats: dict[str, Any]) -> None:
         summary.add_row("remote store", f"{state}, {remote['lookup_chunks']} chunks found, {remote['puts']} sent, "
                                         f"{remote['put_dropped']} dropped, {remote['outages']} outages")
     console.print(summary)
+    connectors = stats.get("connector_list") or []
+    if connectors:
+        table = Table(title="engine connectors")
+        for col in ("engine", "model family", "state", "why", "client"):
+            table.add_column(col)
+        for c in connectors:
+            table.add_row(c["engine"], c["family"], c["state"], c["reason"], c["client_id"])
+        console.print(table)
 
 
 def run(args: argparse.Namespace) -> int:

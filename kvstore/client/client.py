@@ -53,7 +53,8 @@ class Client(Mappings):
                  client_id: str | None = None, use_arena: bool | None = None,
                  curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False,
                  key_scheme: str = KEY_SCHEME, hash_seed: int = 0,
-                 shared_index: bool = True, stream: bool = True, credits: bool = True) -> None:
+                 shared_index: bool = True, stream: bool = True, credits: bool = True,
+                 connector: dict[str, str] | None = None) -> None:
         self.address = address or "ipc://" + default_socket()
         if not self.address.startswith(("ipc://", "tcp://")):
             hint = f" (a socket path? use ipc://{self.address})" if self.address.startswith("/") else ""
@@ -77,6 +78,9 @@ class Client(Mappings):
         # implied by gpu=True when the daemon has a GPU tier, useful alone for engines without one.
         self.pin_arena = pin_arena
         self.server_info: dict[str, Any] = {}
+        # An engine connector's report of itself ({"engine", "family", "state": "on"|"off", "reason"}),
+        # shown by `kvstore stats` and counted on /metrics while this client is connected.
+        self.connector = connector
         # Lookups from the daemon's shared-memory index (local clients; shared_index=False always asks the socket)
         self.want_shared_index = shared_index and self.use_arena
         self._seen = SeenNotes()
@@ -95,6 +99,7 @@ class Client(Mappings):
             "client_id": self.client_id, "chunk_tokens": self.chunk_tokens,
             "pid": pid, "pid_start": pid_start, "arena": self.use_arena, "gpu": self.want_gpu,
             "key_scheme": self.key_scheme, "hash_seed": self.hash_seed,
+            **({"connector": self.connector} if self.connector else {}),
         }
         self._credit.forget()   # a new session holds no credit
         header = self._hello_on_stream(hello)

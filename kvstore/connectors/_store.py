@@ -256,9 +256,9 @@ class ChunkStore:
     def load_dense(self, keys: Sequence[bytes], device: torch.device | str = "cpu"
                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The longest loadable prefix of `keys` as per-layer `[1, kv_heads, n * chunk_tokens, head_dim]` K and
-        V tensors (empty lists on a miss). On the CPU each chunk is copied once, straight from its leased view
-        into its place in one tensor holding every layer's K and V; elsewhere through `load` (one copy to the
-        device, the reordering there)."""
+        V tensors (empty lists on a miss; one-plane chunks give that plane and no V). On the CPU each chunk is
+        copied once, straight from its leased view into its place in one tensor holding every layer's planes;
+        elsewhere through `load` (one copy to the device, the reordering there)."""
         if torch.device(device).type != "cpu":
             return chunks_to_dense(self.load(keys, device)) if keys else ([], [])
         g = self.geometry
@@ -272,15 +272,17 @@ class ChunkStore:
                         self.warn("chunk size", exc)
                         break
                 t = g.chunk_tokens
-                dense = torch.empty((g.num_layers, 2, 1, g.num_kv_heads, len(chunks) * t, g.head_dim), dtype=g.dtype)
-                for i, chunk in enumerate(chunks):   # [layers, 2, T, heads, dim] -> [layers, 2, heads, T, dim]
+                dense = torch.empty((g.num_layers, g.planes, 1, g.num_kv_heads, len(chunks) * t, g.head_dim),
+                                    dtype=g.dtype)
+                for i, chunk in enumerate(chunks):   # [layers, planes, T, heads, dim] -> [.., heads, T, dim]
                     dense[:, :, 0, :, i * t:(i + 1) * t].copy_(chunk.permute(0, 1, 3, 2, 4))
         except Exception as exc:  # noqa: BLE001
             self.warn("get", exc)
             return [], []
         if not chunks:
             return [], []
-        return [dense[layer, 0] for layer in range(g.num_layers)], [dense[layer, 1] for layer in range(g.num_layers)]
+        values = [dense[layer, 1] for layer in range(g.num_layers)] if g.planes == 2 else []
+        return [dense[layer, 0] for layer in range(g.num_layers)], values
 
     def verify(self, keys: Sequence[bytes], computed: torch.Tensor, atol: float | None = None,
                rtol: float | None = None) -> VerifyResult:

@@ -1,4 +1,4 @@
-"""HuggingFace transformers connector: load and save prompt prefixes of a `DynamicCache`.
+"""HuggingFace transformers connector: load and save prompt prefixes of a transformers cache.
 
     from kvstore.connectors.hf import load_prefix, save_prefix
 
@@ -12,6 +12,29 @@
 chunks. `load_prefix` leaves at least the last token of `input_ids` to compute,
 so the caller always has logits for the next token.
 
+Families (what a chunk holds: `kvstore.connectors.families`):
+
+* dense decoders (Llama, Qwen2, Mistral, ...; grouped-query attention included):
+  K and V per layer;
+* sliding-window and hybrid models (Gemma 2/3, Mistral with a window, gpt-oss,
+  Llama 4's chunked layers): the same K and V of every token of every layer;
+  the layer kinds are in the namespace. A transformers sliding-window layer
+  drops the tokens behind its window, so a cache built from the model config
+  cannot give back a prefix's first chunks: `load_prefix` returns (and
+  `new_cache` builds) a cache that keeps every token of every layer. The model
+  still attends only inside each window (its masks come from the config), so
+  the logits are the same; it costs the memory of a full cache. `save_prefix`
+  stores the leading chunks every layer still holds and nothing from a cache
+  whose layers have dropped the prefix's start.
+* MLA (DeepSeek V2/V3, Kimi): transformers caches the normalised latent and
+  the roped key per token (`keys` `[b, 1, seq, kv_lora_rank]`, `values`
+  `[b, 1, seq, qk_rope_head_dim]`); a chunk holds them side by side as one
+  plane, as vLLM's MLA cache does.
+
+Refused, with one logged line naming the family and the reason (a miss, never
+an error): linear-attention / Mamba layers, encoder-decoder models, and
+caches of another kind (quantised, static, offloaded).
+
 Online verification. With `verify_fraction=f`, that share of the calls that
 would hit compute the prefix instead of loading it (one prefill of the hit
 tokens), compare the computed KV with the stored chunks (`ChunkStore.verify`:
@@ -24,11 +47,7 @@ daemon's checksums already catch damage after commit; a fraction such as 0.01
 catches what checksums cannot (wrong bytes written at put, a layout change)
 at 1 % of the saving.
 
-Supported: transformers 4.46 and later (tested with 5.x), decoder models whose
-every layer is full attention with a per-token K and V of
-`[kv_heads, head_dim]` (Llama, Mistral without a sliding window, Qwen2, ...,
-grouped-query attention included). Sliding-window, hybrid and quantized caches
-are reported as misses and never saved.
+Supported: transformers 4.46 and later (tested with 5.x).
 """
 
 from __future__ import annotations
@@ -45,7 +64,8 @@ import xxhash
 import kvstore
 
 from ._store import ChunkStore, VerifyResult
-from .layout import KVGeometry, dense_to_chunks, namespace
+from .families import ChunkLayout, Family, Unsupported, attention_kind, mla_layout
+from .layout import KVGeometry, dense_to_chunks
 
 log = logging.getLogger("kvstore.connectors.hf")
 
@@ -57,13 +77,49 @@ def _text_config(model: torch.nn.Module) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def model_geometry(model: torch.nn.Module, chunk_tokens: int) -> KVGeometry:
-    """Layers, kv heads, head dim and dtype of `model`'s KV cache."""
+def model_layout(model: torch.nn.Module, chunk_tokens: int) -> ChunkLayout:
+    """What one chunk of `model`'s cache holds; raises `Unsupported` for a family no chunk describes."""
     config = _text_config(model)
+    family = getattr(config, "model_type", "") or type(model).__name__
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise Unsupported(family, "encoder-decoder caches hold cross attention over the encoder input, "
+                                  "not a prompt prefix")
+    kinds = _attention_kinds(config, family)
+    layers = config.num_hidden_layers
+    if getattr(config, "kv_lora_rank", None):
+        return mla_layout(layers, config.kv_lora_rank, config.qk_rope_head_dim, model.dtype, chunk_tokens,
+                          attention=kinds, family_label=family)
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return KVGeometry(config.num_hidden_layers, kv_heads, head_dim, model.dtype, chunk_tokens)
+    geometry = KVGeometry(layers, kv_heads, head_dim, model.dtype, chunk_tokens)
+    return ChunkLayout(Family.DENSE, geometry, kinds, family_label=family)
+
+
+def _attention_kinds(config: Any, family: str) -> tuple[str, ...]:
+    """The distinct attention kinds of the model's layers, in layer order (`families.attention_kind`)."""
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "use_sliding_window", True) is False:
+        window = None  # Qwen2 and others carry a window they do not use
+    types = getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"]
+    kinds: list[str] = []
+    for t in types:
+        if t == "full_attention":
+            kind = attention_kind()
+        elif t == "sliding_attention":
+            kind = attention_kind(sliding_window=window)
+        elif t == "chunked_attention":
+            kind = attention_kind(attention_chunk=getattr(config, "attention_chunk_size", None))
+        else:
+            raise Unsupported(family, f"layers of type {t!r} keep a recurrent state, not a per-token KV cache")
+        if kind not in kinds:
+            kinds.append(kind)
+    return tuple(kinds)
+
+
+def model_geometry(model: torch.nn.Module, chunk_tokens: int) -> KVGeometry:
+    """Layers, planes, heads, head dim and dtype of one chunk of `model`'s KV cache."""
+    return model_layout(model, chunk_tokens).geometry
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
@@ -87,37 +143,27 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
 
 
 def model_namespace(model: torch.nn.Module, chunk_tokens: int, salt: str = "") -> str:
-    """The namespace of `model`'s chunks: name, weights, dtype and KV shape."""
+    """The namespace of `model`'s chunks: name, weights, dtype and the layout of its KV cache."""
     config = _text_config(model)
     name = getattr(model.config, "name_or_path", "") or getattr(config, "model_type", "model")
     revision = getattr(model.config, "_commit_hash", None)
     identity = f"hf:{name}" + (f"@{revision}" if revision else "") + f"#{weights_fingerprint(model)}"
-    return namespace(identity, model_geometry(model, chunk_tokens), salt=salt)
+    return model_layout(model, chunk_tokens).namespace(identity, salt=salt)
 
 
-def _supported(model: torch.nn.Module) -> bool:
-    """Whether every layer of the model's cache keeps the full K and V of every token."""
-    from transformers import DynamicCache
-
-    cache = _new_cache(model)
-    if hasattr(cache, "layers") and cache.layers:  # releases that build layers from the config
-        from transformers.cache_utils import DynamicLayer
-
-        return all(type(layer) is DynamicLayer for layer in cache.layers)
-    config = _text_config(model)
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types and any(t != "full_attention" for t in layer_types):
-        return False
-    return not getattr(config, "sliding_window", None) and isinstance(cache, DynamicCache)
+_REFUSED: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+_DROPPED: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
 
 
 def _store(client: kvstore.Client, model: torch.nn.Module, salt: str) -> ChunkStore | None:
-    if not _supported(model):
-        log.warning("model %s has non-full-attention layers; kvstore is not used", type(model).__name__)
+    try:
+        layout = model_layout(model, client.chunk_tokens)
+    except Unsupported as exc:
+        if model not in _REFUSED:  # once per model
+            _REFUSED[model] = exc.line("transformers")
+            log.warning(_REFUSED[model])
         return None
-    chunk_tokens = client.chunk_tokens
-    geometry = model_geometry(model, chunk_tokens)
-    return ChunkStore(client, model_namespace(model, chunk_tokens, salt), geometry)
+    return ChunkStore(client, model_namespace(model, client.chunk_tokens, salt), layout.geometry)
 
 
 def _token_row(input_ids: torch.Tensor) -> torch.Tensor:
@@ -126,13 +172,15 @@ def _token_row(input_ids: torch.Tensor) -> torch.Tensor:
     return input_ids[0]
 
 
-def _new_cache(model: torch.nn.Module) -> Any:
+def new_cache(model: torch.nn.Module) -> Any:
+    """A `DynamicCache` that keeps every token of every layer, sliding-window layers included.
+
+    The model's masks still limit each sliding layer to its window; keeping the
+    rest is what lets `save_prefix` store the prefix's first chunks.
+    """
     from transformers import DynamicCache
 
-    try:
-        return DynamicCache(config=model.config)
-    except TypeError:  # transformers < 4.56 takes no config
-        return DynamicCache()
+    return DynamicCache()
 
 
 def _cache_layers(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -140,6 +188,32 @@ def _cache_layers(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     if hasattr(cache, "layers"):  # 4.56 and later
         return [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
     return list(cache.key_cache), list(cache.value_cache)
+
+
+def _held_from_start(cache: Any, tokens: int) -> int:
+    """How many leading tokens every layer of `cache` holds (0 once a layer dropped the prefix's start)."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = getattr(cache, "layers", None)
+    if layers is None:  # releases before 4.56: every layer is full
+        keys, _ = _cache_layers(cache)
+        return min([tokens] + [k.shape[-2] for k in keys]) if keys else 0
+    held = tokens
+    for layer in layers:
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) or getattr(layer, "keys", None) is None:
+            return 0
+        if layer.keys.shape[-2] < layer.get_seq_length():
+            return 0  # a sliding layer dropped tokens behind its window
+        held = min(held, layer.keys.shape[-2])
+    return held
+
+
+def _planes(cache: Any, geometry: KVGeometry) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The cache's per-layer planes in chunk form: K and V, or MLA's latent and rope side by side."""
+    keys, values = _cache_layers(cache)
+    if geometry.planes == 1:
+        return [torch.cat([k, v], dim=-1) for k, v in zip(keys, values)], []
+    return keys, values
 
 
 def load_prefix(
@@ -157,7 +231,7 @@ def load_prefix(
     """
     if not 0.0 <= verify_fraction <= 1.0:
         raise ValueError(f"verify_fraction must be in [0, 1], got {verify_fraction}")
-    cache = _new_cache(model)
+    cache = new_cache(model)
     tokens = _token_row(input_ids)
     store = _store(client, model, salt)
     if store is None:
@@ -174,6 +248,9 @@ def load_prefix(
     keys_per_layer, values_per_layer = store.load_dense(keys[:hits], device=input_ids.device)
     if not keys_per_layer:
         return cache, 0
+    if store.geometry.planes == 1:   # MLA: the latent and the roped key, side by side in one plane
+        split = _mla_split(model)
+        keys_per_layer, values_per_layer = map(list, zip(*(p.split(split, dim=-1) for p in keys_per_layer)))
     _fill_cache(cache, keys_per_layer, values_per_layer)
     return cache, keys_per_layer[0].shape[-2]
 
@@ -189,16 +266,21 @@ def _fill_cache(cache: Any, keys_per_layer: list[torch.Tensor], values_per_layer
             cache.update(k, v, layer)
 
 
+def _mla_split(model: torch.nn.Module) -> list[int]:
+    config = _text_config(model)
+    return [config.kv_lora_rank, config.qk_rope_head_dim]
+
+
 @torch.no_grad()
 def verify_prefix(store: ChunkStore, model: torch.nn.Module, prefix_ids: torch.Tensor, keys: list[bytes],
                   tolerance: tuple[float, float] | None = None) -> tuple[Any, VerifyResult]:
     """Compute the KV of `prefix_ids` (whole chunks, one per key), compare it with the stored chunks and report
     the comparison; returns the computed cache and the result."""
-    cache = _new_cache(model)
+    cache = new_cache(model)
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     model(prefix_ids, use_cache=True, **{name: cache})
-    keys_per_layer, values_per_layer = _cache_layers(cache)
-    computed = dense_to_chunks(keys_per_layer, values_per_layer, 0, len(keys), store.geometry)
+    planes, values = _planes(cache, store.geometry)
+    computed = dense_to_chunks(planes, values, 0, len(keys), store.geometry)
     atol, rtol = tolerance if tolerance is not None else (None, None)
     return cache, store.verify(keys, computed, atol, rtol)
 
@@ -221,11 +303,16 @@ def save_prefix(
     store = _store(client, model, salt)
     if store is None:
         return 0
-    keys_per_layer, values_per_layer = _cache_layers(cache)
-    held = min(len(tokens), keys_per_layer[0].shape[-2]) if keys_per_layer else 0
+    held = _held_from_start(cache, len(tokens))
+    if held == 0 and len(tokens) >= store.geometry.chunk_tokens and model not in _DROPPED:
+        _DROPPED[model] = True
+        log.warning("kvstore: the cache of %s no longer holds the prompt's first tokens (a sliding-window layer "
+                    "drops them), so nothing is saved; prefill with kvstore.connectors.hf.new_cache(model)",
+                    type(model).__name__)
     keys = store.keys(tokens)[: held // store.geometry.chunk_tokens]
     first = store.lookup(keys)
     if first >= len(keys):
         return 0
-    chunks = dense_to_chunks(keys_per_layer, values_per_layer, first, len(keys) - first, store.geometry)
+    planes, values = _planes(cache, store.geometry)
+    chunks = dense_to_chunks(planes, values, first, len(keys) - first, store.geometry)
     return store.store(keys, chunks, first)

@@ -5,9 +5,11 @@ The chunk layout
 A chunk is `chunk_tokens` consecutive tokens of one sequence, all layers, held
 as one contiguous tensor of shape
 
-    [layers, 2, chunk_tokens, kv_heads, head_dim]      (axis 1: 0 = K, 1 = V)
+    [layers, planes, chunk_tokens, kv_heads, head_dim]
 
-in the model's dtype, and stored as the raw bytes of that tensor. Keeping tokens
+(`planes` 2 for K and V, 1 for a single per-token plane such as MLA's
+latent-plus-rope vector; see `kvstore.connectors.families`) in the dtype the
+engine holds it in (fp8 caches as their raw bytes), and stored as the raw bytes of that tensor. Keeping tokens
 before heads makes any run of tokens within a layer one contiguous slab, which
 is what paged engines address (a block is a run of tokens). The transformers
 and SGLang connectors speak this one layout, so the bytes of a prefix do not
@@ -34,7 +36,9 @@ Namespaces
 A chunk key commits to a namespace string naming everything that makes the
 bytes differ: model identity, dtype, layer count, kv heads, head dim, chunk
 size, tensor-parallel rank and size, layout version and an optional salt
-(`namespace`). Two models that differ in any of these can never read each
+(`namespace`), and, where they apply, the planes, the attention groups, the
+pipeline stage's layer range and the KV quantisation (`families.ChunkLayout`
+adds those). Two models that differ in any of these can never read each
 other's chunks.
 """
 
@@ -58,15 +62,18 @@ class KVGeometry:
     head_dim: int
     dtype: torch.dtype
     chunk_tokens: int
+    planes: int = 2  # 2: K and V of head_dim each; 1: one vector of head_dim per token (MLA, or K|V concatenated)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "chunk_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.planes not in (1, 2):
+            raise ValueError(f"planes must be 1 or 2, got {self.planes}")
 
     @property
     def chunk_shape(self) -> tuple[int, int, int, int, int]:
-        return (self.num_layers, 2, self.chunk_tokens, self.num_kv_heads, self.head_dim)
+        return (self.num_layers, self.planes, self.chunk_tokens, self.num_kv_heads, self.head_dim)
 
     @property
     def chunk_nbytes(self) -> int:
@@ -95,8 +102,17 @@ def namespace(
     tp_rank: int = 0,
     tp_size: int = 1,
     salt: str = "",
+    layers: str | None = None,
+    tp: str | None = None,
+    extra: Sequence[str] = (),
 ) -> str:
-    """The namespace string for chunks of this model, shard and layout."""
+    """The namespace string for chunks of this model, shard and layout.
+
+    `layers` replaces the layer count (a pipeline stage names its range),
+    `tp` the rank/size pair (a layout every rank holds alike names no rank),
+    and `extra` adds fields of the layout (planes, groups, quantisation). A
+    plain dense layout gets exactly the fields it always had.
+    """
     if not 0 <= tp_rank < tp_size:
         raise ValueError(f"tp_rank {tp_rank} outside tp_size {tp_size}")
     g = geometry
@@ -104,11 +120,13 @@ def namespace(
         f"kvstore-chunk-v{LAYOUT_VERSION}",
         f"model={model_id}",
         f"dtype={dtype_name(g.dtype)}",
-        f"layers={g.num_layers}",
+        f"layers={layers or g.num_layers}",
         f"kv_heads={g.num_kv_heads}",
         f"head_dim={g.head_dim}",
         f"chunk={g.chunk_tokens}",
-        f"tp={tp_rank}/{tp_size}",
+        f"tp={tp or f'{tp_rank}/{tp_size}'}",
+        *([f"planes={g.planes}"] if g.planes != 2 else []),
+        *extra,
     ]
     if salt:
         parts.append(f"salt={salt}")
@@ -163,14 +181,16 @@ def dense_to_chunks(
     """Chunks `first_chunk .. first_chunk + num_chunks` of one sequence.
 
     `keys[l]` and `values[l]` are `[batch, kv_heads, seq, head_dim]`. Returns a
-    `[num_chunks, *chunk_shape]` tensor on the same device.
+    `[num_chunks, *chunk_shape]` tensor on the same device. A one-plane
+    geometry takes its plane as `keys` and no `values`.
     """
-    _check_layers(len(keys), len(values), geometry)
+    _check_layers(len(keys), len(values) if geometry.planes == 2 else len(keys), geometry)
     t = geometry.chunk_tokens
     start, end = first_chunk * t, (first_chunk + num_chunks) * t
     out = geometry.empty_chunks(num_chunks, keys[0].device)
-    for layer, pair in enumerate(zip(keys, values)):
-        for kv, src in enumerate(pair):
+    for layer in range(geometry.num_layers):
+        planes = (keys[layer], values[layer]) if geometry.planes == 2 else (keys[layer],)
+        for kv, src in enumerate(planes):
             seq = src[batch_index, :, start:end, :]  # [H, n*T, D]
             if seq.shape[1] != end - start:
                 raise ValueError(f"layer {layer} holds {src.shape[2]} tokens, need {end}")
@@ -180,11 +200,11 @@ def dense_to_chunks(
 
 
 def chunks_to_dense(chunks: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per-layer `[1, kv_heads, n * chunk_tokens, head_dim]` K and V tensors."""
-    n, layers, _, t, heads, dim = chunks.shape
+    """Per-layer `[1, kv_heads, n * chunk_tokens, head_dim]` K and V tensors (V empty for one plane)."""
+    n, layers, planes, t, heads, dim = chunks.shape
     keys, values = [], []
     for layer in range(layers):
-        for kv, sink in ((0, keys), (1, values)):
+        for kv, sink in ((0, keys), (1, values))[:planes]:
             tokens = chunks[:, layer, kv]  # [n, T, H, D]
             dense = tokens.permute(2, 0, 1, 3).reshape(heads, n * t, dim)
             sink.append(dense.unsqueeze(0).contiguous())
@@ -248,34 +268,53 @@ PAGE_LAYOUTS: dict[str, tuple[str, tuple[int, ...]]] = {
     "page_head": ("2 H T L D", (3, 0, 2, 1, 4)),
 }
 
+# MLA host pools (one latent-plus-rope vector per token, H = 1) have no K/V
+# axis: the permutation to [layers, tokens, 1, dim], and the chunk's plane
+# axis is inserted after the layers.
+MLA_PAGE_LAYOUTS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "layer_first": ("L T H D", (0, 1, 2, 3)),
+    "page_first": ("T L H D", (1, 0, 2, 3)),
+    "page_first_direct": ("L T H D", (0, 1, 2, 3)),
+}
+_ONE_PAGE_AXIS = ("page_first_direct", "page_head")  # layouts whose page keeps a singleton page axis
+
+
+def _layouts(planes: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return PAGE_LAYOUTS if planes == 2 else MLA_PAGE_LAYOUTS
+
 
 def page_shape(layout: str, geometry: KVGeometry) -> tuple[int, ...]:
     """The shape of one host page as the engine holds it in `layout`."""
     g = geometry
+    layouts = _layouts(g.planes)
     sizes = {"2": 2, "L": g.num_layers, "T": g.chunk_tokens, "H": g.num_kv_heads, "D": g.head_dim}
-    if layout not in PAGE_LAYOUTS:
+    if layout not in layouts:
         raise ValueError(f"unsupported host page layout {layout!r}")
-    shape = tuple(sizes[a] for a in PAGE_LAYOUTS[layout][0].split())
-    return shape[:1] + (1,) + shape[1:] if layout in ("page_first_direct", "page_head") else shape
+    shape = tuple(sizes[a] for a in layouts[layout][0].split())
+    if layout not in _ONE_PAGE_AXIS:
+        return shape
+    return (1,) + shape if g.planes == 1 else shape[:1] + (1,) + shape[1:]
 
 
-def page_to_chunk(page: torch.Tensor, layout: str) -> torch.Tensor:
+def page_to_chunk(page: torch.Tensor, layout: str, planes: int = 2) -> torch.Tensor:
     """A chunk-layout view of one engine host page (no copy)."""
-    return _page_view(page, layout).permute(PAGE_LAYOUTS[layout][1])
+    view = _page_view(page, layout, planes).permute(_layouts(planes)[layout][1])
+    return view if planes == 2 else view.unsqueeze(1)
 
 
-def chunk_into_page(chunk: torch.Tensor, page: torch.Tensor, layout: str) -> None:
+def chunk_into_page(chunk: torch.Tensor, page: torch.Tensor, layout: str, planes: int = 2) -> None:
     """Copy a `[*chunk_shape]` chunk into one engine host page, in place."""
-    page_to_chunk(page, layout).copy_(chunk)
+    page_to_chunk(page, layout, planes).copy_(chunk)
 
 
-def _page_view(page: torch.Tensor, layout: str) -> torch.Tensor:
-    if layout not in PAGE_LAYOUTS:
+def _page_view(page: torch.Tensor, layout: str, planes: int = 2) -> torch.Tensor:
+    if layout not in _layouts(planes):
         raise ValueError(f"unsupported host page layout {layout!r}")
-    if page.dim() == 6:  # [2, 1, ...] for the one-page-axis layouts
-        page = page.squeeze(1)
-    if page.dim() != 5:
-        raise ValueError(f"host page of shape {tuple(page.shape)} is not 5-D")
+    axes = 5 if planes == 2 else 4
+    if page.dim() == axes + 1:  # the singleton page axis of the one-page-axis layouts
+        page = page.squeeze(1 if planes == 2 else 0)
+    if page.dim() != axes:
+        raise ValueError(f"host page of shape {tuple(page.shape)} is not {axes}-D")
     return page
 
 

@@ -23,9 +23,24 @@ down or erroring means misses and dropped writes, never an error in SGLang.
 Extra config: `address`, `timeout` (default 2 s), `retry_s` (default 5 s),
 `model_id` (default: SGLang's model name), `cache_salt`.
 
-Supported: MHA host pools (`layer_first`, `page_first`, `page_first_direct`,
-`page_head` layouts) with equal K and V head dims. MLA and hybrid pools leave
-the backend disabled (every lookup misses).
+Families (`kvstore.connectors.families`):
+
+* MHA host pools (`layer_first`, `page_first`, `page_first_direct`,
+  `page_head` layouts) with equal K and V head dims: a page is a dense chunk,
+  K and V of every layer; the namespace names the TP rank.
+* MLA host pools (DeepSeek, Kimi; `layer_first`, `page_first`,
+  `page_first_direct`): a page is one latent-plus-rope vector per token per
+  layer, a one-plane chunk. Every TP rank holds the same latent, so the
+  namespace names no rank: SGLang lets only the first rank write
+  (`is_storage_writer`), and every rank reads that one copy.
+* Pipeline stages: each stage's namespace names its stage (`pp=r/n`); under
+  attention context parallelism each rank holds its own slice of every page,
+  so the namespace names it too (`cp=r/n`), MLA included.
+
+Anything else (hybrid Mamba/SWA pools, split-K or unified page layouts,
+packed fp8 MLA rows, decode context parallelism) leaves the backend off with
+one logged line naming the pool and the reason, and a connector report that
+shows it off in `kvstore stats`: every lookup misses.
 """
 
 from __future__ import annotations
@@ -45,7 +60,9 @@ from sglang.srt.mem_cache.hicache_storage import (
 import kvstore
 
 from ._store import ChunkStore, DaemonLink
-from .layout import PAGE_LAYOUTS, KVGeometry, chunk_into_page, namespace, page_shape, page_to_chunk
+from .families import ChunkLayout, Family, Unsupported, mla_layout
+from .layout import MLA_PAGE_LAYOUTS, PAGE_LAYOUTS, KVGeometry, chunk_into_page, page_shape, page_to_chunk
+from .report import on_report, refuse
 
 log = logging.getLogger("kvstore.connectors.sglang")
 
@@ -65,21 +82,29 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self._salt = str(extra.get("cache_salt", ""))
         self._store: ChunkStore | None = None
         self._layout = ""
+        self._planes = 2
         self._root = b""
+        self._off_report: kvstore.Client | None = None  # holds the daemon's view of this backend as off
 
     # -- set-up ------------------------------------------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         super().register_mem_pool_host(mem_pool_host)
-        geometry = _geometry(mem_pool_host, self.config)
-        if geometry is None:
-            log.warning("kvstore storage disabled: unsupported host pool %s", type(mem_pool_host).__name__)
+        try:
+            layout = pool_layout(mem_pool_host, self.config)
+        except Unsupported as exc:
+            self._off_report = refuse(self._address, "sglang", exc, self._timeout)
             return
         c = self.config
-        salt = ";".join(s for s in (self._salt, f"pp={c.pp_rank}/{c.pp_size}" if c.pp_size > 1 else "") if s)
-        ns = namespace(f"sglang:{self._model_id}", geometry, tp_rank=c.tp_rank, tp_size=c.tp_size, salt=salt)
-        link = DaemonLink.to(self._address, geometry.chunk_tokens, self._timeout, retry_s=self._retry_s)
+        ns = layout.namespace(f"sglang:{self._model_id}", tp_rank=c.tp_rank, tp_size=c.tp_size, salt=self._salt,
+                              shard=shard_fields(c))
+        geometry = layout.geometry
+        # One report per engine: its first rank says what it is (every rank serves the same layout).
+        report = {"connector": on_report("sglang", layout)} if c.tp_rank == 0 and c.pp_rank == 0 else None
+        link = DaemonLink.to(self._address, geometry.chunk_tokens, self._timeout, connect=report,
+                             retry_s=self._retry_s)
         self._store = ChunkStore(link, ns, geometry)
         self._layout = mem_pool_host.layout
+        self._planes = geometry.planes
         self._root = kvstore.keys.namespace_root(ns)
 
     def _keys(self, keys: List[str]) -> list[bytes]:
@@ -112,7 +137,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             target = target_locations[i] if target_locations is not None else None
             if target is None:
                 target = torch.empty(shape, dtype=chunk.dtype)
-            chunk_into_page(chunk, target.view(shape), self._layout)
+            chunk_into_page(chunk, target.view(shape), self._layout, self._planes)
             out[i] = target
         return out
 
@@ -129,7 +154,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         if self._store is None or not keys or values is None:
             return False
         shape = page_shape(self._layout, self._store.geometry)
-        chunks = torch.stack([page_to_chunk(v.view(shape), self._layout) for v in values])
+        chunks = torch.stack([page_to_chunk(v.view(shape), self._layout, self._planes) for v in values])
         return self._put(self._keys(keys), chunks, []) == len(keys)
 
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
@@ -145,7 +170,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             return done
         chunks = self._store.load(self._keys(keys))
         for i, chunk in enumerate(chunks):
-            chunk_into_page(chunk, self._host_page(host_indices, i), self._layout)
+            chunk_into_page(chunk, self._host_page(host_indices, i), self._layout, self._planes)
             done[i] = True
         return done
 
@@ -154,7 +179,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     ) -> List[bool]:
         if self._store is None or not keys:
             return [False] * len(keys)
-        chunks = torch.stack([page_to_chunk(self._host_page(host_indices, i), self._layout)
+        chunks = torch.stack([page_to_chunk(self._host_page(host_indices, i), self._layout, self._planes)
                               for i in range(len(keys))])
         ok = self._put(self._keys(keys), chunks, self._parent(extra_info)) == len(keys)
         return [ok] * len(keys)
@@ -179,10 +204,40 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         return None
 
 
-def _geometry(pool: Any, config: HiCacheStorageConfig) -> KVGeometry | None:
-    if config.is_mla_model or getattr(pool, "layout", None) not in PAGE_LAYOUTS:
-        return None
+def shard_fields(config: HiCacheStorageConfig) -> list[str]:
+    """Namespace fields for the part of the cache this rank holds beyond its TP rank.
+
+    A pipeline stage holds its own layers (`pp=r/n`); under attention context parallelism each rank holds
+    its own slice of every page (`cp=r/n`), MLA included: only the TP replicas of one slice share chunks.
+    """
+    fields = [f"pp={config.pp_rank}/{config.pp_size}"] if config.pp_size > 1 else []
+    if config.attn_cp_size > 1:
+        fields.append(f"cp={config.attn_cp_rank}/{config.attn_cp_size}")
+    return fields
+
+
+def pool_layout(pool: Any, config: HiCacheStorageConfig) -> ChunkLayout:
+    """The chunk layout of one page of SGLang's host pool; raises `Unsupported` for other pools."""
+    name = type(pool).__name__
+    layout = getattr(pool, "layout", None)
+    if hasattr(pool, "kv_lora_rank"):  # MLATokenToKVPoolHost
+        width = getattr(pool, "kv_cache_dim", pool.kv_lora_rank + pool.qk_rope_head_dim)
+        if width != pool.kv_lora_rank + pool.qk_rope_head_dim:
+            raise Unsupported("mla", f"{name} rows of {width} values are not latent plus rope (packed fp8 "
+                                     "or draft rows)")
+        if layout not in MLA_PAGE_LAYOUTS:
+            raise Unsupported("mla", f"host layout {layout!r} of {name} is not one of "
+                                     f"{', '.join(MLA_PAGE_LAYOUTS)}")
+        if getattr(config, "dcp_size", 1) > 1:
+            raise Unsupported("mla", "decode context parallelism splits each logical page across ranks; "
+                                     "run without --dcp-size to use kvstore")
+        return mla_layout(pool.layer_num, pool.kv_lora_rank, pool.qk_rope_head_dim, pool.dtype, pool.page_size,
+                          family_label="mla")
+    if config.is_mla_model:
+        raise Unsupported("mla", f"{name} is not an MLA token pool this backend knows")
+    if layout not in PAGE_LAYOUTS:
+        raise Unsupported(name, f"host layout {layout!r} is not one of {', '.join(PAGE_LAYOUTS)}")
     head_dim = getattr(pool, "head_dim", None)
     if head_dim is None or getattr(pool, "v_head_dim", head_dim) != head_dim or not hasattr(pool, "head_num"):
-        return None
-    return KVGeometry(pool.layer_num, pool.head_num, head_dim, pool.dtype, pool.page_size)
+        raise Unsupported(name, "K and V of unequal head dims, or no per-head KV (hybrid or state pools)")
+    return ChunkLayout(Family.DENSE, KVGeometry(pool.layer_num, pool.head_num, head_dim, pool.dtype, pool.page_size))

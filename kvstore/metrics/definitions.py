@@ -123,6 +123,8 @@ METRICS: tuple[MetricDef, ...] = (
        "leases_overdue"),
     _m("expired_reservations", "counter", "Reservations that ran past their TTL.", "counters.expired_reservations"),
     _m("clients_connected", "gauge", "Clients that said hello and have not gone.", "sessions"),
+    _m("connectors", "gauge", "Engine connectors connected, by engine and state (off: the model family has no "
+       "chunk layout; `kvstore stats` says why).", "connectors.{engine}.{state}"),
     # errors
     _m("requests", "counter", "Requests received.", "requests"),
     _m("request_errors", "counter", "Requests answered with an error.", "errors"),

@@ -6,6 +6,7 @@ raise BadRequestError or LimitError naming the field. Handlers receive these dat
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -17,6 +18,10 @@ from .wire import MAX_BATCH
 
 MAX_NAMESPACE_CHARS = 512
 MAX_CLIENT_ID_CHARS = 256
+MAX_CONNECTOR_FAMILY_CHARS = 64
+MAX_CONNECTOR_REASON_CHARS = 400
+CONNECTOR_STATES = ("on", "off")
+_ENGINE_NAME = re.compile(r"[a-z0-9]{1,32}")
 
 
 def read_int(h: dict[str, Any], name: str, lo: int, hi: int, default: int | None = None) -> int:
@@ -123,6 +128,34 @@ def read_optional_key(h: dict[str, Any], name: str) -> bytes | None:
 
 
 @dataclass(frozen=True)
+class ConnectorReport:
+    """What an engine connector says of itself at hello: which engine, which model family, on or off and why."""
+
+    engine: str
+    family: str
+    state: str
+    reason: str
+
+    @classmethod
+    def parse(cls, value: Any) -> "ConnectorReport | None":
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise BadRequestError(f"field 'connector' must be a map, got {type(value).__name__}")
+        try:
+            engine = read_str(value, "engine", 32)
+            if not _ENGINE_NAME.fullmatch(engine):
+                raise BadRequestError(f"engine {engine!r} must be 1-32 lowercase letters or digits")
+            state = read_str(value, "state", 8)
+            if state not in CONNECTOR_STATES:
+                raise BadRequestError(f"state {state!r} must be one of {', '.join(CONNECTOR_STATES)}")
+            return cls(engine, read_str(value, "family", MAX_CONNECTOR_FAMILY_CHARS, default=""), state,
+                       read_str(value, "reason", MAX_CONNECTOR_REASON_CHARS, default=""))
+        except (BadRequestError, LimitError) as exc:
+            raise type(exc)(f"connector report: {exc}") from None
+
+
+@dataclass(frozen=True)
 class Hello:
     version: int
     namespace: str
@@ -134,6 +167,7 @@ class Hello:
     want_gpu: bool
     key_scheme: str     # how the client derives chunk keys (kvstore.keys.KEY_SCHEME for our own)
     hash_seed: int      # a seed the client's key hash takes, 0 for none
+    connector: ConnectorReport | None = None
 
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "Hello":
@@ -148,6 +182,7 @@ class Hello:
             want_gpu=read_bool(h, "gpu", default=False),
             key_scheme=read_str(h, "key_scheme", MAX_CLIENT_ID_CHARS, default=KEY_SCHEME),
             hash_seed=read_int(h, "hash_seed", 0, (1 << 64) - 1, default=0),
+            connector=ConnectorReport.parse(h.get("connector")),
         )
 
 

@@ -67,7 +67,7 @@ from .reactor import SocketReactor
 from .safeguards import Safeguards
 from .service import Service
 from .session import Session
-from .stats import daemon_stats
+from .stats import connector_stats, daemon_stats
 from .startup import Claims, check_socket_path, check_writable_dir, exclusive_lock, remove_stale_socket
 from .stopping import StopPlan, arm_forced_exit
 from .local_access import open_index, open_stream
@@ -418,7 +418,7 @@ class Daemon:
         return session is not None and session.pid > 0 and not session.process_gone()
 
     def stats(self) -> dict[str, Any]:
-        return daemon_stats(self.svc, len(self.sessions), self.auth_rejected())
+        return daemon_stats(self.svc, len(self.sessions), self.auth_rejected(), connector_stats(self.sessions.values()))
 
     def _stream_path(self) -> str | None:
         return self.stream.path if self.stream is not None and self.stream.listening else None

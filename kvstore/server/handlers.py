@@ -239,6 +239,7 @@ def hello_reply(svc: Service, owner: bytes, transport: str, h: dict) -> tuple[Se
                       key_scheme=req.key_scheme, hash_seed=req.hash_seed)
     svc.safeguards.params.check(session.namespace, session.key_params)
     session.track_process(req.pid, req.pid_start)
+    session.connector = req.connector
     reply = {
         "version": PROTOCOL_VERSION,
         "server_version": __version__,

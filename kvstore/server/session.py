@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..keys import KEY_SCHEME
 from ..procinfo import process_start_time
+from ..protocol.messages import ConnectorReport
 from .compat import KeyParams
 
 
@@ -21,6 +22,7 @@ class Session:
     pid_start: int = 0
     key_scheme: str = KEY_SCHEME
     hash_seed: int = 0
+    connector: ConnectorReport | None = None  # what an engine connector said of itself at hello
 
     @property
     def key_params(self) -> KeyParams:

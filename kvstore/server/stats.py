@@ -1,24 +1,26 @@
 """The daemon's ``stats`` reply: one plain dictionary of the store's counters, tiers, movers and sessions.
 
 Taken on the event loop (the exporter asks through ``Daemon.stats_snapshot``) from the service (``service.py``) and the
-daemon's session count; every value is a number, a string
-or a dictionary of those, so the same snapshot serves ``kvstore stats``, the wire reply and Prometheus. Nothing
+daemon's sessions; every value is a number, a string, a dictionary of those or a list of such dictionaries (one
+row per engine connector), so the same snapshot serves ``kvstore stats``, the wire reply and Prometheus. Nothing
 secret is in it: the remote tier reports counters only, never its URL.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .._version import __version__
 
 if TYPE_CHECKING:
     from ..store.store import Store
     from .service import Service
+    from .session import Session
 
 
-def daemon_stats(d: "Service", sessions: int, auth_rejected: int) -> dict[str, Any]:
+def daemon_stats(d: "Service", sessions: int, auth_rejected: int,
+                 connectors: dict[str, Any] | None = None) -> dict[str, Any]:
     store = d.store
     return {
         "version": __version__,
@@ -37,10 +39,25 @@ def daemon_stats(d: "Service", sessions: int, auth_rejected: int) -> dict[str, A
         "reservations": len(store.reservations),
         "credits": store.credits.stats(),
         "sessions": sessions,
+        **(connectors or {"connectors": {}, "connector_list": []}),
         "requests": d.counters.requests,
         "errors": d.counters.errors,
         "auth_rejected": auth_rejected,
     }
+
+
+def connector_stats(sessions: Iterable["Session"]) -> dict[str, Any]:
+    """Engine connectors that said what they are: counts by engine and state, and one row each."""
+    counts: dict[str, dict[str, int]] = {}
+    rows = []
+    for session in sessions:
+        c = session.connector
+        if c is None:
+            continue
+        counts.setdefault(c.engine, {"on": 0, "off": 0})[c.state] += 1
+        rows.append({"engine": c.engine, "family": c.family, "state": c.state, "reason": c.reason,
+                     "client_id": session.client_id})
+    return {"connectors": counts, "connector_list": rows}
 
 
 def tier_stats(store: "Store") -> dict[str, dict[str, Any]]:

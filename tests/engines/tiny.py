@@ -1,4 +1,4 @@
-"""A small random-weight Llama-style model built from a config (nothing downloaded), and greedy decoding."""
+"""Small random-weight models of each family built from a config (nothing downloaded), and greedy decoding."""
 
 from __future__ import annotations
 
@@ -20,6 +20,50 @@ def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, layers: int = 
     return model
 
 
+def tiny_gemma3(seed: int = 0, dtype: torch.dtype = torch.float32, window: int = 64, device: str = "cpu",
+                layer_types: tuple[str, ...] = ("sliding_attention",) * 3 + ("full_attention",)):
+    """Gemma-3-shaped: sliding-window layers with one full-attention layer, a separate head_dim."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=len(layer_types),
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=window,
+        layer_types=list(layer_types), max_position_embeddings=8192, attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    return Gemma3ForCausalLM(config).to(device=device, dtype=dtype).eval()
+
+
+def tiny_mistral(seed: int = 0, dtype: torch.dtype = torch.float32, window: int = 96, device: str = "cpu"):
+    """Mistral-shaped: every layer a sliding window (no layer_types in its config)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=window, max_position_embeddings=8192, attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    return MistralForCausalLM(config).to(device=device, dtype=dtype).eval()
+
+
+def tiny_deepseek(version: int = 2, seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                  kv_lora_rank: int = 32, rope_dim: int = 16):
+    """DeepSeek-V2/V3-shaped MLA (latent of kv_lora_rank plus a roped key), one dense then MoE layers."""
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config_cls, model_cls = {2: (DeepseekV2Config, DeepseekV2ForCausalLM),
+                             3: (DeepseekV3Config, DeepseekV3ForCausalLM)}[version]
+    config = config_cls(
+        vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=kv_lora_rank, q_lora_rank=None,
+        qk_rope_head_dim=rope_dim, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+        max_position_embeddings=8192, attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    return model_cls(config).to(device=device, dtype=dtype).eval()
+
+
 def prompt(n: int, seed: int, vocab: int = 512, device: str = "cpu") -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (1, n), generator=g).to(device)
@@ -36,9 +80,9 @@ def cache_kwarg(model) -> str:
 def prefill(model, input_ids: torch.Tensor, cache=None, start: int = 0):
     """Logits of input_ids[:, start:] given a cache holding input_ids[:, :start]; returns (logits, cache)."""
     if cache is None:
-        from kvstore.connectors.hf import _new_cache
+        from kvstore.connectors.hf import new_cache
 
-        cache = _new_cache(model)
+        cache = new_cache(model)
     out = model(input_ids[:, start:], use_cache=True, **{cache_kwarg(model): cache})
     return out.logits, cache  # the cache object is extended in place
 
