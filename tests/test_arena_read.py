@@ -65,6 +65,17 @@ def test_get_into_refuses_a_destination_smaller_than_its_chunk(daemon):
         assert c.get_into(keys, [bigger]) == 1 and bytes(bigger[:SIZE]) == _content(keys[0])
 
 
+def test_get_into_fills_tensors_too(daemon):
+    torch = pytest.importorskip("torch")
+    with daemon.client(namespace="t") as c:
+        keys = c.chunk_keys([2] * 256 * 2)
+        c.put(keys, [_content(k) for k in keys])
+        dests = [torch.zeros(SIZE // 4, dtype=torch.float32) for _ in keys]
+        for kwargs in ({}, {"verify": True}):   # from the arena, and through a lease
+            assert c.get_into(keys, dests, **kwargs) == 2
+            assert [d.numpy().tobytes() for d in dests] == [_content(k) for k in keys]
+
+
 def test_a_slot_reused_under_the_reader_is_never_read_as_the_old_chunk(start_daemon):
     """A writer keeps evicting (its puts need the room) the chunks a reader copies out of the arena: every chunk
     the reader keeps must be its own bytes, whole."""

@@ -37,7 +37,7 @@ def read_into(index: SharedIndexView, arena: memoryview, pages: PagePopulator | 
               dests: Sequence[Any]) -> list[bytes] | None:
     """Copy the longest stored prefix of ``keys`` into ``dests``; the keys copied, or None: ask the socket
     (``dests`` may then hold partial copies)."""
-    outs = [writable_bytes(d) for d in dests]
+    outs: list[Any] = []
     for _ in range(TRIES):
         located = index.locate(keys)
         if located is None:
@@ -45,11 +45,14 @@ def read_into(index: SharedIndexView, arena: memoryview, pages: PagePopulator | 
         if located is False:
             continue
         epoch, found = located
+        while len(outs) < len(found):
+            outs.append(writable_bytes(dests[len(outs)]))
         for i, ((_, _, offset, size), out) in enumerate(zip(found, outs)):
+            room = out.nbytes if type(out) is memoryview else nbytes_of(out)
+            if room < size:
+                raise UsageError(f"get_into: destination {i} holds {room} bytes; its chunk has {size}")
             if offset + size > len(arena):
                 return None   # not a slot of the arena this client maps
-            if nbytes_of(out) < size:
-                raise UsageError(f"get_into: destination {i} holds {nbytes_of(out)} bytes; its chunk has {size}")
             if pages is not None:
                 pages.touch(offset, size)
             copy_out(out, arena[offset:offset + size])

@@ -60,9 +60,9 @@ def writable_bytes(dest: Any) -> Any:
 def copy_out(dest: Any, src: memoryview) -> None:
     """Copy ``src`` into the leading bytes of ``dest`` (from ``writable_bytes``) with one memcpy (or one
     host-to-device copy)."""
-    if _is_tensor(dest):
-        import torch
-
-        dest.view(-1).view(torch.uint8)[:len(src)].copy_(torch.frombuffer(src, dtype=torch.uint8))
+    if type(dest) is memoryview:   # the common case first (``writable_bytes`` of a host buffer)
+        dest[:len(src)] = src
         return
-    dest[:len(src)] = src
+    import torch
+
+    dest.view(-1).view(torch.uint8)[:len(src)].copy_(torch.frombuffer(src, dtype=torch.uint8))

@@ -4,7 +4,12 @@ Over ``ipc://`` the client maps the daemon's shared arena: ``put`` copies each b
 arena space the daemon lent it and commits in one message (``credit.py``; reserve → copy → commit when it lends
 none); ``get`` takes a lease and returns zero-copy views of the leased slots. Over
 ``tcp://`` the same calls carry the bytes in ZeroMQ frames. If the daemon restarts, the client says hello
-again (re-mapping the new arena) and retries the request once.
+again (re-mapping the new arena) and retries the request once. ``get_into`` copies chunks into the caller's
+buffers, for a local client straight out of the arena without a round trip (``arena_read.py``); ``put(...,
+wait=False)`` returns once the bytes are in place and the commit is sent (``credit.py``; ``flush`` reports).
+
+Around this file: ``lease.py`` (what get and reserve hand back), ``mappings.py`` (the arena, index and GPU pool
+mapped at hello), ``credit.py`` (put credits), ``shared_index.py`` (lookups from shared memory), the transports.
 
 ``gpu=True`` (engines on the daemon's GPU): the client asks for the GPU tier's pool at hello, maps it once
 (``kvstore.gpu.engine.MappedPool``) and page-locks its own mapping of the arena; ``get`` then returns a

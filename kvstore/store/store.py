@@ -47,6 +47,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from collections import deque
+from itertools import takewhile
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ..errors import LeaseError, ReservationError, StoreFullError
@@ -175,9 +176,12 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
     def note_read(self, keys: Sequence[bytes]) -> None:
         """A get a local client copied out of the arena itself (``client/arena_read.py``): touched and counted
         as ``get`` would (its pin and unpin move the chain to the newest end of the queues)."""
-        found = [e for e in self.leading(keys) if e.host_offset is not None]
+        found = list(takewhile(lambda e: e.host_offset is not None, self.leading(keys)))
         self.lru.touch_chain(found)
         self.gpu_lru.touch_chain([e for e in found if e.gpu_offset is not None])
+        self._count_get(found)
+
+    def _count_get(self, found: list[Entry]) -> None:
         if self.gpu is not None:
             self._count_hits(found)
         c = self.counters
@@ -260,12 +264,7 @@ class Store(DamageMixin, DiskLedger, GpuLedger, RemoteLedger):
             if entry.host_offset is None and not (gpu_ok and entry.gpu_offset is not None):
                 break
             found.append(entry)
-        if self.gpu is not None:
-            self._count_hits(found)
-        c = self.counters
-        c.gets += 1
-        c.get_chunks += len(found)
-        c.get_bytes += sum(e.size for e in found)
+        self._count_get(found)
         if not found:
             return None, []
         for entry in found:
