@@ -184,7 +184,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['chunk']} | {r['ipc_memcpy_GBps']:.2f} | {r['ipc_into_put_GBps']:.2f} "
-              f"({r['ipc_into_put_vs_memcpy']:.2f}×) | {r['ipc_into_get_GBps']:.2f} ({r['ipc_into_get_vs_memcpy']:.2f}×) "
+              f"({r['ipc_into_put_vs_memcpy']:.2f}×) | {r['ipc_into_get_GBps']:.2f} "
+              f"({r['ipc_into_get_vs_memcpy']:.2f}×) "
               f"| {r['ipc_queued_put_vs_memcpy']:.2f}× / {r['ipc_queued_get_vs_memcpy']:.2f}× "
               f"| {r['ipc_get_vs_memcpy']:.2f}× | {r['ipc_reserve_put_vs_memcpy']:.2f}× "
               f"| {r['ipc_zmq_put_vs_memcpy']:.2f}× / {r['ipc_zmq_get_vs_memcpy']:.2f}× "

@@ -5,8 +5,8 @@ page-aligned offsets from the credit's start, copies them in, and sends one ``CR
 the chunks and names the credit for the next put. A put falls back to reserve + commit (``None`` from ``put``)
 when the daemon lends no credit (an older daemon, no room, the share of the arena lent is used up), when the
 chunks do not fit the largest credit it lends, and while another thread of the client is writing into the
-credit. A reserve that finds the store full gives the credit back and tries once more. A refused credit is not asked for again for a second, so a full store does not cost a third round trip
-per put.
+credit. A reserve that finds the store full gives the credit back and tries once more. A refused credit is not
+asked for again for a second, so a full store does not cost a third round trip per put.
 
 A request about the credit forgets it until its reply names the next one: after a timeout the client never
 writes into space the daemon may have published meanwhile (the daemon frees the credit the client forgot).

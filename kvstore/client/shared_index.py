@@ -193,9 +193,10 @@ class SeenNotes:
 
     A note carries, per lookup, how many keys were asked and the found chain (packed keys): the daemon touches
     that chain in its eviction order and counts the lookup, as its own lookup would have; and per get the client
-    copied out of the arena itself (``client/arena_read.py``), the chain read, touched and counted as a get. Notes are sent
-    without waiting for a reply, at most every ``interval`` seconds or ``max_keys`` keys, and always before any
-    other request of the client, so a request that follows a lookup (a get, a stats call) sees its effect.
+    copied out of the arena itself (``client/arena_read.py``), the chain read, touched and counted as a get.
+    Notes are sent without waiting for a reply, at most every ``interval`` seconds or ``max_keys`` keys, and always
+    before any other request of the client, so a request that follows a lookup (a get, a stats call) sees its
+    effect.
     """
 
     # 50 ms: on a loaded host a reply-less send still costs the sender ~0.1-0.4 ms (the woken daemon preempts

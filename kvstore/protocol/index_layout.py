@@ -5,8 +5,8 @@ hundreds of microseconds on a busy host); a client that maps this file answers i
 (``store/published_index.py``) is the only writer; clients (``client/shared_index.py``) map it read-only.
 
 File: a 4 KiB header, then ``MAX_SLOTS`` slots of 64 bytes (a cache line each), of which the first ``slots`` (a
-power of two, in the header) are the table. The file is sparse: tmpfs backs only the pages the table has touched, so growing the table
-never moves the file and a client maps it once.
+power of two, in the header) are the table. The file is sparse: tmpfs backs only the pages the table has touched,
+so growing the table never moves the file and a client maps it once.
 
 Header (little-endian u64 fields)::
 
