@@ -10,13 +10,21 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import ClientClosedError, DaemonUnavailable, LeaseError, VersionError
 from ..protocol.wire import Op
 
-if TYPE_CHECKING:
-    from .client import Client
+
+class Client(Protocol):
+    """What a lease and a reservation use of the Client (a protocol rather than an import: client.py imports
+    this module)."""
+
+    _arena: Any
+    _transport: Any
+
+    def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
+              retry: bool = True) -> tuple[dict[str, Any], list[Any]]: ...
 
 
 @dataclass(frozen=True)
