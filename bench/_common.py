@@ -100,15 +100,23 @@ def memcpy_seconds(nbytes: int, repeat: int) -> float:
     return median_seconds(lambda: np.copyto(dst, src), repeat)
 
 
-def timed_put_get(client, keys: list[bytes], payloads: list[np.ndarray], dests: list[np.ndarray]) -> tuple[float, float]:
+def timed_put_get(client, keys: list[bytes], payloads: list[np.ndarray], dests: list[np.ndarray],
+                  into: bool = False, wait: bool = True) -> tuple[float, float]:
     """Put ``payloads`` under ``keys``, read them back into ``dests`` (as an engine copies into its cache), check
-    them and delete the keys; returns (put seconds, get seconds)."""
+    them and delete the keys; returns (put seconds, get seconds). ``into``: read with ``get_into`` (copied out of
+    the arena without a lease where the client can) instead of a lease and a copy of each view; ``wait=False``:
+    queued puts (the get then waits for the commit and the flush is timed with it)."""
     t0 = time.perf_counter()
-    client.put(keys, payloads)
+    client.put(keys, payloads, wait=wait)
     t1 = time.perf_counter()
-    with client.get(keys) as views:
-        for v, d in zip(views, dests):
-            np.copyto(d, np.frombuffer(v, dtype=np.uint8))
+    if into:
+        assert client.get_into(keys, dests) == len(keys)
+    else:
+        with client.get(keys) as views:
+            for v, d in zip(views, dests):
+                np.copyto(d, np.frombuffer(v, dtype=np.uint8))
+    if not wait:
+        client.flush()
     t2 = time.perf_counter()
     assert all(np.array_equal(p, d) for p, d in zip(payloads, dests))
     client.delete(keys)

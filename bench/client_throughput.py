@@ -2,13 +2,12 @@
 
     python bench/client_throughput.py [--quick] [--out FILE]
 
-For each chunk size, a batch of 16 chunks is put (reserve → copy into the arena → commit) and read back (get →
-copy each view into a destination buffer, as an engine copies into its KV cache → release). The reference is a
-plain in-process memcpy of the same bytes into the same destination buffers, timed in the same round as the puts
-and gets so that all see the same machine noise; ratios are medians of per-round ratios. Over ipc:// three paths
-are measured in the same rounds: today's (requests on the stream socket, lookups from the shared index, puts into
-a credit in one round trip), the same with reserve + commit puts, and the one before the stream socket (every
-request through ZeroMQ), so the before/after ratios are taken under the same load.
+For each chunk size, a batch of 16 chunks is put (copied into the arena, committed) and read back into
+destination buffers, as an engine copies into its KV cache (``get_into``, or a lease, a copy of each view and a
+release). The reference is a plain in-process memcpy of the same bytes into the same destination buffers, timed
+in the same round as the puts and gets so that all see the same machine noise; ratios are medians of per-round
+ratios. Over ipc:// the paths of ``IPC_PATHS`` are measured in the same rounds, so the before/after ratios are
+taken under the same load.
 
 Lookup latency: one lookup of a 64-chunk prefix, from the shared index, over the stream socket and over ZeroMQ
 (interleaved blocks), then the same with 8 client processes at once, each asking every 0.5 ms. Writes
@@ -34,17 +33,24 @@ SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
 BATCH = 16
 
 
-# Client settings of each path measured over ipc://: today's (puts into a credit: one round trip), the same with
-# reserve + commit puts (two round trips), and the one before the stream socket and the shared index (ZeroMQ for
-# every request, lookups over the socket), interleaved in the same rounds.
-IPC_PATHS = {"ipc": {}, "ipc_reserve": {"credits": False}, "ipc_zmq": {"stream": False, "shared_index": False,
-                                                                   "credits": False}}
+# Each path measured over ipc://, interleaved in the same rounds: (client settings, how it puts and gets).
+# ipc_into: puts into a credit (one round trip), gets copied straight out of the arena (get_into, no round trip);
+# ipc_queued: the same with queued puts (put(wait=False): the get waits for the commit, so the sum is comparable);
+# ipc: credit puts and leased gets (before get_into); ipc_reserve: reserve + commit puts; ipc_zmq: the path before
+# the stream socket and the shared index (ZeroMQ for every request).
+IPC_PATHS = {
+    "ipc_into": ({}, {"into": True}),
+    "ipc_queued": ({}, {"into": True, "wait": False}),
+    "ipc": ({}, {}),
+    "ipc_reserve": ({"credits": False}, {}),
+    "ipc_zmq": ({"stream": False, "shared_index": False, "credits": False}, {}),
+}
 
 
 def measure_paths(address: str, paths: dict[str, dict], size: int, repeat: int) -> dict:
     """Interleave memcpy and each path's put and get in every round, so that all see the same machine noise."""
     clients = {name: kvstore.connect(address, namespace=f"bench-{name}-{size}", chunk_tokens=16, timeout=60, **kw)
-               for name, kw in paths.items()}
+               for name, (kw, _) in paths.items()}
     payloads = [np.random.randint(0, 255, size, dtype=np.uint8) for _ in range(BATCH)]
     dests = [np.ones(size, dtype=np.uint8) for _ in range(BATCH)]
     times: dict[str, list[float]] = {"memcpy": []}
@@ -58,7 +64,8 @@ def measure_paths(address: str, paths: dict[str, dict], size: int, repeat: int) 
         round_times = {"memcpy": memcpy_s}
         for name, c in clients.items():
             keys = c.chunk_keys([i + 1] * 16 * BATCH)
-            round_times[f"{name}_put"], round_times[f"{name}_get"] = timed_put_get(c, keys, payloads, dests)
+            round_times[f"{name}_put"], round_times[f"{name}_get"] = timed_put_get(c, keys, payloads, dests,
+                                                                                   **paths[name][1])
         if i:  # the first round warms up
             for key, value in round_times.items():
                 times[key].append(value)
@@ -159,7 +166,7 @@ def main() -> None:
         for label, size in SIZES.items():
             row = {"chunk": label}
             ipc = measure_paths(d.ipc, IPC_PATHS, size, repeat)
-            tcp = measure_paths(d.tcp, {"tcp": {}}, size, repeat)
+            tcp = measure_paths(d.tcp, {"tcp": ({}, {})}, size, repeat)
             row["ipc_memcpy_GBps"], row["tcp_memcpy_GBps"] = ipc.pop("memcpy_GBps"), tcp.pop("memcpy_GBps")
             row.update(ipc)
             row.update(tcp)
@@ -172,13 +179,16 @@ def main() -> None:
     path = write_result("client-throughput", {"batch": BATCH, "rows": rows, "lookup_64_chunks": lookup,
                                               "lookup_64_chunks_8_clients": concurrent, "load_average": load},
                         quick=args.quick, out=args.out)
-    print("| chunk | memcpy GB/s | ipc put GB/s (×memcpy) | ipc get GB/s (×memcpy) | reserve+commit put (×) "
-          "| ZeroMQ: put (×) | ZeroMQ: get (×) | tcp put GB/s | tcp get GB/s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| chunk | memcpy GB/s | put (×memcpy) | get_into (×memcpy) | queued put / get_into (×) "
+          "| leased get (×) | reserve+commit put (×) | ZeroMQ: put / get (×) | tcp put GB/s | tcp get GB/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['chunk']} | {r['ipc_memcpy_GBps']:.2f} | {r['ipc_put_GBps']:.2f} ({r['ipc_put_vs_memcpy']:.2f}×) "
-              f"| {r['ipc_get_GBps']:.2f} ({r['ipc_get_vs_memcpy']:.2f}×) | {r['ipc_reserve_put_vs_memcpy']:.2f}× "
-              f"| {r['ipc_zmq_put_vs_memcpy']:.2f}× | {r['ipc_zmq_get_vs_memcpy']:.2f}× "
+        print(f"| {r['chunk']} | {r['ipc_memcpy_GBps']:.2f} | {r['ipc_into_put_GBps']:.2f} "
+              f"({r['ipc_into_put_vs_memcpy']:.2f}×) | {r['ipc_into_get_GBps']:.2f} "
+              f"({r['ipc_into_get_vs_memcpy']:.2f}×) "
+              f"| {r['ipc_queued_put_vs_memcpy']:.2f}× / {r['ipc_queued_get_vs_memcpy']:.2f}× "
+              f"| {r['ipc_get_vs_memcpy']:.2f}× | {r['ipc_reserve_put_vs_memcpy']:.2f}× "
+              f"| {r['ipc_zmq_put_vs_memcpy']:.2f}× / {r['ipc_zmq_get_vs_memcpy']:.2f}× "
               f"| {r['tcp_put_GBps']:.2f} | {r['tcp_get_GBps']:.2f} |")
     print("\nlookup of a 64-chunk prefix (p50 / p99 µs, lookups/s; 8 clients: p50 / p99):")
     for name in LOOKUP_PATHS:

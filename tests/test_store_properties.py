@@ -38,16 +38,19 @@ TTL = 10.0
 
 
 class Published:
-    """The shared index as the Store sees it: key → state."""
+    """The shared index as the Store sees it: key → state, and key → the DRAM copy's (offset, size) it lists."""
 
     def __init__(self) -> None:
         self.states: dict[bytes, int] = {}
+        self.hosts: dict[bytes, tuple[int | None, int]] = {}
 
-    def set(self, key: bytes, state: int) -> None:
+    def set(self, key: bytes, state: int, host: int | None = None, size: int = 0) -> None:
         self.states[key] = state
+        self.hosts[key] = (host, size)
 
     def remove(self, key: bytes) -> None:
         self.states.pop(key, None)
+        self.hosts.pop(key, None)
 
 
 class Movers:
@@ -422,6 +425,8 @@ class StoreMachine(RuleBasedStateMachine):
         store = self.store
         expected = {k: STATE_OF_TIER[top_tier(e)] for k, e in store.index.items() if e.readable}
         assert self.published.states == expected
+        # a reader copying out of the arena is pointed at the chunk's DRAM copy as it is now, or at none
+        assert self.published.hosts == {k: (e.host_offset, e.size) for k, e in store.index.items() if e.readable}
         for entry in store.index.values():
             if entry.state is State.COMMITTED:
                 assert entry.host_offset is not None or entry.gpu_offset is not None \

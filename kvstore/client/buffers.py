@@ -45,3 +45,24 @@ def as_host_bytes(buf: Any) -> Any:
 
         return buf.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy()
     return _flat_bytes_view(buf)
+
+
+def writable_bytes(dest: Any) -> Any:
+    """A flat writable byte view of ``dest`` (a host buffer, or a tensor on any device: then the tensor itself)."""
+    if _is_tensor(dest):
+        return dest
+    view = _flat_bytes_view(dest)
+    if view.readonly:
+        raise UsageError("destination buffers must be writable")
+    return view
+
+
+def copy_out(dest: Any, src: memoryview) -> None:
+    """Copy ``src`` into the leading bytes of ``dest`` (from ``writable_bytes``) with one memcpy (or one
+    host-to-device copy)."""
+    if type(dest) is memoryview:   # the common case first (``writable_bytes`` of a host buffer)
+        dest[:len(src)] = src
+        return
+    import torch
+
+    dest.view(-1).view(torch.uint8)[:len(src)].copy_(torch.frombuffer(src, dtype=torch.uint8))

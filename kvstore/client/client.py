@@ -4,7 +4,12 @@ Over ``ipc://`` the client maps the daemon's shared arena: ``put`` copies each b
 arena space the daemon lent it and commits in one message (``credit.py``; reserve → copy → commit when it lends
 none); ``get`` takes a lease and returns zero-copy views of the leased slots. Over
 ``tcp://`` the same calls carry the bytes in ZeroMQ frames. If the daemon restarts, the client says hello
-again (re-mapping the new arena) and retries the request once.
+again (re-mapping the new arena) and retries the request once. ``get_into`` copies chunks into the caller's
+buffers, for a local client straight out of the arena without a round trip (``arena_read.py``); ``put(...,
+wait=False)`` returns once the bytes are in place and the commit is sent (``credit.py``; ``flush`` reports).
+
+Around this file: ``lease.py`` (what get and reserve hand back), ``mappings.py`` (the arena, index and GPU pool
+mapped at hello), ``credit.py`` (put credits), ``shared_index.py`` (lookups from shared memory), the transports.
 
 ``gpu=True`` (engines on the daemon's GPU): the client asks for the GPU tier's pool at hello, maps it once
 (``kvstore.gpu.engine.MappedPool``) and page-locks its own mapping of the arena; ``get`` then returns a
@@ -19,12 +24,10 @@ import math
 import os
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config import default_socket
-from ..errors import (ClientClosedError, DaemonUnavailable, KVStoreError, LeaseError, StoreFullError, UsageError,
-                      VersionError)
+from ..errors import ClientClosedError, DaemonUnavailable, KVStoreError, StoreFullError, UsageError, VersionError
 from ..keys import KEY_SCHEME
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
@@ -32,137 +35,22 @@ from ..protocol.messages import wire_keys
 from ..protocol.stream import SUFFIX as STREAM_SUFFIX
 from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
-from ..tiers.arena import SharedArena
-from .buffers import copy_into, nbytes_of
+from .arena_read import read_into
+from .buffers import copy_into, copy_out, nbytes_of, writable_bytes
 from .credit import CreditWriter
-from .shared_index import SeenNotes, SharedIndexView
+from .lease import Lease, LookupResult, Reservation
+from .mappings import Mappings
+from .shared_index import SeenNotes
 from .stream_transport import StreamLost, StreamTransport
-from .pages import PagePopulator
 from .transport import Transport
+
+__all__ = ["Client", "Lease", "LookupResult", "Reservation", "connect"]
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_CHUNK_TOKENS = 256
 
 
-@dataclass(frozen=True)
-class LookupResult:
-    count: int                 # leading keys stored, in any tier
-    tiers: dict[str, int]      # how many of those leading keys each tier holds
-
-
-class Lease:
-    """Zero-copy views of leased chunks; the chunks stay pinned until ``release``.
-
-    A view is a memoryview of the shared arena, or — for a client that maps the GPU pool — a ``uint8`` tensor of
-    the pool for a chunk the GPU tier holds (``tiers[i]`` says which: "gpu" or "host").
-
-    The views never change under the reader without the reader learning it. A local client whose process the
-    daemon follows keeps its leases past the TTL for as long as it lives. Any other client (one in another pid
-    namespace) may lose a lease at its TTL, after which other chunks may be written under its views: so a
-    release later than the TTL (counted from before the get was sent, so never late) asks the daemon whether the
-    lease was still held, and ``release`` (and leaving the ``with`` block) raises ``LeaseError`` when it was not:
-    whatever was computed from the views must then be thrown away.
-    """
-
-    def __init__(self, client: "Client", lease_id: int, views: list[Any], tiers: list[str] | None = None,
-                 valid_until: float = math.inf) -> None:
-        self._client = client
-        self.id = lease_id
-        self.views = views
-        self.tiers = tiers if tiers is not None else ["host"] * len(views)
-        self._valid_until = valid_until   # time.monotonic() before which the daemon cannot have expired it
-        self._arena = client._arena       # a daemon restarted since maps another arena: these views were left alone
-
-    def __enter__(self) -> list[Any]:
-        return self.views
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        try:
-            self.release()
-        except LeaseError:
-            if exc_type is None:
-                raise   # the block's own error, if any, is the one to report
-
-    def __len__(self) -> int:
-        return len(self.views)
-
-    def extend(self) -> float:
-        """Push the lease's deadline out by its TTL; returns the seconds left."""
-        sent = time.monotonic()
-        header, _ = self._client._call({"op": Op.EXTEND, "lease": self.id})
-        ttl = float(header["ttl"])
-        self._valid_until = max(self._valid_until, sent + ttl)
-        return ttl
-
-    def release(self) -> None:
-        """Unpin the chunks. The views are invalid afterwards (using them raises ValueError).
-
-        Raises LeaseError if the lease had already been taken back (see the class docstring)."""
-        for view in self.views:
-            if isinstance(view, memoryview):
-                view.release()
-        self.views = []
-        if not self.id:
-            return
-        lease_id, self.id = self.id, 0
-        if time.monotonic() < self._valid_until:
-            try:
-                # Nothing to wait for: the lease is held, and a restarted daemon pins nothing anyway.
-                self._client._transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
-            except (DaemonUnavailable, ClientClosedError):
-                pass  # the daemon is gone (nothing is pinned, nothing wrote under the views), or we closed
-            return
-        if self._client._arena is not self._arena:
-            return   # the daemon restarted: nothing wrote into the old arena under these views
-        try:
-            self._client._transport.call({"op": Op.RELEASE, "lease": lease_id})   # past the TTL: was it held?
-        except (DaemonUnavailable, VersionError, ClientClosedError):
-            pass   # the daemon is gone or restarted (it wrote into a new arena, not under these views), or we closed
-        except LeaseError:
-            raise LeaseError(f"lease {lease_id} was taken back at its TTL before it was released: other chunks "
-                             f"may have been written under its views; discard what was read from them") from None
-
-
-class Reservation:
-    """Arena slots reserved for new chunks: fill ``views`` (None: that key is already stored), then ``commit``.
-
-    The two halves of ``put`` for callers that write the bytes themselves, e.g. an engine gathering KV
-    straight into the slots. Uncommitted slots are freed by ``abort`` (or when the reservation's TTL passes)."""
-
-    def __init__(self, client: "Client", reservation_id: int, views: list[memoryview | None]) -> None:
-        self._client = client
-        self.id = reservation_id
-        self.views = views
-
-    def commit(self) -> int:
-        """Publish the filled chunks; returns how many were written."""
-        rid, self.id = self.id, 0
-        self._release_views()
-        header, _ = self._client._call({"op": Op.COMMIT, "reservation": rid}, retry=False)
-        return int(header["committed"])
-
-    def abort(self) -> None:
-        rid, self.id = self.id, 0
-        self._release_views()
-        if rid:
-            self._client._call({"op": Op.ABORT, "reservation": rid}, retry=False)
-
-    def _release_views(self) -> None:
-        for view in self.views:
-            if view is not None:
-                view.release()
-        self.views = []
-
-
-def _file_identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
-
-
-class Client:
+class Client(Mappings):
     """A connection to one daemon. Not fork-safe; use one per thread for the best concurrency."""
 
     def __init__(self, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
@@ -189,25 +77,17 @@ class Client:
         # Local clients send their requests on the daemon's stream socket (protocol/stream.py) when it has one
         self.want_stream = stream and self.use_arena and self.address.startswith("ipc://")
         self.timeout = timeout
-        self._arena: SharedArena | None = None
-        self._arena_view: memoryview | None = None
-        self._pages: PagePopulator | None = None
-        self._arena_file: tuple[int, int] | None = None
+        self._no_mappings()
         self.want_gpu = gpu and self.use_arena
         # Page-lock our arena mapping (CUDA) so that copies from leased views to the GPU are asynchronous DMA;
         # implied by gpu=True when the daemon has a GPU tier, useful alone for engines without one.
         self.pin_arena = pin_arena
-        self._gpu_pool: Any = None        # kvstore.gpu.engine.MappedPool, when the daemon's pool is mapped
-        self._gpu_info: dict[str, Any] | None = None
-        self._page_locked: Any = None     # kvstore.gpu.page_lock.PageLockedRegion of our arena mapping
         self.server_info: dict[str, Any] = {}
         # An engine connector's report of itself ({"engine", "family", "state": "on"|"off", "reason"}),
         # shown by `kvstore stats` and counted on /metrics while this client is connected.
         self.connector = connector
         # Lookups from the daemon's shared-memory index (local clients; shared_index=False always asks the socket)
         self.want_shared_index = shared_index and self.use_arena
-        self._index: SharedIndexView | None = None
-        self._index_file: tuple[int, int] | None = None
         self._seen = SeenNotes()
         self._credit = CreditWriter(credits)   # puts in one round trip (client/credit.py); False: reserve + commit
         try:
@@ -232,18 +112,7 @@ class Client:
             self._transport = self._zmq
             header, _ = self._zmq.call(hello)
         self.server_info = header
-        arena = header.get("arena")
-        # A restarted daemon makes a new arena file under the same path: compare the file, not just its name,
-        # or puts would land in (and gets read from) the dead predecessor's memory.
-        if arena and (self._arena is None or self._arena_file != _file_identity(arena["path"])
-                      or self._arena.size != arena["size"]):
-            self._detach_arena()
-            self._arena_file = _file_identity(arena["path"])
-            self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
-            self._arena_view = self._arena.view()
-            self._pages = PagePopulator(self._arena.buf, self._arena.size)
-        elif not arena:
-            self._detach_arena()
+        self._attach_arena(header.get("arena"))
         # The index is read only while our stream to its writer is open: a daemon that died shows there at once
         on_stream = isinstance(self._transport, StreamTransport)
         self._attach_index(header.get("index") if self.want_shared_index and on_stream else None)
@@ -274,61 +143,10 @@ class Client:
         self._transport = stream
         return header
 
-    def _attach_index(self, path: str | None) -> None:
-        """Map the daemon's lookup index; a restarted daemon has a new file under the same name."""
-        if path and self._index is not None and self._index_file == _file_identity(path):
-            return
-        self._detach_index()
-        if path:
-            self._index_file = _file_identity(path)
-            self._index = SharedIndexView.open(path)
-
-    def _detach_index(self) -> None:
-        if self._index is not None:
-            self._index.close()
-        self._index, self._index_file = None, None
-
-    def _attach_gpu(self, info: dict[str, Any] | None) -> None:
-        """Map the daemon's GPU pool (once per daemon) and pin our arena mapping for async host<->GPU copies."""
-        if info == self._gpu_info and (info is None or self._gpu_pool is not None):
-            return
-        self._detach_gpu()
-        self._gpu_info = info
-        if not info:
-            return
-        from ..gpu.engine import MappedPool, page_lock_mapping  # torch: only for clients that ask for the GPU tier
-
-        self._gpu_pool = MappedPool.from_hello(info)
-        if self._gpu_pool is not None and self._gpu_pool.device.type == "cuda" and self._arena is not None:
-            self._page_locked = page_lock_mapping(self._arena.buf, self._arena.size)
-
-    def _detach_gpu(self) -> None:
-        if self._page_locked is not None:
-            self._page_locked.unlock()
-            self._page_locked = None
-        if self._gpu_pool is not None:
-            self._gpu_pool.close()
-            self._gpu_pool = None
-        self._gpu_info = None
-
-    @property
-    def gpu_pool(self) -> Any:
-        """The mapped GPU pool (``kvstore.gpu.engine.MappedPool``), or None."""
-        return self._gpu_pool
-
-    def _detach_arena(self) -> None:
-        self._detach_gpu()   # unpin before unmapping
-        if self._arena_view is not None:
-            try:
-                self._arena_view.release()
-            except BufferError:
-                pass  # views of live leases still point into it; the mapping goes when they do
-        if self._arena is not None:
-            self._arena.close()
-        self._arena, self._arena_view, self._pages = None, None, None
-
     def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
               retry: bool = True) -> tuple[dict[str, Any], list[Any]]:
+        if self._credit.queued is not None:
+            self._credit.settle(self)   # first, so that this request sees the queued put's chunks
         if self._seen:
             self._send_seen()   # first, so that this request sees those lookups' effect
         try:
@@ -342,6 +160,24 @@ class Client:
                 raise
             self._hello()  # the daemon restarted and forgot us
         return self._transport.call(header, payloads)
+
+    def _send(self, header: dict[str, Any]) -> int:
+        """Send one request of a pipelined batch without waiting; ``_reply`` collects its answer. A daemon that
+        restarted meanwhile raises VersionError (after a new hello): the batch's other replies are gone."""
+        if self._seen:
+            self._send_seen()
+        try:
+            return self._transport.send(header)
+        except StreamLost as exc:
+            self._hello()
+            raise VersionError(f"the daemon restarted before this request reached it ({exc})") from exc
+
+    def _reply(self, rid: int) -> dict[str, Any]:
+        try:
+            return self._transport.wait(rid)[0]
+        except StreamLost as exc:
+            self._hello()
+            raise VersionError(f"the daemon restarted before it answered ({exc})") from exc
 
     # -- keys -----------------------------------------------------------------------------------------------
     def chunk_keys(self, token_ids: Sequence[int] | Any, include_partial: bool = False,
@@ -374,6 +210,8 @@ class Client:
             return self._lookup_many(chains)
 
     def _lookup_many(self, chains: Sequence[Sequence[bytes]]) -> list[int]:
+        if self._credit.queued is not None:
+            self._credit.settle(self)
         if self._seen:
             self._send_seen()
         ids = [self._transport.send({"op": Op.LOOKUP, "keys": wire_keys(keys), "promote": True}) if keys else 0
@@ -395,6 +233,8 @@ class Client:
         shared index where it can answer (``client/shared_index.py``), else asked over the socket."""
         if not keys:
             return LookupResult(0, {})
+        if self._credit.queued is not None:
+            self._credit.settle(self)   # a lookup sees this client's queued puts
         if self._index is not None and self._transport.alive():
             answer = self._index.lookup(keys, promote)
             if answer is not None:
@@ -416,22 +256,47 @@ class Client:
         except DaemonUnavailable:
             pass
 
-    def put(self, keys: Sequence[bytes], buffers: Sequence[Any], parent: bytes | None = None) -> int:
+    def put(self, keys: Sequence[bytes], buffers: Sequence[Any], parent: bytes | None = None,
+            wait: bool = True) -> int | None:
         """Store one buffer (bytes-like or tensor) per key; keys already stored are skipped.
 
         ``parent`` is the key that precedes ``keys[0]`` in its chain, if any. Returns how many chunks were
         written. Raises StoreFullError when the daemon cannot make room.
+
+        ``wait=False`` (a local client): return None once the bytes are in the arena and the commit is sent,
+        without waiting for the daemon to publish them; ``flush`` returns how many chunks such puts wrote and
+        raises the first error one met (so does the next ``put``). Any read or request of this client waits for
+        the queued commit first, so it sees the chunks.
         """
         if len(keys) != len(buffers):
             raise UsageError(f"put: {len(keys)} keys but {len(buffers)} buffers")
+        if not wait and self._credit.error is not None:
+            self.flush()   # raises the queued puts' error
         if not keys:
-            return 0
+            return 0 if wait else None
         if self._arena_view is None:
-            return self._put_inline(keys, buffers, parent)
+            return self._not_waited(self._put_inline(keys, buffers, parent), wait)
         sizes = [nbytes_of(b) for b in buffers]
-        committed = self._credit.put(self, keys, buffers, sizes, parent)
+        committed = self._credit.put(self, keys, buffers, sizes, parent, wait)
         if committed is not None:
+            return committed if wait else None
+        return self._not_waited(self._put_reserved(keys, buffers, sizes, parent), wait)
+
+    def flush(self) -> int:
+        """Wait for the puts sent with ``wait=False``: how many chunks they wrote since the last flush; raises
+        the first error one of them met."""
+        self._credit.settle(self)
+        return self._credit.take_result()
+
+    def _not_waited(self, committed: int, wait: bool) -> int | None:
+        """A put that could not be queued was made at once: ``flush`` counts it with the queued ones."""
+        if wait:
             return committed
+        self._credit.committed += committed
+        return None
+
+    def _put_reserved(self, keys: Sequence[bytes], buffers: Sequence[Any], sizes: list[int],
+                      parent: bytes | None) -> int:
         reservation = self.reserve(keys, sizes, parent)
         try:
             for view, buf in zip(reservation.views, buffers):
@@ -491,19 +356,38 @@ class Client:
                      else self._arena_view[off:off + size] for (off, size), tier in zip(slots, tiers)]
             lease = Lease(self, int(header["lease"]), views, list(tiers),
                           sent + float(header.get("ttl", math.inf)))
-        return self._verified(lease, list(keys), header.get("sums", [])) if verify else lease
+        if not verify:
+            return lease
+        from .verify import verified_lease
 
-    def _verified(self, lease: Lease, keys: list[bytes], sums: list[int | None]) -> Lease:
-        from .verify import verified_prefix
+        return verified_lease(self, lease, list(keys), header.get("sums", []))
 
-        good, failed = verified_prefix(lease.views, sums)
-        if failed:
-            self._call({"op": Op.CORRUPT, "keys": [keys[i] for i in failed]})
-        for view in lease.views[good:]:
-            if isinstance(view, memoryview):
-                view.release()
-        lease.views, lease.tiers = lease.views[:good], lease.tiers[:good]
-        return lease
+    def get_into(self, keys: Sequence[bytes], dests: Sequence[Any], verify: bool = False) -> int:
+        """Copy the longest stored prefix of ``keys`` into ``dests`` (one writable buffer or tensor per key, at
+        least its chunk's size; the chunk fills its leading bytes); returns how many chunks were copied.
+
+        A local client copies straight out of the arena without a round trip where the daemon's index can answer
+        (``client/arena_read.py``); otherwise — and with ``verify`` — it is a leased ``get`` and a copy."""
+        if len(keys) != len(dests):
+            raise UsageError(f"get_into: {len(keys)} keys but {len(dests)} destinations")
+        if not keys:
+            return 0
+        if self._credit.queued is not None:
+            self._credit.settle(self)   # a read sees this client's queued puts
+        if not verify and self._index is not None and self._arena_view is not None and self._transport.alive():
+            read = read_into(self._index, self._arena_view, self._pages, keys, dests)
+            if read is not None:
+                if read and self._seen.add_read(read):
+                    self._send_seen()
+                return len(read)
+        with self.get(keys, verify=verify) as views:
+            for i, (view, dest) in enumerate(zip(views, dests)):
+                out = writable_bytes(dest)
+                if nbytes_of(out) < nbytes_of(view):
+                    raise UsageError(f"get_into: destination {i} holds {nbytes_of(out)} bytes; its chunk has "
+                                     f"{nbytes_of(view)}")
+                copy_out(out, view if isinstance(view, memoryview) else memoryview(view.cpu().numpy()))
+            return len(views)
 
     def scrub(self, rate: int = 0, timeout: float = 3600.0) -> dict[str, Any]:
         """Have the daemon check every copy of every chunk now (at most ``rate`` bytes/s, 0: no bound); its
@@ -538,6 +422,7 @@ class Client:
         return header["stats"]
 
     def close(self) -> None:
+        self._credit.settle(self)   # a queued put is published before the stream closes (call flush for errors)
         note = self._seen.take()
         if note is not None:
             try:   # awaited: closing the socket would drop a note still queued in it

@@ -5,8 +5,8 @@ page-aligned offsets from the credit's start, copies them in, and sends one ``CR
 the chunks and names the credit for the next put. A put falls back to reserve + commit (``None`` from ``put``)
 when the daemon lends no credit (an older daemon, no room, the share of the arena lent is used up), when the
 chunks do not fit the largest credit it lends, and while another thread of the client is writing into the
-credit. A reserve that finds the store full gives the credit back and tries once more. A refused credit is not asked for again for a second, so a full store does not cost a third round trip
-per put.
+credit. A reserve that finds the store full gives the credit back and tries once more. A refused credit is not
+asked for again for a second, so a full store does not cost a third round trip per put.
 
 A request about the credit forgets it until its reply names the next one: after a timeout the client never
 writes into space the daemon may have published meanwhile (the daemon frees the credit the client forgot).
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from ..errors import ReservationError, VersionError
+from ..errors import KVStoreError, ReservationError, VersionError
 from ..protocol.messages import wire_keys
 from ..protocol.wire import Op
 from .buffers import copy_into
@@ -35,11 +35,16 @@ class Client(Protocol):
 
     _arena: Any
     _arena_view: memoryview | None
+    _pages: Any
     _index: Any
     server_info: dict[str, Any]
 
     def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
               retry: bool = True) -> tuple[dict[str, Any], list[Any]]: ...
+
+    def _send(self, header: dict[str, Any]) -> int: ...
+
+    def _reply(self, rid: int) -> dict[str, Any]: ...
 
 RENEW_AT = 0.5          # share of the TTL after which a credit is renewed before use
 REFUSED_BACKOFF_S = 1.0
@@ -61,7 +66,10 @@ class CreditWriter:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.held: HeldCredit | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self.queued: tuple[int, float] | None = None   # (request id, sent at) of the put whose reply is unread
+        self.committed = 0                             # what queued puts committed, until take_result
+        self.error: KVStoreError | None = None         # the first error a queued put met, until take_result
         self._refused_need = 0          # a credit this big (or bigger) was refused ...
         self._refused_until = 0.0       # ... until then: such puts go straight to reserve + commit
 
@@ -70,8 +78,9 @@ class CreditWriter:
         self.held = None
 
     def put(self, client: "Client", keys: Sequence[bytes], buffers: Sequence[Any], sizes: list[int],
-            parent: bytes | None) -> int | None:
-        """Chunks committed through the credit, or None: put them with reserve + commit instead."""
+            parent: bytes | None, wait: bool = True) -> int | None:
+        """Chunks committed through the credit (``wait=False``: queued, see ``settle``), or None: put them with
+        reserve + commit instead."""
         align = int(client.server_info.get("align") or 0)
         if not self.enabled or not align:
             return None
@@ -79,20 +88,27 @@ class CreditWriter:
         if need > int(client.server_info.get("credit_max") or 0) or not self._lock.acquire(blocking=False):
             return None
         try:
+            self.settle(client)   # a queued put's reply names the credit
             if _all_stored(client, keys):
                 return None   # reserve + commit copies nothing for stored keys (and touches them)
             credit = self._usable(client, need)
             if credit is None:
                 return None
-            view = client._arena_view
+            view, pages = client._arena_view, client._pages
+            if pages is not None:
+                pages.touch(credit.offset, need)
             for start, size, buf in zip(starts, sizes, buffers):
                 copy_into(view[credit.offset + start:credit.offset + start + size], buf)
             sent = time.monotonic()
             self.held = None   # spent: until a reply names the next one (a lost reply must not leave it usable)
+            request = {"op": Op.CREDIT_PUT, "credit": credit.id, "keys": wire_keys(keys),
+                       "offsets": [credit.offset + s for s in starts], "sizes": sizes, "parent": parent,
+                       "want": GROWTH * need}
             try:
-                header, _ = client._call({"op": Op.CREDIT_PUT, "credit": credit.id, "keys": wire_keys(keys),
-                                          "offsets": [credit.offset + s for s in starts], "sizes": sizes,
-                                          "parent": parent, "want": GROWTH * need}, retry=False)
+                if not wait:
+                    self.queued = (client._send(request), sent)
+                    return len(keys)
+                header, _ = client._call(request, retry=False)
             except (ReservationError, VersionError):
                 self.held = None   # taken back, or a restarted daemon never lent it: put the other way
                 return None
@@ -100,6 +116,30 @@ class CreditWriter:
             return int(header["committed"])
         finally:
             self._lock.release()
+
+    def settle(self, client: "Client") -> None:
+        """Read the reply of the put queued last (``wait=False``), if any, and keep the credit it names. What it
+        committed is added to ``committed``; an error is kept in ``error`` (``Client.flush`` raises it)."""
+        with self._lock:
+            queued, self.queued = self.queued, None
+            if queued is None:
+                return
+            rid, sent = queued
+            try:
+                header = client._reply(rid)
+            except KVStoreError as exc:
+                self.held = None   # whatever the daemon did with the credit, the reply naming it is gone
+                self.error = self.error or exc
+                return
+            self.committed += int(header["committed"])
+            self._keep(header, sent, client)
+
+    def take_result(self) -> int:
+        """The chunks the queued puts committed since the last call; raises the first error one of them met."""
+        committed, error, self.committed, self.error = self.committed, self.error, 0, None
+        if error is not None:
+            raise error
+        return committed
 
     def give_back(self, client: "Client") -> bool:
         """Return the held credit to the free space (a reserve found the store full); False when none is held

@@ -34,6 +34,7 @@ from ..protocol.index_layout import (
 )
 
 _SLOT = struct.Struct("<4Q").unpack_from
+_SLOT6 = struct.Struct("<6Q").unpack_from
 _STALE_NS = int(STALE_S * 1e9)
 _RETRIES = 3
 _KEY_BYTES = 16
@@ -79,9 +80,10 @@ class SharedIndexView:
         self.deferred += 1
         return None
 
-    def _walk(self, keys: Sequence[bytes], promote: bool) -> tuple[int, dict[str, int]] | None | bool:
-        """One try: the answer, None (the socket must answer), or False (the table moved: try again)."""
-        w, buf = self._words, self._buf
+    def _begin(self, keys: Sequence[bytes]) -> tuple[int, int, tuple[int, ...], int] | None | bool:
+        """A walk's start: (epoch, flags, the keys as u64 halves, slot mask); None when the view cannot answer
+        (stale, stopping, not all 16-byte keys: the daemon names the bad one); False while the table is rebuilt."""
+        w = self._words
         epoch = w[H_EPOCH]
         flags = w[H_FLAGS]
         if epoch & 1:
@@ -91,8 +93,16 @@ class SharedIndexView:
         try:
             words = struct.unpack(f"<{2 * len(keys)}Q", b"".join(keys))
         except struct.error:
-            return None   # not all 16-byte keys: the daemon names the bad one
-        mask = w[H_SLOTS] - 1
+            return None
+        return epoch, flags, words, w[H_SLOTS] - 1
+
+    def _walk(self, keys: Sequence[bytes], promote: bool) -> tuple[int, dict[str, int]] | None | bool:
+        """One try: the answer, None (the socket must answer), or False (the table moved: try again)."""
+        begun = self._begin(keys)
+        if not isinstance(begun, tuple):
+            return begun
+        epoch, flags, words, mask = begun
+        w, buf = self._words, self._buf
         states: list[int] = []
         for j in range(0, len(words), 2):
             lo, hi = words[j], words[j + 1]
@@ -123,6 +133,51 @@ class SharedIndexView:
             tiers[name] = tiers.get(name, 0) + 1
         return count, tiers
 
+    def locate(self, keys: Sequence[bytes]) -> tuple[int, list[tuple[int, int, int, int]]] | None | bool:
+        """Where the leading keys' DRAM copies are, for a reader copying them out of the arena: (epoch, one
+        ``(slot offset, seq, arena offset, size)`` per chunk of the prefix held in DRAM); None when only the
+        socket can answer (the view is stale, or the prefix stops at a chunk held elsewhere, not listed, or — with
+        a remote tier below — missing); False when the table moved (try again). Check the copies with
+        ``unchanged`` afterwards."""
+        begun = self._begin(keys)
+        if not isinstance(begun, tuple):
+            return begun
+        epoch, flags, words, mask = begun
+        w, buf = self._words, self._buf
+        found: list[tuple[int, int, int, int]] = []
+        for j in range(0, len(words), 2):
+            lo, hi = words[j], words[j + 1]
+            slot = lo & mask
+            for _ in range(MAX_PROBE):
+                off = HEADER_BYTES + slot * SLOT_BYTES
+                seq, klo, khi, state, host, size = _SLOT6(buf, off)
+                if seq & 1 or seq != w[off >> 3]:
+                    return False
+                if klo == lo and khi == hi and state >= DISK:
+                    if not host:
+                        return None     # held on disk or in the GPU tier only: the daemon fetches it
+                    found.append((off, seq, host - 1, size))
+                    break
+                if state == EMPTY:
+                    if flags & REMOTE:
+                        return None     # the remote store may hold it
+                    return (epoch, found) if w[H_EPOCH] == epoch else False
+                slot = (slot + 1) & mask
+            else:
+                return None
+        return (epoch, found) if w[H_EPOCH] == epoch else False
+
+    def unchanged(self, epoch: int, located: Sequence[tuple[int, int, int, int]]) -> int:
+        """How many leading chunks of ``locate``'s answer still sit where it said (slot and table untouched since):
+        the bytes copied from those are the chunks'."""
+        w = self._words
+        if w[H_EPOCH] != epoch:
+            return 0
+        for i, (off, seq, _, _) in enumerate(located):
+            if w[off >> 3] != seq:
+                return i
+        return len(located) if w[H_EPOCH] == epoch else 0
+
     def stale(self) -> bool:
         """Whether the writer looks gone (no heartbeat for STALE_S) or stopping."""
         w = self._words
@@ -137,16 +192,25 @@ class SeenNotes:
     """Lookups answered from the shared index, batched into LOOKUP_SEEN notes for the daemon.
 
     A note carries, per lookup, how many keys were asked and the found chain (packed keys): the daemon touches
-    that chain in its eviction order and counts the lookup, as its own lookup would have. Notes are sent
-    without waiting for a reply, at most every ``interval`` seconds or ``max_keys`` keys, and always before any
-    other request of the client, so a request that follows a lookup (a get, a stats call) sees its effect.
+    that chain in its eviction order and counts the lookup, as its own lookup would have; and per get the client
+    copied out of the arena itself (``client/arena_read.py``), the chain read, touched and counted as a get.
+    Notes are sent without waiting for a reply, at most every ``interval`` seconds (``read_interval`` when only
+    gets are to be told) or ``max_keys`` keys, and always
+    before any other request of the client, so a request that follows a lookup (a get, a stats call) sees its
+    effect.
     """
 
-    def __init__(self, interval: float = 0.002, max_keys: int = 2048) -> None:
+    # Gets served from the arena are told at most every 50 ms (or with the next note or request): on a loaded
+    # host a reply-less send costs the sender ~0.1-0.4 ms (the woken daemon preempts it), as much as the get's
+    # own copy of 4 MiB, and a touch of the eviction order 50 ms late changes little. Lookups keep 2 ms, so that
+    # what watches the daemon's hit rate sees a lookup at once.
+    def __init__(self, interval: float = 0.002, max_keys: int = 2048, read_interval: float = 0.05) -> None:
         self.interval = interval
+        self.read_interval = read_interval
         self.max_keys = max_keys
         self.asked: list[int] = []
         self.found: list[bytes] = []
+        self.read: list[bytes] = []
         self._keys = 0
         self._since = time.monotonic()
 
@@ -157,14 +221,20 @@ class SeenNotes:
         self._keys += len(found)
         return self._keys >= self.max_keys or time.monotonic() - self._since >= self.interval
 
+    def add_read(self, chain: Sequence[bytes]) -> bool:
+        """Record one get served from the arena; True when the batch is due to be sent."""
+        self.read.append(b"".join(chain))
+        self._keys += len(chain)
+        return self._keys >= self.max_keys or time.monotonic() - self._since >= self.read_interval
+
     def take(self) -> dict | None:
         """The note to send (and an empty batch), or None when there is nothing to tell."""
         self._since = time.monotonic()
-        if not self.asked:
+        if not self.asked and not self.read:
             return None
-        note = {"asked": self.asked, "found": self.found}
-        self.asked, self.found, self._keys = [], [], 0
+        note = {"asked": self.asked, "found": self.found, **({"read": self.read} if self.read else {})}
+        self.asked, self.found, self.read, self._keys = [], [], [], 0
         return note
 
     def __bool__(self) -> bool:
-        return bool(self.asked)
+        return bool(self.asked or self.read)

@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 import xxhash
 
+from ..protocol.wire import Op
+
 
 def _bytes_of(view: Any) -> Any:
     if isinstance(view, memoryview):
@@ -38,3 +40,15 @@ def verified_prefix(views: Sequence[Any], sums: Sequence[int | None]) -> tuple[i
     if len(sums) < len(views):
         good = min(good, len(sums))
     return good, failed
+
+
+def verified_lease(client: Any, lease: Any, keys: list[bytes], sums: list[int | None]) -> Any:
+    """Cut ``lease`` (a ``client/lease.py`` Lease) to its verified prefix, reporting the chunks that failed."""
+    good, failed = verified_prefix(lease.views, sums)
+    if failed:
+        client._call({"op": Op.CORRUPT, "keys": [keys[i] for i in failed]})
+    for view in lease.views[good:]:
+        if isinstance(view, memoryview):
+            view.release()
+    lease.views, lease.tiers = lease.views[:good], lease.tiers[:good]
+    return lease

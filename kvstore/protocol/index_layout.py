@@ -4,15 +4,17 @@ A lookup answered over the socket costs a round trip through two processes and Z
 hundreds of microseconds on a busy host); a client that maps this file answers it by reading memory. The daemon
 (``store/published_index.py``) is the only writer; clients (``client/shared_index.py``) map it read-only.
 
-File: a 4 KiB header, then ``MAX_SLOTS`` slots of 32 bytes, of which the first ``slots`` (a power of two, in the
-header) are the table. The file is sparse: tmpfs backs only the pages the table has touched, so growing the table
-never moves the file and a client maps it once.
+File: a 4 KiB header, then ``MAX_SLOTS`` slots of 64 bytes (a cache line each), of which the first ``slots`` (a
+power of two, in the header) are the table. The file is sparse: tmpfs backs only the pages the table has touched,
+so growing the table never moves the file and a client maps it once.
 
 Header (little-endian u64 fields)::
 
     0 magic   8 layout version   16 slots   24 epoch   32 heartbeat (CLOCK_MONOTONIC ns)   40 flags   48 writer pid
 
-Slot: ``seq, key_lo, key_hi, state`` (u64 each); ``key_lo``/``key_hi`` are the key's two little-endian halves.
+Slot: ``seq, key_lo, key_hi, state, host, size`` and two spare words (u64 each); ``key_lo``/``key_hi`` are the
+key's two little-endian halves, ``host`` is the byte offset of the chunk's DRAM copy in the arena plus one (0: none)
+and ``size`` its length, so that a local reader can copy a chunk straight out of the arena (``client/arena_read.py``).
 Open addressing with linear probing from ``key_lo & (slots - 1)`` (keys are xxh3-128 outputs: uniform), at most
 ``MAX_PROBE`` slots. A removed key leaves a TOMBSTONE so that probe chains past it stay intact; a tombstone whose
 next slot is EMPTY becomes EMPTY again (no chain runs through it), which keeps tombstones from piling up.
@@ -26,6 +28,11 @@ Consistency, without locks:
 * A key the writer could not place within ``MAX_PROBE`` slots is simply not listed. Slots only ever turn EMPTY
   where no chain runs through them, so a reader looking for such a key walks ``MAX_PROBE`` non-empty slots, finds
   neither the key nor an EMPTY one, and asks the socket: a miss read from the table is always a real miss.
+* The slot's ``seq`` is also the chunk's generation for a reader copying out of the arena: every change of a
+  listed chunk's DRAM copy (it is freed, moved, or its key stored anew) rewrites the slot, in the same event-loop
+  step as the change and so before the space can be handed to any writer. A reader that reads ``seq`` (even), the
+  offset, copies the bytes, then finds ``seq`` and ``epoch`` unchanged copied the chunk the slot named; otherwise
+  it throws the copy away.
 * ``heartbeat`` is rewritten by the daemon's sweep; a reader treats a view older than ``STALE_S`` (a crashed or
   stuck daemon) as absent. ``CLOSED`` is set when the daemon stops taking new work.
 
@@ -40,12 +47,12 @@ import platform
 import struct
 
 MAGIC = int.from_bytes(b"KVSINDX1", "little")
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2          # 2: slots carry the DRAM copy's offset and size
 HEADER_BYTES = 4096
-SLOT_BYTES = 32
+SLOT_BYTES = 64
 SLOT_WORDS = SLOT_BYTES // 8
 MIN_SLOTS = 1 << 12
-MAX_SLOTS = 1 << 22          # 4 Mi chunks listed; 128 MiB of table at most (the file is sparse below that)
+MAX_SLOTS = 1 << 22          # 4 Mi chunks listed; 256 MiB of table at most (the file is sparse below that)
 MAX_PROBE = 32
 STALE_S = 1.0                # a heartbeat older than this: the writer is gone or stuck
 

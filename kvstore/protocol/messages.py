@@ -7,7 +7,7 @@ raise BadRequestError or LimitError naming the field. Handlers receive these dat
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import math
@@ -322,10 +322,12 @@ MAX_SEEN_LOOKUPS = 4096
 
 @dataclass(frozen=True)
 class LookupSeen:
-    """Lookups a client answered from the shared index: per lookup, keys asked and the found chain."""
+    """Lookups a client answered from the shared index: per lookup, keys asked and the found chain; and the
+    gets it served itself from the arena (``read``: per get, the chain copied)."""
 
     asked: list[int]
     found: list[list[bytes]]
+    read: list[list[bytes]] = field(default_factory=list)
 
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "LookupSeen":
@@ -342,4 +344,14 @@ class LookupSeen:
             if not isinstance(n, int) or isinstance(n, bool) or not len(chain) <= n <= MAX_BATCH:
                 raise BadRequestError(f"asked[{i}] must be an integer in [{len(chain)}, {MAX_BATCH}]")
             chains.append(chain)
-        return cls(asked=asked, found=chains)
+        return cls(asked=asked, found=chains, read=_read_chains(h))
+
+
+def _read_chains(h: dict[str, Any]) -> list[list[bytes]]:
+    read = h.get("read", [])
+    if not isinstance(read, list) or len(read) > MAX_SEEN_LOOKUPS:
+        raise BadRequestError(f"field 'read' must be a list of at most {MAX_SEEN_LOOKUPS} packed key chains")
+    for i, packed in enumerate(read):
+        if not isinstance(packed, bytes):
+            raise BadRequestError(f"read[{i}] must be packed {KEY_BYTES}-byte keys")
+    return [_unpack_keys(packed, f"read[{i}]", allow_empty=True) for i, packed in enumerate(read)]

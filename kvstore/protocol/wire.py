@@ -27,7 +27,7 @@ from typing import Any
 
 import msgpack
 
-from ..errors import BadRequestError, LimitError, RequestError, error_name
+from ..errors import BadRequestError, LimitError, RequestError, UnknownOpError, error_name
 
 PROTOCOL_VERSION = 1
 
@@ -104,8 +104,6 @@ _OPS = {op.value: op for op in Op}   # a dict lookup: calling the enum costs abo
 
 
 def op_of(header: dict[str, Any]) -> Op:
-    from ..errors import UnknownOpError
-
     op = header.get("op")
     if not isinstance(op, int) or isinstance(op, bool):
         raise BadRequestError("field 'op' must be an integer operation code")

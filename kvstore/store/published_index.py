@@ -22,6 +22,9 @@ from ..protocol.index_layout import (
     LAYOUT_VERSION, MAGIC, MAX_PROBE, MAX_SLOTS, MIN_SLOTS, SLOT_BYTES, SLOT_WORDS, TOMBSTONE,
 )
 
+Listing = tuple[int, int, int]   # a slot's state, host (DRAM offset + 1, 0: none), size
+_GONE: Listing = (TOMBSTONE, 0, 0)
+_EMPTY: Listing = (EMPTY, 0, 0)
 REBUILD_LOAD = 0.5       # rebuild when live keys + tombstones pass this share of the slots
 TARGET_LOAD = 0.25       # a rebuilt table holds its live keys at about this load
 
@@ -60,7 +63,7 @@ class PublishedIndex:
             os.close(fd)
         self._words = memoryview(self._buf).cast("Q")
         self._slot: dict[bytes, int] = {}      # listed key → slot
-        self._state: dict[bytes, int] = {}     # every published key → state (listed or not)
+        self._state: dict[bytes, Listing] = {}   # every published key → its listing (listed in a slot or not)
         self._unlisted: set[bytes] = set()     # published keys no slot could be found for
         self.tombstones = 0
         self.rebuilds = 0
@@ -71,18 +74,20 @@ class PublishedIndex:
         w[H_MAGIC] = MAGIC   # last: a reader that sees the magic sees a complete header
 
     # -- what the Store calls -----------------------------------------------------------------------------
-    def set(self, key: bytes, state: int) -> None:
-        """List ``key`` with ``state`` (its fastest tier), or update its state."""
-        if self._state.get(key) == state:
+    def set(self, key: bytes, state: int, host: int | None = None, size: int = 0) -> None:
+        """List ``key`` with ``state`` (its fastest tier) and its DRAM copy (``host``: offset, None: none), or
+        update them. Called in the same event-loop step as the change, before the space can be reused."""
+        listing = (state, 0 if host is None else host + 1, size if host is not None else 0)
+        if self._state.get(key) == listing:
             return
-        self._state[key] = state
+        self._state[key] = listing
         slot = self._slot.get(key)
         if slot is not None:
-            self._write_state(slot, state)
+            self._write_state(slot, listing)
         elif key not in self._unlisted:
             if len(self._slot) + self.tombstones + 1 > REBUILD_LOAD * self.slots and self._grow():
                 return   # the rebuild placed it
-            self._place(key, state)
+            self._place(key, listing)
 
     def remove(self, key: bytes) -> None:
         if self._state.pop(key, None) is None:
@@ -91,7 +96,7 @@ class PublishedIndex:
         slot = self._slot.pop(key, None)
         if slot is None:
             return
-        self._write_state(slot, TOMBSTONE)
+        self._write_state(slot, _GONE)
         self.tombstones += 1
         if not self._unlisted:   # an unlisted key's probe chain must stay non-empty (see index_layout.py)
             self._clear_dead_tombstones(slot)
@@ -124,26 +129,26 @@ class PublishedIndex:
         return len(self._slot)
 
     # -- the table ----------------------------------------------------------------------------------------
-    def _write_slot(self, slot: int, key: bytes, state: int) -> None:
+    def _write_slot(self, slot: int, key: bytes, listing: Listing) -> None:
         w, base = self._words, (HEADER_BYTES // 8) + slot * SLOT_WORDS
         seq = w[base]
         w[base] = seq + 1                                   # odd: readers retry this slot
         w[base + 1] = int.from_bytes(key[:8], "little")
         w[base + 2] = int.from_bytes(key[8:], "little")
-        w[base + 3] = state
+        w[base + 3], w[base + 4], w[base + 5] = listing
         w[base] = seq + 2
 
-    def _write_state(self, slot: int, state: int) -> None:
+    def _write_state(self, slot: int, listing: Listing) -> None:
         w, base = self._words, (HEADER_BYTES // 8) + slot * SLOT_WORDS
         seq = w[base]
         w[base] = seq + 1
-        w[base + 3] = state
+        w[base + 3], w[base + 4], w[base + 5] = listing
         w[base] = seq + 2
 
     def _state_at(self, slot: int) -> int:
         return self._words[(HEADER_BYTES // 8) + slot * SLOT_WORDS + 3]
 
-    def _place(self, key: bytes, state: int) -> bool:
+    def _place(self, key: bytes, listing: Listing) -> bool:
         mask = self.slots - 1
         slot = int.from_bytes(key[:8], "little") & mask
         for _ in range(MAX_PROBE):
@@ -151,7 +156,7 @@ class PublishedIndex:
             if here == EMPTY or here == TOMBSTONE:
                 if here == TOMBSTONE:
                     self.tombstones -= 1
-                self._write_slot(slot, key, state)
+                self._write_slot(slot, key, listing)
                 self._slot[key] = slot
                 return True
             slot = (slot + 1) & mask
@@ -165,7 +170,7 @@ class PublishedIndex:
         if self._state_at((slot + 1) & mask) != EMPTY:
             return
         while self._state_at(slot) == TOMBSTONE:
-            self._write_state(slot, EMPTY)
+            self._write_state(slot, _EMPTY)
             self.tombstones -= 1
             slot = (slot - 1) & mask
 
@@ -185,8 +190,8 @@ class PublishedIndex:
         self._slot.clear()
         self._unlisted.clear()
         self.tombstones = 0
-        for key, state in self._state.items():
-            self._place(key, state)
+        for key, listing in self._state.items():
+            self._place(key, listing)
         w[H_EPOCH] += 1
         self.rebuilds += 1
         return True

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import takewhile
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ..errors import LeaseError, ReservationError, StoreFullError
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
 class IndexSink(Protocol):
     """Where the Store publishes each key's readable state for clients (``published_index.py``)."""
 
-    def set(self, key: bytes, state: int) -> None: ...
+    def set(self, key: bytes, state: int, host: int | None = None, size: int = 0) -> None: ...
 
     def remove(self, key: bytes) -> None: ...
 
@@ -142,6 +143,23 @@ class Store(DamageMixin):
     def count_remote_hits(self, chunks: int) -> None:
         """A lookup found ``chunks`` more in the remote store (or being fetched from it) past its local walk."""
         self.counters.hit_keys += chunks
+
+    def note_read(self, keys: Sequence[bytes]) -> None:
+        """A get a local client copied out of the arena itself (``client/arena_read.py``): touched and counted
+        as ``get`` would (its pin and unpin move the chain to the newest end of the queues)."""
+        found = list(takewhile(lambda e: e.host_offset is not None, self.leading(keys)))
+        self.lru.touch_chain(found)
+        for ledger in self.ledgers:
+            ledger.on_touch(found)
+        self._count_get(found)
+
+    def _count_get(self, found: list[Entry]) -> None:
+        for ledger in self.ledgers:
+            ledger.on_hit(found)
+        c = self.counters
+        c.gets += 1
+        c.get_chunks += len(found)
+        c.get_bytes += sum(e.size for e in found)
 
     def _touch_looked_up(self, found: list[Entry], asked: int, hits: int) -> None:
         self.lru.touch_chain(found)
@@ -245,12 +263,7 @@ class Store(DamageMixin):
             if entry.host_offset is None and not (gpu_ok and entry.gpu_offset is not None):
                 break
             found.append(entry)
-        for ledger in self.ledgers:
-            ledger.on_hit(found)
-        c = self.counters
-        c.gets += 1
-        c.get_chunks += len(found)
-        c.get_bytes += sum(e.size for e in found)
+        self._count_get(found)
         if not found:
             return None, []
         for entry in found:
@@ -336,7 +349,7 @@ class Store(DamageMixin):
             return
         entry = self.index.get(key)
         if entry is not None and entry.readable:
-            self.published.set(key, STATE_OF_TIER[top_tier(entry)])
+            self.published.set(key, STATE_OF_TIER[top_tier(entry)], entry.host_offset, entry.size)
         else:
             self.published.remove(key)
 

@@ -1,0 +1,112 @@
+"""What a local client maps of its daemon: the arena, the published index, the GPU pool; attached at hello.
+
+A restarted daemon makes new files under the same names, so each mapping remembers the file it mapped (device and
+inode) and maps again when that changed. Detaching releases the views first: views of live leases keep the old
+mapping alive until they go (``lease.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..tiers.arena import SharedArena
+from .pages import PagePopulator
+from .shared_index import SharedIndexView
+
+
+def file_identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+class Mappings:
+    """The Client's mappings (a base class: the Client's session code attaches them, its operations read them)."""
+
+    _arena: SharedArena | None
+    _arena_view: memoryview | None
+    _pages: PagePopulator | None
+    _index: SharedIndexView | None
+    _index_file: tuple[int, int] | None
+    _gpu_pool: Any
+    _gpu_info: dict[str, Any] | None
+    _page_locked: Any
+
+    _arena_file: tuple[int, int] | None
+
+    def _no_mappings(self) -> None:
+        self._arena, self._arena_view, self._pages, self._arena_file = None, None, None, None
+        self._index, self._index_file = None, None
+        self._gpu_pool = None      # kvstore.gpu.engine.MappedPool, when the daemon's pool is mapped
+        self._gpu_info = None
+        self._page_locked = None   # kvstore.gpu.page_lock.PageLockedRegion of our arena mapping
+
+    def _attach_arena(self, arena: dict[str, Any] | None) -> None:
+        """Map the arena the daemon named at hello (None: none, e.g. over tcp://)."""
+        # A restarted daemon makes a new arena file under the same path: compare the file, not just its name,
+        # or puts would land in (and gets read from) the dead predecessor's memory.
+        if arena and (self._arena is None or self._arena_file != file_identity(arena["path"])
+                      or self._arena.size != arena["size"]):
+            self._detach_arena()
+            self._arena_file = file_identity(arena["path"])
+            self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
+            self._arena_view = self._arena.view()
+            self._pages = PagePopulator(self._arena.buf, self._arena.size)
+        elif not arena:
+            self._detach_arena()
+
+    def _attach_index(self, path: str | None) -> None:
+        """Map the daemon's lookup index; a restarted daemon has a new file under the same name."""
+        if path and self._index is not None and self._index_file == file_identity(path):
+            return
+        self._detach_index()
+        if path:
+            self._index_file = file_identity(path)
+            self._index = SharedIndexView.open(path)
+
+    def _detach_index(self) -> None:
+        if self._index is not None:
+            self._index.close()
+        self._index, self._index_file = None, None
+
+    def _attach_gpu(self, info: dict[str, Any] | None) -> None:
+        """Map the daemon's GPU pool (once per daemon) and pin our arena mapping for async host<->GPU copies."""
+        if info == self._gpu_info and (info is None or self._gpu_pool is not None):
+            return
+        self._detach_gpu()
+        self._gpu_info = info
+        if not info:
+            return
+        from ..gpu.engine import MappedPool, page_lock_mapping  # torch: only for clients that ask for the GPU tier
+
+        self._gpu_pool = MappedPool.from_hello(info)
+        if self._gpu_pool is not None and self._gpu_pool.device.type == "cuda" and self._arena is not None:
+            self._page_locked = page_lock_mapping(self._arena.buf, self._arena.size)
+
+    def _detach_gpu(self) -> None:
+        if self._page_locked is not None:
+            self._page_locked.unlock()
+            self._page_locked = None
+        if self._gpu_pool is not None:
+            self._gpu_pool.close()
+            self._gpu_pool = None
+        self._gpu_info = None
+
+    @property
+    def gpu_pool(self) -> Any:
+        """The mapped GPU pool (``kvstore.gpu.engine.MappedPool``), or None."""
+        return self._gpu_pool
+
+    def _detach_arena(self) -> None:
+        self._detach_gpu()   # unpin before unmapping
+        if self._arena_view is not None:
+            try:
+                self._arena_view.release()
+            except BufferError:
+                pass  # views of live leases still point into it; the mapping goes when they do
+        if self._arena is not None:
+            self._arena.close()
+        self._arena, self._arena_view, self._pages = None, None, None
