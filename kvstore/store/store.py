@@ -14,16 +14,9 @@ one place (``_unpin``); a chunk deleted while pinned is "doomed" and freed by it
 When an allocation fails, the least recently used unpinned chunk is evicted (continuations first, see
 ``eviction.py``) until it succeeds; when nothing is left to evict the put fails with StoreFullError.
 
-Tiers below DRAM (disk, GPU, remote) are each a ledger and a mover (``ledger.py`` has the interface): the
-Store calls every ledger's hooks when a chunk is committed, touched, hit, pinned, unpinned, leaves DRAM, leaves
-the index or is freed, and never calls a mover; a ledger is the only code that changes its tier's fields of an
-entry, and records intents (write this chunk, promote that one) for its mover, which does the I/O and reports
-back to the ledger alone. The ledgers are ``disk_ledger.py`` (``Entry.disk``, the disk LRU, the write-back
-queue), ``gpu_ledger.py`` (``Entry.gpu_offset``, the GPU LRU, promotion requests) and ``remote_ledger.py`` (puts
-in flight, fetched slots). Leaving DRAM is a *demotion* when some ledger ``keeps`` the chunk (it is on disk, or
-in the GPU tier) and an eviction otherwise; a chunk whose DRAM slot a ledger's I/O ``uses_dram`` keeps its slot
-(and its place in the host LRU, so a chain keeps its order) until that I/O ends. ``Entry.loading`` (a DRAM slot
-being filled, from disk or from the GPU tier) is set by the disk and GPU ledgers; ``fill_host`` publishes it.
+Tiers below DRAM are each a ledger and a mover (``ledger.py`` says how): the Store calls every ledger's hooks
+and never a mover. Leaving DRAM is a *demotion* when some ledger ``keeps`` the chunk and an eviction otherwise; a
+slot whose I/O a ledger ``uses_dram`` stays (with its place in the host LRU) until that I/O ends.
 
 The counters are in ``counters.py``; checksums and damaged copies in ``damage.py`` (a part of the Store).
 """
@@ -33,7 +26,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from itertools import takewhile
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import LeaseError, ReservationError, StoreFullError
 from ..protocol.index_layout import STATE_OF_TIER
@@ -50,24 +43,10 @@ from .ledger import TierLedger
 from .policies import DEFAULT_POLICY, make_queue
 from .remote_ledger import RemoteLedger
 from .room import make_room
+from .sinks import IndexSink, SumSink
 
 if TYPE_CHECKING:
     from ..gpu.tier import GpuTier
-
-
-class IndexSink(Protocol):
-    """Where the Store publishes each key's readable state for clients (``published_index.py``)."""
-
-    def set(self, key: bytes, state: int, host: int | None = None, size: int = 0) -> None: ...
-
-    def remove(self, key: bytes) -> None: ...
-
-
-class SumSink(Protocol):
-    """What the Store tells the checksummer (``integrity.py``): take these committed chunks' sums, then call
-    ``Store.checksummed``."""
-
-    def after_commit(self, entries: list[Entry]) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,24 @@
+"""What the Store tells the two observers of every change to its index: the lookup index it publishes to local
+clients in shared memory (``published_index.py``) and the checksummer (``integrity.py``). Protocols, so neither
+module is imported back into ``store.py``."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .entry import Entry
+
+
+class IndexSink(Protocol):
+    """Where the Store publishes each key's readable state for clients (``published_index.py``)."""
+
+    def set(self, key: bytes, state: int, host: int | None = None, size: int = 0) -> None: ...
+
+    def remove(self, key: bytes) -> None: ...
+
+
+class SumSink(Protocol):
+    """What the Store tells the checksummer (``integrity.py``): take these committed chunks' sums, then call
+    ``Store.checksummed``."""
+
+    def after_commit(self, entries: list[Entry]) -> None: ...
