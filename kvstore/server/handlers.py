@@ -60,10 +60,8 @@ def handle_lookup_seen(svc: Service, s: Session, h: dict, frames: list) -> Frame
     for asked, found in zip(req.asked, req.found):
         svc.store.note_lookup(asked, found)
         svc.count_lookup_tokens(s, asked, len(found))
-    for chain in req.read:   # gets served from the arena: the touch and the counts a get makes
+    for chain in req.read:   # gets served from the arena: the touch, the counts and the hit hooks a get makes
         svc.store.note_read(chain)
-    if req.read:
-        svc.after_get()
     return [ok_reply(h["id"])]
 
 
