@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..errors import UsageError
+
+RELEASING_FROM = 64 << 10   # copies this large go through numpy, which releases the GIL while it copies (copies.py)
 
 
 def _is_tensor(obj: Any) -> bool:
@@ -35,7 +39,7 @@ def copy_into(dst: memoryview, buf: Any) -> None:
         src = buf.detach().reshape(-1).contiguous().view(torch.uint8)
         torch.frombuffer(dst, dtype=torch.uint8).copy_(src)
         return
-    dst[:] = _flat_bytes_view(buf)
+    _copy_bytes(dst, _flat_bytes_view(buf))
 
 
 def as_host_bytes(buf: Any) -> Any:
@@ -61,8 +65,16 @@ def copy_out(dest: Any, src: memoryview) -> None:
     """Copy ``src`` into the leading bytes of ``dest`` (from ``writable_bytes``) with one memcpy (or one
     host-to-device copy)."""
     if type(dest) is memoryview:   # the common case first (``writable_bytes`` of a host buffer)
-        dest[:len(src)] = src
+        _copy_bytes(dest[:len(src)], src)
         return
     import torch
 
     dest.view(-1).view(torch.uint8)[:len(src)].copy_(torch.frombuffer(src, dtype=torch.uint8))
+
+
+def _copy_bytes(dst: memoryview, src: memoryview) -> None:
+    """One memcpy of ``src`` into ``dst`` (the same length); large ones without holding the GIL."""
+    if src.nbytes >= RELEASING_FROM:
+        np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
+    else:
+        dst[:] = src

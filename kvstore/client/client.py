@@ -9,7 +9,8 @@ buffers, for a local client straight out of the arena without a round trip (``ar
 wait=False)`` returns once the bytes are in place and the commit is sent (``credit.py``; ``flush`` reports).
 
 Around this file: ``lease.py`` (what get and reserve hand back), ``mappings.py`` (the arena, index and GPU pool
-mapped at hello), ``credit.py`` (put credits), ``shared_index.py`` (lookups from shared memory), the transports.
+mapped at hello), ``credit.py`` (put credits), ``shared_index.py`` (lookups from shared memory), ``copies.py``
+(large batches copied by two threads), the transports.
 
 ``gpu=True`` (engines on the daemon's GPU): the client asks for the GPU tier's pool at hello, maps it once
 (``kvstore.gpu.engine.MappedPool``) and page-locks its own mapping of the arena; ``get`` then returns a
@@ -24,6 +25,7 @@ import math
 import os
 import time
 import uuid
+from functools import partial
 from typing import Any, Sequence
 
 from ..config import default_socket
@@ -37,6 +39,7 @@ from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
 from .arena_read import read_into
 from .buffers import copy_into, copy_out, nbytes_of, writable_bytes
+from .copies import copy_batch
 from .credit import CreditWriter
 from .lease import Lease, LookupResult, Reservation
 from .mappings import Mappings
@@ -299,9 +302,8 @@ class Client(Mappings):
                       parent: bytes | None) -> int:
         reservation = self.reserve(keys, sizes, parent)
         try:
-            for view, buf in zip(reservation.views, buffers):
-                if view is not None:
-                    copy_into(view, buf)
+            todo = [(view, buf) for view, buf in zip(reservation.views, buffers) if view is not None]
+            copy_batch([partial(copy_into, view, buf) for view, buf in todo], [view.nbytes for view, _ in todo])
         except BaseException:
             reservation.abort()
             raise
@@ -381,12 +383,16 @@ class Client(Mappings):
                     self._send_seen()
                 return len(read)
         with self.get(keys, verify=verify) as views:
+            copies, sizes = [], []
             for i, (view, dest) in enumerate(zip(views, dests)):
                 out = writable_bytes(dest)
                 if nbytes_of(out) < nbytes_of(view):
                     raise UsageError(f"get_into: destination {i} holds {nbytes_of(out)} bytes; its chunk has "
                                      f"{nbytes_of(view)}")
-                copy_out(out, view if isinstance(view, memoryview) else memoryview(view.cpu().numpy()))
+                src = view if isinstance(view, memoryview) else memoryview(view.cpu().numpy())
+                copies.append(partial(copy_out, out, src))
+                sizes.append(src.nbytes)
+            copy_batch(copies, sizes)
             return len(views)
 
     def scrub(self, rate: int = 0, timeout: float = 3600.0) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -27,6 +28,7 @@ from ..errors import KVStoreError, ReservationError, VersionError
 from ..protocol.messages import wire_keys
 from ..protocol.wire import Op
 from .buffers import copy_into
+from .copies import copy_batch
 
 
 
@@ -97,8 +99,9 @@ class CreditWriter:
             view, pages = client._arena_view, client._pages
             if pages is not None:
                 pages.touch(credit.offset, need)
-            for start, size, buf in zip(starts, sizes, buffers):
-                copy_into(view[credit.offset + start:credit.offset + start + size], buf)
+            at = credit.offset
+            copy_batch([partial(copy_into, view[at + start:at + start + size], buf)
+                        for start, size, buf in zip(starts, sizes, buffers)], sizes)
             sent = time.monotonic()
             self.held = None   # spent: until a reply names the next one (a lost reply must not leave it usable)
             request = {"op": Op.CREDIT_PUT, "credit": credit.id, "keys": wire_keys(keys),

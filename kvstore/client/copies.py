@@ -1,0 +1,66 @@
+"""Copying a batch of chunks between the caller's buffers and the arena: on two threads once the batch is large.
+
+One core's copy does not fill the memory bus: it stalls on its own cache misses (a copy into arena memory that
+is not in cache reads each line before writing it). Measured here, 16 chunks of 2 MiB copied into the arena by
+one thread ran at 0.99x an in-cache memcpy of the same bytes, by two threads at 1.31x; 16 chunks of 256 KiB
+gained nothing (0.72x: handing half to a thread costs more than it saves). So a batch of ``PARALLEL_FROM``
+bytes or more, of two chunks or more, is cut in two halves by bytes at a chunk boundary: the calling thread copies
+the first, one helper thread the second, and the call returns when both are done (the first error raised, if
+any, after both). numpy's and torch's copies release the GIL (``buffers.py`` copies large host buffers through
+numpy for that), so the halves run at once. The helper thread is started at the first large batch and lives as
+long as the process; a batch never waits for another caller's batch behind it for more than one half.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
+
+PARALLEL_FROM = 8 << 20   # a batch of at least this many bytes is copied by two threads
+
+_helper: ThreadPoolExecutor | None = None
+_helper_lock = threading.Lock()
+
+
+def copy_batch(copies: Sequence[Callable[[], None]], sizes: Sequence[int]) -> None:
+    """Run every copy (one per chunk, ``sizes`` its bytes): in order on this thread for a small batch, else split
+    in two halves, one of them on the helper thread."""
+    total = sum(sizes)
+    if total < PARALLEL_FROM or len(copies) < 2:
+        for copy in copies:
+            copy()
+        return
+    cut = _half_by_bytes(sizes, total)
+    other = _helper_pool().submit(_run, copies[cut:])
+    try:
+        _run(copies[:cut])
+    except BaseException:
+        other.exception()   # never return while the helper still writes into the caller's buffers
+        raise
+    error = other.exception()
+    if error is not None:
+        raise error
+
+
+def _half_by_bytes(sizes: Sequence[int], total: int) -> int:
+    """The first chunk of the second half: the cut nearest to half the bytes (never an empty half)."""
+    at = 0
+    for i, size in enumerate(sizes):
+        if at + size / 2 >= total / 2:
+            return min(max(i, 1), len(sizes) - 1)
+        at += size
+    return len(sizes) - 1
+
+
+def _run(copies: Sequence[Callable[[], None]]) -> None:
+    for copy in copies:
+        copy()
+
+
+def _helper_pool() -> ThreadPoolExecutor:
+    global _helper
+    with _helper_lock:
+        if _helper is None:
+            _helper = ThreadPoolExecutor(1, thread_name_prefix="kvstore-copy")
+        return _helper
