@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from functools import partial
 
 import numpy as np
 import pytest
@@ -29,11 +28,11 @@ def test_a_large_batch_is_split_over_two_threads_and_every_byte_lands_in_place()
     view = memoryview(target)
     threads: list[str] = []
 
-    def copy(i: int) -> None:
+    def copy(i: int, source: np.ndarray, gil_free: bool = False) -> None:
         threads.append(threading.current_thread().name)
-        copy_into(view[i * size:(i + 1) * size], sources[i])
+        copy_into(view[i * size:(i + 1) * size], source, gil_free)
 
-    copy_batch([partial(copy, i) for i in range(n)], [size] * n)
+    copy_batch(copy, list(enumerate(sources)), [size] * n)
     assert bytes(target) == b"".join(s.tobytes() for s in sources)
     assert len(set(threads)) == 2 and threads.count(threading.current_thread().name) == n // 2
 
@@ -43,11 +42,11 @@ def test_a_small_batch_stays_on_the_calling_thread():
     threads: list[str] = []
     view = memoryview(target)
 
-    def copy(i: int) -> None:
+    def copy(i: int, source: np.ndarray, gil_free: bool = False) -> None:
         threads.append(threading.current_thread().name)
-        copy_out(view[i * (64 << 10):(i + 1) * (64 << 10)], memoryview(sources[i]))
+        copy_out(view[i * (64 << 10):(i + 1) * (64 << 10)], memoryview(source), gil_free)
 
-    copy_batch([partial(copy, i) for i in range(4)], [64 << 10] * 4)
+    copy_batch(copy, list(enumerate(sources)), [64 << 10] * 4)
     assert set(threads) == {threading.current_thread().name}
     assert bytes(target) == b"".join(s.tobytes() for s in sources)
 
@@ -56,14 +55,14 @@ def test_a_small_batch_stays_on_the_calling_thread():
 def test_a_failed_half_is_raised_once_both_halves_are_done(failing):
     done: list[int] = []
 
-    def copy(i: int) -> None:
+    def copy(i: int, _: None, gil_free: bool = False) -> None:
         if i == failing:
             raise ValueError(f"copy {i} failed")
         time.sleep(0.05 if i >= 2 else 0)   # the helper's half is the slow one
         done.append(i)
 
     with pytest.raises(ValueError, match=f"copy {failing} failed"):
-        copy_batch([partial(copy, i) for i in range(4)], [PARALLEL_FROM // 2] * 4)
+        copy_batch(copy, [(i, None) for i in range(4)], [PARALLEL_FROM // 2] * 4)
     # halves [0, 1] here and [2, 3] on the helper; a half stops at its failed copy, the other runs to its end
     assert sorted(done) == {0: [2, 3], 3: [0, 1, 2]}[failing]
 

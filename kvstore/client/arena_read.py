@@ -23,7 +23,6 @@ liveness check of the stream (one non-blocking read), and the page-table populat
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Sequence
 
 from ..errors import UsageError
@@ -49,7 +48,7 @@ def read_into(index: SharedIndexView, arena: memoryview, pages: PagePopulator | 
         epoch, found = located
         while len(outs) < len(found):
             outs.append(writable_bytes(dests[len(outs)]))
-        copies, sizes = [], []
+        pairs, sizes = [], []
         for i, ((_, _, offset, size), out) in enumerate(zip(found, outs)):
             room = out.nbytes if type(out) is memoryview else nbytes_of(out)
             if room < size:
@@ -58,9 +57,9 @@ def read_into(index: SharedIndexView, arena: memoryview, pages: PagePopulator | 
                 return None   # not a slot of the arena this client maps
             if pages is not None:
                 pages.touch(offset, size)
-            copies.append(partial(copy_out, out, arena[offset:offset + size]))
+            pairs.append((out, arena[offset:offset + size]))
             sizes.append(size)
-        copy_batch(copies, sizes)
+        copy_batch(copy_out, pairs, sizes)
         if index.unchanged(epoch, found) == len(found):
             return list(keys[:len(found)])
     return None

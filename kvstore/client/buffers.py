@@ -11,7 +11,6 @@ import numpy as np
 
 from ..errors import UsageError
 
-RELEASING_FROM = 64 << 10   # copies this large go through numpy, which releases the GIL while it copies (copies.py)
 
 
 def _is_tensor(obj: Any) -> bool:
@@ -31,15 +30,16 @@ def _flat_bytes_view(buf: Any) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def copy_into(dst: memoryview, buf: Any) -> None:
-    """Copy ``buf`` into ``dst`` (exactly its size) with one memcpy (or one device-to-host copy)."""
+def copy_into(dst: memoryview, buf: Any, gil_free: bool = False) -> None:
+    """Copy ``buf`` into ``dst`` (exactly its size) with one memcpy (or one device-to-host copy); ``gil_free``:
+    one that lets other threads run meanwhile (``copies.py``)."""
     if _is_tensor(buf):
         import torch
 
         src = buf.detach().reshape(-1).contiguous().view(torch.uint8)
         torch.frombuffer(dst, dtype=torch.uint8).copy_(src)
         return
-    _copy_bytes(dst, _flat_bytes_view(buf))
+    _copy_bytes(dst, _flat_bytes_view(buf), gil_free)
 
 
 def as_host_bytes(buf: Any) -> Any:
@@ -61,20 +61,21 @@ def writable_bytes(dest: Any) -> Any:
     return view
 
 
-def copy_out(dest: Any, src: memoryview) -> None:
+def copy_out(dest: Any, src: memoryview, gil_free: bool = False) -> None:
     """Copy ``src`` into the leading bytes of ``dest`` (from ``writable_bytes``) with one memcpy (or one
-    host-to-device copy)."""
+    host-to-device copy); ``gil_free`` as for ``copy_into``."""
     if type(dest) is memoryview:   # the common case first (``writable_bytes`` of a host buffer)
-        _copy_bytes(dest[:len(src)], src)
+        _copy_bytes(dest[:len(src)], src, gil_free)
         return
     import torch
 
     dest.view(-1).view(torch.uint8)[:len(src)].copy_(torch.frombuffer(src, dtype=torch.uint8))
 
 
-def _copy_bytes(dst: memoryview, src: memoryview) -> None:
-    """One memcpy of ``src`` into ``dst`` (the same length); large ones without holding the GIL."""
-    if src.nbytes >= RELEASING_FROM:
+def _copy_bytes(dst: memoryview, src: memoryview, gil_free: bool) -> None:
+    """One memcpy of ``src`` into ``dst`` (the same length). A memoryview copy holds the GIL; numpy's lets go of
+    it (and costs two array headers more), which two threads copying at once need."""
+    if gil_free:
         np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
     else:
         dst[:] = src

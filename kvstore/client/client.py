@@ -25,7 +25,6 @@ import math
 import os
 import time
 import uuid
-from functools import partial
 from typing import Any, Sequence
 
 from ..config import default_socket
@@ -303,7 +302,7 @@ class Client(Mappings):
         reservation = self.reserve(keys, sizes, parent)
         try:
             todo = [(view, buf) for view, buf in zip(reservation.views, buffers) if view is not None]
-            copy_batch([partial(copy_into, view, buf) for view, buf in todo], [view.nbytes for view, _ in todo])
+            copy_batch(copy_into, todo, [view.nbytes for view, _ in todo])
         except BaseException:
             reservation.abort()
             raise
@@ -383,16 +382,15 @@ class Client(Mappings):
                     self._send_seen()
                 return len(read)
         with self.get(keys, verify=verify) as views:
-            copies, sizes = [], []
+            pairs, sizes = [], []
             for i, (view, dest) in enumerate(zip(views, dests)):
                 out = writable_bytes(dest)
                 if nbytes_of(out) < nbytes_of(view):
                     raise UsageError(f"get_into: destination {i} holds {nbytes_of(out)} bytes; its chunk has "
                                      f"{nbytes_of(view)}")
-                src = view if isinstance(view, memoryview) else memoryview(view.cpu().numpy())
-                copies.append(partial(copy_out, out, src))
-                sizes.append(src.nbytes)
-            copy_batch(copies, sizes)
+                pairs.append((out, view if isinstance(view, memoryview) else memoryview(view.cpu().numpy())))
+                sizes.append(pairs[-1][1].nbytes)
+            copy_batch(copy_out, pairs, sizes)
             return len(views)
 
     def scrub(self, rate: int = 0, timeout: float = 3600.0) -> dict[str, Any]:

@@ -6,8 +6,8 @@ one thread ran at 0.99x an in-cache memcpy of the same bytes, by two threads at 
 gained nothing (0.72x: handing half to a thread costs more than it saves). So a batch of ``PARALLEL_FROM``
 bytes or more, of two chunks or more, is cut in two halves by bytes at a chunk boundary: the calling thread copies
 the first, one helper thread the second, and the call returns when both are done (the first error raised, if
-any, after both). numpy's and torch's copies release the GIL (``buffers.py`` copies large host buffers through
-numpy for that), so the halves run at once. The helper thread is started at the first large batch and lives as
+any, after both). numpy's and torch's copies release the GIL (``buffers.py`` copies host buffers through numpy
+for that), so the halves run at once. The helper thread is started at the first large batch and lives as
 long as the process; a batch never waits for another caller's batch behind it for more than one half.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 PARALLEL_FROM = 8 << 20   # a batch of at least this many bytes is copied by two threads
 
@@ -23,18 +23,19 @@ _helper: ThreadPoolExecutor | None = None
 _helper_lock = threading.Lock()
 
 
-def copy_batch(copies: Sequence[Callable[[], None]], sizes: Sequence[int]) -> None:
-    """Run every copy (one per chunk, ``sizes`` its bytes): in order on this thread for a small batch, else split
-    in two halves, one of them on the helper thread."""
+def copy_batch(copy: Callable[..., None], pairs: Sequence[tuple[Any, Any]], sizes: Sequence[int]) -> None:
+    """``copy(destination, source)`` for each pair (one per chunk, ``sizes`` its bytes): in order on this thread
+    for a small batch, else split in two halves, one of them on the helper thread (``copy`` is then called with
+    ``gil_free=True``)."""
     total = sum(sizes)
-    if total < PARALLEL_FROM or len(copies) < 2:
-        for copy in copies:
-            copy()
+    if total < PARALLEL_FROM or len(pairs) < 2:
+        for dst, src in pairs:
+            copy(dst, src)
         return
     cut = _half_by_bytes(sizes, total)
-    other = _helper_pool().submit(_run, copies[cut:])
+    other = _helper_pool().submit(_run, copy, pairs[cut:])
     try:
-        _run(copies[:cut])
+        _run(copy, pairs[:cut])
     except BaseException:
         other.exception()   # never return while the helper still writes into the caller's buffers
         raise
@@ -53,9 +54,9 @@ def _half_by_bytes(sizes: Sequence[int], total: int) -> int:
     return len(sizes) - 1
 
 
-def _run(copies: Sequence[Callable[[], None]]) -> None:
-    for copy in copies:
-        copy()
+def _run(copy: Callable[..., None], pairs: Sequence[tuple[Any, Any]]) -> None:
+    for dst, src in pairs:
+        copy(dst, src, gil_free=True)
 
 
 def _helper_pool() -> ThreadPoolExecutor:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import threading
 import time
-from functools import partial
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -100,8 +99,8 @@ class CreditWriter:
             if pages is not None:
                 pages.touch(credit.offset, need)
             at = credit.offset
-            copy_batch([partial(copy_into, view[at + start:at + start + size], buf)
-                        for start, size, buf in zip(starts, sizes, buffers)], sizes)
+            copy_batch(copy_into, [(view[at + start:at + start + size], buf)
+                                   for start, size, buf in zip(starts, sizes, buffers)], sizes)
             sent = time.monotonic()
             self.held = None   # spent: until a reply names the next one (a lost reply must not leave it usable)
             request = {"op": Op.CREDIT_PUT, "credit": credit.id, "keys": wire_keys(keys),
