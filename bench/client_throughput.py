@@ -9,8 +9,9 @@ in the same round as the puts and gets so that all see the same machine noise; r
 ratios. Over ipc:// the paths of ``IPC_PATHS`` are measured in the same rounds, so the before/after ratios are
 taken under the same load.
 
-Lookup latency: one lookup of a 64-chunk prefix, from the shared index, over the stream socket and over ZeroMQ
-(interleaved blocks), then the same with 8 client processes at once, each asking every 0.5 ms. Writes
+Lookup latency: one lookup of a 64-chunk prefix, from the shared index (walked in C, and in Python), over the
+stream socket and over ZeroMQ (interleaved blocks), then the same with 8 client processes at once, each asking
+every 0.5 ms. Writes
 bench/results/client-throughput-<date>.json and prints a Markdown table.
 ``--quick`` writes a temporary file instead (or ``--out``), never the committed results.
 """
@@ -27,7 +28,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore  # noqa: E402
-from _common import add_output_flag, start_daemon, timed_put_get, write_result  # noqa: E402
+from _common import add_output_flag, short_tempdir, start_daemon, timed_put_get, write_result  # noqa: E402
+from kvstore.ops import native  # noqa: E402
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
 BATCH = 16
@@ -84,8 +86,17 @@ def measure_paths(address: str, paths: dict[str, dict], size: int, repeat: int) 
     return out
 
 
-LOOKUP_PATHS = {"shared_index": {}, "stream": {"shared_index": False},
+# shared_index: the index walked in C (client/native_walk.py, built at the start of the run); shared_index_python:
+# walked in Python, as where the native library is not built.
+LOOKUP_PATHS = {"shared_index": {}, "shared_index_python": {}, "stream": {"shared_index": False},
                 "zmq": {"shared_index": False, "stream": False}}
+
+
+def connect_lookup_client(address: str, name: str) -> kvstore.Client:
+    c = kvstore.connect(address, namespace="bench-lookup", chunk_tokens=16, **LOOKUP_PATHS[name])
+    if name == "shared_index_python" and c._index is not None:
+        c._index._native = None
+    return c
 
 
 def percentiles(lat: list[float]) -> dict:
@@ -95,8 +106,7 @@ def percentiles(lat: list[float]) -> dict:
 
 def measure_lookup(address: str, calls: int) -> dict:
     """One lookup of a 64-chunk prefix, by each path in turn (blocks of 50 calls, interleaved)."""
-    clients = {name: kvstore.connect(address, namespace="bench-lookup", chunk_tokens=16, **kw)
-               for name, kw in LOOKUP_PATHS.items()}
+    clients = {name: connect_lookup_client(address, name) for name in LOOKUP_PATHS}
     first = next(iter(clients.values()))
     keys = first.chunk_keys(list(range(16 * 64)))
     first.put(keys, [b"x" * 4096] * 64)
@@ -118,8 +128,8 @@ def measure_lookup(address: str, calls: int) -> dict:
     return out
 
 
-def _lookup_worker(address: str, kw: dict, calls: int, pause_s: float, start_at: float, out) -> None:
-    c = kvstore.connect(address, namespace="bench-lookup", chunk_tokens=16, **kw)
+def _lookup_worker(address: str, name: str, calls: int, pause_s: float, start_at: float, out) -> None:
+    c = connect_lookup_client(address, name)
     keys = c.chunk_keys(list(range(16 * 64)))
     while time.time() < start_at:
         time.sleep(0.001)
@@ -140,10 +150,10 @@ def measure_concurrent_lookups(address: str, clients: int, calls: int, pause_s: 
 
     ctx = mp.get_context("spawn")
     out = {}
-    for name, kw in LOOKUP_PATHS.items():
+    for name in LOOKUP_PATHS:
         queue = ctx.Queue()
         start_at = time.time() + 3.0   # after every worker has connected
-        procs = [ctx.Process(target=_lookup_worker, args=(address, kw, calls, pause_s, start_at, queue))
+        procs = [ctx.Process(target=_lookup_worker, args=(address, name, calls, pause_s, start_at, queue))
                  for _ in range(clients)]
         for p in procs:
             p.start()
@@ -160,6 +170,9 @@ def main() -> None:
     add_output_flag(ap)
     args = ap.parse_args()
     repeat = 3 if args.quick else 9
+    os.environ["KVSTORE_NATIVE_DIR"] = os.path.join(short_tempdir("native-"), "")   # never the user's cache
+    built = native.build("index")
+    print(f"native index walk: {built.path or built.error}")
     d = start_daemon("--host-mem", "1536MiB", "--disk-size", "0") if _has_disk_flag() else start_daemon("--host-mem", "1536MiB")
     rows = []
     try:
@@ -176,7 +189,8 @@ def main() -> None:
     finally:
         d.stop()
     load = os.getloadavg()
-    path = write_result("client-throughput", {"batch": BATCH, "rows": rows, "lookup_64_chunks": lookup,
+    path = write_result("client-throughput", {"batch": BATCH, "rows": rows, "native_index_walk": built.path is not None,
+                                              "lookup_64_chunks": lookup,
                                               "lookup_64_chunks_8_clients": concurrent, "load_average": load},
                         quick=args.quick, out=args.out)
     print("| chunk | memcpy GB/s | put (×memcpy) | get_into (×memcpy) | queued put / get_into (×) "
@@ -193,7 +207,7 @@ def main() -> None:
     print("\nlookup of a 64-chunk prefix (p50 / p99 µs, lookups/s; 8 clients: p50 / p99):")
     for name in LOOKUP_PATHS:
         one, many = lookup[name], concurrent[name]
-        print(f"  {name:13s} {one['p50_us']:6.0f} / {one['p99_us']:6.0f}  {one['lookups_per_s']:7.0f}/s   "
+        print(f"  {name:19s} {one['p50_us']:6.0f} / {one['p99_us']:6.0f}  {one['lookups_per_s']:7.0f}/s   "
               f"8 clients {many['p50_us']:6.0f} / {many['p99_us']:6.0f}")
     print(f"load average {os.getloadavg()}\n{path}")
 

@@ -29,6 +29,16 @@ os.environ["KVSTORE_NATIVE_DIR"] = os.path.join(scratch_root(), "native")
 
 
 @pytest.fixture(scope="session", autouse=True)
+def native_index_walk() -> None:
+    """Clients walk the shared index in C where a compiler is at hand (``client/native_walk.py``), as after
+    ``python -m kvstore.ops.native``; ``test_shared_index.py`` holds the Python walk to the same answers."""
+    from kvstore.ops import native
+
+    native.build("index")
+    native.forget()
+
+
+@pytest.fixture(scope="session", autouse=True)
 def machine_left_as_found(request) -> Iterator[None]:
     before = hygiene.take(USER_DIRS, skip_tmp=scratch_root())
     watch = hygiene.Watch().start()

@@ -17,7 +17,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import wait_for
 
 import kvstore
+from kvstore.client.native_walk import NativeWalk
 from kvstore.client.shared_index import SharedIndexView
+from kvstore.ops import native
 from kvstore.protocol.wire import Op
 from kvstore.protocol.index_layout import DISK, GPU, HOST, MAX_PROBE, MIN_SLOTS, STALE_S, supported
 from kvstore.store.published_index import PublishedIndex
@@ -33,6 +35,23 @@ def index_path():
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+@pytest.fixture(params=["python", "native"])
+def walk(request) -> str:
+    """Which walk a reader of the table tests takes: the Python one, or the C one (``client/native_walk.py``)."""
+    if request.param == "native" and native.load("index") is None:
+        pytest.skip("the native index walk is not built here (no C compiler)")
+    return request.param
+
+
+def reader_of(path: str, walk: str) -> SharedIndexView:
+    reader = SharedIndexView(path)
+    if walk == "python":
+        reader._native = None
+    else:
+        assert reader._native is not None
+    return reader
 
 
 def colliding_keys(n: int, home: int = 7) -> list[bytes]:
@@ -51,9 +70,9 @@ def expected(model: dict[bytes, int], keys: list[bytes]) -> tuple[int, dict[str,
     return len(keys), tiers
 
 
-def test_table_matches_a_model_through_growth_tombstones_and_collisions(index_path):
+def test_table_matches_a_model_through_growth_tombstones_and_collisions(index_path, walk):
     writer = PublishedIndex(index_path, 16)
-    reader = SharedIndexView(index_path)
+    reader = reader_of(index_path, walk)
     model: dict[bytes, int] = {}
     keys = [os.urandom(16) for _ in range(3 * MIN_SLOTS)] + colliding_keys(MAX_PROBE + 8)
     try:
@@ -87,10 +106,10 @@ def test_table_matches_a_model_through_growth_tombstones_and_collisions(index_pa
 
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(st.tuples(st.integers(0, 40), st.sampled_from([0, DISK, HOST, GPU])), min_size=1, max_size=200))
-def test_random_changes_never_give_a_wrong_answer(index_path, ops):
+def test_random_changes_never_give_a_wrong_answer(index_path, walk, ops):
     pool = colliding_keys(20) + [os.urandom(16) for _ in range(21)]
     writer = PublishedIndex(index_path, 16)
-    reader = SharedIndexView(index_path)
+    reader = reader_of(index_path, walk)
     model: dict[bytes, int] = {}
     try:
         for i, state in ops:
@@ -110,9 +129,9 @@ def test_random_changes_never_give_a_wrong_answer(index_path, ops):
         writer.close()   # and removes the file, for the next example
 
 
-def test_promoting_lookups_defer_disk_only_chunks_to_the_socket(index_path):
+def test_promoting_lookups_defer_disk_only_chunks_to_the_socket(index_path, walk):
     writer = PublishedIndex(index_path, 16)
-    reader = SharedIndexView(index_path)
+    reader = reader_of(index_path, walk)
     a, b = os.urandom(16), os.urandom(16)
     try:
         writer.set(a, HOST)
@@ -141,7 +160,7 @@ def _flip_forever(path: str, a: bytes, b: bytes, ready, stop) -> None:
         writer.close()
 
 
-def test_seqlock_hides_slots_torn_by_a_concurrent_writer(index_path):
+def test_seqlock_hides_slots_torn_by_a_concurrent_writer(index_path, walk):
     home = 11
     a = (home | 1 << 40).to_bytes(8, "little") + b"\xaa" * 8     # same home slot, both halves differ
     b = (home | 2 << 40).to_bytes(8, "little") + b"\xbb" * 8
@@ -154,7 +173,7 @@ def test_seqlock_hides_slots_torn_by_a_concurrent_writer(index_path):
     answered = 0
     try:
         assert ready.wait(60)
-        reader = SharedIndexView(index_path)
+        reader = reader_of(index_path, walk)
         try:
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline:
@@ -171,6 +190,39 @@ def test_seqlock_hides_slots_torn_by_a_concurrent_writer(index_path):
     finally:
         stop.set()
         proc.join(10)
+
+
+def test_the_c_walk_reads_what_the_python_walk_reads(index_path):
+    lib = native.load("index")
+    if lib is None:
+        pytest.skip("the native index walk is not built here (no C compiler)")
+    writer = PublishedIndex(index_path, 16)
+    reader = SharedIndexView(index_path)
+    c_walk = NativeWalk(lib, reader._buf)
+    keys = [os.urandom(16) for _ in range(2 * MIN_SLOTS)] + colliding_keys(MAX_PROBE + 4)
+    try:
+        for i, key in enumerate(keys):
+            writer.set(key, (HOST, GPU, DISK)[i % 3], host=i * 4096 if i % 3 == 0 else None, size=100 + i)
+        for key in keys[::7]:
+            writer.remove(key)   # tombstones in the probe chains
+        mask = writer.slots - 1
+        unlisted = [[k] for k in keys if k in writer._unlisted]   # past MAX_PROBE slots from their home slot
+        assert unlisted
+        chains = [keys[s:s + n] for s in range(0, len(keys), 61) for n in (1, 16, 64)] + [[os.urandom(16)]]
+        chains += unlisted
+        answers = set()
+        for chain in chains:
+            packed = b"".join(chain)
+            got = c_walk.walk(packed, len(chain), mask)
+            assert got == reader.walk(packed, len(chain), mask)
+            brief = c_walk.walk(packed, len(chain), mask, detail=False)
+            assert brief == (got if not isinstance(got, tuple) else (*got[:3], [], [], [], [], []))
+            answers.add(type(got).__name__ if not isinstance(got, tuple) else ("missed" if got[0] else "all"))
+        assert {"missed", "all", "NoneType"} <= answers   # misses, whole chains, and chains probed past the bound
+    finally:
+        c_walk.close()
+        reader.close()
+        writer.close()
 
 
 # -- against a real daemon ------------------------------------------------------------------------------------

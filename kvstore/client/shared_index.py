@@ -26,18 +26,33 @@ import mmap
 import os
 import struct
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
+from .native_walk import STATES, NativeWalk, WalkRead
 from ..protocol.index_layout import (
     CLOSED, DISK, EMPTY, FILE_BYTES, H_EPOCH, H_FLAGS, H_HEARTBEAT, H_MAGIC, H_SLOTS, H_VERSION, HEADER_BYTES,
     LAYOUT_VERSION, MAGIC, MAX_PROBE, REMOTE, SLOT_BYTES, STALE_S, TIER_OF_STATE, supported,
 )
 
-_SLOT = struct.Struct("<4Q").unpack_from
 _SLOT6 = struct.Struct("<6Q").unpack_from
 _STALE_NS = int(STALE_S * 1e9)
 _RETRIES = 3
 _KEY_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """The listed keys heading a chain, as one walk read them (one item per key in each list)."""
+
+    missed: bool          # the walk stopped at a key that is not listed (False: every key is listed)
+    count: int            # the leading keys listed
+    counts: list[int]     # how many of them each state (tier) holds, indexed by state
+    slot_offsets: list[int]   # these lists: per listed key, when the walk was asked for detail
+    seqs: list[int]
+    states: list[int]
+    hosts: list[int]      # the arena offset of the DRAM copy plus one (0: none)
+    sizes: list[int]
 
 
 class SharedIndexView:
@@ -50,6 +65,7 @@ class SharedIndexView:
         finally:
             os.close(fd)
         self._words = memoryview(self._buf).cast("Q")
+        self._native = NativeWalk.open(self._buf)   # None: the Python walk (the library is not built)
         if self._words[H_MAGIC] != MAGIC or self._words[H_VERSION] != LAYOUT_VERSION:
             self.close()
             raise OSError(f"{path} is not a kvstore lookup index of layout {LAYOUT_VERSION}")
@@ -80,9 +96,9 @@ class SharedIndexView:
         self.deferred += 1
         return None
 
-    def _begin(self, keys: Sequence[bytes]) -> tuple[int, int, tuple[int, ...], int] | None | bool:
-        """A walk's start: (epoch, flags, the keys as u64 halves, slot mask); None when the view cannot answer
-        (stale, stopping, not all 16-byte keys: the daemon names the bad one); False while the table is rebuilt."""
+    def _begin(self, keys: Sequence[bytes]) -> tuple[int, int, bytes, int] | None | bool:
+        """A walk's start: (epoch, flags, the keys packed, slot mask); None when the view cannot answer (stale,
+        stopping, a key not of 16 bytes: the daemon names the bad one); False while the table is rebuilt."""
         w = self._words
         epoch = w[H_EPOCH]
         flags = w[H_FLAGS]
@@ -90,61 +106,33 @@ class SharedIndexView:
             return False
         if flags & CLOSED or time.monotonic_ns() - w[H_HEARTBEAT] > _STALE_NS:
             return None
-        try:
-            words = struct.unpack(f"<{2 * len(keys)}Q", b"".join(keys))
-        except struct.error:
+        packed = b"".join(keys)
+        if len(packed) != _KEY_BYTES * len(keys) or (keys and max(map(len, keys)) != _KEY_BYTES):
             return None
-        return epoch, flags, words, w[H_SLOTS] - 1
+        return epoch, flags, packed, w[H_SLOTS] - 1
 
-    def _walk(self, keys: Sequence[bytes], promote: bool) -> tuple[int, dict[str, int]] | None | bool:
-        """One try: the answer, None (the socket must answer), or False (the table moved: try again)."""
+    def _prefix(self, keys: Sequence[bytes], detail: bool) -> tuple[int, int, Prefix] | None | bool:
+        """One try at the listed keys heading ``keys``: (epoch, flags, what the walk read, with each key's slot
+        when ``detail``); None or False as ``_begin`` and the walk say."""
         begun = self._begin(keys)
         if not isinstance(begun, tuple):
             return begun
-        epoch, flags, words, mask = begun
+        epoch, flags, packed, mask = begun
+        read = (self._native or self).walk(packed, len(keys), mask, detail)
+        if not isinstance(read, tuple):
+            return read
+        return (epoch, flags, Prefix(*read)) if self._words[H_EPOCH] == epoch else False
+
+    def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | bool | None:
+        """The walk a key at a time, in Python (``native_walk.py`` has it in C): as ``NativeWalk.walk`` (which
+        leaves the per-key lists empty without ``detail``; here they cost nothing extra)."""
+        words = struct.unpack(f"<{2 * n}Q", packed)
         w, buf = self._words, self._buf
+        offsets: list[int] = []
+        seqs: list[int] = []
         states: list[int] = []
-        for j in range(0, len(words), 2):
-            lo, hi = words[j], words[j + 1]
-            slot = lo & mask
-            for _ in range(MAX_PROBE):
-                off = HEADER_BYTES + slot * SLOT_BYTES
-                seq, klo, khi, state = _SLOT(buf, off)
-                if seq & 1 or seq != w[off >> 3]:
-                    return False        # the writer is in this slot: start over
-                if klo == lo and khi == hi and state >= DISK:
-                    states.append(state)
-                    break
-                if state == EMPTY:
-                    break               # a miss: the walk ends here
-                slot = (slot + 1) & mask
-            else:
-                return None             # not listed within MAX_PROBE slots
-            if len(states) * 2 <= j:
-                break
-        if w[H_EPOCH] != epoch:
-            return False
-        count = len(states)
-        if promote and (DISK in states or (count < len(keys) and flags & REMOTE)):
-            return None
-        tiers: dict[str, int] = {}
-        for state in states:
-            name = TIER_OF_STATE[state]
-            tiers[name] = tiers.get(name, 0) + 1
-        return count, tiers
-
-    def locate(self, keys: Sequence[bytes]) -> tuple[int, list[tuple[int, int, int, int]]] | None | bool:
-        """Where the leading keys' DRAM copies are, for a reader copying them out of the arena: (epoch, one
-        ``(slot offset, seq, arena offset, size)`` per chunk of the prefix held in DRAM); None when only the
-        socket can answer (the view is stale, or the prefix stops at a chunk held elsewhere, not listed, or — with
-        a remote tier below — missing); False when the table moved (try again). Check the copies with
-        ``unchanged`` afterwards."""
-        begun = self._begin(keys)
-        if not isinstance(begun, tuple):
-            return begun
-        epoch, flags, words, mask = begun
-        w, buf = self._words, self._buf
-        found: list[tuple[int, int, int, int]] = []
+        hosts: list[int] = []
+        sizes: list[int] = []
         for j in range(0, len(words), 2):
             lo, hi = words[j], words[j + 1]
             slot = lo & mask
@@ -152,20 +140,48 @@ class SharedIndexView:
                 off = HEADER_BYTES + slot * SLOT_BYTES
                 seq, klo, khi, state, host, size = _SLOT6(buf, off)
                 if seq & 1 or seq != w[off >> 3]:
-                    return False
+                    return False        # the writer is in this slot: start over
                 if klo == lo and khi == hi and state >= DISK:
-                    if not host:
-                        return None     # held on disk or in the GPU tier only: the daemon fetches it
-                    found.append((off, seq, host - 1, size))
+                    offsets.append(off)
+                    seqs.append(seq)
+                    states.append(state)
+                    hosts.append(host)
+                    sizes.append(size)
                     break
                 if state == EMPTY:
-                    if flags & REMOTE:
-                        return None     # the remote store may hold it
-                    return (epoch, found) if w[H_EPOCH] == epoch else False
+                    return True, len(states), _counts(states), offsets, seqs, states, hosts, sizes   # a miss
                 slot = (slot + 1) & mask
             else:
-                return None
-        return (epoch, found) if w[H_EPOCH] == epoch else False
+                return None             # not listed within MAX_PROBE slots
+        return False, len(states), _counts(states), offsets, seqs, states, hosts, sizes
+
+    def _walk(self, keys: Sequence[bytes], promote: bool) -> tuple[int, dict[str, int]] | None | bool:
+        """One try: the answer, None (the socket must answer), or False (the table moved: try again)."""
+        read = self._prefix(keys, detail=False)
+        if not isinstance(read, tuple):
+            return read
+        _, flags, prefix = read
+        counts = prefix.counts
+        if promote and (counts[DISK] or (prefix.missed and flags & REMOTE)):
+            return None
+        return prefix.count, {name: counts[state] for state, name in TIER_OF_STATE.items() if counts[state]}
+
+    def locate(self, keys: Sequence[bytes]) -> tuple[int, list[tuple[int, int, int, int]]] | None | bool:
+        """Where the leading keys' DRAM copies are, for a reader copying them out of the arena: (epoch, one
+        ``(slot offset, seq, arena offset, size)`` per chunk of the prefix held in DRAM); None when only the
+        socket can answer (the view is stale, or the prefix stops at a chunk held elsewhere, not listed, or — with
+        a remote tier below — missing); False when the table moved (try again). Check the copies with
+        ``unchanged`` afterwards."""
+        read = self._prefix(keys, detail=True)
+        if not isinstance(read, tuple):
+            return read
+        epoch, flags, prefix = read
+        if 0 in prefix.hosts:
+            return None                 # held on disk or in the GPU tier only: the daemon fetches it
+        if prefix.missed and flags & REMOTE:
+            return None                 # the remote store may hold it
+        return epoch, [(off, seq, host - 1, size) for off, seq, host, size
+                       in zip(prefix.slot_offsets, prefix.seqs, prefix.hosts, prefix.sizes)]
 
     def unchanged(self, epoch: int, located: Sequence[tuple[int, int, int, int]]) -> int:
         """How many leading chunks of ``locate``'s answer still sit where it said (slot and table untouched since):
@@ -184,8 +200,17 @@ class SharedIndexView:
         return bool(w[H_FLAGS] & CLOSED) or time.monotonic_ns() - w[H_HEARTBEAT] > _STALE_NS
 
     def close(self) -> None:
+        if getattr(self, "_native", None) is not None:
+            self._native.close()
         self._words.release()
         self._buf.close()
+
+
+def _counts(states: list[int]) -> list[int]:
+    counts = [0] * STATES
+    for state in states:
+        counts[state] += 1
+    return counts
 
 
 class SeenNotes:
@@ -194,10 +219,14 @@ class SeenNotes:
     A note carries, per lookup, how many keys were asked and the found chain (packed keys): the daemon touches
     that chain in its eviction order and counts the lookup, as its own lookup would have; and per get the client
     copied out of the arena itself (``client/arena_read.py``), the chain read, touched and counted as a get.
+    Lookups of a batch that asked the same and found the same are told once, with how many they were
+    (``repeat``), at the place of the last of them: the daemon's queues end the same as after each in turn (an
+    LRU's order depends only on each chain's last touch; S3-FIFO counts touches, which the daemon repeats up to its
+    cap) and its counters count every one. A scheduler asking about a request every pass it waits would otherwise
+    have the daemon touch the same chain hundreds of times a second for each engine.
     Notes are sent without waiting for a reply, at most every ``interval`` seconds (``read_interval`` when only
-    gets are to be told) or ``max_keys`` keys, and always
-    before any other request of the client, so a request that follows a lookup (a get, a stats call) sees its
-    effect.
+    gets are to be told) or ``max_keys`` keys, and always before any other request of the client, so a request
+    that follows a lookup (a get, a stats call) sees its effect.
     """
 
     # Gets served from the arena are told at most every 50 ms (or with the next note or request): on a loaded
@@ -208,17 +237,18 @@ class SeenNotes:
         self.interval = interval
         self.read_interval = read_interval
         self.max_keys = max_keys
-        self.asked: list[int] = []
-        self.found: list[bytes] = []
+        self.lookups: dict[tuple[int, bytes], int] = {}   # (asked, found chain packed) -> lookups, last one last
         self.read: list[bytes] = []
         self._keys = 0
         self._since = time.monotonic()
 
     def add(self, asked: int, found: Sequence[bytes]) -> bool:
         """Record one lookup; True when the batch is due to be sent."""
-        self.asked.append(asked)
-        self.found.append(b"".join(found))
-        self._keys += len(found)
+        seen = (asked, b"".join(found))
+        times = self.lookups.pop(seen, 0)
+        self.lookups[seen] = times + 1   # moved to the end: told where the last such lookup was
+        if not times:
+            self._keys += len(found)
         return self._keys >= self.max_keys or time.monotonic() - self._since >= self.interval
 
     def add_read(self, chain: Sequence[bytes]) -> bool:
@@ -230,11 +260,14 @@ class SeenNotes:
     def take(self) -> dict | None:
         """The note to send (and an empty batch), or None when there is nothing to tell."""
         self._since = time.monotonic()
-        if not self.asked and not self.read:
+        if not self.lookups and not self.read:
             return None
-        note = {"asked": self.asked, "found": self.found, **({"read": self.read} if self.read else {})}
-        self.asked, self.found, self.read, self._keys = [], [], [], 0
+        lookups, repeat = list(self.lookups), list(self.lookups.values())
+        note = {"asked": [asked for asked, _ in lookups], "found": [found for _, found in lookups],
+                **({"repeat": repeat} if any(n > 1 for n in repeat) else {}),
+                **({"read": self.read} if self.read else {})}
+        self.lookups, self.read, self._keys = {}, [], 0
         return note
 
     def __bool__(self) -> bool:
-        return bool(self.asked or self.read)
+        return bool(self.lookups or self.read)

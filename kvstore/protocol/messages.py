@@ -318,16 +318,19 @@ class VerifyReport:
 
 
 MAX_SEEN_LOOKUPS = 4096
+MAX_SEEN_REPEAT = 1 << 20   # lookups one entry of a note may stand for
 
 
 @dataclass(frozen=True)
 class LookupSeen:
-    """Lookups a client answered from the shared index: per lookup, keys asked and the found chain; and the
-    gets it served itself from the arena (``read``: per get, the chain copied)."""
+    """Lookups a client answered from the shared index: per lookup, keys asked and the found chain (``repeat``:
+    how many lookups of the batch asked the same and found the same, 1 each when absent); and the gets it served
+    itself from the arena (``read``: per get, the chain copied)."""
 
     asked: list[int]
     found: list[list[bytes]]
     read: list[list[bytes]] = field(default_factory=list)
+    repeat: list[int] = field(default_factory=list)
 
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "LookupSeen":
@@ -344,7 +347,17 @@ class LookupSeen:
             if not isinstance(n, int) or isinstance(n, bool) or not len(chain) <= n <= MAX_BATCH:
                 raise BadRequestError(f"asked[{i}] must be an integer in [{len(chain)}, {MAX_BATCH}]")
             chains.append(chain)
-        return cls(asked=asked, found=chains, read=_read_chains(h))
+        return cls(asked=asked, found=chains, read=_read_chains(h), repeat=_repeats(h, len(asked)))
+
+
+def _repeats(h: dict[str, Any], lookups: int) -> list[int]:
+    repeat = h.get("repeat")
+    if repeat is None:
+        return [1] * lookups
+    if (not isinstance(repeat, list) or len(repeat) != lookups
+            or not all(type(r) is int and 1 <= r <= MAX_SEEN_REPEAT for r in repeat)):
+        raise BadRequestError(f"field 'repeat' must list one count in [1, {MAX_SEEN_REPEAT}] per lookup")
+    return repeat
 
 
 def _read_chains(h: dict[str, Any]) -> list[list[bytes]]:

@@ -57,9 +57,9 @@ def handle_lookup(svc: Service, s: Session, h: dict, frames: list) -> Any:
 def handle_lookup_seen(svc: Service, s: Session, h: dict, frames: list) -> Frames:
     """Lookups the client answered from the shared index: the LRU touch and the counts its own lookups make."""
     req = m.LookupSeen.parse(h)
-    for asked, found in zip(req.asked, req.found):
-        svc.store.note_lookup(asked, found)
-        svc.count_lookup_tokens(s, asked, len(found))
+    for asked, found, repeat in zip(req.asked, req.found, req.repeat):
+        svc.store.note_lookup(asked, found, repeat)
+        svc.count_lookup_tokens(s, asked * repeat, len(found) * repeat)
     for chain in req.read:   # gets served from the arena: the touch, the counts and the hit hooks a get makes
         svc.store.note_read(chain)
     return [ok_reply(h["id"])]

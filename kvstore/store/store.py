@@ -43,6 +43,7 @@ from .ledger import TierLedger
 from .policies import DEFAULT_POLICY, make_queue
 from .remote_ledger import RemoteLedger
 from .room import make_room
+from .s3fifo import MAX_FREQ
 from .sinks import IndexSink, SumSink
 
 if TYPE_CHECKING:
@@ -114,10 +115,17 @@ class Store(DamageMixin):
         self._touch_looked_up(found, len(keys), len(found))
         return LookupResult(len(found), [top_tier(e) for e in found])
 
-    def note_lookup(self, asked: int, found_keys: Sequence[bytes]) -> None:
-        """A lookup a client answered from the shared index (``found_keys`` leading keys of ``asked``): touch the
-        chain, or what is left of it, and count the lookup as ``lookup`` would have."""
-        self._touch_looked_up(self.leading(found_keys), asked, len(found_keys))
+    def note_lookup(self, asked: int, found_keys: Sequence[bytes], repeat: int = 1) -> None:
+        """``repeat`` lookups a client answered from the shared index alike (``found_keys`` leading keys of
+        ``asked``): touch the chain, or what is left of it, and count them as ``lookup`` would have. Touching a
+        chain again changes no queue past MAX_FREQ touches (LRU moves it where it already is; S3-FIFO's counts
+        stop there), so the touches stop there too."""
+        found = self.leading(found_keys)
+        for _ in range(min(repeat, MAX_FREQ) - 1):
+            self.lru.touch_chain(found)
+            for ledger in self.ledgers:
+                ledger.on_touch(found)
+        self._touch_looked_up(found, asked, len(found_keys), repeat)
 
     def count_remote_hits(self, chunks: int) -> None:
         """A lookup found ``chunks`` more in the remote store (or being fetched from it) past its local walk."""
@@ -140,14 +148,14 @@ class Store(DamageMixin):
         c.get_chunks += len(found)
         c.get_bytes += sum(e.size for e in found)
 
-    def _touch_looked_up(self, found: list[Entry], asked: int, hits: int) -> None:
+    def _touch_looked_up(self, found: list[Entry], asked: int, hits: int, lookups: int = 1) -> None:
         self.lru.touch_chain(found)
         for ledger in self.ledgers:
             ledger.on_touch(found)
         c = self.counters
-        c.lookups += 1
-        c.lookup_keys += asked
-        c.hit_keys += hits
+        c.lookups += lookups
+        c.lookup_keys += asked * lookups
+        c.hit_keys += hits * lookups
 
     # -- two-phase put --------------------------------------------------------------------------------------
     def put_refusal(self) -> str:

@@ -1,0 +1,57 @@
+/* The reader's walk of a key chain through the daemon's published lookup index (protocol/index_layout.py).
+ *
+ * The same walk as kvstore/client/shared_index.py's, a key at a time: linear probing from key_lo & mask, at most
+ * max_probe slots; per slot a sequence-lock read (seq, the slot, seq again; an odd or moved seq means the writer
+ * is in it). Loads are issued in program order (volatile) and x86-64 does not reorder loads with loads, which is
+ * what the lock needs; the index is offered on x86-64 only.
+ *
+ * `index` is the mapped file; the table starts `header_bytes` into it. For each leading listed key, out[5 * i ..] =
+ * the slot's byte offset in the file, seq, state, host, size (out may be NULL: a lookup needs none of it), and
+ * counts[state] is how many of them each tier (state) holds.
+ * Returns how many leading keys are listed (*missed = 1 when the walk stopped at a key that is not), -1 when a
+ * slot changed under the read (try again), -2 when a key was probed max_probe slots without an answer (the
+ * socket must answer).
+ */
+#include <stdint.h>
+
+#define SLOT_WORDS 8
+#define EMPTY 0
+#define DISK 2
+#define STATES 5   /* EMPTY, TOMBSTONE, DISK, HOST, GPU */
+
+int64_t kvstore_index_walk(const volatile uint64_t *index, uint64_t header_bytes, uint64_t mask,
+                           const uint64_t *keys, int64_t n, int64_t max_probe, uint64_t *out, uint64_t *counts,
+                           int64_t *missed) {
+    const volatile uint64_t *table = index + header_bytes / 8;
+    *missed = 0;
+    for (int k = 0; k < STATES; ++k) counts[k] = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const uint64_t lo = keys[2 * i], hi = keys[2 * i + 1];
+        uint64_t slot = lo & mask;
+        int64_t probe = 0;
+        for (; probe < max_probe; ++probe, slot = (slot + 1) & mask) {
+            const volatile uint64_t *s = table + slot * SLOT_WORDS;
+            const uint64_t seq = s[0];
+            const uint64_t klo = s[1], khi = s[2], state = s[3], host = s[4], size = s[5];
+            if ((seq & 1) || s[0] != seq) return -1;
+            if (klo == lo && khi == hi && state >= DISK && state < STATES) {
+                if (out) {
+                    uint64_t *o = out + 5 * i;
+                    o[0] = header_bytes + slot * SLOT_WORDS * 8;
+                    o[1] = seq;
+                    o[2] = state;
+                    o[3] = host;
+                    o[4] = size;
+                }
+                counts[state] += 1;
+                break;
+            }
+            if (state == EMPTY) {
+                *missed = 1;
+                return i;
+            }
+        }
+        if (probe == max_probe) return -2;
+    }
+    return n;
+}
