@@ -24,7 +24,8 @@ RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 sys.path.insert(0, os.path.join(os.path.dirname(BENCH_DIR), "tests"))
 from daemons import DaemonProc, Daemons, short_tempdir  # noqa: E402  (the one way a daemon is started)
 
-__all__ = ["BenchDaemon", "DaemonProc", "RESULTS_DIR", "add_output_flag", "free_port", "machine", "median_seconds",
+__all__ = ["BenchDaemon", "DaemonProc", "RESULTS_DIR", "add_output_flag", "build_native_index", "free_port",
+           "machine", "median_seconds",
            "memcpy_seconds", "sample_seconds", "short_tempdir", "start_daemon", "write_result"]
 
 
@@ -74,6 +75,16 @@ def start_daemon(*args: str, tcp: bool = True) -> BenchDaemon:
         owner.close()
         raise
     return BenchDaemon(d, owner, "tcp://" + tcp_addr if tcp_addr else None)
+
+
+def build_native_index() -> str | None:
+    """Build the shared index's C walk (``client/native_walk.py``) into this run's scratch directory, never the
+    user's cache, for this process and the clients it starts; its path, or None (no compiler: the Python walk)."""
+    from kvstore import native_libs
+
+    os.environ["KVSTORE_NATIVE_DIR"] = short_tempdir("native-")
+    native_libs.forget()
+    return native_libs.build("index").path
 
 
 def sample_seconds(fn: Callable[[], None], repeat: int, warmup: int = 1) -> list[float]:

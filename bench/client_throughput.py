@@ -28,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore  # noqa: E402
-from _common import add_output_flag, short_tempdir, start_daemon, timed_put_get, write_result  # noqa: E402
-from kvstore.ops import native  # noqa: E402
+from _common import (add_output_flag, build_native_index, start_daemon, timed_put_get,  # noqa: E402
+                     write_result)
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
 BATCH = 16
@@ -170,9 +170,8 @@ def main() -> None:
     add_output_flag(ap)
     args = ap.parse_args()
     repeat = 3 if args.quick else 9
-    os.environ["KVSTORE_NATIVE_DIR"] = os.path.join(short_tempdir("native-"), "")   # never the user's cache
-    built = native.build("index")
-    print(f"native index walk: {built.path or built.error}")
+    built = build_native_index()
+    print(f"index walk in C: {built or 'not built (no C compiler): Python'}")
     d = start_daemon("--host-mem", "1536MiB", "--disk-size", "0") if _has_disk_flag() else start_daemon("--host-mem", "1536MiB")
     rows = []
     try:
@@ -189,7 +188,7 @@ def main() -> None:
     finally:
         d.stop()
     load = os.getloadavg()
-    path = write_result("client-throughput", {"batch": BATCH, "rows": rows, "native_index_walk": built.path is not None,
+    path = write_result("client-throughput", {"batch": BATCH, "rows": rows, "native_index_walk": built is not None,
                                               "lookup_64_chunks": lookup,
                                               "lookup_64_chunks_8_clients": concurrent, "load_average": load},
                         quick=args.quick, out=args.out)
