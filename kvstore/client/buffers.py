@@ -12,7 +12,6 @@ import numpy as np
 from ..errors import UsageError
 
 
-
 def _is_tensor(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "element_size")
 

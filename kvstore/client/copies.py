@@ -8,7 +8,8 @@ bytes or more, of two chunks or more, is cut in two halves by bytes at a chunk b
 the first, one helper thread the second, and the call returns when both are done (the first error raised, if
 any, after both). numpy's and torch's copies release the GIL (``buffers.py`` copies host buffers through numpy
 for that), so the halves run at once. The helper thread is started at the first large batch and lives as
-long as the process; a batch never waits for another caller's batch behind it for more than one half.
+long as the process; two threads of a client copying large batches at once share it (one half waits for the
+other's).
 """
 
 from __future__ import annotations
