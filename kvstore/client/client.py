@@ -150,7 +150,7 @@ class Client(Mappings):
         if self._credit.queued is not None:
             self._credit.settle(self)   # first, so that this request sees the queued put's chunks
         if self._seen:
-            self._send_seen()   # first, so that this request sees those lookups' effect
+            self._send_seen(hold=True)   # first (in the same write), so that this request sees their effect
         try:
             return self._transport.call(header, payloads)
         except StreamLost as exc:
@@ -167,7 +167,7 @@ class Client(Mappings):
         """Send one request of a pipelined batch without waiting; ``_reply`` collects its answer. A daemon that
         restarted meanwhile raises VersionError (after a new hello): the batch's other replies are gone."""
         if self._seen:
-            self._send_seen()
+            self._send_seen(hold=True)
         try:
             return self._transport.send(header)
         except StreamLost as exc:
@@ -215,7 +215,7 @@ class Client(Mappings):
         if self._credit.queued is not None:
             self._credit.settle(self)
         if self._seen:
-            self._send_seen()
+            self._send_seen(hold=True)
         ids = [self._transport.send({"op": Op.LOOKUP, "keys": wire_keys(keys), "promote": True}) if keys else 0
                for keys in chains]
         counts, error = [], None
@@ -242,19 +242,20 @@ class Client(Mappings):
             if answer is not None:
                 count, tiers = answer
                 if self._seen.add(len(keys), keys[:count]):
-                    self._send_seen()
+                    self._send_seen()   # now: what watches the daemon sees a lookup even if this client idles
                 return LookupResult(count, tiers)
         header, _ = self._call({"op": Op.LOOKUP, "keys": wire_keys(keys), "promote": promote})
         return LookupResult(int(header["count"]), dict(header.get("tiers", {})))
 
-    def _send_seen(self) -> None:
+    def _send_seen(self, hold: bool = False) -> None:
         """Tell the daemon about the lookups answered from the shared index (no reply awaited; dropped when the
-        daemon is not there, like the lookups' effect on a daemon that restarted)."""
+        daemon is not there, like the lookups' effect on a daemon that restarted). ``hold``: a request follows
+        at once, and the note goes out in the same write."""
         note = self._seen.take()
         if note is None:
             return
         try:
-            self._transport.send({"op": Op.LOOKUP_SEEN, **note}, timeout=0, want_reply=False)
+            self._transport.send({"op": Op.LOOKUP_SEEN, **note}, timeout=0, want_reply=False, hold=hold)
         except DaemonUnavailable:
             pass
 
@@ -428,9 +429,9 @@ class Client(Mappings):
     def close(self) -> None:
         self._credit.settle(self)   # a queued put is published before the stream closes (call flush for errors)
         note = self._seen.take()
-        if note is not None:
-            try:   # awaited: closing the socket would drop a note still queued in it
-                self._transport.call({"op": Op.LOOKUP_SEEN, **note}, timeout=1.0)
+        if note is not None or getattr(self._transport, "holding", False):
+            try:   # awaited: closing the socket would drop a note still queued (or held) in it
+                self._transport.call({"op": Op.LOOKUP_SEEN, **(note or {"asked": [], "found": []})}, timeout=1.0)
             except KVStoreError:
                 pass
         if self._transport is not self._zmq:

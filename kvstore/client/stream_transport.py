@@ -41,12 +41,16 @@ class StreamTransport:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._buf = bytearray()
+        self._held = bytearray()   # requests without a reply that go out with the next request
         self._pending: dict[int, list[Any]] = {}
         self._outstanding: set[int] = set()
         self.lost = False
 
     def send(self, header: dict[str, Any], payloads: list[Any] | None = None, timeout: float | None = None,
-             want_reply: bool = True) -> int:
+             want_reply: bool = True, hold: bool = False) -> int:
+        """Write one request (with any held one before it, in one write). ``hold`` (a request whose reply is not
+        wanted, made right before another): keep it to go out with that next request, so the daemon wakes once
+        for both (a woken daemon costs the sender ~0.1-0.4 ms on a busy host); a second held one writes both."""
         if payloads:
             raise ValueError("the stream socket carries no payload frames; inline puts go over ZeroMQ")
         rid = next(self._ids)
@@ -54,6 +58,11 @@ class StreamTransport:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._lock:
             self._check()
+            if hold and not want_reply and not self._held:
+                self._held += data
+                return rid
+            if self._held:
+                data, self._held = self._held + data, bytearray()
             self._send_all(memoryview(data), deadline)
             if want_reply:
                 self._outstanding.add(rid)
@@ -101,6 +110,11 @@ class StreamTransport:
     def call(self, header: dict[str, Any], payloads: list[Any] | None = None,
              timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
         return self.wait(self.send(header, payloads, timeout), timeout)
+
+    @property
+    def holding(self) -> bool:
+        """Whether a held request waits for the next one to go out with (``send(hold=True)``)."""
+        return bool(self._held)
 
     def alive(self) -> bool:
         """Whether the daemon still holds its end (one non-blocking read: a dead daemon's end reads as closed).

@@ -55,12 +55,13 @@ class Transport:
         self._outstanding: set[int] = set()         # ids sent and not yet given up on
 
     def send(self, header: dict[str, Any], payloads: list[Any] | None = None, timeout: float | None = None,
-             want_reply: bool = True) -> int:
+             want_reply: bool = True, hold: bool = False) -> int:
         """Send a request; return its id. Retries while no connection is up, until the timeout.
 
         With ``want_reply=False`` the reply is dropped when it arrives (for requests whose outcome the caller
         cannot act on, such as releasing a lease); requests on one connection are handled in order, so a later
         request still sees its effect.
+        ``hold`` is for the stream socket's benefit (``stream_transport.py``); ZeroMQ sends each message at once.
         """
         self._check_open()
         rid = next(self._ids)
