@@ -25,8 +25,8 @@ from ..protocol.index_layout import HEADER_BYTES, MAX_PROBE
 
 STATES = 5   # EMPTY, TOMBSTONE, DISK, HOST, GPU: counts are indexed by state
 # (stopped at a key not listed, leading keys listed, count per state, then per listed key — when asked for —
-# slot offset, seq, state, host, size)
-WalkRead = tuple[bool, int, list[int], list[int], list[int], list[int], list[int], list[int]]
+# slot offset, seq, host, size)
+WalkRead = tuple[bool, int, list[int], list[int], list[int], list[int], list[int]]
 
 
 class NativeWalk:
@@ -49,14 +49,13 @@ class NativeWalk:
         scratch = self._scratch
         if not hasattr(scratch, "counts"):
             scratch.counts, scratch.missed = (ctypes.c_uint64 * STATES)(), ctypes.c_int64()
-        out = (ctypes.c_uint64 * (5 * n))() if detail else None
+        out = (ctypes.c_uint64 * (4 * n))() if detail else None
         got = self._fn(self._address, HEADER_BYTES, mask, packed, n, MAX_PROBE, out, scratch.counts,
                        ctypes.byref(scratch.missed))
         if got < 0:
             return False if got == -1 else None
-        flat = out[:5 * got] if out is not None else []
-        return (bool(scratch.missed.value), got, scratch.counts[:], flat[0::5], flat[1::5], flat[2::5], flat[3::5],
-                flat[4::5])
+        flat = out[:4 * got] if out is not None else []
+        return bool(scratch.missed.value), got, scratch.counts[:], flat[0::4], flat[1::4], flat[2::4], flat[3::4]
 
     def close(self) -> None:
         self._export = None   # the export must go before the mapping closes

@@ -50,7 +50,6 @@ class Prefix:
     counts: list[int]     # how many of them each state (tier) holds, indexed by state
     slot_offsets: list[int]   # these lists: per listed key, when the walk was asked for detail
     seqs: list[int]
-    states: list[int]
     hosts: list[int]      # the arena offset of the DRAM copy plus one (0: none)
     sizes: list[int]
 
@@ -130,7 +129,7 @@ class SharedIndexView:
         w, buf = self._words, self._buf
         offsets: list[int] = []
         seqs: list[int] = []
-        states: list[int] = []
+        counts = [0] * STATES
         hosts: list[int] = []
         sizes: list[int] = []
         for j in range(0, len(words), 2):
@@ -144,16 +143,16 @@ class SharedIndexView:
                 if klo == lo and khi == hi and state >= DISK:
                     offsets.append(off)
                     seqs.append(seq)
-                    states.append(state)
+                    counts[state] += 1
                     hosts.append(host)
                     sizes.append(size)
                     break
                 if state == EMPTY:
-                    return True, len(states), _counts(states), offsets, seqs, states, hosts, sizes   # a miss
+                    return True, len(seqs), counts, offsets, seqs, hosts, sizes   # a miss: the walk ends here
                 slot = (slot + 1) & mask
             else:
                 return None             # not listed within MAX_PROBE slots
-        return False, len(states), _counts(states), offsets, seqs, states, hosts, sizes
+        return False, len(seqs), counts, offsets, seqs, hosts, sizes
 
     def _walk(self, keys: Sequence[bytes], promote: bool) -> tuple[int, dict[str, int]] | None | bool:
         """One try: the answer, None (the socket must answer), or False (the table moved: try again)."""
@@ -204,13 +203,6 @@ class SharedIndexView:
             self._native.close()
         self._words.release()
         self._buf.close()
-
-
-def _counts(states: list[int]) -> list[int]:
-    counts = [0] * STATES
-    for state in states:
-        counts[state] += 1
-    return counts
 
 
 class SeenNotes:

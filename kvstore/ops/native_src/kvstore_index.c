@@ -5,8 +5,8 @@
  * is in it). Loads are issued in program order (volatile) and x86-64 does not reorder loads with loads, which is
  * what the lock needs; the index is offered on x86-64 only.
  *
- * `index` is the mapped file; the table starts `header_bytes` into it. For each leading listed key, out[5 * i ..] =
- * the slot's byte offset in the file, seq, state, host, size (out may be NULL: a lookup needs none of it), and
+ * `index` is the mapped file; the table starts `header_bytes` into it. For each leading listed key, out[4 * i ..] =
+ * the slot's byte offset in the file, seq, host, size (out may be NULL: a lookup needs none of it), and
  * counts[state] is how many of them each tier (state) holds.
  * Returns how many leading keys are listed (*missed = 1 when the walk stopped at a key that is not), -1 when a
  * slot changed under the read (try again), -2 when a key was probed max_probe slots without an answer (the
@@ -36,12 +36,11 @@ int64_t kvstore_index_walk(const volatile uint64_t *index, uint64_t header_bytes
             if ((seq & 1) || s[0] != seq) return -1;
             if (klo == lo && khi == hi && state >= DISK && state < STATES) {
                 if (out) {
-                    uint64_t *o = out + 5 * i;
+                    uint64_t *o = out + 4 * i;
                     o[0] = header_bytes + slot * SLOT_WORDS * 8;
                     o[1] = seq;
-                    o[2] = state;
-                    o[3] = host;
-                    o[4] = size;
+                    o[2] = host;
+                    o[3] = size;
                 }
                 counts[state] += 1;
                 break;
