@@ -4,7 +4,8 @@ This module imports neither torch nor ``kvstore.ops`` (which does), so that the 
 ``kvstore.ops.native`` is the same module under the name the kernels use.
 
 The gather/scatter kernels are plain C (``kvstore_copy.c``, OpenMP) and CUDA (``kvstore_copy.cu``), the lookup
-index's walk plain C (``kvstore_index.c``, ``client/native_walk.py``), all with a C ABI, called through
+index's walk and its writer's placement of new keys plain C (``kvstore_index.c``, ``client/native_walk.py``,
+``store/native_place.py``), all with a C ABI, called through
 ``ctypes`` with raw pointers. They include no torch headers, so a build takes seconds (no ninja, no
 ``torch/extension.h``) and the library does not depend on which torch build is installed. A build happens only
 when asked for (``build()``, ``python -m kvstore.ops.native``, the benchmarks, or ``KVSTORE_NATIVE=build``),
@@ -30,7 +31,7 @@ from pathlib import Path
 SOURCE_DIR = Path(__file__).resolve().parent / "ops" / "native_src"
 CPU_SOURCE = "kvstore_copy.c"
 CUDA_SOURCE = "kvstore_copy.cu"
-INDEX_SOURCE = "kvstore_index.c"   # the lookup index's walk (client/native_walk.py): plain C, no OpenMP
+INDEX_SOURCE = "kvstore_index.c"   # the lookup index's walk and placement: plain C, no OpenMP
 SOURCES = {"cpu": CPU_SOURCE, "cuda": CUDA_SOURCE, "index": INDEX_SOURCE}
 BUILD_TIMEOUT_S = 240
 
@@ -140,6 +141,9 @@ def _open(kind: str, path: str) -> ctypes.CDLL | None:
     if kind == "index":
         fn = lib.kvstore_index_walk
         fn.argtypes = [ptr, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p, i64, i64, ptr, ptr, ptr]
+        fn.restype = i64
+        fn = lib.kvstore_index_place
+        fn.argtypes = [ptr, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p, ptr, i64, i64, ptr]
         fn.restype = i64
     elif kind == "cpu":
         fn = lib.kvstore_copy_rows_cpu

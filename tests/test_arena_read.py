@@ -158,3 +158,37 @@ def test_a_queued_put_is_published_before_close(daemon):
 def test_the_client_module_stays_importable_as_before():
     assert kvstore.Client is kvstore.client.client.Client
     assert {"Lease", "LookupResult", "Reservation"} <= set(kvstore.client.client.__all__)
+
+
+def test_read_hands_the_prefix_to_a_copy_without_a_round_trip_and_again_when_it_changed(daemon):
+    with daemon.client(namespace="t") as c:
+        keys = c.chunk_keys([7] * 256 * 4)
+        c.put(keys, [_content(k) for k in keys])
+        seen: list[list[bytes]] = []
+        before = c.stats()["requests"]
+        assert c.read(keys, lambda views: seen.append([bytes(v) for v in views])) == 4
+        assert seen == [[_content(k) for k in keys]]
+        assert c.stats()["requests"] - before <= 2   # the stats call and at most one note: no GET
+
+        # a chunk replaced under the first copy: the copy is made again, of what is there now
+        seen.clear()
+
+        def copy(views):
+            seen.append([bytes(v) for v in views])
+            if len(seen) == 1:
+                c.delete(keys[2:])
+                c.put(keys[2:3], [_content(keys[0])])   # other bytes under the same key, in another slot
+        assert c.read(keys, copy) == 3
+        assert len(seen) == 2 and seen[1] == [_content(keys[0]), _content(keys[1]), _content(keys[0])]
+        assert c.read([], copy) == 0 and len(seen) == 2
+
+
+def test_read_leases_the_chunks_where_the_index_cannot_answer(daemon):
+    for kwargs in ({"shared_index": False}, {"stream": False}):
+        with daemon.client(namespace="t", **kwargs) as c:
+            keys = c.chunk_keys([8 + len(kwargs)] * 256 * 3)
+            c.put(keys, [_content(k) for k in keys])
+            seen: list[list[bytes]] = []
+            assert c.read(keys, lambda views: seen.append([bytes(v) for v in views])) == 3
+            assert seen == [[_content(k) for k in keys]]
+            assert c.stats()["leases"] == 0   # released after the copy

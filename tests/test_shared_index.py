@@ -21,7 +21,8 @@ from kvstore.client.native_walk import NativeWalk
 from kvstore.client.shared_index import SharedIndexView
 from kvstore.ops import native
 from kvstore.protocol.wire import Op
-from kvstore.protocol.index_layout import DISK, GPU, HOST, MAX_PROBE, MIN_SLOTS, STALE_S, supported
+from kvstore.protocol.index_layout import (DISK, GPU, HEADER_BYTES, HOST, MAX_PROBE, MIN_SLOTS, SLOT_BYTES, STALE_S,
+                                           supported)
 from kvstore.store.published_index import PublishedIndex
 
 pytestmark = pytest.mark.skipif(not supported(), reason="the shared index is offered on x86-64 only")
@@ -223,6 +224,45 @@ def test_the_c_walk_reads_what_the_python_walk_reads(index_path):
         c_walk.close()
         reader.close()
         writer.close()
+
+
+
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.one_of(
+    st.lists(st.tuples(st.integers(0, 79), st.sampled_from([DISK, HOST, GPU]), st.integers(0, 3)), max_size=40),
+    st.integers(0, 79)), min_size=1, max_size=40))
+def test_the_c_placement_writes_the_table_the_python_writer_writes(index_path, ops):
+    """Batches of sets (new keys, keys listed already, a key twice, keys past MAX_PROBE) and removes, given to a
+    writer placing new keys in C and to one placing them in Python: the two tables stay byte for byte the same."""
+    if native.load("index") is None:
+        pytest.skip("the native index placement is not built here (no C compiler)")
+    pool = colliding_keys(MAX_PROBE + 8) + [os.urandom(16) for _ in range(80 - MAX_PROBE - 8)]
+    c_writer = PublishedIndex(index_path, 16)
+    py_writer = PublishedIndex(index_path + ".py", 16)
+    py_writer._native = None
+    assert c_writer._native is not None
+    try:
+        for op in ops:
+            for writer in (c_writer, py_writer):
+                if isinstance(op, int):
+                    writer.remove(pool[op])
+                else:
+                    writer.set_many([(pool[i], state, None if host == 0 else host * 4096, 1000 + i)
+                                     for i, state, host in op])
+            assert c_writer.slots == py_writer.slots and c_writer.tombstones == py_writer.tombstones
+            assert c_writer._slot == py_writer._slot and c_writer._unlisted == py_writer._unlisted
+            end = HEADER_BYTES + c_writer.slots * SLOT_BYTES
+            assert c_writer._buf[HEADER_BYTES:end] == py_writer._buf[HEADER_BYTES:end]
+        reader = reader_of(index_path, "python")
+        c_writer.beat()
+        try:   # and what the C writer listed is what a reader finds
+            for key in c_writer._slot:
+                assert reader.lookup([key], promote=False)[0] == 1
+        finally:
+            reader.close()
+    finally:
+        c_writer.close()
+        py_writer.close()
 
 
 # -- against a real daemon ------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kvstore.errors import ChecksumError, DamagedSource, LeaseError, ReservationError, StoreFullError
 from kvstore.protocol.index_layout import STATE_OF_TIER
+from kvstore.store.after_reply import AfterReply
 from kvstore.store.entry import DiskState, Entry, State
 from kvstore.store.policies import POLICIES
 from kvstore.store.store import Store, top_tier
@@ -47,6 +48,10 @@ class Published:
     def set(self, key: bytes, state: int, host: int | None = None, size: int = 0) -> None:
         self.states[key] = state
         self.hosts[key] = (host, size)
+
+    def set_many(self, items) -> None:
+        for key, state, host, size in items:
+            self.set(key, state, host, size)
 
     def remove(self, key: bytes) -> None:
         self.states.pop(key, None)
@@ -96,9 +101,9 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.store is None)
     @rule(policy=st.sampled_from(sorted(POLICIES)), host_pages=st.integers(6, 24),
           gpu_pages=st.sampled_from([0, 4, 10]), disk_pages=st.sampled_from([0, 8, 30]),
-          summed=st.booleans(), remote=st.booleans())
+          summed=st.booleans(), remote=st.booleans(), deferred=st.booleans())
     def start(self, policy: str, host_pages: int, gpu_pages: int, disk_pages: int, summed: bool,
-              remote: bool) -> None:
+              remote: bool, deferred: bool) -> None:
         disk = VirtualDisk(disk_pages * PAGE) if disk_pages else None
         gpu = HostTier(VirtualArena(gpu_pages * PAGE)) if gpu_pages else None
         store = Store(HostTier(VirtualArena(host_pages * PAGE)), TTL, TTL, clock=lambda: self.now, disk=disk,
@@ -112,6 +117,7 @@ class StoreMachine(RuleBasedStateMachine):
         store.remote_ledger.mover = self.wiring if remote else None
         store.published = self.published
         store.sums = self.sums if summed else None
+        store.after_reply = AfterReply() if deferred else None   # as the daemon: a commit's rest after its reply
         self.store = store
         self.disk = store.disk_ledger
         self.gpu = store.gpu_ledger
@@ -342,6 +348,7 @@ class StoreMachine(RuleBasedStateMachine):
         store = self.store
         if store is None:
             return
+        store.settle_after_reply()   # each rule is a request: its reply is out, the work it left is done
         for entry in store.index.values():
             self.seen[id(entry)] = entry
         entries = list(self.seen.values())

@@ -23,22 +23,22 @@ liveness check of the stream (one non-blocking read), and the page-table populat
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import UsageError
 from .buffers import copy_out, nbytes_of, writable_bytes
-from .copies import copy_batch
+from .copies import PARALLEL_FROM, copy_batch
 from .pages import PagePopulator
 from .shared_index import SharedIndexView
 
 TRIES = 2   # a read that changed under the copy twice goes to the socket
 
 
-def read_into(index: SharedIndexView, arena: memoryview, pages: PagePopulator | None, keys: Sequence[bytes],
-              dests: Sequence[Any]) -> list[bytes] | None:
-    """Copy the longest stored prefix of ``keys`` into ``dests``; the keys copied, or None: ask the socket
-    (``dests`` may then hold partial copies)."""
-    outs: list[Any] = []
+def read_with(index: SharedIndexView, arena: memoryview, pages: PagePopulator | None, keys: Sequence[bytes],
+              copy: Callable[[list[memoryview]], None]) -> list[bytes] | None:
+    """Hand ``copy`` views of the arena holding the longest stored prefix of ``keys``, checked unchanged after it
+    returns; the keys it was given, or None: ask the socket. ``copy`` may be called again (the chunks changed
+    under it, or the prefix got shorter) and must then redo its copy from the views it is given."""
     for _ in range(TRIES):
         located = index.locate(keys)
         if located is None:
@@ -46,20 +46,34 @@ def read_into(index: SharedIndexView, arena: memoryview, pages: PagePopulator | 
         if located is False:
             continue
         epoch, found = located
-        while len(outs) < len(found):
-            outs.append(writable_bytes(dests[len(outs)]))
-        pairs, sizes = [], []
-        for i, ((_, _, offset, size), out) in enumerate(zip(found, outs)):
-            room = out.nbytes if type(out) is memoryview else nbytes_of(out)
-            if room < size:
-                raise UsageError(f"get_into: destination {i} holds {room} bytes; its chunk has {size}")
-            if offset + size > len(arena):
-                return None   # not a slot of the arena this client maps
-            if pages is not None:
-                pages.touch(offset, size)
-            pairs.append((out, arena[offset:offset + size]))
-            sizes.append(size)
-        copy_batch(copy_out, pairs, sizes)
+        if any(offset + size > len(arena) for _, _, offset, size in found):
+            return None   # not a slot of the arena this client maps
+        if pages is not None:
+            pages.touch_many([(offset, size) for _, _, offset, size in found])
+        copy([arena[offset:offset + size] for _, _, offset, size in found])
         if index.unchanged(epoch, found) == len(found):
             return list(keys[:len(found)])
     return None
+
+
+def read_into(index: SharedIndexView, arena: memoryview, pages: PagePopulator | None, keys: Sequence[bytes],
+              dests: Sequence[Any]) -> list[bytes] | None:
+    """Copy the longest stored prefix of ``keys`` into ``dests``; the keys copied, or None: ask the socket
+    (``dests`` may then hold partial copies)."""
+    outs: list[Any] = []
+
+    def into(views: list[memoryview]) -> None:
+        while len(outs) < len(views):
+            outs.append(writable_bytes(dests[len(outs)]))
+        sizes = [view.nbytes for view in views]
+        for i, (size, out) in enumerate(zip(sizes, outs)):
+            room = out.nbytes if type(out) is memoryview else nbytes_of(out)
+            if room < size:
+                raise UsageError(f"get_into: destination {i} holds {room} bytes; its chunk has {size}")
+        if sum(sizes) < PARALLEL_FROM and all(type(out) is memoryview for out in outs):
+            for view, out, size in zip(views, outs, sizes):   # host buffers, one thread: copied right here
+                out[:size] = view
+        else:
+            copy_batch(copy_out, list(zip(outs, views)), sizes)
+
+    return read_with(index, arena, pages, keys, into)

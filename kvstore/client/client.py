@@ -25,7 +25,7 @@ import math
 import os
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..config import default_socket
 from ..errors import ClientClosedError, DaemonUnavailable, KVStoreError, StoreFullError, UsageError, VersionError
@@ -36,7 +36,7 @@ from ..protocol.messages import wire_keys
 from ..protocol.stream import SUFFIX as STREAM_SUFFIX
 from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
-from .arena_read import read_into
+from .arena_read import read_into, read_with
 from .buffers import copy_into, copy_out, nbytes_of, writable_bytes
 from .copies import copy_batch
 from .credit import CreditWriter
@@ -376,12 +376,9 @@ class Client(Mappings):
             return 0
         if self._credit.queued is not None:
             self._credit.settle(self)   # a read sees this client's queued puts
-        if not verify and self._index is not None and self._arena_view is not None and self._transport.alive():
-            read = read_into(self._index, self._arena_view, self._pages, keys, dests)
-            if read is not None:
-                if read and self._seen.add_read(read):
-                    self._send_seen()
-                return len(read)
+        copied = None if verify else self._from_arena(read_into, keys, dests)
+        if copied is not None:
+            return copied
         with self.get(keys, verify=verify) as views:
             pairs, sizes = [], []
             for i, (view, dest) in enumerate(zip(views, dests)):
@@ -393,6 +390,38 @@ class Client(Mappings):
                 sizes.append(pairs[-1][1].nbytes)
             copy_batch(copy_out, pairs, sizes)
             return len(views)
+
+    def read(self, keys: Sequence[bytes], copy: Callable[[list[Any]], None]) -> int:
+        """Call ``copy(views)`` with the chunks of the longest stored prefix of ``keys``, for a reader that lays
+        them out its own way (an engine's cache with another order of axes); returns how many chunks it was given.
+
+        The views (``memoryview``s of the arena, or of received frames over tcp://) are valid only during the call.
+        A local client reads them straight from the arena without a round trip where the daemon's index can answer,
+        and checks afterwards that none changed under the call (``client/arena_read.py``); when one did, ``copy`` is
+        called again with what is there now, so it must write only into buffers of its own and redo its whole copy
+        each time. Otherwise the chunks are leased for the call."""
+        if not keys:
+            return 0
+        if self._credit.queued is not None:
+            self._credit.settle(self)   # a read sees this client's queued puts
+        given = self._from_arena(read_with, keys, copy)
+        if given is not None:
+            return given
+        with self.get(keys) as views:
+            copy(list(views))
+            return len(views)
+
+    def _from_arena(self, read: Callable[..., list[bytes] | None], keys: Sequence[bytes], target: Any) -> int | None:
+        """A read straight from the arena through the daemon's index (``arena_read.py``: ``read_into`` or
+        ``read_with``, into ``target``), told to the daemon in the next note; the chunks read, or None: lease them."""
+        if self._index is None or self._arena_view is None or not self._transport.alive():
+            return None
+        read_keys = read(self._index, self._arena_view, self._pages, keys, target)
+        if read_keys is None:
+            return None
+        if read_keys and self._seen.add_read(read_keys):
+            self._send_seen()
+        return len(read_keys)
 
     def scrub(self, rate: int = 0, timeout: float = 3600.0) -> dict[str, Any]:
         """Have the daemon check every copy of every chunk now (at most ``rate`` bytes/s, 0: no bound); its

@@ -49,6 +49,17 @@ class PagePopulator:
             self._populate(g, end)
             g = end + 1
 
+    def touch_many(self, ranges: list[tuple[int, int]]) -> None:
+        """``touch`` of each (offset, length); one test of the whole span when all of it is populated already."""
+        if not ranges or not self.supported:
+            return
+        low = min(offset for offset, _ in ranges)
+        high = max(offset + length for offset, length in ranges)
+        if high > low and self._done.find(0, low // GRANULE, (high - 1) // GRANULE + 1) < 0:
+            return
+        for offset, length in ranges:
+            self.touch(offset, length)
+
     def _populate(self, first: int, last: int) -> None:
         start = first * GRANULE
         length = min((last + 1) * GRANULE, self._size) - start

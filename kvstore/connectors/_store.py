@@ -257,30 +257,37 @@ class ChunkStore:
                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The longest loadable prefix of `keys` as per-layer `[1, kv_heads, n * chunk_tokens, head_dim]` K and
         V tensors (empty lists on a miss; one-plane chunks give that plane and no V). On the CPU each chunk is
-        copied once, straight from its leased view into its place in one tensor holding every layer's planes;
-        elsewhere through `load` (one copy to the device, the reordering there)."""
+        copied once, straight from the arena into its place in one tensor holding every layer's planes
+        (`Client.read`: no round trip where the daemon's index answers, a lease otherwise); elsewhere through
+        `load` (one copy to the device, the reordering there)."""
         if torch.device(device).type != "cpu":
             return chunks_to_dense(self.load(keys, device)) if keys else ([], [])
         g = self.geometry
+        loaded: list[torch.Tensor] = []
+
+        def copy(views: list[Any]) -> None:   # may be called again (a chunk changed under it): starts afresh
+            chunks = []
+            for view in views:
+                try:
+                    chunks.append(chunk_from_buffer(view, g))
+                except ValueError as exc:
+                    self.warn("chunk size", exc)
+                    break
+            t = g.chunk_tokens
+            dense = torch.empty((g.num_layers, g.planes, 1, g.num_kv_heads, len(chunks) * t, g.head_dim),
+                                dtype=g.dtype)
+            for i, chunk in enumerate(chunks):   # [layers, planes, T, heads, dim] -> [.., heads, T, dim]
+                dense[:, :, 0, :, i * t:(i + 1) * t].copy_(chunk.permute(0, 1, 3, 2, 4))
+            loaded[:] = [dense] if chunks else []
+
         try:
-            with self._client().get(keys) as views:
-                chunks = []
-                for view in views:
-                    try:
-                        chunks.append(chunk_from_buffer(view, g))
-                    except ValueError as exc:
-                        self.warn("chunk size", exc)
-                        break
-                t = g.chunk_tokens
-                dense = torch.empty((g.num_layers, g.planes, 1, g.num_kv_heads, len(chunks) * t, g.head_dim),
-                                    dtype=g.dtype)
-                for i, chunk in enumerate(chunks):   # [layers, planes, T, heads, dim] -> [.., heads, T, dim]
-                    dense[:, :, 0, :, i * t:(i + 1) * t].copy_(chunk.permute(0, 1, 3, 2, 4))
+            self._client().read(keys, copy)
         except Exception as exc:  # noqa: BLE001
             self.warn("get", exc)
             return [], []
-        if not chunks:
+        if not loaded:
             return [], []
+        dense = loaded[0]
         values = [dense[layer, 1] for layer in range(g.num_layers)] if g.planes == 2 else []
         return [dense[layer, 0] for layer in range(g.num_layers)], values
 

@@ -178,7 +178,8 @@ class Daemon:
             loop.add_signal_handler(sig, stop.set)
         for mover in self.svc.movers():
             mover.start(loop)
-        self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks) for t, s in self._sockets]
+        self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks, self.after_reply)
+                          for t, s in self._sockets]
         for reactor in self._reactors:
             reactor.start()
         self.stream = await open_stream(self, self.config, loop, self._claims, self._tasks)
@@ -235,6 +236,7 @@ class Daemon:
         unfinished = len(self.svc.store.reservations)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=left("drain"))
+        self.svc.store.settle_after_reply()
         await self.svc.drain_movers(lambda step: time.monotonic() + left(step))
         for reactor in self._reactors:
             reactor.stop()  # what is already queued stays in the socket and is answered next
@@ -294,6 +296,10 @@ class Daemon:
         logs.error("internal_error", error=repr(exc))
         return [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
 
+    def after_reply(self) -> None:
+        """A reply was written: do what its request left for after it (``store/after_reply.py``)."""
+        self.svc.store.settle_after_reply()
+
     def handle_message(self, transport: str, msg: list[Any]) -> Any:
         """Handle one received ZeroMQ multipart message; return the reply frames (routing id first), or a
         coroutine returning them when the handler has to wait (it runs as a task; the loop keeps serving)."""
@@ -311,6 +317,7 @@ class Daemon:
         rid: int | None = None
         op: Op | None = None
         self.svc.counters.requests += 1
+        self.svc.store.settle_after_reply()   # the last request's leftovers, should its transport not have run them
         started = time.perf_counter()
         try:
             header = decode_header(raw_header)
@@ -348,6 +355,7 @@ class Daemon:
             self.sweep()
 
     def sweep(self) -> None:
+        self.svc.store.settle_after_reply()
         if self.svc.index is not None:
             self.svc.index.beat()
         if self.svc.manager is not None:

@@ -28,8 +28,9 @@ Handler = Callable[[str, list], Any]
 
 class SocketReactor:
     def __init__(self, loop: asyncio.AbstractEventLoop, transport: str, sock: zmq.Socket,
-                 handle: Handler, tasks: set[asyncio.Task]) -> None:
+                 handle: Handler, tasks: set[asyncio.Task], after_reply: Callable[[], None] = lambda: None) -> None:
         self.loop = loop
+        self._after_reply = after_reply   # what a request left for once its reply is sent
         self.transport = transport
         self.sock = sock
         self._handle = handle
@@ -67,9 +68,11 @@ class SocketReactor:
             task.add_done_callback(self._tasks.discard)
         elif reply is not None:
             self.send(reply)
+            self._after_reply()
 
     async def _reply_later(self, pending: Any) -> None:
         self.send(await pending)
+        self._after_reply()
         if self.active:
             self.loop.call_soon(self._drain)
 

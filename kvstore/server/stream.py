@@ -26,9 +26,12 @@ from ..protocol.wire import MAX_HEADER_BYTES, error_reply
 
 
 class Dispatcher(Protocol):
-    """What the stream needs of the daemon: its one dispatcher, and dropping a closed connection's session."""
+    """What the stream needs of the daemon: its one dispatcher, the work a request leaves for after its reply,
+    and dropping a closed connection's session."""
 
     def handle_request(self, transport: str, owner: bytes, raw_header: Any, payload: list[Any]) -> Any: ...
+
+    def after_reply(self) -> None: ...
 
     def drop_session(self, owner: bytes, reason: str) -> None: ...
 
@@ -133,9 +136,11 @@ class StreamConnection(asyncio.Protocol):
             task.add_done_callback(self.server.tasks.discard)
         else:
             self.write(reply)
+            self.daemon.after_reply()
 
     async def _reply_later(self, pending: Any) -> None:
         self.write(await pending)
+        self.daemon.after_reply()
 
     def write(self, frames: list[Any]) -> None:
         if not self.transport.is_closing():

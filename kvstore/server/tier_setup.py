@@ -18,6 +18,7 @@ from .. import logs
 from ..config import ServerConfig
 from ..errors import ConfigError
 from ..security.redact import redact_url
+from ..store.after_reply import AfterReply
 from ..store.disk_ledger import DiskLedger
 from ..store.gpu_mover import GpuMover
 from ..store.manager import TierManager
@@ -60,6 +61,7 @@ def open_tiers(svc: "Service", host: HostTier, disk: DiskTier | None, arena: Sha
     gpu = open_gpu(config, arena, claims)
     svc.store = store = Store(host, config.lease_ttl, config.reserve_ttl, disk=disk, gpu=gpu,
                               policy=config.eviction_policy)
+    store.after_reply = AfterReply()   # a put's reply goes out before the work no reader sees
     svc.index = open_index(config, store, claims)
     if store.gpu_ledger is not None:
         svc.gpu_mover = GpuMover(store.gpu_ledger)

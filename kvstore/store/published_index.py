@@ -16,17 +16,24 @@ from __future__ import annotations
 import mmap
 import os
 import time
+from typing import Sequence
 
 from ..protocol.index_layout import (
     CLOSED, EMPTY, FILE_BYTES, H_EPOCH, H_FLAGS, H_HEARTBEAT, H_MAGIC, H_PID, H_SLOTS, H_VERSION, HEADER_BYTES,
     LAYOUT_VERSION, MAGIC, MAX_PROBE, MAX_SLOTS, MIN_SLOTS, SLOT_BYTES, SLOT_WORDS, TOMBSTONE,
 )
 
+from .native_place import NativePlace
+
 Listing = tuple[int, int, int]   # a slot's state, host (DRAM offset + 1, 0: none), size
 _GONE: Listing = (TOMBSTONE, 0, 0)
 _EMPTY: Listing = (EMPTY, 0, 0)
 REBUILD_LOAD = 0.5       # rebuild when live keys + tombstones pass this share of the slots
 TARGET_LOAD = 0.25       # a rebuilt table holds its live keys at about this load
+
+
+def _listing(state: int, host: int | None, size: int) -> Listing:
+    return (state, 0 if host is None else host + 1, size if host is not None else 0)
 
 
 def index_path_for(socket_path: str) -> str:
@@ -62,6 +69,7 @@ class PublishedIndex:
         finally:
             os.close(fd)
         self._words = memoryview(self._buf).cast("Q")
+        self._native = NativePlace.open(self._buf)   # None: new keys are placed in Python
         self._slot: dict[bytes, int] = {}      # listed key → slot
         self._state: dict[bytes, Listing] = {}   # every published key → its listing (listed in a slot or not)
         self._unlisted: set[bytes] = set()     # published keys no slot could be found for
@@ -77,17 +85,34 @@ class PublishedIndex:
     def set(self, key: bytes, state: int, host: int | None = None, size: int = 0) -> None:
         """List ``key`` with ``state`` (its fastest tier) and its DRAM copy (``host``: offset, None: none), or
         update them. Called in the same event-loop step as the change, before the space can be reused."""
-        listing = (state, 0 if host is None else host + 1, size if host is not None else 0)
-        if self._state.get(key) == listing:
-            return
-        self._state[key] = listing
-        slot = self._slot.get(key)
-        if slot is not None:
-            self._write_state(slot, listing)
-        elif key not in self._unlisted:
-            if len(self._slot) + self.tombstones + 1 > REBUILD_LOAD * self.slots and self._grow():
+        listing = _listing(state, host, size)
+        if self._update(key, listing):
+            if self._crowded(1) and self._grow():
                 return   # the rebuild placed it
             self._place(key, listing)
+
+    def set_many(self, items: Sequence[tuple[bytes, int, int | None, int]]) -> None:
+        """``set`` of several (key, state, host, size) at once (a put's chunks): the keys new to the table are
+        placed in one call of the C placement where it is built (``native_place.py``), else one by one."""
+        fresh: dict[bytes, Listing] = {}
+        for key, state, host, size in items:
+            listing = _listing(state, host, size)
+            if self._update(key, listing):
+                fresh[key] = listing
+        if not fresh or (self._crowded(len(fresh)) and self._grow()):
+            return   # nothing new, or the rebuild placed them
+        if self._native is None:
+            for key, listing in fresh.items():
+                self._place(key, listing)
+            return
+        keys = list(fresh)
+        slots, reused = self._native.place(keys, list(fresh.values()), self.slots - 1)
+        self.tombstones -= reused
+        for key, slot in zip(keys, slots):
+            if slot >= 0:
+                self._slot[key] = slot
+            else:
+                self._unlisted.add(key)
 
     def remove(self, key: bytes) -> None:
         if self._state.pop(key, None) is None:
@@ -117,6 +142,9 @@ class PublishedIndex:
     def close(self) -> None:
         """Mark the index closed and remove the file (readers that still map it see CLOSED)."""
         self.set_flag(CLOSED)
+        if self._native is not None:
+            self._native.close()
+            self._native = None
         self._words.release()
         self._buf.close()
         try:
@@ -129,6 +157,22 @@ class PublishedIndex:
         return len(self._slot)
 
     # -- the table ----------------------------------------------------------------------------------------
+    def _update(self, key: bytes, listing: Listing) -> bool:
+        """Record ``key``'s listing and rewrite its slot if it has one; True when it must be placed (new to the
+        table, and not a key no slot could be found for)."""
+        if self._state.get(key) == listing:
+            return False
+        self._state[key] = listing
+        slot = self._slot.get(key)
+        if slot is not None:
+            self._write_state(slot, listing)
+            return False
+        return key not in self._unlisted
+
+    def _crowded(self, new_keys: int) -> bool:
+        """Whether ``new_keys`` more would take live keys and tombstones past REBUILD_LOAD of the slots."""
+        return len(self._slot) + self.tombstones + new_keys > REBUILD_LOAD * self.slots
+
     def _write_slot(self, slot: int, key: bytes, listing: Listing) -> None:
         w, base = self._words, (HEADER_BYTES // 8) + slot * SLOT_WORDS
         seq = w[base]

@@ -4,7 +4,7 @@ module is imported back into ``store.py``."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 from .entry import Entry
 
@@ -13,6 +13,8 @@ class IndexSink(Protocol):
     """Where the Store publishes each key's readable state for clients (``published_index.py``)."""
 
     def set(self, key: bytes, state: int, host: int | None = None, size: int = 0) -> None: ...
+
+    def set_many(self, items: Sequence[tuple[bytes, int, int | None, int]]) -> None: ...
 
     def remove(self, key: bytes) -> None: ...
 

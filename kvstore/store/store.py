@@ -32,6 +32,7 @@ from ..errors import LeaseError, ReservationError, StoreFullError
 from ..protocol.index_layout import STATE_OF_TIER
 from ..tiers.disk import DiskTier
 from ..tiers.host import HostTier
+from .after_reply import AfterReply
 from .counters import StoreCounters, TierCounters
 from .credits import CreditBook
 from .damage import DamageMixin, IntegrityCounters
@@ -91,6 +92,7 @@ class Store(DamageMixin):
         self.integrity = IntegrityCounters()
         self.sums: SumSink | None = None        # set by the checksummer: commits go through it first
         self.published: IndexSink | None = None   # the shared lookup index, when the daemon publishes one
+        self.after_reply: AfterReply | None = None   # set by the daemon: a put's unseen work waits for its reply
         self.disk_ledger = DiskLedger(self, disk) if disk is not None else None
         self.gpu_ledger = GpuLedger(self, gpu) if gpu is not None else None
         self.remote_ledger = RemoteLedger(self)   # sends nothing until a remote mover attaches to it
@@ -202,10 +204,20 @@ class Store(DamageMixin):
         return self.publish(self.reservations.take(owner, rid).payload.entries)
 
     def publish(self, entries: list[Entry]) -> int:
-        """Make a reservation's written entries readable (a commit, or a put into a credit: ``credits.py``)."""
+        """Make a reservation's written entries readable (a commit, or a put into a credit: ``credits.py``).
+        What readers cannot see (the eviction queue, the checksum job, the counters) is left for after the reply
+        where the daemon defers it (``after_reply.py``)."""
         for entry in entries:
             entry.state = State.COMMITTED
-            self.sync(entry.key)
+        self.sync_many([e.key for e in entries])
+        if self.after_reply is not None:
+            self.after_reply.add(lambda: self._file_published(entries))
+        else:
+            self._file_published(entries)
+        return len(entries)
+
+    def _file_published(self, entries: list[Entry]) -> None:
+        """The rest of a publish: queue the chunks for eviction, take their sums, count the put."""
         self.lru.add_chain(entries)
         if self.sums is not None and entries:
             self.sums.after_commit(entries)   # then the ledgers hear of them, with their sums (``checksummed``)
@@ -215,7 +227,11 @@ class Store(DamageMixin):
         c.puts += 1
         c.put_chunks += len(entries)
         c.put_bytes += sum(e.size for e in entries)
-        return len(entries)
+
+    def settle_after_reply(self) -> None:
+        """Run what the last request left for after its reply (``after_reply.py``), if anything."""
+        if self.after_reply is not None and len(self.after_reply):
+            self.after_reply.run()
 
     def checksummed(self, entries: Sequence[Entry]) -> None:
         """Commit's checksums are known: every lower tier hears of the chunks still live (they carry the sum)."""
@@ -339,6 +355,19 @@ class Store(DamageMixin):
             self.published.set(key, STATE_OF_TIER[top_tier(entry)], entry.host_offset, entry.size)
         else:
             self.published.remove(key)
+
+    def sync_many(self, keys: Sequence[bytes]) -> None:
+        """``sync`` of several keys (a put's chunks), published in one batch."""
+        if self.published is None:
+            return
+        listed = []
+        for key in keys:
+            entry = self.index.get(key)
+            if entry is not None and entry.readable:
+                listed.append((key, STATE_OF_TIER[top_tier(entry)], entry.host_offset, entry.size))
+            else:
+                self.published.remove(key)
+        self.published.set_many(listed)
 
     def allocate_host(self, size: int) -> int:
         """A DRAM slot, evicting (or demoting) the oldest unpinned chunks until one fits. A chunk whose slot a

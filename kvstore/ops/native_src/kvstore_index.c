@@ -1,4 +1,5 @@
-/* The reader's walk of a key chain through the daemon's published lookup index (protocol/index_layout.py).
+/* The reader's walk of a key chain through the daemon's published lookup index (protocol/index_layout.py), and
+ * the writer's placement of a batch of new keys in it (kvstore_index_place, at the end).
  *
  * The same walk as kvstore/client/shared_index.py's, a key at a time: linear probing from key_lo & mask, at most
  * max_probe slots; per slot a sequence-lock read (seq, the slot, seq again; an odd or moved seq means the writer
@@ -16,6 +17,7 @@
 
 #define SLOT_WORDS 8
 #define EMPTY 0
+#define TOMBSTONE 1
 #define DISK 2
 #define STATES 5   /* EMPTY, TOMBSTONE, DISK, HOST, GPU */
 
@@ -53,4 +55,39 @@ int64_t kvstore_index_walk(const volatile uint64_t *index, uint64_t header_bytes
         if (probe == max_probe) return -2;
     }
     return n;
+}
+
+/* The writer's side (kvstore/store/published_index.py): list n keys that hold no slot yet, each in the first
+ * EMPTY or TOMBSTONE slot of its probe sequence (from key_lo & mask, at most max_probe slots), the same slot the
+ * Python writer would choose. Each slot is written under its sequence lock: seq + 1 (odd: readers retry), key,
+ * state, host, size, then seq + 2; stores are issued in program order (volatile) and x86-64 does not reorder
+ * stores with stores. listings[3 * i ..] = state, host, size of key i. slots[i] = the slot taken, or -1 when
+ * none was free within max_probe (the key stays unlisted). Returns how many of the slots taken were tombstones.
+ */
+int64_t kvstore_index_place(volatile uint64_t *index, uint64_t header_bytes, uint64_t mask, const uint64_t *keys,
+                            const uint64_t *listings, int64_t n, int64_t max_probe, int64_t *slots) {
+    volatile uint64_t *table = index + header_bytes / 8;
+    int64_t reused = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const uint64_t lo = keys[2 * i], hi = keys[2 * i + 1];
+        uint64_t slot = lo & mask;
+        slots[i] = -1;
+        for (int64_t probe = 0; probe < max_probe; ++probe, slot = (slot + 1) & mask) {
+            volatile uint64_t *s = table + slot * SLOT_WORDS;
+            const uint64_t state = s[3];
+            if (state != EMPTY && state != TOMBSTONE) continue;
+            reused += state == TOMBSTONE;
+            const uint64_t seq = s[0];
+            s[0] = seq + 1;
+            s[1] = lo;
+            s[2] = hi;
+            s[3] = listings[3 * i];
+            s[4] = listings[3 * i + 1];
+            s[5] = listings[3 * i + 2];
+            s[0] = seq + 2;
+            slots[i] = (int64_t)slot;
+            break;
+        }
+    }
+    return reused;
 }
