@@ -7,7 +7,8 @@ destination buffers, as an engine copies into its KV cache (``get_into``, or a l
 release). The reference is a plain in-process memcpy of the same bytes into the same destination buffers, timed
 in the same round as the puts and gets so that all see the same machine noise; ratios are medians of per-round
 ratios. Over ipc:// the paths of ``IPC_PATHS`` are measured in the same rounds, so the before/after ratios are
-taken under the same load.
+taken under the same load. Every client populates its whole mapping of the arena first (``populate_arena``), so
+the figures are a running client's, not its first touches' (``KVS_BENCH_COLD=1``: those instead).
 
 Lookup latency: one lookup of a 64-chunk prefix, from the shared index (walked in C, and in Python), over the
 stream socket and over ZeroMQ (interleaved blocks), then the same with 8 client processes at once, each asking
@@ -33,6 +34,7 @@ from _common import (add_output_flag, build_native_index, start_daemon, timed_pu
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
 BATCH = 16
+WARM = os.environ.get("KVS_BENCH_COLD") != "1"   # 1: measure clients whose mappings are still unpopulated
 
 
 # Each path measured over ipc://, interleaved in the same rounds: (client settings, how it puts and gets).
@@ -53,6 +55,9 @@ def measure_paths(address: str, paths: dict[str, dict], size: int, repeat: int) 
     """Interleave memcpy and each path's put and get in every round, so that all see the same machine noise."""
     clients = {name: kvstore.connect(address, namespace=f"bench-{name}-{size}", chunk_tokens=16, timeout=60, **kw)
                for name, (kw, _) in paths.items()}
+    if WARM:
+        for c in clients.values():
+            c.populate_arena()   # steady state: each client's mapping as it is once its first requests have run
     payloads = [np.random.randint(0, 255, size, dtype=np.uint8) for _ in range(BATCH)]
     dests = [np.ones(size, dtype=np.uint8) for _ in range(BATCH)]
     times: dict[str, list[float]] = {"memcpy": []}

@@ -60,3 +60,26 @@ def test_populator_handles_a_last_granule_cut_short():
         pages.touch(size - 1, 1)
         pages.touch(0, size)
         assert pages.supported and list(pages._done) == [1, 1, 1]
+
+
+def test_populate_arena_maps_the_whole_arena_once_asked(start_daemon):
+    d = start_daemon("--host-mem", "64MiB", "--disk-size", "0")
+    with d.client(namespace="pages") as c:
+        arena = c.server_info["arena"]["path"]
+        assert mapped_rss(arena) == 0
+        assert c.populate_arena() == c.server_info["arena"]["size"]
+        assert mapped_rss(arena) >= 64 * MiB
+        assert c.populate_arena() == c.server_info["arena"]["size"]   # again: nothing left to do
+    with d.client(namespace="pages", stream=False, shared_index=False) as c:
+        assert c.populate_arena() == c.server_info["arena"]["size"]
+
+
+def test_touch_many_populates_each_range_and_skips_a_populated_span():
+    size = 8 * GRANULE
+    with mmap.mmap(-1, size, flags=mmap.MAP_SHARED) as buf:
+        pages = PagePopulator(buf, size)
+        pages.touch_many([(10, 1), (5 * GRANULE, GRANULE + 1)])
+        assert list(pages._done) == [1, 0, 0, 0, 0, 1, 1, 0]
+        pages.touch_many([(0, 1), (6 * GRANULE, 5)])   # all populated already
+        pages.touch_many([])
+        assert list(pages._done) == [1, 0, 0, 0, 0, 1, 1, 0]

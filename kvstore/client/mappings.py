@@ -95,6 +95,15 @@ class Mappings:
             self._gpu_pool = None
         self._gpu_info = None
 
+    def populate_arena(self) -> int:
+        """Populate this client's whole mapping of the arena now, instead of range by range as requests first
+        touch it (``pages.py``): for a client that wants its first puts and gets as fast as later ones. Returns the
+        bytes mapped (0 without an arena, over tcp://); costs about 0.6 s per GiB of arena here."""
+        if self._pages is None or self._arena is None:
+            return 0
+        self._pages.touch(0, self._arena.size)
+        return self._arena.size
+
     @property
     def gpu_pool(self) -> Any:
         """The mapped GPU pool (``kvstore.gpu.engine.MappedPool``), or None."""
