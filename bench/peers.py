@@ -4,9 +4,10 @@
 
 Peers, each started by this script on loopback and stopped afterwards:
 
-* ``kvstore-ipc`` / ``kvstore-tcp``: a ``kvstore serve`` daemon through the kvstore client (put; get with each
-  view copied into a destination buffer, as an engine copies into its KV cache; lookup, which a local client
-  answers from the daemon's shared index). ``kvstore-ipc-zmq``: the same daemon through the local path before
+* ``kvstore-ipc`` / ``kvstore-tcp``: a ``kvstore serve`` daemon through the kvstore client (put; ``get_into``
+  destination buffers, as an engine copies into its KV cache: straight from the arena where the shared index
+  answers, else a lease and a copy of each view; lookup, which a local client answers from the daemon's shared
+  index), its mapping of the arena populated at set-up as Mooncake registers its buffer. ``kvstore-ipc-zmq``: the same daemon through the local path before
   the stream socket and the shared index (every request through ZeroMQ), for a before/after ratio in one run.
 * ``mooncake``: ``mooncake_master`` (built-in HTTP metadata server) plus one ``mooncake_client`` storage node,
   driven through the Python client over TCP: ``batch_put_from`` / ``batch_get_into`` on registered buffers,
@@ -111,14 +112,13 @@ def bench_kvstore(address: str, data: Payloads, repeat: int, warmup: int, calls:
 
     c = kvstore.connect(address, namespace=f"peers-{label}-{data.size}", chunk_tokens=16, timeout=120,
                         **KVSTORE_CLIENT_OPTIONS[label])
+    c.populate_arena()   # set-up, as Mooncake registers its buffer: the puts below are a running client's
     keysets = [c.chunk_keys([i + 1] * 16 * BATCH) for i in range(warmup + repeat)]
     put_s = timed_puts(lambda i: c.put(keysets[i], data.src), lambda i: c.delete(keysets[i]), repeat, warmup)
     keys = keysets[-1]
 
-    def get_once() -> None:
-        with c.get(keys) as views:
-            for v, d in zip(views, data.dst):
-                np.copyto(d, np.frombuffer(v, dtype=np.uint8))
+    def get_once() -> None:   # into the caller's buffers, as an engine reads (a lease and copies where no index)
+        assert c.get_into(keys, data.dst) == len(keys)
 
     data.clear()
     get_s = median_seconds(get_once, repeat, warmup)
