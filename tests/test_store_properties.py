@@ -444,3 +444,24 @@ StoreMachine.TestCase.settings = settings(max_examples=250, stateful_step_count=
                                           suppress_health_check=[HealthCheck.too_slow], derandomize=True,
                                           database=None)
 TestStoreProperties = StoreMachine.TestCase
+
+
+def test_a_chunk_deleted_while_written_to_disk_leaves_the_gpu_queue_at_once():
+    """Found by the machine above: a chunk with a GPU copy, deleted while its disk write ran, stayed in the GPU
+    tier's eviction queue (a demotion could then have copied an unindexed chunk back down)."""
+    state = StoreMachine()
+    steps = [
+        lambda: state.start(deferred=False, disk_pages=8, gpu_pages=4, host_pages=6, policy="chain-lru",
+                            remote=False, summed=False),
+        lambda: state.put(first=0, length=1, pages=1, then_write=False),
+        lambda: state.get(first=0, gpu_ok=False, length=1, owner=b"a"),
+        lambda: state.get(first=0, gpu_ok=False, length=1, owner=b"a"),   # the second hit asks for promotion
+        state.promote_wanted,
+        state.start_write,
+        lambda: state.drop_owner(owner=b"a"),
+        lambda: state.delete(first=0, length=1),
+    ]
+    for step in steps:
+        step()
+        state.accounting_holds()
+    assert len(state.gpu.lru) == 0

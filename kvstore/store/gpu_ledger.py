@@ -65,6 +65,7 @@ class GpuLedger(TierLedger):
 
     def on_remove(self, entry: Entry) -> None:
         self.wanted.pop(entry.key, None)
+        self.lru.remove(entry)   # a chunk deleted while busy keeps its GPU slot until freed, but is never demoted
 
     def on_free(self, entry: Entry) -> None:
         self.free(entry)
