@@ -217,12 +217,15 @@ class Store(DamageMixin):
         return len(entries)
 
     def _file_published(self, entries: list[Entry]) -> None:
-        """The rest of a publish: queue the chunks for eviction, take their sums, count the put."""
-        self.lru.add_chain(entries)
-        if self.sums is not None and entries:
-            self.sums.after_commit(entries)   # then the ledgers hear of them, with their sums (``checksummed``)
+        """The rest of a publish: queue the chunks for eviction, take their sums, count the put. Only chunks
+        still indexed are queued (nothing should have removed one since the publish, but a queue must never hold
+        an unindexed chunk)."""
+        live = [e for e in entries if self.index.get(e.key) is e and e.readable]
+        self.lru.add_chain(live)
+        if self.sums is not None and live:
+            self.sums.after_commit(live)   # then the ledgers hear of them, with their sums (``checksummed``)
         else:
-            self.checksummed(entries)
+            self.checksummed(live)
         c = self.counters
         c.puts += 1
         c.put_chunks += len(entries)
