@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import UsageError
 from .buffers import copy_out, nbytes_of, writable_bytes
-from .copies import PARALLEL_FROM, copy_batch
+from .copies import copy_batch
 from .pages import PagePopulator
 from .shared_index import SharedIndexView
 
@@ -70,10 +70,6 @@ def read_into(index: SharedIndexView, arena: memoryview, pages: PagePopulator | 
             room = out.nbytes if type(out) is memoryview else nbytes_of(out)
             if room < size:
                 raise UsageError(f"get_into: destination {i} holds {room} bytes; its chunk has {size}")
-        if sum(sizes) < PARALLEL_FROM and all(type(out) is memoryview for out in outs):
-            for view, out, size in zip(views, outs, sizes):   # host buffers, one thread: copied right here
-                out[:size] = view
-        else:
-            copy_batch(copy_out, list(zip(outs, views)), sizes)
+        copy_batch(copy_out, list(zip(outs, views)), sizes)
 
     return read_with(index, arena, pages, keys, into)
