@@ -142,6 +142,9 @@ def _open(kind: str, path: str) -> ctypes.CDLL | None:
         fn = lib.kvstore_index_walk
         fn.argtypes = [ptr, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p, i64, i64, ptr, ptr, ptr]
         fn.restype = i64
+        fn = lib.kvstore_index_lookup
+        fn.argtypes = [ptr, ctypes.c_uint64, ctypes.c_char_p, i64, i64, i64, i64, ptr]
+        fn.restype = i64
         fn = lib.kvstore_index_place
         fn.argtypes = [ptr, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p, ptr, i64, i64, ptr]
         fn.restype = i64

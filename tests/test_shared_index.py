@@ -21,8 +21,8 @@ from kvstore.client.native_walk import NativeWalk
 from kvstore.client.shared_index import SharedIndexView
 from kvstore.ops import native
 from kvstore.protocol.wire import Op
-from kvstore.protocol.index_layout import (DISK, GPU, HEADER_BYTES, HOST, MAX_PROBE, MIN_SLOTS, SLOT_BYTES, STALE_S,
-                                           supported)
+from kvstore.protocol.index_layout import (DISK, GPU, H_EPOCH, H_HEARTBEAT, HEADER_BYTES, HOST, MAX_PROBE, MIN_SLOTS,
+                                           REMOTE, SLOT_BYTES, STALE_S, supported)
 from kvstore.store.published_index import PublishedIndex
 
 pytestmark = pytest.mark.skipif(not supported(), reason="the shared index is offered on x86-64 only")
@@ -225,6 +225,44 @@ def test_the_c_walk_reads_what_the_python_walk_reads(index_path):
         reader.close()
         writer.close()
 
+
+
+def test_the_c_lookup_answers_every_header_state_as_the_python_one(index_path):
+    """``NativeWalk.lookup`` does the header's checks in C: a rebuild in progress, a closed or stale view, and the
+    promote rule (disk-only chunks, a remote tier below a walk that stops short) answer as in Python."""
+    if native.load("index") is None:
+        pytest.skip("the native index walk is not built here (no C compiler)")
+    writer = PublishedIndex(index_path, 16)
+    readers = {walk: reader_of(index_path, walk) for walk in ("python", "native")}
+    host, disk, absent = os.urandom(16), os.urandom(16), os.urandom(16)
+    chains = [[host], [host, disk], [host, absent], [disk], [absent]]
+
+    def answers() -> list:
+        return [[r._walk(chain, promote) for chain in chains for promote in (False, True)] for r in readers.values()]
+
+    try:
+        writer.set(host, HOST)
+        writer.set(disk, DISK)
+        writer.beat()
+        python, c = answers()
+        assert python == c and (1, [0, 0, 0, 1, 0]) in c and None in c
+        assert all(r.lookup([host, b"short"], False) is None for r in readers.values())   # a key not of 16 bytes
+        writer.set_flag(REMOTE)
+        python, c = answers()
+        assert python == c and c[5] is None and c[4] == (1, [0, 0, 0, 1, 0])   # stopped short, promote: ask
+        writer.set_flag(REMOTE, False)
+        writer._words[H_EPOCH] += 1           # a rebuild in progress: try again
+        assert answers() == [[False] * 10] * 2
+        writer._words[H_EPOCH] += 1
+        writer._words[H_HEARTBEAT] -= int(2 * STALE_S * 1e9)   # a stuck writer: ask the socket
+        assert answers() == [[None] * 10] * 2
+        writer.beat()
+        writer.close_to_readers()
+        assert answers() == [[None] * 10] * 2
+    finally:
+        for r in readers.values():
+            r.close()
+        writer.close()
 
 
 @settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -42,7 +42,7 @@ from .copies import copy_batch
 from .credit import CreditWriter
 from .lease import Lease, LookupResult, Reservation
 from .mappings import Mappings
-from .shared_index import SeenNotes
+from .shared_index import SeenNotes, tiers_of
 from .stream_transport import StreamLost, StreamTransport
 from .transport import Transport
 
@@ -198,7 +198,8 @@ class Client(Mappings):
 
     def lookup(self, keys: Sequence[bytes]) -> int:
         """How many leading ``keys`` are stored (in any tier). Pins nothing."""
-        return self.lookup_tiers(keys).count
+        local = self._lookup_local(keys, True) if keys else None
+        return local[0] if local is not None else self.lookup_tiers(keys).count
 
     def lookup_many(self, chains: Sequence[Sequence[bytes]]) -> list[int]:
         """``lookup`` of several key chains: from the shared index where it answers, else in one round trip
@@ -235,17 +236,22 @@ class Client(Mappings):
         shared index where it can answer (``client/shared_index.py``), else asked over the socket."""
         if not keys:
             return LookupResult(0, {})
-        if self._credit.queued is not None:
-            self._credit.settle(self)   # a lookup sees this client's queued puts
-        if self._index is not None and self._transport.alive():
-            answer = self._index.lookup(keys, promote)
-            if answer is not None:
-                count, tiers = answer
-                if self._seen.add(len(keys), keys[:count]):
-                    self._send_seen()   # now: what watches the daemon sees a lookup even if this client idles
-                return LookupResult(count, tiers)
+        local = self._lookup_local(keys, promote)
+        if local is not None:
+            return LookupResult(local[0], tiers_of(local[1]))
         header, _ = self._call({"op": Op.LOOKUP, "keys": wire_keys(keys), "promote": promote})
         return LookupResult(int(header["count"]), dict(header.get("tiers", {})))
+
+    def _lookup_local(self, keys: Sequence[bytes], promote: bool) -> tuple[int, list[int]] | None:
+        """The shared index's answer (leading keys stored, count per state), or None: ask the socket."""
+        if self._credit.queued is not None:
+            self._credit.settle(self)   # a lookup sees this client's queued puts
+        if self._index is None or not self._transport.alive():
+            return None
+        answer = self._index.answer(keys, promote)
+        if answer is not None and self._seen.add(len(keys), keys[:answer[0]]):
+            self._send_seen()   # now: what watches the daemon sees a lookup even if this client idles
+        return answer
 
     def _send_seen(self, hold: bool = False) -> None:
         """Tell the daemon about the lookups answered from the shared index (no reply awaited; dropped when the

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from .. import native_libs as native
-from ..protocol.index_layout import HEADER_BYTES, MAX_PROBE
+from ..protocol.index_layout import HEADER_BYTES, MAX_PROBE, STALE_S
 
+_STALE_NS = int(STALE_S * 1e9)
 STATES = 5   # EMPTY, TOMBSTONE, DISK, HOST, GPU: counts are indexed by state
 # (stopped at a key not listed, leading keys listed, count per state, then per listed key — when asked for —
 # slot offset, seq, host, size)
@@ -34,6 +35,7 @@ class NativeWalk:
 
     def __init__(self, lib: ctypes.CDLL, buf: mmap.mmap) -> None:
         self._fn = lib.kvstore_index_walk
+        self._lookup = lib.kvstore_index_lookup
         self._export: Any = np.frombuffer(buf, dtype=np.uint8)   # the mapping's address (a read-only mapping)
         self._address = self._export.ctypes.data
         self._scratch = threading.local()   # the call lets go of the GIL: each thread has its own out-buffers
@@ -56,6 +58,18 @@ class NativeWalk:
             return False if got == -1 else None
         flat = out[:4 * got] if out is not None else []
         return bool(scratch.missed.value), got, scratch.counts[:], flat[0::4], flat[1::4], flat[2::4], flat[3::4]
+
+    def lookup(self, packed: bytes, n: int, promote: bool) -> tuple[int, list[int]] | bool | None:
+        """``SharedIndexView.answer``'s one try in one call (the header's checks, the walk, the epoch read again,
+        the promote rule): (leading keys listed, count per state), False (the table moved: try again) or None
+        (only the socket can answer)."""
+        scratch = self._scratch
+        if not hasattr(scratch, "counts"):
+            scratch.counts, scratch.missed = (ctypes.c_uint64 * STATES)(), ctypes.c_int64()
+        got = self._lookup(self._address, HEADER_BYTES, packed, n, MAX_PROBE, _STALE_NS, promote, scratch.counts)
+        if got < 0:
+            return False if got == -1 else None
+        return got, scratch.counts[:]
 
     def close(self) -> None:
         self._export = None   # the export must go before the mapping closes

@@ -7,7 +7,8 @@ keys are stored and in which tier — or None when only the socket can answer co
 * the view is stale or gone: the heartbeat is older than ``STALE_S`` (a stuck daemon), the daemon is stopping
   (CLOSED), or the table is being rebuilt (the epoch is odd or moved during the walk). The client also reads
   the view only while its stream connection to the daemon is open (``Client.lookup_tiers``): a daemon that
-  died closes it, which one non-blocking read sees at once, so a dead daemon's index never answers;
+  died closes it, which one non-blocking read sees (read at most every ``stream_transport.ALIVE_READ_S``), so a
+  dead daemon's index stops answering within 10 ms;
 * a slot kept changing under the reader, or a key sits past ``MAX_PROBE`` slots (the writer did not list it);
 * the lookup must start work in the daemon: a leading chunk only the disk tier holds (the daemon starts its
   promotion at lookup time), or a walk that stops short while a remote tier sits below (the daemon asks it).
@@ -22,6 +23,7 @@ system call; the socket's lookup costs a round trip through both processes and Z
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -84,6 +86,12 @@ class SharedIndexView:
 
     def lookup(self, keys: Sequence[bytes], promote: bool) -> tuple[int, dict[str, int]] | None:
         """(leading keys stored, count per tier), or None: ask the socket (see the module docstring)."""
+        answer = self.answer(keys, promote)
+        return None if answer is None else (answer[0], tiers_of(answer[1]))
+
+    def answer(self, keys: Sequence[bytes], promote: bool) -> tuple[int, list[int]] | None:
+        """``lookup``'s answer with the count per state as the walk read it (``tiers_of`` names them): what a
+        client's ``lookup``, which needs only the count, takes."""
         for _ in range(_RETRIES):
             answer = self._walk(keys, promote)
             if answer is not False:
@@ -105,12 +113,10 @@ class SharedIndexView:
             return False
         if flags & CLOSED or time.monotonic_ns() - w[H_HEARTBEAT] > _STALE_NS:
             return None
-        packed = b"".join(keys)
-        if len(packed) != _KEY_BYTES * len(keys) or (keys and max(map(len, keys)) != _KEY_BYTES):
-            return None
-        return epoch, flags, packed, w[H_SLOTS] - 1
+        packed = _packed(keys)
+        return None if packed is None else (epoch, flags, packed, w[H_SLOTS] - 1)
 
-    def _prefix(self, keys: Sequence[bytes], detail: bool) -> tuple[int, int, Prefix] | None | bool:
+    def _read(self, keys: Sequence[bytes], detail: bool) -> tuple[int, int, WalkRead] | None | bool:
         """One try at the listed keys heading ``keys``: (epoch, flags, what the walk read, with each key's slot
         when ``detail``); None or False as ``_begin`` and the walk say."""
         begun = self._begin(keys)
@@ -120,7 +126,12 @@ class SharedIndexView:
         read = (self._native or self).walk(packed, len(keys), mask, detail)
         if not isinstance(read, tuple):
             return read
-        return (epoch, flags, Prefix(*read)) if self._words[H_EPOCH] == epoch else False
+        return (epoch, flags, read) if self._words[H_EPOCH] == epoch else False
+
+    def _prefix(self, keys: Sequence[bytes], detail: bool) -> tuple[int, int, Prefix] | None | bool:
+        """``_read``, its walk as a ``Prefix``."""
+        read = self._read(keys, detail)
+        return (read[0], read[1], Prefix(*read[2])) if isinstance(read, tuple) else read
 
     def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | bool | None:
         """The walk a key at a time, in Python (``native_walk.py`` has it in C): as ``NativeWalk.walk`` (which
@@ -154,16 +165,18 @@ class SharedIndexView:
                 return None             # not listed within MAX_PROBE slots
         return False, len(seqs), counts, offsets, seqs, hosts, sizes
 
-    def _walk(self, keys: Sequence[bytes], promote: bool) -> tuple[int, dict[str, int]] | None | bool:
+    def _walk(self, keys: Sequence[bytes], promote: bool) -> tuple[int, list[int]] | None | bool:
         """One try: the answer, None (the socket must answer), or False (the table moved: try again)."""
-        read = self._prefix(keys, detail=False)
+        if self._native is not None:   # the same try in one C call
+            packed = _packed(keys)
+            return None if packed is None else self._native.lookup(packed, len(keys), promote)
+        read = self._read(keys, detail=False)
         if not isinstance(read, tuple):
             return read
-        _, flags, prefix = read
-        counts = prefix.counts
-        if promote and (counts[DISK] or (prefix.missed and flags & REMOTE)):
+        _, flags, (missed, count, counts, *_) = read
+        if promote and (counts[DISK] or (missed and flags & REMOTE)):
             return None
-        return prefix.count, {name: counts[state] for state, name in TIER_OF_STATE.items() if counts[state]}
+        return count, counts
 
     def locate(self, keys: Sequence[bytes]) -> tuple[int, list[tuple[int, int, int, int]]] | None | bool:
         """Where the leading keys' DRAM copies are, for a reader copying them out of the arena: (epoch, one
@@ -205,6 +218,19 @@ class SharedIndexView:
         self._buf.close()
 
 
+def _packed(keys: Sequence[bytes]) -> bytes | None:
+    """The keys end to end, or None when one is not of 16 bytes (the socket names the bad one)."""
+    packed = b"".join(keys)
+    if len(packed) != _KEY_BYTES * len(keys) or (keys and max(map(len, keys)) != _KEY_BYTES):
+        return None
+    return packed
+
+
+def tiers_of(counts: Sequence[int]) -> dict[str, int]:
+    """A walk's count per state, by tier name (the tiers holding none left out), as the daemon's lookup says."""
+    return {name: counts[state] for state, name in TIER_OF_STATE.items() if counts[state]}
+
+
 class SeenNotes:
     """Lookups answered from the shared index, batched into LOOKUP_SEEN notes for the daemon.
 
@@ -216,23 +242,23 @@ class SeenNotes:
     LRU's order depends only on each chain's last touch; S3-FIFO counts touches, which the daemon repeats up to its
     cap) and its counters count every one. A scheduler asking about a request every pass it waits would otherwise
     have the daemon touch the same chain hundreds of times a second for each engine.
-    Notes are sent without waiting for a reply, at most every ``interval`` seconds (``read_interval`` when only
-    gets are to be told) or ``max_keys`` keys, and always before any other request of the client, so a request
-    that follows a lookup (a get, a stats call) sees its effect.
+    Notes are sent without waiting for a reply, at most every ``interval`` seconds or ``max_keys`` keys (the first
+    one at once), and always before any other request of the client, so a request that follows a lookup (a get, a
+    stats call) sees its effect; lookups made less than ``interval`` after a note wait for the client's next one.
     """
 
-    # Gets served from the arena are told at most every 50 ms (or with the next note or request): on a loaded
-    # host a reply-less send costs the sender ~0.1-0.4 ms (the woken daemon preempts it), as much as the get's
-    # own copy of 4 MiB, and a touch of the eviction order 50 ms late changes little. Lookups keep 2 ms, so that
-    # what watches the daemon's hit rate sees a lookup at once.
-    def __init__(self, interval: float = 0.002, max_keys: int = 2048, read_interval: float = 0.05) -> None:
+    # 50 ms: on a loaded host a reply-less send costs the sender ~0.1-0.4 ms (the woken daemon preempts it), as
+    # much as a get's own copy of 4 MiB, and a touch of the eviction order 50 ms late changes little. Lookups were
+    # told every 2 ms once: with 8 schedulers asking every half millisecond that woke the daemon 4,000 times a
+    # second, and their lookups' p99 went from 230-520 µs to 450-720 µs (``bench/client_throughput.py``). What
+    # watches the daemon (stats, Prometheus) reads it once a second or less often: 50 ms late is still at once.
+    def __init__(self, interval: float = 0.05, max_keys: int = 2048) -> None:
         self.interval = interval
-        self.read_interval = read_interval
         self.max_keys = max_keys
         self.lookups: dict[tuple[int, bytes], int] = {}   # (asked, found chain packed) -> lookups, last one last
         self.read: list[bytes] = []
         self._keys = 0
-        self._since = time.monotonic()
+        self._since = -math.inf   # the first note goes at once: a client that looks up once and idles is seen
 
     def add(self, asked: int, found: Sequence[bytes]) -> bool:
         """Record one lookup; True when the batch is due to be sent."""
@@ -247,7 +273,7 @@ class SeenNotes:
         """Record one get served from the arena; True when the batch is due to be sent."""
         self.read.append(b"".join(chain))
         self._keys += len(chain)
-        return self._keys >= self.max_keys or time.monotonic() - self._since >= self.read_interval
+        return self._keys >= self.max_keys or time.monotonic() - self._since >= self.interval
 
     def take(self) -> dict | None:
         """The note to send (and an empty batch), or None when there is nothing to tell."""

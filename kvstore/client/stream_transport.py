@@ -22,6 +22,15 @@ from ..protocol.stream import request_bytes, reply_frames
 from ..protocol.wire import decode_header, encode
 
 
+# A lookup answered from the shared index first asks whether the daemon is still there: a read of the socket, a
+# third of such a lookup's cost (4 of 13 µs back to back here, 15-25 µs in a scheduler that wakes up every
+# half millisecond with cold caches). One read per 10 ms answers for the lookups in between: a daemon that died
+# within them answers as it stood when it died. That is stale, never wrong: its index and arena are files of its
+# own (a restarted daemon creates new ones), which nothing writes any more, and 10 ms is far less than a daemon's
+# start takes.
+ALIVE_READ_S = 0.01
+
+
 class StreamLost(DaemonUnavailable):
     """The stream socket closed under a request."""
 
@@ -45,6 +54,7 @@ class StreamTransport:
         self._pending: dict[int, list[Any]] = {}
         self._outstanding: set[int] = set()
         self.lost = False
+        self._alive_at = 0.0   # time.monotonic() of the last read that found the daemon's end open
 
     def send(self, header: dict[str, Any], payloads: list[Any] | None = None, timeout: float | None = None,
              want_reply: bool = True, hold: bool = False) -> int:
@@ -117,15 +127,18 @@ class StreamTransport:
         return bool(self._held)
 
     def alive(self) -> bool:
-        """Whether the daemon still holds its end (one non-blocking read: a dead daemon's end reads as closed).
-        Replies waiting in the socket are filed on the way."""
+        """Whether the daemon still holds its end (one non-blocking read: a dead daemon's end reads as closed),
+        read at most once per ``ALIVE_READ_S``. Replies waiting in the socket are filed on the way."""
+        if self.lost:
+            return False
+        if time.monotonic() - self._alive_at < ALIVE_READ_S:
+            return True
         with self._lock:
-            if self.lost:
-                return False
             try:
                 self._read_available()
             except StreamLost:
                 return False
+            self._alive_at = time.monotonic()
             return True
 
     def close(self) -> None:

@@ -57,6 +57,42 @@ int64_t kvstore_index_walk(const volatile uint64_t *index, uint64_t header_bytes
     return n;
 }
 
+/* A whole lookup in one call, as SharedIndexView.answer takes it in Python (kvstore/client/shared_index.py): the
+ * header's checks, the walk without per-key detail, the epoch read again, and the rule that sends a promoting
+ * lookup to the socket. One call instead of a dozen Python steps matters to a scheduler that wakes up every
+ * pass with cold caches. The header word indices are protocol/index_layout.py's (H_SLOTS, H_EPOCH, H_HEARTBEAT,
+ * H_FLAGS) and its flags CLOSED and REMOTE. Returns the leading keys listed (counts as kvstore_index_walk), -1 when
+ * the table or a slot moved under the read (try again), -2 when only the socket can answer: the view is closed or
+ * its heartbeat older than stale_ns, a key was probed max_probe slots without an answer, or (promote) a leading
+ * chunk only the disk holds or a walk that stopped short with a remote tier below.
+ */
+#include <time.h>
+
+#define H_SLOTS 2
+#define H_EPOCH 3
+#define H_HEARTBEAT 4
+#define H_FLAGS 5
+#define CLOSED 1
+#define REMOTE 2
+
+int64_t kvstore_index_lookup(const volatile uint64_t *index, uint64_t header_bytes, const uint64_t *keys, int64_t n,
+                             int64_t max_probe, int64_t stale_ns, int64_t promote, uint64_t *counts) {
+    const uint64_t epoch = index[H_EPOCH];
+    const uint64_t flags = index[H_FLAGS];
+    if (epoch & 1) return -1;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const int64_t age = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec - (int64_t)index[H_HEARTBEAT];
+    if ((flags & CLOSED) || age > stale_ns) return -2;
+    int64_t missed = 0;
+    const int64_t got = kvstore_index_walk(index, header_bytes, index[H_SLOTS] - 1, keys, n, max_probe, 0, counts,
+                                           &missed);
+    if (got < 0) return got;
+    if (index[H_EPOCH] != epoch) return -1;
+    if (promote && (counts[DISK] || (missed && (flags & REMOTE)))) return -2;
+    return got;
+}
+
 /* The writer's side (kvstore/store/published_index.py): list n keys that hold no slot yet, each in the first
  * EMPTY or TOMBSTONE slot of its probe sequence (from key_lo & mask, at most max_probe slots), the same slot the
  * Python writer would choose. Each slot is written under its sequence lock: seq + 1 (odd: readers retry), key,
