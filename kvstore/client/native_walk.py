@@ -4,8 +4,8 @@ The walk in ``shared_index.py`` costs about a microsecond a key in CPython, and 
 that has just woken up with cold caches: here a 64-key walk took 47 µs back to back and 205 µs with 5 ms pauses
 between lookups, the way a scheduler asks. Under several engines at once those walks are what their lookups wait
 on. The C walk is the same walk, slot for slot (the same probe order and bound, the same sequence-lock read of
-each slot), in one call through ctypes; a lookup takes only the count per tier back, a located read also each
-chunk's slot, sequence, offset and size. ``bench/client_throughput.py`` gives its figures next to the Python walk's.
+each slot), in one call through ctypes; a lookup takes only the count per tier back (``lookup``: with the header's checks
+and the epoch's second read in the same call), a located read also each chunk's slot, sequence, offset and size. ``bench/client_throughput.py`` gives its figures next to the Python walk's.
 
 It is loaded, never built, on import: ``python -m kvstore.ops.native`` (or ``KVSTORE_NATIVE=build``) builds it,
 and without it the Python walk answers, with the same answers (``tests/test_shared_index.py`` runs both).
@@ -48,9 +48,7 @@ class NativeWalk:
     def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | bool | None:
         """What the walk of the ``n`` keys in ``packed`` read (``detail``: with each listed key's slot), or False
         (a slot changed while read: try again) or None (a key probed past MAX_PROBE: ask the socket)."""
-        scratch = self._scratch
-        if not hasattr(scratch, "counts"):
-            scratch.counts, scratch.missed = (ctypes.c_uint64 * STATES)(), ctypes.c_int64()
+        scratch = self._buffers()
         out = (ctypes.c_uint64 * (4 * n))() if detail else None
         got = self._fn(self._address, HEADER_BYTES, mask, packed, n, MAX_PROBE, out, scratch.counts,
                        ctypes.byref(scratch.missed))
@@ -63,13 +61,18 @@ class NativeWalk:
         """``SharedIndexView.answer``'s one try in one call (the header's checks, the walk, the epoch read again,
         the promote rule): (leading keys listed, count per state), False (the table moved: try again) or None
         (only the socket can answer)."""
-        scratch = self._scratch
-        if not hasattr(scratch, "counts"):
-            scratch.counts, scratch.missed = (ctypes.c_uint64 * STATES)(), ctypes.c_int64()
+        scratch = self._buffers()
         got = self._lookup(self._address, HEADER_BYTES, packed, n, MAX_PROBE, _STALE_NS, promote, scratch.counts)
         if got < 0:
             return False if got == -1 else None
         return got, scratch.counts[:]
+
+    def _buffers(self) -> threading.local:
+        """This thread's out-buffers (the calls let go of the GIL)."""
+        scratch = self._scratch
+        if not hasattr(scratch, "counts"):
+            scratch.counts, scratch.missed = (ctypes.c_uint64 * STATES)(), ctypes.c_int64()
+        return scratch
 
     def close(self) -> None:
         self._export = None   # the export must go before the mapping closes
