@@ -18,7 +18,7 @@ from conftest import wait_for
 
 import kvstore
 from kvstore.client.native_walk import NativeWalk
-from kvstore.client.shared_index import SharedIndexView
+from kvstore.client.shared_index import SharedIndexView, packed_keys
 from kvstore.ops import native
 from kvstore.protocol.wire import Op
 from kvstore.protocol.index_layout import (DISK, GPU, H_EPOCH, H_HEARTBEAT, HEADER_BYTES, HOST, MAX_PROBE, MIN_SLOTS,
@@ -238,7 +238,8 @@ def test_the_c_lookup_answers_every_header_state_as_the_python_one(index_path):
     chains = [[host], [host, disk], [host, absent], [disk], [absent]]
 
     def answers() -> list:
-        return [[r._walk(chain, promote) for chain in chains for promote in (False, True)] for r in readers.values()]
+        return [[r._walk(packed_keys(chain), len(chain), promote) for chain in chains for promote in (False, True)]
+                for r in readers.values()]
 
     try:
         writer.set(host, HOST)

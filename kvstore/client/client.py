@@ -242,14 +242,15 @@ class Client(Mappings):
         header, _ = self._call({"op": Op.LOOKUP, "keys": wire_keys(keys), "promote": promote})
         return LookupResult(int(header["count"]), dict(header.get("tiers", {})))
 
-    def _lookup_local(self, keys: Sequence[bytes], promote: bool) -> tuple[int, list[int]] | None:
-        """The shared index's answer (leading keys stored, count per state), or None: ask the socket."""
+    def _lookup_local(self, keys: Sequence[bytes], promote: bool) -> tuple[int, list[int], bytes] | None:
+        """The shared index's answer (leading keys stored, count per state, those keys packed), or None: ask the
+        socket."""
         if self._credit.queued is not None:
             self._credit.settle(self)   # a lookup sees this client's queued puts
         if self._index is None or not self._transport.alive():
             return None
         answer = self._index.answer(keys, promote)
-        if answer is not None and self._seen.add(len(keys), keys[:answer[0]]):
+        if answer is not None and self._seen.add_packed(len(keys), answer[2]):
             self._send_seen()   # now: what watches the daemon sees a lookup even if this client idles
         return answer
 

@@ -28,6 +28,7 @@ from ..protocol.messages import wire_keys
 from ..protocol.wire import Op
 from .buffers import copy_into
 from .copies import copy_batch
+from .shared_index import packed_keys
 
 
 
@@ -194,7 +195,8 @@ def _all_stored(client: "Client", keys: Sequence[bytes]) -> bool:
     index = client._index
     if index is None:
         return False
-    walk = index._walk(keys, False)   # one try, uncounted: a table that moved just means "copy them"
+    packed = packed_keys(keys)   # one try, uncounted: a table that moved just means "copy them"
+    walk = None if packed is None else index._walk(packed, len(keys), False)
     return isinstance(walk, tuple) and walk[0] == len(keys)
 
 

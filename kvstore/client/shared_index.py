@@ -89,23 +89,30 @@ class SharedIndexView:
         answer = self.answer(keys, promote)
         return None if answer is None else (answer[0], tiers_of(answer[1]))
 
-    def answer(self, keys: Sequence[bytes], promote: bool) -> tuple[int, list[int]] | None:
-        """``lookup``'s answer with the count per state as the walk read it (``tiers_of`` names them): what a
-        client's ``lookup``, which needs only the count, takes."""
+    def answer(self, keys: Sequence[bytes], promote: bool) -> tuple[int, list[int], bytes] | None:
+        """``lookup``'s answer with the count per state as the walk read it (``tiers_of`` names them) and the
+        found keys packed (``SeenNotes.add_packed`` tells the daemon of them): what a client's ``lookup`` takes.
+        The keys are packed once for all tries and the note."""
+        packed = packed_keys(keys)
+        answer = None if packed is None else self._tries(packed, len(keys), promote)
+        if answer is None:
+            self.deferred += 1
+            return None
+        self.answered += 1
+        count, counts = answer
+        return count, counts, packed[:_KEY_BYTES * count]
+
+    def _tries(self, packed: bytes, n: int, promote: bool) -> tuple[int, list[int]] | None:
+        """Up to ``_RETRIES`` walks while the table moves under them: the answer, or None (ask the socket)."""
         for _ in range(_RETRIES):
-            answer = self._walk(keys, promote)
+            answer = self._walk(packed, n, promote)
             if answer is not False:
-                if answer is None:
-                    self.deferred += 1
-                else:
-                    self.answered += 1
                 return answer
-        self.deferred += 1
         return None
 
-    def _begin(self, keys: Sequence[bytes]) -> tuple[int, int, bytes, int] | None | bool:
-        """A walk's start: (epoch, flags, the keys packed, slot mask); None when the view cannot answer (stale,
-        stopping, a key not of 16 bytes: the daemon names the bad one); False while the table is rebuilt."""
+    def _header(self) -> tuple[int, int, int] | None | bool:
+        """A walk's start: (epoch, flags, slot mask); None when the view cannot answer (stale, stopping); False
+        while the table is rebuilt."""
         w = self._words
         epoch = w[H_EPOCH]
         flags = w[H_FLAGS]
@@ -113,25 +120,19 @@ class SharedIndexView:
             return False
         if flags & CLOSED or time.monotonic_ns() - w[H_HEARTBEAT] > _STALE_NS:
             return None
-        packed = _packed(keys)
-        return None if packed is None else (epoch, flags, packed, w[H_SLOTS] - 1)
+        return epoch, flags, w[H_SLOTS] - 1
 
-    def _read(self, keys: Sequence[bytes], detail: bool) -> tuple[int, int, WalkRead] | None | bool:
-        """One try at the listed keys heading ``keys``: (epoch, flags, what the walk read, with each key's slot
-        when ``detail``); None or False as ``_begin`` and the walk say."""
-        begun = self._begin(keys)
-        if not isinstance(begun, tuple):
-            return begun
-        epoch, flags, packed, mask = begun
-        read = (self._native or self).walk(packed, len(keys), mask, detail)
+    def _read(self, packed: bytes, n: int, detail: bool) -> tuple[int, int, WalkRead] | None | bool:
+        """One try at the listed keys heading the ``n`` keys in ``packed``: (epoch, flags, what the walk read, with
+        each key's slot when ``detail``); None or False as ``_header`` and the walk say."""
+        header = self._header()
+        if not isinstance(header, tuple):
+            return header
+        epoch, flags, mask = header
+        read = (self._native or self).walk(packed, n, mask, detail)
         if not isinstance(read, tuple):
             return read
         return (epoch, flags, read) if self._words[H_EPOCH] == epoch else False
-
-    def _prefix(self, keys: Sequence[bytes], detail: bool) -> tuple[int, int, Prefix] | None | bool:
-        """``_read``, its walk as a ``Prefix``."""
-        read = self._read(keys, detail)
-        return (read[0], read[1], Prefix(*read[2])) if isinstance(read, tuple) else read
 
     def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | bool | None:
         """The walk a key at a time, in Python (``native_walk.py`` has it in C): as ``NativeWalk.walk`` (which
@@ -165,12 +166,12 @@ class SharedIndexView:
                 return None             # not listed within MAX_PROBE slots
         return False, len(seqs), counts, offsets, seqs, hosts, sizes
 
-    def _walk(self, keys: Sequence[bytes], promote: bool) -> tuple[int, list[int]] | None | bool:
-        """One try: the answer, None (the socket must answer), or False (the table moved: try again)."""
+    def _walk(self, packed: bytes, n: int, promote: bool) -> tuple[int, list[int]] | None | bool:
+        """One try for the ``n`` keys in ``packed``: (leading keys listed, count per state), None (the socket must
+        answer), or False (the table moved: try again)."""
         if self._native is not None:   # the same try in one C call
-            packed = _packed(keys)
-            return None if packed is None else self._native.lookup(packed, len(keys), promote)
-        read = self._read(keys, detail=False)
+            return self._native.lookup(packed, n, promote)
+        read = self._read(packed, n, detail=False)
         if not isinstance(read, tuple):
             return read
         _, flags, (missed, count, counts, *_) = read
@@ -184,10 +185,12 @@ class SharedIndexView:
         socket can answer (the view is stale, or the prefix stops at a chunk held elsewhere, not listed, or — with
         a remote tier below — missing); False when the table moved (try again). Check the copies with
         ``unchanged`` afterwards."""
-        read = self._prefix(keys, detail=True)
+        packed = packed_keys(keys)
+        read = None if packed is None else self._read(packed, len(keys), detail=True)
         if not isinstance(read, tuple):
             return read
-        epoch, flags, prefix = read
+        epoch, flags, walked = read
+        prefix = Prefix(*walked)
         if 0 in prefix.hosts:
             return None                 # held on disk or in the GPU tier only: the daemon fetches it
         if prefix.missed and flags & REMOTE:
@@ -218,7 +221,7 @@ class SharedIndexView:
         self._buf.close()
 
 
-def _packed(keys: Sequence[bytes]) -> bytes | None:
+def packed_keys(keys: Sequence[bytes]) -> bytes | None:
     """The keys end to end, or None when one is not of 16 bytes (the socket names the bad one)."""
     packed = b"".join(keys)
     if len(packed) != _KEY_BYTES * len(keys) or (keys and max(map(len, keys)) != _KEY_BYTES):
@@ -263,11 +266,15 @@ class SeenNotes:
 
     def add(self, asked: int, found: Sequence[bytes]) -> bool:
         """Record one lookup; True when the batch is due to be sent."""
-        seen = (asked, b"".join(found))
+        return self.add_packed(asked, b"".join(found))
+
+    def add_packed(self, asked: int, found: bytes) -> bool:
+        """``add`` with the found keys packed end to end (as ``SharedIndexView.answer`` gives them)."""
+        seen = (asked, found)
         times = self.lookups.pop(seen, 0)
         self.lookups[seen] = times + 1   # moved to the end: told where the last such lookup was
         if not times:
-            self._keys += len(found)
+            self._keys += len(found) // _KEY_BYTES
         return self._keys >= self.max_keys or time.monotonic() - self._since >= self.interval
 
     def add_read(self, chain: Sequence[bytes]) -> bool:
