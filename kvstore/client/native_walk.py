@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 
 from .. import native_libs as native
-from ..protocol.index_layout import HEADER_BYTES, MAX_PROBE, STALE_S
+from ..protocol.index_layout import HEADER_BYTES, MAX_PROBE, STALE_NS
 
-_STALE_NS = int(STALE_S * 1e9)
 STATES = 5   # EMPTY, TOMBSTONE, DISK, HOST, GPU: counts are indexed by state
 # (stopped at a key not listed, leading keys listed, count per state, then per listed key — when asked for —
 # slot offset, seq, host, size)
@@ -62,7 +61,7 @@ class NativeWalk:
         the promote rule): (leading keys listed, count per state), False (the table moved: try again) or None
         (only the socket can answer)."""
         scratch = self._buffers()
-        got = self._lookup(self._address, HEADER_BYTES, packed, n, MAX_PROBE, _STALE_NS, promote, scratch.counts)
+        got = self._lookup(self._address, HEADER_BYTES, packed, n, MAX_PROBE, STALE_NS, promote, scratch.counts)
         if got < 0:
             return False if got == -1 else None
         return got, scratch.counts[:]

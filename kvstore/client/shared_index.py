@@ -34,11 +34,10 @@ from typing import Sequence
 from .native_walk import STATES, NativeWalk, WalkRead
 from ..protocol.index_layout import (
     CLOSED, DISK, EMPTY, FILE_BYTES, H_EPOCH, H_FLAGS, H_HEARTBEAT, H_MAGIC, H_SLOTS, H_VERSION, HEADER_BYTES,
-    LAYOUT_VERSION, MAGIC, MAX_PROBE, REMOTE, SLOT_BYTES, STALE_S, TIER_OF_STATE, supported,
+    LAYOUT_VERSION, MAGIC, MAX_PROBE, REMOTE, SLOT_BYTES, STALE_NS, TIER_OF_STATE, supported,
 )
 
 _SLOT6 = struct.Struct("<6Q").unpack_from
-_STALE_NS = int(STALE_S * 1e9)
 _RETRIES = 3
 _KEY_BYTES = 16
 
@@ -118,7 +117,7 @@ class SharedIndexView:
         flags = w[H_FLAGS]
         if epoch & 1:
             return False
-        if flags & CLOSED or time.monotonic_ns() - w[H_HEARTBEAT] > _STALE_NS:
+        if flags & CLOSED or time.monotonic_ns() - w[H_HEARTBEAT] > STALE_NS:
             return None
         return epoch, flags, w[H_SLOTS] - 1
 
@@ -212,7 +211,7 @@ class SharedIndexView:
     def stale(self) -> bool:
         """Whether the writer looks gone (no heartbeat for STALE_S) or stopping."""
         w = self._words
-        return bool(w[H_FLAGS] & CLOSED) or time.monotonic_ns() - w[H_HEARTBEAT] > _STALE_NS
+        return bool(w[H_FLAGS] & CLOSED) or time.monotonic_ns() - w[H_HEARTBEAT] > STALE_NS
 
     def close(self) -> None:
         if getattr(self, "_native", None) is not None:

@@ -55,6 +55,7 @@ MIN_SLOTS = 1 << 12
 MAX_SLOTS = 1 << 22          # 4 Mi chunks listed; 256 MiB of table at most (the file is sparse below that)
 MAX_PROBE = 32
 STALE_S = 1.0                # a heartbeat older than this: the writer is gone or stuck
+STALE_NS = int(STALE_S * 1e9)
 
 # header word offsets (in u64 words)
 H_MAGIC, H_VERSION, H_SLOTS, H_EPOCH, H_HEARTBEAT, H_FLAGS, H_PID = range(7)
