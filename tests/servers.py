@@ -119,6 +119,21 @@ def wait_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = 
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
 
 
+def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Wait until every thread of ``pid`` is in the stopped state (``T`` in ``/proc/PID/task/*/stat``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if states and all(state in "Tt" for state in states):
+            return
+        time.sleep(0.005)
+    raise TimeoutError(f"process {pid} did not stop within {timeout}s")
+
+
 class ServerProcess:
     """One server process: start, stop, pause/resume, restart with the same argv."""
 
@@ -162,8 +177,11 @@ class ServerProcess:
             proc.wait(timeout)
 
     def pause(self) -> None:
+        """Freeze the server, and return once every thread of it has stopped: a stop signal is only queued when
+        ``kill`` returns, and a request sent meanwhile could still be answered."""
         if self.running:
             os.kill(self.proc.pid, signal.SIGSTOP)
+            _wait_stopped(self.proc.pid)
 
     def resume(self) -> None:
         if self.running:
