@@ -85,15 +85,18 @@ class SharedIndexView:
 
     def lookup(self, keys: Sequence[bytes], promote: bool) -> tuple[int, dict[str, int]] | None:
         """(leading keys stored, count per tier), or None: ask the socket (see the module docstring)."""
-        answer = self.answer(keys, promote)
+        packed = packed_keys(keys)
+        if packed is None:
+            self.deferred += 1
+            return None
+        answer = self.answer(packed, promote)
         return None if answer is None else (answer[0], tiers_of(answer[1]))
 
-    def answer(self, keys: Sequence[bytes], promote: bool) -> tuple[int, list[int], bytes] | None:
-        """``lookup``'s answer with the count per state as the walk read it (``tiers_of`` names them) and the
-        found keys packed (``SeenNotes.add_packed`` tells the daemon of them): what a client's ``lookup`` takes.
-        The keys are packed once for all tries and the note."""
-        packed = packed_keys(keys)
-        answer = None if packed is None else self._tries(packed, len(keys), promote)
+    def answer(self, packed: bytes, promote: bool) -> tuple[int, list[int], bytes] | None:
+        """``lookup``'s answer for the keys ``packed`` end to end, with the count per state as the walk read it
+        (``tiers_of`` names them) and the found keys packed (``SeenNotes.add_packed`` tells the daemon of them):
+        what a client's ``lookup`` takes. The keys are packed once (by the client) for all tries and the note."""
+        answer = self._tries(packed, len(packed) // _KEY_BYTES, promote)
         if answer is None:
             self.deferred += 1
             return None
@@ -178,14 +181,13 @@ class SharedIndexView:
             return None
         return count, counts
 
-    def locate(self, keys: Sequence[bytes]) -> tuple[int, list[tuple[int, int, int, int]]] | None | bool:
-        """Where the leading keys' DRAM copies are, for a reader copying them out of the arena: (epoch, one
+    def locate(self, packed: bytes) -> tuple[int, list[tuple[int, int, int, int]]] | None | bool:
+        """Where the leading keys' (``packed`` end to end) DRAM copies are, for a reader copying them out of the arena: (epoch, one
         ``(slot offset, seq, arena offset, size)`` per chunk of the prefix held in DRAM); None when only the
         socket can answer (the view is stale, or the prefix stops at a chunk held elsewhere, not listed, or — with
         a remote tier below — missing); False when the table moved (try again). Check the copies with
         ``unchanged`` afterwards."""
-        packed = packed_keys(keys)
-        read = None if packed is None else self._read(packed, len(keys), detail=True)
+        read = self._read(packed, len(packed) // _KEY_BYTES, detail=True)
         if not isinstance(read, tuple):
             return read
         epoch, flags, walked = read
@@ -276,10 +278,11 @@ class SeenNotes:
             self._keys += len(found) // _KEY_BYTES
         return self._keys >= self.max_keys or time.monotonic() - self._since >= self.interval
 
-    def add_read(self, chain: Sequence[bytes]) -> bool:
-        """Record one get served from the arena; True when the batch is due to be sent."""
-        self.read.append(b"".join(chain))
-        self._keys += len(chain)
+    def add_read(self, chain: bytes) -> bool:
+        """Record one get served from the arena (the chain read, its keys packed end to end); True when the batch
+        is due to be sent."""
+        self.read.append(chain)
+        self._keys += len(chain) // _KEY_BYTES
         return self._keys >= self.max_keys or time.monotonic() - self._since >= self.interval
 
     def take(self) -> dict | None:

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import DaemonUnavailable, error_from_code
+from ..errors import DaemonUnavailable, UsageError, error_from_code
 from ..protocol.stream import request_bytes, reply_frames
 from ..protocol.wire import decode_header, encode
 
@@ -62,7 +62,7 @@ class StreamTransport:
         wanted, made right before another): keep it to go out with that next request, so the daemon wakes once
         for both (a woken daemon costs the sender ~0.1-0.4 ms on a busy host); a second held one writes both."""
         if payloads:
-            raise ValueError("the stream socket carries no payload frames; inline puts go over ZeroMQ")
+            raise UsageError("payloads: the stream socket carries no payload frames; send inline puts over ZeroMQ")
         rid = next(self._ids)
         data = request_bytes(encode({**header, "id": rid}))
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
