@@ -42,6 +42,8 @@ from .copies import copy_batch
 from .credit import CreditWriter
 from .lease import Lease, LookupResult, Reservation
 from .mappings import Mappings
+from .scrub_pass import cancel as cancel_scrubs
+from .scrub_pass import run_pass
 from .shared_index import SeenNotes, tiers_of
 from .stream_transport import StreamLost, StreamTransport
 from .transport import Transport
@@ -430,11 +432,16 @@ class Client(Mappings):
             self._send_seen()
         return len(read_keys)
 
-    def scrub(self, rate: int = 0, timeout: float = 3600.0) -> dict[str, Any]:
-        """Have the daemon check every copy of every chunk now (at most ``rate`` bytes/s, 0: no bound); its
-        counts per tier. Waits up to ``timeout`` seconds."""
-        header, _ = self._transport.call({"op": Op.SCRUB, "rate": rate}, timeout=timeout)
-        return header["scrub"]
+    def scrub(self, rate: int = 0, timeout: float | None = None,
+              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Have the daemon check every copy of every chunk now, at most ``rate`` bytes/s (0: no bound); its counts
+        per tier. ``progress`` gets the pass's figures twice a second; after ``timeout`` seconds (None: never) or an
+        interrupt the pass is stopped, the counts covering what it checked (``cancelled``). See scrub_pass.py."""
+        return run_pass(self._call, rate, timeout, progress)
+
+    def scrub_cancel(self) -> int:
+        """Stop every scrub pass clients started on this daemon; returns how many were running."""
+        return len(cancel_scrubs(self._call))
 
     def report_verify(self, namespace: str, keys: Sequence[bytes], checks: int, mismatches: int,
                       max_difference: float, first_bad: int | None = None) -> int:
