@@ -3,6 +3,9 @@
 Every setting is declared once in ``SETTINGS`` (name, type reader, default, help). The TOML file and the
 command-line flags are both generated from and checked against that table, so a default is never written twice
 and an unknown key is an error that names it. Precedence: flag > config file > default.
+
+An error names where the value came from: the flag, or the config file and its key (``config_file.py``, which
+also reads a file's relative paths against the file's directory; docs/reference/config-notes.md).
 """
 
 from __future__ import annotations
@@ -11,18 +14,13 @@ import argparse
 import ipaddress
 import os
 import shutil
-import sys
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
+from .config_file import Origins, flag_of, read_config_file
 from .errors import ConfigError
 from .security.redact import redact_url
 from .units import format_size, parse_seconds, parse_size
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 IPC_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 
@@ -202,10 +200,15 @@ class Setting:
     default: Callable[[], Any]
     help: str
     metavar: str = "VALUE"
+    path: bool = False   # a file or directory: relative in a config file means relative to the file
+
+    @property
+    def flag(self) -> str:
+        return flag_of(self.name)
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("socket", _read_socket, default_socket, "path of the ipc:// socket", "PATH"),
+    Setting("socket", _read_socket, default_socket, "path of the ipc:// socket", "PATH", path=True),
     Setting("tcp", _read_tcp, lambda: None, "also listen on tcp://HOST:PORT (loopback unless you mean it)", "HOST:PORT"),
     Setting("host_mem", lambda v, n: parse_size(v, n), default_host_mem,
             "size of the host DRAM tier (default: a quarter of available memory)", "SIZE"),
@@ -216,7 +219,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("reserve_ttl", lambda v, n: parse_seconds(v, n), lambda: 30.0,
             "how long reserved space waits for its commit", "SECONDS"),
     Setting("disk_dir", _read_dir, default_disk_dir, "directory of the disk tier (default: the user's cache dir)",
-            "DIR"),
+            "DIR", path=True),
     Setting("disk_size", _read_disk_size, lambda: -1,
             "disk tier cap: a size, 0 to turn the tier off, or auto (10 % of free space, at most 64GiB)", "SIZE"),
     Setting("disk_compression", _read_compression, lambda: "none", "none or lz4 for chunks on disk", "ALGO"),
@@ -242,10 +245,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("scrub_rate", lambda v, n: parse_size(v, n), lambda: 0,
             "background scrub: check every chunk's copies at this many bytes per second (0: off)", "BYTES"),
     Setting("curve_server_key", _read_str, lambda: "",
-            "the daemon's CURVE .key_secret file (from `kvstore keygen`): encrypt and authenticate --tcp", "FILE"),
+            "the daemon's CURVE .key_secret file (from `kvstore keygen`): encrypt and authenticate --tcp", "FILE",
+            path=True),
     Setting("curve_client_keys", _read_str, lambda: "",
             "directory of allowed clients' CURVE .key files (or one file of keys); needed with --curve-server-key",
-            "PATH"),
+            "PATH", path=True),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -312,37 +316,30 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def load_toml(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    values = {}
-    for key, value in data.items():
-        name = key.replace("-", "_")
-        if name not in _BY_NAME:
-            known = ", ".join(sorted(_BY_NAME))
-            raise ConfigError(f"config file {path}: unknown key {key!r}; known keys: {known}")
-        values[name] = value
-    return values
+    """The settings of the config file ``path``, by setting name (relative paths made relative to the file)."""
+    return read_config_file(path, Origins(path), _BY_NAME, {s.name for s in SETTINGS if s.path})
 
 
 def build_config(flags: dict[str, Any] | None = None, config_file: str | None = None) -> ServerConfig:
-    """Merge defaults < config file < flags, reading and checking every value."""
-    raw: dict[str, Any] = load_toml(config_file) if config_file else {}
+    """Merge defaults < config file < flags, reading and checking every value.
+
+    Raises ConfigError naming the flag, or the config file and its key, that holds the bad value."""
+    origins = Origins(config_file)
+    raw: dict[str, Any] = {}
+    if config_file:
+        raw = read_config_file(config_file, origins, _BY_NAME, {s.name for s in SETTINGS if s.path})
     for name, value in (flags or {}).items():
         if value is not None and name in _BY_NAME:
             raw[name] = value
+            origins.keys.pop(name, None)
     values = {}
     for s in SETTINGS:
-        where = f"--{s.name.replace('_', '-')}"
-        values[s.name] = s.read(raw[s.name], where) if s.name in raw else s.default()
+        values[s.name] = s.read(raw[s.name], origins.label(s.name)) if s.name in raw else s.default()
     config = ServerConfig(**values)
-    check_config(config)
+    try:
+        check_config(config)
+    except ConfigError as exc:
+        raise origins.reword(exc) from None
     return config
 
 

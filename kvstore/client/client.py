@@ -41,6 +41,8 @@ from .arena_read import read_into, read_with
 from .buffers import as_host_bytes, copy_into, copy_out, nbytes_of, writable_bytes
 from .copies import copy_batch
 from .lease import Lease, LookupResult, Reservation
+from .scrub_pass import cancel as cancel_scrubs
+from .scrub_pass import run_pass
 from .session import DEFAULT_CHUNK_TOKENS, DEFAULT_NAMESPACE, Session
 from .shared_index import tiers_of
 from .stream_transport import StreamLost
@@ -322,13 +324,23 @@ class Client(Session):
             self._send_seen()
         return count
 
-    def scrub(self, rate: int = 0, timeout: float = 3600.0) -> dict[str, Any]:
-        """Have the daemon check every copy of every chunk now (at most ``rate`` bytes/s, 0: no bound); its
-        counts per tier. Waits up to ``timeout`` seconds."""
+    def scrub(self, rate: int = 0, timeout: float | None = None,
+              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Have the daemon check every copy of every chunk now, at most ``rate`` bytes/s (0: no bound); its counts
+        per tier. ``progress`` gets the pass's figures twice a second; after ``timeout`` seconds (None: never) or an
+        interrupt the pass is stopped, the counts covering what it checked (``cancelled``). See scrub_pass.py.
+
+        Raises:
+            UsageError: ``rate`` is negative or ``timeout`` is not a positive number of seconds.
+        """
         arguments.non_negative("scrub", "rate", rate)
-        timeout = arguments.positive_seconds("scrub", "timeout", timeout)
-        header, _ = self._transport.call({"op": Op.SCRUB, "rate": rate}, timeout=timeout)
-        return header["scrub"]
+        if timeout is not None:
+            timeout = arguments.positive_seconds("scrub", "timeout", timeout)
+        return run_pass(self._call, rate, timeout, progress)
+
+    def scrub_cancel(self) -> int:
+        """Stop every scrub pass clients started on this daemon; returns how many were running."""
+        return len(cancel_scrubs(self._call))
 
     def report_verify(self, namespace: str, keys: Sequence[bytes], checks: int, mismatches: int,
                       max_difference: float, first_bad: int | None = None) -> int:

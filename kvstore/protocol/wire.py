@@ -58,6 +58,9 @@ class Op(enum.IntEnum):
     CORRUPT = 16        # a client's view failed its checksum: the daemon checks the chunk itself
     LOOKUP_SEEN = 17   # lookups a client answered from the shared index: touch and count them (client/shared_index.py)
     CREDIT_PUT = 18    # publish chunks copied into a put credit, lend the next one (store/credits.py)
+    SCRUB_START = 19   # start a scrub pass and answer at once with its id (server/scrub_passes.py)
+    SCRUB_STATUS = 20  # a pass's progress, its report once ended; keeps the pass alive
+    SCRUB_CANCEL = 21  # stop one scrub pass, or (pass 0) every pass clients started
 
 
 def _check_unique_ops() -> None:

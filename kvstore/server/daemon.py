@@ -61,7 +61,8 @@ from .reactor import SocketReactor
 from .service import Service
 from .session import Session
 from .stats import connector_stats, daemon_stats
-from .startup import Claims, check_socket_path, check_writable_dir, exclusive_lock, remove_stale_socket
+from .startup import (Claims, bind_failure, check_socket_dir, check_socket_path, check_writable_dir,
+                      exclusive_lock, remove_stale_socket)
 from .stopping import StopPlan, arm_forced_exit
 from .local_access import open_stream
 from .stream import StreamServer
@@ -114,6 +115,7 @@ class Daemon:
         check_socket_path(path)   # before anything is created: only a socket may be replaced
         claims.private_dirs(os.path.dirname(path), "--socket")
         check_writable_dir(os.path.dirname(path), "--socket")
+        check_socket_dir(path)
         claims.hold(exclusive_lock(path + ".lock", f"another kvstore daemon is already serving on {path}; "
                                    f"stop it first or choose another --socket", "--socket"))
         remove_stale_socket(path)
@@ -146,8 +148,7 @@ class Daemon:
             sock.bind(address)
         except zmq.ZMQError as exc:
             sock.close()
-            flag = "--socket" if transport == "ipc" else "--tcp"
-            raise ConfigError(f"{flag}: cannot listen on {address}: {exc}") from None
+            raise ConfigError(bind_failure(transport, address, exc)) from None
         finally:
             os.umask(old_umask)
         self._sockets.append((transport, sock))
