@@ -8,6 +8,7 @@ import argparse
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 import types
@@ -181,15 +182,31 @@ def test_nav_names_pages_that_exist_and_every_docs_folder_has_a_section(referenc
 
 # -- the site ------------------------------------------------------------------------------------------------------
 
-def test_the_site_builds_with_mkdocs_strict(tmp_path):
+def test_the_site_builds_with_mkdocs_strict_and_files_a_new_page_under_its_folder(tmp_path):
+    """The real site builds with every warning an error; a copy of it with a page that no nav entry lists
+    (as another change adds docs/operations/events.md) builds too and shows that page in Operations."""
     if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
         pytest.skip("mkdocs-material is not installed: pip install -e '.[docs]'")
-    site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    assert out.returncode == 0, out.stderr[-4000:]
+
+    def build(config: str, site: str) -> None:
+        out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", config, "--site-dir", site],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+        assert out.returncode == 0, out.stderr[-4000:]
+
+    site = tmp_path / "site"
+    build(os.path.join(ROOT, "mkdocs.yml"), str(site))
     settings = (site / "configuration" / "settings" / "index.html").read_text()
     assert "--lease-ttl" in settings and "kvstore_hit_tokens_total" in (site / "reference" / "metrics" /
                                                                          "index.html").read_text()
     assert (site / "reference" / "cli" / "index.html").exists()
+
+    copy = tmp_path / "copy"
+    shutil.copytree(os.path.join(ROOT, "docs"), copy / "docs", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(ROOT, "mkdocs.yml"), copy)
+    (copy / "docs" / "operations" / "unlisted-page.md").write_text("# A page no nav entry lists\n\nText.\n")
+    build(str(copy / "mkdocs.yml"), str(tmp_path / "copy-site"))
+    home = (tmp_path / "copy-site" / "index.html").read_text()
+    operations = re.search(r">\s*Operations\s*<(.*?)>\s*Connectors\s*<", home, flags=re.S)
+    assert operations and "operations/unlisted-page/" in operations.group(1)
+    assert "A page no nav entry lists" in operations.group(1)

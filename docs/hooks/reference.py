@@ -143,7 +143,18 @@ def command_section(parser: argparse.ArgumentParser, title: str, summary: str, d
 def cli_page() -> str:
     from kvstore.cli.main import build_parser
 
-    parser = build_parser()
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"   # usage lines wrapped the same on every machine, not at the terminal's width
+    try:
+        return cli_markdown(build_parser())
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+
+
+def cli_markdown(parser: argparse.ArgumentParser) -> str:
     lines = [GENERATED_NOTE.format(source="the argparse tree of kvstore/cli/main.py"),
              "# Command line\n",
              "Every command and flag, as `kvstore COMMAND --help` prints them. A bad flag or value gives one "
