@@ -144,7 +144,7 @@ def write_result(name: str, payload: dict, quick: bool = False, out: str | None 
     """Write one result as JSON and return its path.
 
     A full run writes ``bench/results/NAME-<date>.json`` and copies it to ``NAME-latest.json`` (the figures
-    the README quotes). A ``quick`` run, or one given ``out``, writes only that file (a temporary one for
+    the docs quote). A ``quick`` run, or one given ``out``, writes only that file (a temporary one for
     ``quick``), so that a smoke run never replaces the committed figures.
     """
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
