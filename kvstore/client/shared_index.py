@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .native_walk import STATES, NativeWalk, WalkRead
+from ..native.walk import STATES, NativeWalk, WalkRead
 from ..protocol.index_layout import (
     CLOSED, DISK, EMPTY, FILE_BYTES, H_EPOCH, H_FLAGS, H_HEARTBEAT, H_MAGIC, H_SLOTS, H_VERSION, HEADER_BYTES,
     LAYOUT_VERSION, MAGIC, MAX_PROBE, REMOTE, SLOT_BYTES, STALE_NS, TIER_OF_STATE, supported,
@@ -134,8 +134,8 @@ class SharedIndexView:
         return (epoch, flags, read) if self._words[H_EPOCH] == epoch else False
 
     def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | bool | None:
-        """The walk a key at a time, in Python (``native_walk.py`` has it in C): as ``NativeWalk.walk`` (which
-        leaves the per-key lists empty without ``detail``; here they cost nothing extra)."""
+        """The walk a key at a time, in Python (``kvstore/native/walk.py`` has it in C): as ``NativeWalk.walk``
+        (which leaves the per-key lists empty without ``detail``; here they cost nothing extra)."""
         words = struct.unpack(f"<{2 * n}Q", packed)
         w, buf = self._words, self._buf
         offsets: list[int] = []
