@@ -135,3 +135,48 @@ def test_the_cuda_kernel_cache_is_a_directory_the_daemon_may_write(monkeypatch, 
     with cuda._cupy_cache_dir():
         assert os.environ["CUPY_CACHE_DIR"] == str(tmp_path / "users")
     assert os.environ["CUPY_CACHE_DIR"] == str(tmp_path / "users")
+
+
+class _Kernel:
+    """Stands in for a cupy RawKernel (cupy cannot run here): records the compile's cache dir and each launch."""
+
+    def __init__(self, name: str, calls: list) -> None:
+        self.name, self.calls = name, calls
+
+    @property
+    def kernel(self) -> str:
+        self.calls.append(("compile", self.name, os.environ.get("CUPY_CACHE_DIR")))
+        return self.name
+
+    def __call__(self, grid, block, args, stream=None) -> None:
+        self.calls.append(("launch", self.name, grid, block, args, stream))
+
+
+def test_the_cuda_launch_packs_each_argument_as_the_kernel_declares_it(monkeypatch, tmp_path):
+    """Pointers as 8-byte words, the int64 sizes as int64, ``to_chunk`` as a 4-byte int, on the caller's stream;
+    the kernels compiled once per device, with cupy's cache in kvstore's directory."""
+    import contextlib
+    import types
+
+    import numpy as np
+
+    calls: list = []
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda index: contextlib.nullcontext(), ExternalStream=lambda ptr: ("stream", ptr)))
+    module = types.SimpleNamespace(get_function=lambda name: _Kernel(name, calls))
+    monkeypatch.delenv("CUPY_CACHE_DIR", raising=False)
+    monkeypatch.setenv("KVSTORE_NATIVE_DIR", str(tmp_path))
+    kernels = cuda.CudaKernels(fake, module)
+    launch = cuda.plan(4, 6, 4096, True)
+    for _ in range(2):
+        kernels.copy_rows(launch, 0, 0xABC, (0x1000, 8192, 0x2000, 4, 64, 0x3000, 1))
+    compiles = [c for c in calls if c[0] == "compile"]
+    assert compiles == [("compile", k, str(tmp_path)) for k in cuda.KERNELS]   # once, in kvstore's cache dir
+    launches = [c for c in calls if c[0] == "launch"]
+    assert len(launches) == 2
+    _, name, grid, block, args, stream = launches[0]
+    assert (name, grid, block, stream) == (cuda.VEC16, (4, 6), (128,), ("stream", 0xABC))
+    assert [type(a) for a in args] == [np.uint64, np.int64, np.int64, np.uint64, np.int64, np.int64, np.uint64,
+                                       np.int32]
+    assert [int(a) for a in args] == [0x1000, 8192, 256, 0x2000, 4, 64, 0x3000, 1]
+    assert "CUPY_CACHE_DIR" not in os.environ

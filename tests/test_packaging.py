@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import types
 import zipfile
 
@@ -44,6 +45,21 @@ def test_every_package_is_found_by_pyproject():
     assert set(tool["packages"]) == {"find"}   # no hand list
     found = set(find_packages(ROOT, **tool["packages"]["find"]))
     assert found == source_packages()
+
+
+def test_the_daemon_runs_its_loop_with_uvloop_run():
+    """``uvloop.install()`` (deprecated: it replaces the process's event loop policy) is called nowhere."""
+    import ast
+
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "kvstore")):
+        for name in (f for f in files if f.endswith(".py")):
+            path = os.path.join(dirpath, name)
+            for node in ast.walk(ast.parse(open(path).read(), path)):
+                if isinstance(node, ast.Attribute) and node.attr == "install":
+                    assert not (isinstance(node.value, ast.Name) and node.value.id == "uvloop"), path
+    from kvstore.server import daemon
+
+    assert "from uvloop import run" in open(daemon.__file__).read()
 
 
 def test_one_version_source():
@@ -197,6 +213,7 @@ def wheel_without_compiler():
 
 
 def test_wheel_holds_every_module_the_license_and_the_cuda_source(wheel):
+    assert os.path.basename(wheel).startswith(f"kvstore-{kvstore.__version__}-")   # the one version source
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "kvstore/native/kvstore_copy.cu" in names   # compiled through cupy where a GPU is used
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(names)
@@ -210,6 +227,23 @@ def test_the_wheel_holds_the_built_native_libraries(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"kvstore/native/_kvstore_index.so", "kvstore/native/_kvstore_copy.so"} <= names
     assert not any(n.endswith((".c", ".o")) for n in names)
+
+
+def test_the_source_distribution_holds_the_native_sources_and_the_build_script(tmp_path):
+    src = tmp_path / "src"
+    for top in ("kvstore", "native"):
+        shutil.copytree(os.path.join(ROOT, top), src / top, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    for name in SOURCE_FILES:
+        shutil.copy(os.path.join(ROOT, name), src)
+    out = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")], cwd=src,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (sdist,) = (tmp_path / "dist").iterdir()
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert {"setup.py", "LICENSE", "native/kvstore_index.c", "native/kvstore_copy.c", "native/kvstore_copy.cu",
+            "kvstore/native/__init__.py"} <= names, sorted(names)
+    assert not any(n.endswith(".so") for n in names)
 
 
 INSTALLED = """

@@ -76,6 +76,8 @@ class CudaKernels:
         with self._lock, self._cupy.cuda.Device(device), _cupy_cache_dir():
             try:
                 found = {name: self._module.get_function(name) for name in KERNELS}
+                for kernel in found.values():
+                    kernel.kernel   # compiles (or reads cupy's cache) for this device now, in kvstore's cache dir
             except Exception as exc:  # noqa: BLE001 - cupy's compile errors share no base class
                 raise RuntimeError(f"the CUDA gather/scatter kernel did not compile: {exc}") from exc
             self._functions[device] = found
