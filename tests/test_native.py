@@ -16,6 +16,7 @@ from conftest import require_native
 
 from daemons import run_cli
 
+import kvstore
 from kvstore import native
 from kvstore.native import cuda
 from kvstore.ops import registry
@@ -42,6 +43,28 @@ def test_paths_name_the_built_libraries_and_none_when_off(native_off, monkeypatc
     assert native.paths() == ["index", "copy"] and native.describe() == "index,copy"
     with pytest.raises(ValueError, match="unknown native library 'cuda'"):
         native.load("cuda")
+
+
+def test_a_bad_kvstore_native_value_is_one_clear_error(monkeypatch):
+    for value, hint in (("build", "nothing is built at run time"), ("yes", "")):
+        monkeypatch.setenv("KVSTORE_NATIVE", value)
+        native.forget()
+        with pytest.raises(kvstore.ConfigError, match=rf"KVSTORE_NATIVE='{value}'.*{hint}.*set it to auto or off"):
+            native.load("index")
+    monkeypatch.setenv("KVSTORE_NATIVE", "Off ")
+    native.forget()
+    assert native.load("index") is None
+    native.forget()
+
+
+def test_a_daemon_given_a_bad_kvstore_native_stops_before_creating_anything(start_daemon):
+    from kvstore.store.published_index import index_path_for
+    from kvstore.tiers.arena import arena_path_for
+
+    d = start_daemon(env={"KVSTORE_NATIVE": "build"}, wait=False)
+    assert d.proc.wait(30) != 0
+    assert "kvstore: error: KVSTORE_NATIVE='build'" in d.log() and "Traceback" not in d.log()
+    assert not os.path.exists(index_path_for(d.socket_path)) and not os.path.exists(arena_path_for(d.socket_path))
 
 
 def test_the_ready_line_and_stats_say_which_paths_are_native(start_daemon):

@@ -24,6 +24,8 @@ import ctypes
 import os
 from pathlib import Path
 
+from ..errors import ConfigError
+
 HERE = Path(__file__).resolve().parent
 LIBRARIES = {"index": "_kvstore_index.so", "copy": "_kvstore_copy.so"}
 
@@ -31,8 +33,16 @@ _LOADED: dict[str, ctypes.CDLL | None] = {}
 
 
 def enabled() -> bool:
-    """Whether native paths may be used at all (``KVSTORE_NATIVE=off`` says no)."""
-    return os.environ.get("KVSTORE_NATIVE", "auto").strip().lower() != "off"
+    """Whether native paths may be used at all: ``KVSTORE_NATIVE`` is ``auto`` (the default: where built) or ``off``.
+
+    Raises:
+        ConfigError: any other value.
+    """
+    value = os.environ.get("KVSTORE_NATIVE", "").strip().lower()
+    if value in ("", "auto", "off"):
+        return value != "off"
+    hint = " (nothing is built at run time: the install builds the native code)" if value == "build" else ""
+    raise ConfigError(f"KVSTORE_NATIVE={value!r}{hint}: set it to auto or off, or unset it")
 
 
 def library_path(kind: str) -> Path:
@@ -42,7 +52,12 @@ def library_path(kind: str) -> Path:
 
 def load(kind: str) -> ctypes.CDLL | None:
     """The built ``index`` or ``copy`` library with its functions' signatures set, or None (not built, does not
-    load, or ``KVSTORE_NATIVE=off``). Remembered per process; ``forget`` drops what was remembered."""
+    load, or ``KVSTORE_NATIVE=off``). Remembered per process; ``forget`` drops what was remembered.
+
+    Raises:
+        ValueError: ``kind`` names no library.
+        ConfigError: ``KVSTORE_NATIVE`` holds a value other than auto or off.
+    """
     if kind not in LIBRARIES:
         raise ValueError(f"unknown native library {kind!r}; choose one of {sorted(LIBRARIES)}")
     if kind not in _LOADED:

@@ -108,6 +108,7 @@ class Daemon:
         self._claims.keep_dirs()
 
     def _open_steps(self) -> None:
+        native.enabled()   # a bad KVSTORE_NATIVE fails here, before anything is created
         claims, take = self._claims, self._claims.take
         take(self._ctx.term)   # the very last release: after every socket is closed
         path = self.config.socket
