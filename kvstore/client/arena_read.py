@@ -16,9 +16,9 @@ bytes are never taken for the old chunk; a reader that verifies (``verify=True``
 carries each chunk's checksum. The daemon still sees the get: it is batched into the next LOOKUP_SEEN note
 (touched in the eviction order, counted as a get), like lookups answered from the index.
 
-Cost: the index walk (~1 µs a key) and one read of each slot's ``seq`` after the copies; no system call but the
-liveness check of the stream (one non-blocking read), and the page-table population of untouched granules
-(``pages.py``). A chunk evicted during the copy costs the copy again.
+Cost: the index walk (one C call where the library is built) and one read of each slot's ``seq`` after the
+copies; no system call but the liveness check of the stream (one non-blocking read), and the page-table
+population of untouched granules (``pages.py``). A chunk evicted during the copy costs the copy again.
 """
 
 from __future__ import annotations

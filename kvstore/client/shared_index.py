@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .native_walk import STATES, NativeWalk, WalkRead
+from ..native.walk import STATES, NativeWalk, WalkRead
 from ..protocol.index_layout import (
     CLOSED, DISK, EMPTY, FILE_BYTES, H_EPOCH, H_FLAGS, H_HEARTBEAT, H_MAGIC, H_SLOTS, H_VERSION, HEADER_BYTES,
     LAYOUT_VERSION, MAGIC, MAX_PROBE, REMOTE, SLOT_BYTES, STALE_NS, TIER_OF_STATE, supported,
@@ -137,8 +137,8 @@ class SharedIndexView:
         return (epoch, flags, read) if self._words[H_EPOCH] == epoch else False
 
     def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | bool | None:
-        """The walk a key at a time, in Python (``native_walk.py`` has it in C): as ``NativeWalk.walk`` (which
-        leaves the per-key lists empty without ``detail``; here they cost nothing extra)."""
+        """The walk a key at a time, in Python (``kvstore/native/walk.py`` has it in C): as ``NativeWalk.walk``
+        (which leaves the per-key lists empty without ``detail``; here they cost nothing extra)."""
         words = struct.unpack(f"<{2 * n}Q", packed)
         w, buf = self._words, self._buf
         offsets: list[int] = []
@@ -251,12 +251,12 @@ class SeenNotes:
     stats call) sees its effect; lookups made less than ``interval`` after a note wait for the client's next one.
     """
 
-    # 250 ms: on a loaded host a reply-less send costs the sender ~0.1-0.4 ms (the woken daemon preempts it), and
-    # the call that finds the note due pays it. Told every 50 ms, one lookup in 100 of a scheduler asking every
-    # half millisecond paid it, which was its p99 (270-350 µs against 93-157 µs every 250 ms, in the same
-    # interleaved rounds of ``bench/client_throughput.py``); every 2 ms, with 8 such schedulers, the daemon woke
-    # 4,000 times a second and their p99 doubled. A touch of the eviction order 250 ms late changes little, and
-    # what watches the daemon (stats, Prometheus) reads it once a second or less often.
+    # 250 ms: on a loaded host a reply-less send costs the sender a preemption by the woken daemon, and the call
+    # that finds the note due pays it. The more often notes go, the larger the share of a scheduler's lookups that
+    # pay it, which becomes their tail latency, and with several schedulers the daemon wakes for notes more often
+    # than for requests (``bench/client_throughput.py`` measures the tail under such schedulers). A touch of the
+    # eviction order 250 ms late changes little, and what watches the daemon (stats, Prometheus) reads it once a
+    # second or less often.
     def __init__(self, interval: float = 0.25, max_keys: int = 2048) -> None:
         self.interval = interval
         self.max_keys = max_keys

@@ -120,11 +120,6 @@ def _attention_kinds(config: Any, family: str) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def model_geometry(model: torch.nn.Module, chunk_tokens: int) -> KVGeometry:
-    """Layers, planes, heads, head dim and dtype of one chunk of `model`'s KV cache."""
-    return model_layout(model, chunk_tokens).geometry
-
-
 def weights_fingerprint(model: torch.nn.Module) -> str:
     """A cheap digest of a sample of every parameter (first and last 8 values).
 

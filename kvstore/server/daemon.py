@@ -45,7 +45,7 @@ from typing import Any, Awaitable
 import zmq
 from prometheus_client import CollectorRegistry
 
-from .. import logs
+from .. import logs, native
 from ..config import ServerConfig
 from ..errors import ConfigError, InternalError, RequestError, UnavailableError, VersionError
 from ..metrics.collector import StatsCollector
@@ -109,6 +109,7 @@ class Daemon:
         self._claims.keep_dirs()
 
     def _open_steps(self) -> None:
+        native.enabled()   # a bad KVSTORE_NATIVE fails here, before anything is created
         claims, take = self._claims, self._claims.take
         take(self._ctx.term)   # the very last release: after every socket is closed
         path = self.config.socket
@@ -189,7 +190,8 @@ class Daemon:
         interval = watchdog_interval()
         if interval is not None:
             background.append(asyncio.create_task(self._watchdog_loop(interval)))
-        logs.info("ready", pid=os.getpid(), config=self.config.describe(**self._sizes_in_force()))
+        logs.info("ready", pid=os.getpid(), native=native.describe(),
+                  config=self.config.describe(**self._sizes_in_force()))
         self.on_ready()
         await stop.wait()
         await self.shutdown()
@@ -420,14 +422,13 @@ def _drop_late_reply(task: asyncio.Future) -> None:
 def run_daemon(config: ServerConfig) -> int:
     """Run until SIGTERM/SIGINT. Returns the process exit code."""
     try:
-        import uvloop
-        uvloop.install()
+        from uvloop import run as run_loop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        pass
+        run_loop = asyncio.run
     daemon = Daemon(config)
     try:
         daemon.open()
-        asyncio.run(daemon.serve())
+        run_loop(daemon.serve())
     finally:
         daemon.close()
     logs.info("stopped")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
+from .. import native
 from .._version import __version__
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ def daemon_stats(d: "Service", sessions: int, auth_rejected: int,
     store = d.store
     return {
         "version": __version__,
+        "native": native.describe(),   # the paths that run in C: "index,copy", "index" or "none"
         "uptime_s": round(time.time() - d.started, 3),
         "tiers": tier_stats(store),
         "chunks": store.committed_chunks(),

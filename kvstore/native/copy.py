@@ -1,15 +1,21 @@
-"""Gather/scatter through the native kernels (one call per chunk for all planes), with the torch path as
-the fallback for what they do not cover (a partly used last block, planes with different row strides)."""
+"""Gather/scatter through the native kernels (one call per chunk for all planes), with the torch path as the
+fallback for what they do not cover (a partly used last block, planes with different row strides).
+
+On the host the C library (``_kvstore_copy.so``, ``native/kvstore_copy.c``) runs it; on a GPU the CUDA kernel
+compiled through cupy (``cuda.py``). ``kvstore.ops.registry`` decides where these are used.
+"""
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from . import torch_kernels
-from .paged import PagedKV
+from . import cuda, load
+
+if TYPE_CHECKING:
+    from ..ops.paged import PagedKV
 
 
 @dataclass
@@ -18,6 +24,23 @@ class _PlaneTable:
 
     ptrs: torch.Tensor
     aligned16: bool
+
+
+def available(device_type: str) -> bool:
+    """Whether the native gather/scatter can run on ``device_type`` (``cpu``: the C library is built; ``cuda``:
+    cupy is installed and the kernel compiles for the current device)."""
+    if device_type == "cpu":
+        return load("copy") is not None
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return False
+    kernels = cuda.module()
+    if kernels is None:
+        return False
+    try:
+        kernels.functions(torch.cuda.current_device())
+    except RuntimeError:
+        return False
+    return True
 
 
 def _table(kv: PagedKV) -> _PlaneTable:
@@ -36,12 +59,10 @@ def _covered(kv: PagedKV, block_ids: torch.Tensor, tokens: int) -> bool:
 
 
 def _run(kv: PagedKV, block_ids: torch.Tensor, chunk: torch.Tensor, to_chunk: bool) -> None:
-    from . import native   # here, so that `python -m kvstore.ops.native` runs a module not yet imported
-
     table = _table(kv)
     index = block_ids.contiguous()
     if kv.device.type == "cpu":
-        lib = native.load("cpu")
+        lib = load("copy")
         assert lib is not None
         bad = lib.kvstore_copy_rows_cpu(table.ptrs.data_ptr(), len(kv.rows), kv.row_stride, kv.row_bytes,
                                         index.data_ptr(), index.numel(), kv.num_blocks, chunk.data_ptr(),
@@ -49,18 +70,21 @@ def _run(kv: PagedKV, block_ids: torch.Tensor, chunk: torch.Tensor, to_chunk: bo
         if bad:
             raise IndexError(f"block id {int(index[bad - 1])} is outside the cache's {kv.num_blocks} blocks")
         return
-    lib = native.load("cuda")
-    assert lib is not None
+    kernels = cuda.module()
+    assert kernels is not None
+    launch = cuda.plan(index.numel(), len(kv.rows), kv.row_bytes, table.aligned16 and chunk.data_ptr() % 16 == 0)
+    if launch is None:
+        return
     stream = torch.cuda.current_stream(kv.device).cuda_stream
-    vec16 = table.aligned16 and chunk.data_ptr() % 16 == 0
-    err = lib.kvstore_copy_rows_cuda(table.ptrs.data_ptr(), len(kv.rows), kv.row_stride, kv.row_bytes,
-                                     index.data_ptr(), index.numel(), kv.num_blocks, ctypes.c_void_p(chunk.data_ptr()),
-                                     int(to_chunk), int(vec16), ctypes.c_void_p(stream))
-    if err:
-        raise RuntimeError(f"native CUDA gather/scatter failed to launch (cudaError {err})")
+    device = kv.device.index if kv.device.index is not None else torch.cuda.current_device()
+    kernels.copy_rows(launch, device, stream, (table.ptrs.data_ptr(), kv.row_stride, index.data_ptr(),
+                                               index.numel(), kv.num_blocks, chunk.data_ptr(), int(to_chunk)))
 
 
 def gather(kv: PagedKV, block_ids: torch.Tensor, tokens: int, out: torch.Tensor) -> None:
+    """Copy ``block_ids``' rows of every plane into ``out`` (the torch path where the kernel does not cover)."""
+    from ..ops import torch_kernels   # here: importing kvstore.ops imports this module (through the registry)
+
     if not _covered(kv, block_ids, tokens):
         torch_kernels.gather(kv, block_ids, tokens, out)
         return
@@ -68,6 +92,9 @@ def gather(kv: PagedKV, block_ids: torch.Tensor, tokens: int, out: torch.Tensor)
 
 
 def scatter(kv: PagedKV, chunk: torch.Tensor, block_ids: torch.Tensor, tokens: int) -> None:
+    """Copy ``chunk`` into ``block_ids``' rows of every plane (the torch path where the kernel does not cover)."""
+    from ..ops import torch_kernels
+
     if not _covered(kv, block_ids, tokens):
         torch_kernels.scatter(kv, chunk, block_ids, tokens)
         return
