@@ -35,6 +35,7 @@ def daemon_stats(d: "Service", sessions: int, auth_rejected: int,
         "disk": d.manager.stats() if d.manager is not None else None,
         "gpu": d.gpu_mover.stats() if d.gpu_mover is not None else None,
         "remote": d.remote.stats() if d.remote is not None else None,
+        "events": d.events.stats() if d.events is not None else None,
         **d.safeguards.stats(),   # integrity, scrub, verify
         "leases": len(store.leases),
         "leases_overdue": store.leases.overdue,
