@@ -32,7 +32,7 @@ from ..errors import ClientClosedError, DaemonUnavailable, KVStoreError, StoreFu
 from ..keys import KEY_SCHEME
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
-from ..protocol.messages import wire_keys
+from ..protocol.messages import check_batch, wire_keys
 from ..protocol.stream import SUFFIX as STREAM_SUFFIX
 from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
@@ -198,12 +198,15 @@ class Client(Mappings):
 
     def lookup(self, keys: Sequence[bytes]) -> int:
         """How many leading ``keys`` are stored (in any tier). Pins nothing."""
+        check_batch(keys, "lookup")
         local = self._lookup_local(keys, True) if keys else None
         return local[0] if local is not None else self.lookup_tiers(keys).count
 
     def lookup_many(self, chains: Sequence[Sequence[bytes]]) -> list[int]:
         """``lookup`` of several key chains: from the shared index where it answers, else in one round trip
         (the requests are pipelined)."""
+        for keys in chains:
+            check_batch(keys, "lookup_many")
         if self._index is not None and self._transport.alive():
             return [self.lookup(keys) for keys in chains]
         try:
@@ -234,6 +237,7 @@ class Client(Mappings):
     def lookup_tiers(self, keys: Sequence[bytes], promote: bool = True) -> LookupResult:
         """How many leading ``keys`` are stored and how many of those each tier holds. Read from the daemon's
         shared index where it can answer (``client/shared_index.py``), else asked over the socket."""
+        check_batch(keys, "lookup_tiers")
         if not keys:
             return LookupResult(0, {})
         local = self._lookup_local(keys, promote)
@@ -280,6 +284,7 @@ class Client(Mappings):
         """
         if len(keys) != len(buffers):
             raise UsageError(f"put: {len(keys)} keys but {len(buffers)} buffers")
+        check_batch(keys, "put")
         if not wait and self._credit.error is not None:
             self.flush()   # raises the queued puts' error
         if not keys:
@@ -320,6 +325,7 @@ class Client(Mappings):
         """Reserve arena slots of ``sizes`` bytes for ``keys`` (ipc:// only); see ``Reservation``."""
         if self._arena_view is None:
             raise ValueError("reserve needs the shared arena (an ipc:// client); use put over tcp://")
+        check_batch(keys, "reserve")
         request = {"op": Op.RESERVE, "keys": wire_keys(keys), "sizes": list(sizes), "parent": parent}
         try:
             header, _ = self._call(request)
@@ -348,6 +354,7 @@ class Client(Mappings):
         every view against the chunk's checksum and hand out only the leading run that matches (see
         ``client/verify.py``); a chunk that fails is a miss, reported to the daemon.
         """
+        check_batch(keys, "get")
         if not keys:
             return Lease(self, 0, [])
         sent = time.monotonic()
@@ -379,6 +386,7 @@ class Client(Mappings):
         (``client/arena_read.py``); otherwise — and with ``verify`` — it is a leased ``get`` and a copy."""
         if len(keys) != len(dests):
             raise UsageError(f"get_into: {len(keys)} keys but {len(dests)} destinations")
+        check_batch(keys, "get_into")
         if not keys:
             return 0
         if self._credit.queued is not None:
@@ -407,6 +415,7 @@ class Client(Mappings):
         and checks afterwards that none changed under the call (``client/arena_read.py``); when one did, ``copy`` is
         called again with what is there now, so it must write only into buffers of its own and redo its whole copy
         each time. Otherwise the chunks are leased for the call."""
+        check_batch(keys, "read")
         if not keys:
             return 0
         if self._credit.queued is not None:
@@ -440,12 +449,14 @@ class Client(Mappings):
                       max_difference: float, first_bad: int | None = None) -> int:
         """Tell the daemon how computed KV compared with its chunks ``keys``; a mismatch makes it drop the chain
         from ``keys[first_bad]``. Returns the chunks it dropped."""
+        check_batch(keys, "report_verify")
         header, _ = self._call({"op": Op.VERIFY, "namespace": namespace, "keys": list(keys), "checks": checks,
                                 "mismatches": mismatches, "max_difference": float(max_difference),
                                 "first_bad": first_bad})
         return int(header["dropped"])
 
     def delete(self, keys: Sequence[bytes]) -> int:
+        check_batch(keys, "delete")
         if not keys:
             return 0
         header, _ = self._call({"op": Op.DELETE, "keys": wire_keys(keys)})
