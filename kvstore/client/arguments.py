@@ -18,6 +18,7 @@ from typing import Any, Callable, TypeVar
 
 from ..errors import UsageError
 from ..keys import KEY_BYTES
+from ..protocol.messages import check_batch
 
 T = TypeVar("T")
 
@@ -56,6 +57,7 @@ def sequence(call: str, name: str, value: Any, of: str) -> Sequence[Any]:
 def packed_keys(call: str, keys: Any, name: str = "keys") -> tuple[Sequence[bytes], bytes]:
     """``keys`` as a list or tuple, and packed end to end (what a request carries and the shared index walks)."""
     keys = sequence(call, name, keys, KEYS)
+    check_batch(keys, call)   # before any copy: more keys than one request carries is the daemon's LimitError
     try:
         packed = b"".join(keys)
     except TypeError:

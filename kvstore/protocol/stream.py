@@ -8,8 +8,8 @@ the stream socket's path from the reply, and send every further request on it; t
 fallback and for ``tcp://``.
 
 Request: ``u32 length`` + one msgpack header (``wire.py``); requests carry no payload frames (clients of this
-socket map the arena; PUT_INLINE goes over ZeroMQ). A length past ``MAX_HEADER_BYTES`` cannot be skipped safely,
-so the daemon answers it with a LimitError and closes the connection.
+socket map the arena; PUT_INLINE goes over ZeroMQ). A request longer than ``MAX_HEADER_BYTES`` is read past, not
+kept (its length says where the next one starts), and answered with a LimitError; the connection stays open.
 
 Reply: ``u32 frames`` + ``u32 length`` per frame + the frames (the header first, then any payloads).
 """
