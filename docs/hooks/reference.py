@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
@@ -73,11 +74,11 @@ def configuration_page() -> str:
 
     lines = [GENERATED_NOTE.format(source="kvstore/config.py (SETTINGS)"),
              "# Settings reference\n",
-             "Every setting of `kvstore serve`, as a flag and as a key of the TOML file given with `--config FILE`. "
-             "Precedence: flag > config file > default. A key may be written with `_` or `-`; an unknown key, a "
-             "bad value or a setting that cannot work on this machine stops the daemon with one line naming it "
-             "and exit code 2. The `ready` log line shows every setting as in force, derived values included. "
-             "How to choose them: [Configuration](index.md).\n",
+             ("Every setting of `kvstore serve`, as a flag and as a key of the TOML file given with `--config FILE`. "
+              "Precedence: flag > config file > default. A key may be written with `_` or `-`; an unknown key, a "
+              "bad value or a setting that cannot work on this machine stops the daemon with one line naming it "
+              "and exit code 2. The `ready` log line shows every setting as in force, derived values included. "
+              "How to choose them: [Configuration](index.md).\n"),
              "| flag | TOML key | default | meaning |",
              "| --- | --- | --- | --- |"]
     for s in SETTINGS:
@@ -157,8 +158,8 @@ def cli_page() -> str:
 def cli_markdown(parser: argparse.ArgumentParser) -> str:
     lines = [GENERATED_NOTE.format(source="the argparse tree of kvstore/cli/main.py"),
              "# Command line\n",
-             "Every command and flag, as `kvstore COMMAND --help` prints them. A bad flag or value gives one "
-             "line naming it and exit code 2.\n",
+             ("Every command and flag, as `kvstore COMMAND --help` prints them. A bad flag or value gives one "
+              "line naming it and exit code 2.\n"),
              "| command | what it does |", "| --- | --- |"]
     lines += [f"| [`kvstore {name}`](#kvstore-{name}) | {cell(helptext)} |"
               for name, helptext, _ in subcommands(parser)]
@@ -177,10 +178,10 @@ def metrics_page() -> str:
 
     lines = [GENERATED_NOTE.format(source="kvstore/metrics/definitions.py (METRICS)"),
              "# Metrics reference\n",
-             "Every series `/metrics` serves (`--metrics-port`), with the `kvstore_` prefix. Counters are exposed "
-             "with `_total`; a histogram as `_bucket`, `_count` and `_sum`. The alert rules (`kvstore alerts`) and "
-             "the Grafana dashboard (`kvstore dashboard`) are generated from the same definitions. How to use "
-             "them: [Metrics](../operations/metrics.md).\n",
+             ("Every series `/metrics` serves (`--metrics-port`), with the `kvstore_` prefix. Counters are exposed "
+              "with `_total`; a histogram as `_bucket`, `_count` and `_sum`. The alert rules (`kvstore alerts`) and "
+              "the Grafana dashboard (`kvstore dashboard`) are generated from the same definitions. How to use "
+              "them: [Metrics](../operations/metrics.md).\n"),
              "| series | type | labels | meaning |", "| --- | --- | --- | --- |"]
     for m in METRICS:
         labels = ", ".join(f"`{label}`" for label in m.labels)
