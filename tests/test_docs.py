@@ -99,6 +99,16 @@ def test_every_metric_series_and_alert_is_on_the_metrics_page(pages):
     assert all(f"| `{rule.alert}` | {rule.severity} |" in page for rule in alert_rules())
 
 
+def test_every_operation_and_error_code_is_on_the_wire_page(pages):
+    from kvstore import errors
+    from kvstore.protocol.wire import Op
+
+    page = pages["reference/wire.md"]
+    assert all(f"| `{op.name}` | {op.value} |" in page for op in Op)
+    assert all(f"| {cls.code} | `{cls.__name__}` |" in page for cls in errors.RequestError.__subclasses__())
+    assert "| `CREDIT_PUT` | 18 | publish chunks copied into a put credit" in page   # the source's comment
+
+
 def test_a_setting_or_metric_added_later_appears_without_an_edit_of_the_docs(reference, monkeypatch):
     from kvstore import config
     from kvstore.metrics import definitions

@@ -2,7 +2,8 @@
 
 * ``configuration/settings.md`` from ``kvstore.config.SETTINGS`` (every flag and TOML key, its default, its help);
 * ``reference/cli.md`` from the argparse tree of ``kvstore.cli.main.build_parser`` (every command and flag);
-* ``reference/metrics.md`` from ``kvstore.metrics.definitions.METRICS`` (every series ``/metrics`` serves).
+* ``reference/metrics.md`` from ``kvstore.metrics.definitions.METRICS`` (every series ``/metrics`` serves);
+* ``reference/wire.md`` from ``kvstore.protocol.wire.Op`` and the error classes' wire codes.
 
 The generators are plain functions that need only kvstore (``generate()`` returns ``{page path: Markdown}``), so
 a test can run them without MkDocs. The ``on_*`` functions below are the MkDocs hooks (``hooks:`` in
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -196,10 +198,47 @@ def metrics_page() -> str:
     return "\n".join(lines)
 
 
+# -- wire protocol ---------------------------------------------------------------------------------------------
+
+def op_comments() -> dict[str, str]:
+    """``{op name: its comment in kvstore/protocol/wire.py}`` (the source is the only place that says it)."""
+    import inspect
+
+    from kvstore.protocol.wire import Op
+
+    found = re.findall(r"^\s+([A-Z_]+) = \d+[ \t]*(?:#[ \t]*(.*))?$", inspect.getsource(Op), flags=re.MULTILINE)
+    return {name: comment for name, comment in found}
+
+
+def wire_page() -> str:
+    from kvstore import errors
+    from kvstore.protocol import wire
+
+    comments = op_comments()
+    lines = [GENERATED_NOTE.format(source="kvstore/protocol/wire.py and kvstore/errors.py"),
+             "# Wire protocol reference\n",
+             (f"Protocol version {wire.PROTOCOL_VERSION}. A request is a msgpack header (at most "
+              f"{wire.MAX_HEADER_BYTES // 1024} KiB) with an `op` and a request id, and at most "
+              f"{wire.MAX_BATCH} keys a request. Operation codes are append-only; how the daemon serves them: "
+              "[Wire protocol](../design/wire-protocol.md).\n"),
+             "| op | code | what it does |", "| --- | --- | --- |"]
+    for op in wire.Op:
+        lines.append(f"| `{op.name}` | {op.value} | {cell(comments.get(op.name, ''))} |")
+    lines += ["", "## Error codes", "",
+              ("An error reply carries one of these codes and one line of text; the client raises the class, "
+               "every one a `kvstore.KVStoreError`. An unknown code is raised as `InternalError`."), "",
+              "| code | raised as |", "| --- | --- |"]
+    codes = sorted((cls.code, cls.__name__) for cls in errors.RequestError.__subclasses__())
+    lines += [f"| {code} | `{name}` |" for code, name in codes]
+    lines.append("")
+    return "\n".join(lines)
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "configuration/settings.md": configuration_page,
     "reference/cli.md": cli_page,
     "reference/metrics.md": metrics_page,
+    "reference/wire.md": wire_page,
 }
 
 
