@@ -2,7 +2,8 @@
 
 * ``configuration/settings.md`` from ``kvstore.config.SETTINGS`` (every flag and TOML key, its default, its help);
 * ``reference/cli.md`` from the argparse tree of ``kvstore.cli.main.build_parser`` (every command and flag);
-* ``reference/metrics.md`` from ``kvstore.metrics.definitions.METRICS`` (every series ``/metrics`` serves).
+* ``reference/metrics.md`` from ``kvstore.metrics.definitions.METRICS`` (every series ``/metrics`` serves);
+* ``reference/wire.md`` from ``kvstore.protocol.wire.Op`` and the error classes' wire codes.
 
 The generators are plain functions that need only kvstore (``generate()`` returns ``{page path: Markdown}``), so
 a test can run them without MkDocs. The ``on_*`` functions below are the MkDocs hooks (``hooks:`` in
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
@@ -73,11 +76,11 @@ def configuration_page() -> str:
 
     lines = [GENERATED_NOTE.format(source="kvstore/config.py (SETTINGS)"),
              "# Settings reference\n",
-             "Every setting of `kvstore serve`, as a flag and as a key of the TOML file given with `--config FILE`. "
-             "Precedence: flag > config file > default. A key may be written with `_` or `-`; an unknown key, a "
-             "bad value or a setting that cannot work on this machine stops the daemon with one line naming it "
-             "and exit code 2. The `ready` log line shows every setting as in force, derived values included. "
-             "How to choose them: [Configuration](index.md).\n",
+             ("Every setting of `kvstore serve`, as a flag and as a key of the TOML file given with `--config FILE`. "
+              "Precedence: flag > config file > default. A key may be written with `_` or `-`; an unknown key, a "
+              "bad value or a setting that cannot work on this machine stops the daemon with one line naming it "
+              "and exit code 2. The `ready` log line shows every setting as in force, derived values included. "
+              "How to choose them: [Configuration](index.md).\n"),
              "| flag | TOML key | default | meaning |",
              "| --- | --- | --- | --- |"]
     for s in SETTINGS:
@@ -157,8 +160,8 @@ def cli_page() -> str:
 def cli_markdown(parser: argparse.ArgumentParser) -> str:
     lines = [GENERATED_NOTE.format(source="the argparse tree of kvstore/cli/main.py"),
              "# Command line\n",
-             "Every command and flag, as `kvstore COMMAND --help` prints them. A bad flag or value gives one "
-             "line naming it and exit code 2.\n",
+             ("Every command and flag, as `kvstore COMMAND --help` prints them. A bad flag or value gives one "
+              "line naming it and exit code 2.\n"),
              "| command | what it does |", "| --- | --- |"]
     lines += [f"| [`kvstore {name}`](#kvstore-{name}) | {cell(helptext)} |"
               for name, helptext, _ in subcommands(parser)]
@@ -177,10 +180,10 @@ def metrics_page() -> str:
 
     lines = [GENERATED_NOTE.format(source="kvstore/metrics/definitions.py (METRICS)"),
              "# Metrics reference\n",
-             "Every series `/metrics` serves (`--metrics-port`), with the `kvstore_` prefix. Counters are exposed "
-             "with `_total`; a histogram as `_bucket`, `_count` and `_sum`. The alert rules (`kvstore alerts`) and "
-             "the Grafana dashboard (`kvstore dashboard`) are generated from the same definitions. How to use "
-             "them: [Metrics](../operations/metrics.md).\n",
+             ("Every series `/metrics` serves (`--metrics-port`), with the `kvstore_` prefix. Counters are exposed "
+              "with `_total`; a histogram as `_bucket`, `_count` and `_sum`. The alert rules (`kvstore alerts`) and "
+              "the Grafana dashboard (`kvstore dashboard`) are generated from the same definitions. How to use "
+              "them: [Metrics](../operations/metrics.md).\n"),
              "| series | type | labels | meaning |", "| --- | --- | --- | --- |"]
     for m in METRICS:
         labels = ", ".join(f"`{label}`" for label in m.labels)
@@ -195,10 +198,47 @@ def metrics_page() -> str:
     return "\n".join(lines)
 
 
+# -- wire protocol ---------------------------------------------------------------------------------------------
+
+def op_comments() -> dict[str, str]:
+    """``{op name: its comment in kvstore/protocol/wire.py}`` (the source is the only place that says it)."""
+    import inspect
+
+    from kvstore.protocol.wire import Op
+
+    found = re.findall(r"^\s+([A-Z_]+) = \d+[ \t]*(?:#[ \t]*(.*))?$", inspect.getsource(Op), flags=re.MULTILINE)
+    return {name: comment for name, comment in found}
+
+
+def wire_page() -> str:
+    from kvstore import errors
+    from kvstore.protocol import wire
+
+    comments = op_comments()
+    lines = [GENERATED_NOTE.format(source="kvstore/protocol/wire.py and kvstore/errors.py"),
+             "# Wire protocol reference\n",
+             (f"Protocol version {wire.PROTOCOL_VERSION}. A request is a msgpack header (at most "
+              f"{wire.MAX_HEADER_BYTES // 1024} KiB) with an `op` and a request id, and at most "
+              f"{wire.MAX_BATCH} keys a request. Operation codes are append-only; how the daemon serves them: "
+              "[Wire protocol](../design/wire-protocol.md).\n"),
+             "| op | code | what it does |", "| --- | --- | --- |"]
+    for op in wire.Op:
+        lines.append(f"| `{op.name}` | {op.value} | {cell(comments.get(op.name, ''))} |")
+    lines += ["", "## Error codes", "",
+              ("An error reply carries one of these codes and one line of text; the client raises the class, "
+               "every one a `kvstore.KVStoreError`. An unknown code is raised as `InternalError`."), "",
+              "| code | raised as |", "| --- | --- |"]
+    codes = sorted((cls.code, cls.__name__) for cls in errors.RequestError.__subclasses__())
+    lines += [f"| {code} | `{name}` |" for code, name in codes]
+    lines.append("")
+    return "\n".join(lines)
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "configuration/settings.md": configuration_page,
     "reference/cli.md": cli_page,
     "reference/metrics.md": metrics_page,
+    "reference/wire.md": wire_page,
 }
 
 
