@@ -3,8 +3,10 @@ real GPU, measures bandwidths next to their limits, and writes everything as JSO
 
     PYTHONPATH=/path/to/wheels python3 bench/gpu_check.py --out "$OUT"
 
-Needs only the packages of a stock GPU image (torch with CUDA) plus pyzmq and lz4 on PYTHONPATH; kvstore need
-not be installed: the repository root is put on sys.path (and on every child's PYTHONPATH), and the daemon
+Needs only the packages of a stock GPU image (torch with CUDA, setuptools and a C compiler) plus pyzmq and lz4
+on PYTHONPATH, and cupy for the native CUDA kernel (without it ``native_build`` and ``kernels`` fail, the other
+checks run); kvstore need not be installed: the repository root is put on sys.path (and on every
+child's PYTHONPATH), the C libraries are built in place as an editable install builds them, and the daemon
 runs as ``python3 -m kvstore`` from the repository root.
 
 Every sub-check runs on its own; a failure is recorded (with its traceback) and the next one runs. The JSON is

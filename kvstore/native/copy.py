@@ -44,13 +44,13 @@ def available(device_type: str) -> bool:
 
 
 def _table(kv: PagedKV) -> _PlaneTable:
-    state = kv._native_state
+    state = kv.kernel_state
     if isinstance(state, _PlaneTable):
         return state
     addresses = [r.data_ptr() for r in kv.rows]
     aligned = kv.row_bytes % 16 == 0 and kv.row_stride % 16 == 0 and all(a % 16 == 0 for a in addresses)
     table = _PlaneTable(torch.tensor(addresses, dtype=torch.int64, device=kv.device), aligned)
-    kv._native_state = table
+    kv.kernel_state = table
     return table
 
 
