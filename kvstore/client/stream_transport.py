@@ -73,10 +73,14 @@ class StreamTransport:
                 return rid
             if self._held:
                 data, self._held = self._held + data, bytearray()
-            self._send_all(memoryview(data), deadline)
-            if want_reply:
+            if want_reply:   # before the write: a refusal can come back while the rest is still being written
                 self._outstanding.add(rid)
-            else:
+            try:
+                self._send_all(memoryview(data), deadline)
+            except DaemonUnavailable:
+                self._outstanding.discard(rid)
+                raise
+            if not want_reply:
                 self._read_available()
         return rid
 
