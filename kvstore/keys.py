@@ -36,10 +36,11 @@ def _as_int64_bytes(token_ids: object) -> bytes:
     if isinstance(token_ids, (str, bytes, bytearray, memoryview)) or token_ids is None:
         raise UsageError(f"token_ids must be {ONE_SEQUENCE}; got {type(token_ids).__name__}")
     if hasattr(token_ids, "detach"):  # a torch tensor; converted without importing torch here
+        dtype = getattr(token_ids, "dtype", "?")
         try:
             token_ids = token_ids.detach().cpu().numpy()
         except TypeError as exc:   # a dtype numpy lacks (bfloat16): not token ids either way
-            raise UsageError(f"token_ids must be integers that int64 holds; got a tensor of {token_ids.dtype}") from exc
+            raise UsageError(f"token_ids must be integers that int64 holds; got a tensor of {dtype}") from exc
     try:
         arr = np.asarray(token_ids)
     except ValueError as exc:   # ragged nesting
