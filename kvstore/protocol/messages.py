@@ -99,6 +99,15 @@ def _unpack_keys(packed: bytes, name: str, allow_empty: bool) -> list[bytes]:
     return [packed[i:i + KEY_BYTES] for i in range(0, len(packed), KEY_BYTES)]
 
 
+def check_batch(keys: Any, what: str) -> None:
+    """A client's check before anything is copied or sent: more keys than one request may carry is the
+    LimitError the daemon would answer (a request too large for its frame would not even reach it whole)."""
+    count = len(keys) if hasattr(keys, "__len__") else 0
+    if count > MAX_BATCH:
+        raise LimitError(f"{what}: {count} keys in one call; the limit per request is {MAX_BATCH} "
+                         f"(split them into calls of at most {MAX_BATCH})")
+
+
 def wire_keys(keys: Sequence[bytes]) -> bytes | list[bytes]:
     """What a client sends for ``keys``: packed when every key is 16 bytes, else the list (whose bad key the
     daemon then names in its error)."""
@@ -289,6 +298,29 @@ class Scrub:
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "Scrub":
         return cls(rate=read_int(h, "rate", 0, MAX_SCRUB_RATE, default=0))
+
+
+MAX_KEEPALIVE_MS = 3_600_000   # a client may go quiet for an hour at most before its pass is stopped
+
+
+@dataclass(frozen=True)
+class ScrubStart:
+    rate: int           # bytes checked per second at most (0: no bound)
+    keepalive: float    # seconds without a SCRUB_STATUS after which the pass is stopped
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "ScrubStart":
+        return cls(rate=read_int(h, "rate", 0, MAX_SCRUB_RATE, default=0),
+                   keepalive=read_int(h, "keepalive_ms", 100, MAX_KEEPALIVE_MS, default=10_000) / 1000)
+
+
+@dataclass(frozen=True)
+class ScrubPassId:
+    pass_id: int        # as SCRUB_START answered; 0 in SCRUB_CANCEL: every pass clients started
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "ScrubPassId":
+        return cls(pass_id=read_int(h, "pass", 0, 1 << 62))
 
 
 @dataclass(frozen=True)
