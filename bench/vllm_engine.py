@@ -177,7 +177,7 @@ def scheduler_cost(daemon: Any, waiting: int = 256, length: int = 2000) -> dict[
 
     engine = Engine(daemon.ipc, layers=4, kv_heads=2, head_dim=32, chunk_tokens=256)
     reqs = [request(f"w{i}", p) for i, p in enumerate(prompts(waiting, length, seed=3000))]
-    store = engine.scheduler._stores[0]
+    store = engine.scheduler.scheduler_side.stores[0]
     with daemon_client(daemon) as c:  # half of them stored
         for r in reqs[::2]:
             keys = store.keys(list(r.prompt_token_ids)[: (length - 1) // 256 * 256])

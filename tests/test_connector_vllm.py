@@ -144,7 +144,7 @@ def test_chunk_evicted_between_lookup_and_load_is_reported(daemon, model):
     req = request("b", ids[0].tolist())
     assert two.lookup(req) == 1024
     meta = two.admit(req, 0, 1024)
-    store = two.scheduler._stores[0]
+    store = two.scheduler.scheduler_side.stores[0]
     with daemon.client() as c:
         assert c.delete(store.keys(ids[0].tolist())[2:]) == 2
     two.run_step(meta)
@@ -223,7 +223,7 @@ def test_scheduler_asks_the_daemon_once_per_request_and_batches_a_pass(daemon, m
     calls = eng.scheduler.stats["lookup_calls"] - before.get("lookup_calls", 0)
     assert calls == 256 // 64  # one round trip per 64 waiting requests, not one per request and pass
     eng.scheduler.request_finished(waiting[0], [])
-    assert "w0" not in eng.scheduler._lookups
+    assert not eng.scheduler.scheduler_side.looked_up("w0")
 
 
 def test_producer_never_loads_and_consumer_never_saves(daemon, model):
@@ -299,7 +299,7 @@ def test_preempted_request_saves_are_settled_before_its_blocks_are_reused(daemon
         assert wait_for(lambda: eng.worker.stats["saves_dropped"] == 1)
         assert step.is_alive()
     step.join(10)
-    assert not step.is_alive() and not eng.worker._transfers.saving("a")
+    assert not step.is_alive() and not eng.worker.worker_side.transfers.saving("a")
     assert eng.worker.stats["chunks_saved"] == 1
 
 

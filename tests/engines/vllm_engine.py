@@ -132,7 +132,7 @@ class Engine:
 
     def chunk_keys(self, prompts: list[list[int]]) -> dict[str, Any]:
         """The connector's chunk keys of each prompt (hex), for tests that delete chunks."""
-        store = self.engine.engine_core.engine_core.scheduler.connector._stores[0]
+        store = self.engine.engine_core.engine_core.scheduler.connector.scheduler_side.stores[0]
         return {"keys": [[k.hex() for k in store.keys(p)] for p in prompts]}
 
     def stats(self) -> dict[str, Any]:

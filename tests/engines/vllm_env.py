@@ -213,7 +213,7 @@ class Engine:
     def drain(self, finished: set[str] | None = None, timeout: float = 10.0) -> None:
         """Step until the background saves (and loads) are done."""
         deadline = time.monotonic() + timeout
-        while not self.worker._transfers.idle():
+        while not self.worker.worker_side.transfers.idle():
             assert time.monotonic() < deadline, "background transfers never finished"
             time.sleep(0.005)
         self.run_step(self.scheduler.build_connector_meta(SchedulerOutput.make_empty()), finished=finished)

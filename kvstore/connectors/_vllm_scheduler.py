@@ -1,0 +1,195 @@
+"""The scheduler half of the vLLM connector: which prompt prefixes the daemon holds, what each step loads and saves.
+
+It runs in vLLM's scheduler process (``KVConnectorRole.SCHEDULER``) and never touches KV memory: it looks
+requests up, offers vLLM the stored chunks, and sends the workers each step's `KVStoreConnectorMetadata`.
+See ``kvstore.connectors.vllm`` for how a request flows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._store import ChunkStore
+from ._vllm_records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
+from ._vllm_settings import chosen_for_verify, load_mode, verify_fraction
+from ._vllm_shared import ConnectorSettings
+from .report import state_report
+from .vllm_geometry import NULL_BLOCK
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+
+class SchedulerSide:
+    """Lookups and the per-step plan of one engine's scheduler (`settings.geometry` must be set)."""
+
+    def __init__(self, settings: ConnectorSettings) -> None:
+        g = settings.geometry
+        assert g is not None
+        self._settings = settings
+        self._geometry = g
+        self._chunk_tokens = settings.chunk_tokens
+        extra = settings.extra
+        self._load_mode = load_mode(extra.get("load_async", "auto"))
+        self._lookup_batch = max(1, int(extra.get("lookup_batch", 64)))
+        self._verify_fraction = verify_fraction(extra.get("verify_fraction", 0.0))
+        self._stats: dict[str, int] = {}
+        self._unasked: dict[str, "Request"] = {}   # waiting requests not looked up yet
+        self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (tokens when asked, chunks found)
+        self._salts: dict[str, str] = {}
+        self._loads: dict[str, LoadSpec] = {}
+        self._loaded: dict[str, int] = {}           # req id -> chunks loaded, until the request is tracked
+        self._async: dict[str, bool] = {}           # req id -> whether its load was offered as asynchronous
+        self._verifying: dict[str, int] = {}        # req id -> stored chunks it computes to compare instead
+        self._tracked: dict[str, Tracked] = {}
+        # A local client reads lookups from the daemon's shared index.
+        link = settings.link(connector=state_report("vllm", g.family, "on", g.describe()))
+        stages = list(zip(g.stages, g.stage_labels)) or [(g.paged, None)]
+        ranks = [0] if g.mla else range(settings.tp_size)   # an MLA latent is stored once for every rank
+        self.stores: list[ChunkStore] = [settings.chunk_store(rank, link, paged, stage)
+                                         for paged, stage in stages for rank in ranks]
+        link.client()  # connect (and map) now, not on the first request; a daemon that is down: later
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return dict(self._stats)
+
+    def looked_up(self, req_id: str) -> bool:
+        """Whether a lookup answer for `req_id` is still kept (until it is scheduled or finished)."""
+        return req_id in self._lookups
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self._stats[name] = self._stats.get(name, 0) + n
+
+    def on_new_request(self, request: "Request") -> None:
+        if self._settings.load_enabled:
+            self._unasked[request.request_id] = request
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        self._salts[request.request_id] = getattr(request, "cache_salt", None) or ""
+        if not self._settings.load_enabled:
+            return 0, False
+        self._count("asked")
+        found = self._lookups.get(request.request_id)
+        if found is None or found[0] != request.num_tokens:
+            self._look_up(request)
+            found = self._lookups[request.request_id]
+        # Every family alike, MLA on the CPU too: vLLM computes the tokens after a loaded prefix as a prefill
+        # over the cached latents (or, one token left, as a decode), the same arithmetic as over a prefix it
+        # computed itself (docs/connectors/model-families.md).
+        external = found[1] * self._chunk_tokens - num_computed_tokens
+        if external <= 0:
+            return 0, False
+        if chosen_for_verify(request.request_id, self._verify_fraction):
+            self._verifying[request.request_id] = found[1]  # computed as a miss, compared once computed
+            return 0, False
+        # Off the step when other requests run (they keep going while this one waits for its KV); in the step
+        # when the engine is idle, where it saves the steps an asynchronous load waits for its report.
+        asynchronous = self._load_mode == "async" or (self._load_mode == "auto" and bool(self._tracked))
+        self._async[request.request_id] = asynchronous
+        return external, asynchronous
+
+    def _look_up(self, request: "Request") -> None:
+        """Look `request` up, and with it the waiting requests not asked about yet, in one round trip."""
+        batch = {request.request_id: request}
+        for rid, other in list(self._unasked.items()):
+            if len(batch) >= self._lookup_batch:
+                break
+            batch.setdefault(rid, other)
+        t = self._chunk_tokens
+        prompts = {rid: list(r.all_token_ids[: r.num_tokens]) for rid, r in batch.items()}
+        hits = {rid: (len(tokens) - 1) // t for rid, tokens in prompts.items()}  # leave the last token
+        for store in self.stores:
+            asked = [rid for rid in batch if hits[rid] > 0]
+            salts = {rid: getattr(batch[rid], "cache_salt", None) or "" for rid in asked}
+            counts = store.lookup_many([store.keys(prompts[rid][: hits[rid] * t], salts[rid]) for rid in asked])
+            self._count("lookup_calls")
+            for rid, count in zip(asked, counts):
+                hits[rid] = count
+        for rid, r in batch.items():
+            self._lookups[rid] = (r.num_tokens, hits[rid])
+            self._unasked.pop(rid, None)
+        self._count("lookups", len(batch))
+
+    def update_state_after_alloc(
+        self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int
+    ) -> None:
+        rid = request.request_id
+        found = self._lookups.pop(rid, None)
+        self._unasked.pop(rid, None)
+        if num_external_tokens <= 0 or found is None or found[1] <= 0:
+            return
+        chunks = found[1]
+        end = chunks * self._chunk_tokens
+        block_ids = [[NULL_BLOCK if b.is_null else b.block_id for b in group] for group in blocks.blocks]
+        self._loads[rid] = LoadSpec(rid, list(request.all_token_ids[:end]), block_ids, chunks,
+                                    end - num_external_tokens, self._salts.get(rid, ""), self._async.pop(rid, True))
+        self._loaded[rid] = chunks
+        self._count("load_specs")
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVStoreConnectorMetadata:
+        meta = KVStoreConnectorMetadata()
+        meta.loads, self._loads = list(self._loads.values()), {}
+        meta.preempted = list(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        if meta.preempted:
+            self._count("preempted", len(meta.preempted))
+        for new in scheduler_output.scheduled_new_reqs:
+            verify = self._verifying.pop(new.req_id, 0)
+            self._tracked[new.req_id] = Tracked(
+                list(new.prompt_token_ids or []), [list(g) for g in new.block_ids],
+                max(self._loaded.pop(new.req_id, 0), verify), self._salts.pop(new.req_id, ""), verify_chunks=verify,
+            )
+            done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
+            self._plan(new.req_id, done, meta, new.num_computed_tokens)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            tracked = self._tracked.get(req_id)
+            if tracked is None:
+                continue
+            new_blocks = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                tracked.block_ids = [list(g) for g in new_blocks] if new_blocks else [[] for _ in tracked.block_ids]
+            elif new_blocks:
+                for mine, more in zip(tracked.block_ids, new_blocks):
+                    mine.extend(more)
+            done = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
+            self._plan(req_id, done, meta, cached.num_computed_tokens[i])
+        return meta
+
+    def _plan(self, req_id: str, computed: int, meta: KVStoreConnectorMetadata, before: int) -> None:
+        """Plan the saves (and comparisons) of the chunks `req_id` completes in this step; `before`: the
+        tokens it had computed before it (vLLM may have freed blocks behind a sliding window at them)."""
+        tracked = self._tracked[req_id]
+        t = self._chunk_tokens
+        ready = min(computed, len(tracked.prompt)) // t
+        if self._settings.save_enabled and ready > tracked.saved_chunks:
+            first = self._geometry.valid_chunks(tracked.block_ids, tracked.saved_chunks, ready, before)
+            if first > tracked.saved_chunks:
+                self._count("chunks_not_held", first - tracked.saved_chunks)
+            if ready > first:
+                meta.saves.append(SaveSpec(req_id, tracked.prompt[: ready * t], tracked.block_ids, first,
+                                           ready - first, tracked.salt))
+                tracked.saving = True
+                self._count("save_specs")
+            tracked.saved_chunks = ready
+        compared = min(ready, tracked.verify_chunks)
+        if compared > tracked.verified_chunks:
+            first = tracked.verified_chunks
+            meta.saves.append(SaveSpec(req_id, tracked.prompt[: compared * t], tracked.block_ids, first,
+                                       compared - first, tracked.salt, verify=True))
+            tracked.verified_chunks = compared
+            tracked.saving = True  # the comparison reads the blocks: they outlive the request until it is done
+            self._count("verify_specs")
+
+    def request_finished(self, request: "Request") -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        tracked = self._tracked.pop(rid, None)
+        for state in (self._lookups, self._unasked, self._salts, self._loads, self._loaded, self._async,
+                      self._verifying):
+            state.pop(rid, None)
+        delay = tracked is not None and tracked.saving and self._settings.save_async
+        if delay:
+            self._count("delayed_frees")
+        return delay, None

@@ -1,0 +1,57 @@
+"""What both halves of the vLLM connector share: its settings, the engine's KV cache geometry and the daemon links.
+
+`KVStoreConnector` (``kvstore.connectors.vllm``) reads the settings once; its scheduler half
+(``_vllm_scheduler``) and its worker half (``_vllm_worker``) each get this record and open the daemon
+links they use through it, so one object owns (and closes) every link of one connector instance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._store import ChunkStore, DaemonLink
+from .layout import PagedGeometry, paged_namespace
+from .vllm_geometry import EngineGeometry
+
+
+@dataclass
+class ConnectorSettings:
+    """One connector instance's settings (`kv_connector_extra_config` and what vLLM's config says)."""
+
+    geometry: EngineGeometry | None      # None: the connector is off (a cache it does not describe)
+    chunk_tokens: int
+    model_id: str
+    salt: str
+    tp_size: int
+    load_enabled: bool                   # kv_role kv_both or kv_consumer
+    save_enabled: bool                   # kv_role kv_both or kv_producer
+    save_async: bool
+    extra: dict[str, Any]
+    links: list[DaemonLink] = field(default_factory=list)
+
+    @property
+    def timeout(self) -> float:
+        return float(self.extra.get("timeout", 2.0))
+
+    def link(self, **connect: Any) -> DaemonLink:
+        """A new link to the daemon (a client is not thread-safe: one per thread that calls it)."""
+        link = DaemonLink.to(self.extra.get("address"), self.chunk_tokens, timeout=self.timeout,
+                             retry_s=float(self.extra.get("retry_s", 5.0)), connect=connect)
+        self.links.append(link)
+        return link
+
+    def chunk_store(self, tp_rank: int, link: DaemonLink, paged: PagedGeometry | None = None,
+                    stage: str | None = None) -> ChunkStore:
+        """The chunks of one tensor-parallel rank (none for MLA) of one pipeline stage (this one's by default)."""
+        g = self.geometry
+        assert g is not None
+        ns = paged_namespace(f"vllm:{self.model_id}", paged or g.paged, tp_rank=0 if g.mla else tp_rank,
+                             tp_size=1 if g.mla else self.tp_size, salt=self.salt, replicated=g.mla,
+                             stage=stage if paged is not None else g.stage)
+        return ChunkStore(link, ns, paged or g.paged)
+
+    def close_links(self) -> None:
+        for link in self.links:
+            link.close()
+        self.links.clear()

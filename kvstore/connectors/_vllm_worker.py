@@ -1,0 +1,143 @@
+"""The worker half of the vLLM connector: the engine's KV caches, and the loads and saves each step asks for.
+
+It runs in each vLLM worker (``KVConnectorRole.WORKER``): `register_kv_caches` finds the block planes of every
+KV cache group, and each step's `KVStoreConnectorMetadata` (from the scheduler half) becomes load and save jobs
+for `_transfers.Transfers`. See ``kvstore.connectors.vllm`` for how a request flows.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from ..ops import PagedKV
+from ._transfers import LoadJob, SaveJob, Transfers
+from ._vllm_records import KVStoreConnectorMetadata, LoadSpec
+from ._vllm_settings import tp_rank
+from ._vllm_shared import ConnectorSettings
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+log = logging.getLogger("kvstore.connectors.vllm")
+
+
+class WorkerSide:
+    """Loads into and saves out of one worker's KV caches (`settings.geometry` must be set)."""
+
+    def __init__(self, settings: ConnectorSettings, vllm_config: "VllmConfig", num_blocks: int) -> None:
+        assert settings.geometry is not None
+        self._settings = settings
+        self._geometry = settings.geometry
+        self._vllm_config = vllm_config
+        self._num_blocks = num_blocks
+        self.transfers: Transfers | None = None      # set once the caches are registered
+        self._ratio = 1                              # kernel blocks per vLLM block
+        self._loading: dict[str, LoadSpec] = {}      # asynchronous loads in flight
+        self._saving: set[str] = set()               # requests with saves planned (their blocks are kept)
+        self._finishing: set[str] = set()            # ... that finished, waiting for their saves
+        self._load_errors: set[int] = set()
+        self._saves_here = False                     # this worker saves (MLA under TP: rank 0 only)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return self.transfers.counters.as_dict() if self.transfers is not None else {}
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Find every group's block planes; on a cache that does not match the geometry, log one line and stay off."""
+        g, s = self._geometry, self._settings
+        missing = [n for group in g.groups for n in group.layer_names if n not in kv_caches]
+        if missing:
+            return self._disable(f"no KV cache for layers {missing[:3]}")
+        first = kv_caches[g.groups[0].layer_names[0]]
+        self._ratio = max(1, first.shape[0] // self._num_blocks) if self._num_blocks else 1
+        try:  # one set of block planes per KV cache group (each group has its own block table)
+            kvs = [PagedKV.from_blocks([kv_caches[n] for n in group.layer_names], group.block_size // self._ratio)
+                   for group in g.groups]
+        except ValueError as exc:
+            return self._disable(str(exc))
+        held = sum(len(kv.rows) * kv.row_bytes * self._ratio * (s.chunk_tokens // group.block_size)
+                   for kv, group in zip(kvs, g.groups))
+        if held != g.paged.chunk_nbytes:
+            return self._disable(f"the caches hold {held} bytes a chunk, the KV cache spec says {g.paged.chunk_nbytes}")
+        rank = tp_rank(self._vllm_config)
+        self._saves_here = s.save_enabled and not (g.mla and rank != 0)  # MLA: rank 0 saves for every rank
+        gpu = first.device.type == "cuda"
+        connect = {"pin_arena": True, "gpu": bool(s.extra.get("gpu_tier", True))} if gpu else {}
+        self.transfers = Transfers(kvs, s.chunk_store(rank, s.link(**connect)), s.chunk_store(rank, s.link(**connect)),
+                                   int(s.extra.get("max_save_bytes", 1 << 30)), dtype=first.dtype)
+
+    def _disable(self, why: str) -> None:
+        log.warning("kvstore connector disabled: %s", why)
+        self.transfers = None
+
+    def _chunk_blocks(self, block_ids: list[list[int]], skip_tokens: int = 0) -> Callable[[int], list[list[int]]]:
+        """Chunk index -> per KV cache group, the kernel block ids that chunk fills (see `chunk_blocks`)."""
+        g = self._geometry
+        return lambda chunk: g.chunk_blocks(block_ids, chunk, skip_tokens, self._ratio)
+
+    def start_load_kv(self, meta: KVStoreConnectorMetadata) -> None:
+        if self.transfers is None:
+            return
+        t = self._settings.chunk_tokens
+        for spec in meta.loads:
+            job = LoadJob(spec.req_id, spec.token_ids, spec.salt, spec.skip_tokens // t,
+                          spec.num_chunks, self._chunk_blocks(spec.block_ids, spec.skip_tokens))
+            if spec.is_async:
+                self._loading[spec.req_id] = spec
+                self.transfers.submit_load(job)
+            else:
+                self._note_load(spec, self.transfers.run_load(job))
+
+    def _note_load(self, spec: LoadSpec, job: LoadJob) -> None:
+        """Report the blocks a load left unwritten, in every group (vLLM recomputes them)."""
+        blocks = self._chunk_blocks(spec.block_ids, spec.skip_tokens)
+        for chunk in range(job.first_chunk + job.loaded, spec.num_chunks):
+            self._load_errors.update(b // self._ratio for group in blocks(chunk) for b in group if b >= 0)
+
+    def wait_for_save(self, meta: KVStoreConnectorMetadata) -> None:
+        if self.transfers is None or not meta.saves:
+            return
+        ready = None
+        if self.transfers.kv.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.transfers.kv.device))
+        for spec in meta.saves:
+            job = SaveJob(spec.req_id, spec.token_ids, spec.salt, spec.first_chunk, spec.num_chunks,
+                          self._chunk_blocks(spec.block_ids), spec.num_chunks * self._geometry.paged.chunk_nbytes,
+                          ready, verify=spec.verify)
+            if self._settings.save_async:
+                self._saving.add(spec.req_id)  # reported sent once done (at once by a rank that does not save)
+                if self._saves_here:
+                    self.transfers.submit_save(job)
+            elif self._saves_here:
+                self.transfers.run_save(job)
+
+    def handle_preemptions(self, meta: KVStoreConnectorMetadata) -> None:
+        if self.transfers is not None:
+            self.transfers.settle(meta.preempted)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self.transfers is None:
+            return None, None
+        received = set()
+        for job in self.transfers.collect().loads:
+            spec = self._loading.pop(job.req_id, None)
+            if spec is not None:
+                self._note_load(spec, job)
+                received.add(job.req_id)
+        self._finishing |= finished_req_ids & self._saving
+        sent = {rid for rid in self._finishing if not self.transfers.saving(rid)}
+        self._finishing -= sent
+        self._saving -= sent
+        return sent or None, received or None
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def close(self) -> None:
+        if self.transfers is not None:
+            self.transfers.close()
