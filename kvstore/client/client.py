@@ -28,7 +28,7 @@ import uuid
 from typing import Any, Callable, Sequence
 
 from ..config import default_socket
-from ..errors import ClientClosedError, DaemonUnavailable, KVStoreError, StoreFullError, UsageError, VersionError
+from ..errors import ClientClosedError, DaemonUnavailable, KVStoreError, UsageError, VersionError
 from ..keys import KEY_SCHEME
 from ..keys import chunk_keys as _chunk_keys
 from ..procinfo import self_identity
@@ -326,13 +326,14 @@ class Client(Mappings):
         if self._arena_view is None:
             raise ValueError("reserve needs the shared arena (an ipc:// client); use put over tcp://")
         check_batch(keys, "reserve")
-        request = {"op": Op.RESERVE, "keys": wire_keys(keys), "sizes": list(sizes), "parent": parent}
+        offered = self._credit.offer(self)   # the space lent to us may be what is missing: the daemon frees it then
+        request = {"op": Op.RESERVE, "keys": wire_keys(keys), "sizes": list(sizes), "parent": parent,
+                   "credit": offered.id if offered else 0}
+        header = None
         try:
             header, _ = self._call(request)
-        except StoreFullError:
-            if not self._credit.give_back(self):   # the space lent to us may be what is missing
-                raise
-            header, _ = self._call(request)
+        finally:
+            self._credit.offer_done(self, offered, header)
         views: list[memoryview | None] = []
         for slot in header["slots"]:
             if slot is not None and self._pages is not None:

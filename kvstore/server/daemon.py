@@ -37,6 +37,7 @@ are read from a ``stats()`` snapshot taken on the event loop when Prometheus scr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -120,7 +121,7 @@ class Daemon:
                                    f"stop it first or choose another --socket", "--socket"))
         remove_stale_socket(path)
         disk = open_disk(self.config, claims)   # before the arena: a directory in use costs no memory to refuse
-        arena = SharedArena.create(arena_path_for(path), self.config.host_mem)
+        arena = SharedArena.create(arena_path_for(path), self.config.host_mem, reserve_all=bool(self.config.gpu_mem))
         host = HostTier(arena)
         take(host.close)
         claims.leftovers.append(arena.path)
@@ -161,10 +162,8 @@ class Daemon:
         self._sockets.clear()
 
     def _remove_socket_file(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.config.socket)
-        except FileNotFoundError:
-            pass
 
     def _start_metrics(self) -> None:
         if self.config.metrics_port:
@@ -190,7 +189,8 @@ class Daemon:
         interval = watchdog_interval()
         if interval is not None:
             background.append(asyncio.create_task(self._watchdog_loop(interval)))
-        logs.info("ready", pid=os.getpid(), config=self.config.describe(**self._sizes_in_force()))
+        logs.info("ready", pid=os.getpid(), **self.svc.store.host.memory_fields(),
+                  config=self.config.describe(**self._sizes_in_force()))
         self.on_ready()
         await stop.wait()
         await self.shutdown()
