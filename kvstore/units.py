@@ -9,7 +9,8 @@ from .errors import ConfigError
 _SIZE_UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+    "p": 1000**5, "pb": 1000**5,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "pib": 1024**5,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -24,6 +25,8 @@ def parse_size(text: str | int, what: str = "size") -> int:
         return text
     if not isinstance(text, str):
         raise ConfigError(f"{what}: expected a size such as 512MiB or 4GiB, got {text!r}")
+    if text.strip().startswith("-"):
+        raise ConfigError(f"{what}: a size must not be negative, got {text!r}; write e.g. 512MiB or 4GiB")
     m = _SIZE_RE.match(text)
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _SIZE_UNITS:
@@ -34,8 +37,8 @@ def parse_size(text: str | int, what: str = "size") -> int:
 def format_size(n: int | float) -> str:
     """Bytes → the shortest binary-unit string (``1.5 GiB``)."""
     n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")

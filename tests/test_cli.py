@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 import kvstore
+from conftest import wait_for
 from daemons import run_cli, sandbox_env, short_tempdir
 
 
@@ -25,6 +27,14 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("args, needle", [
+    (["serve", "--host-mem", "-5MiB"], "--host-mem: a size must not be negative, got '-5MiB'"),
+    (["serve", "--host-mem", "10PiB"], "--host-mem: 10.0 PiB does not fit in memory"),
+    (["stats", "--count", "3"], "--count only applies with --watch"),
+    (["stats", "--interval", "2"], "--interval only applies with --watch"),
+    (["scrub", "--rate", "abc"], "argument --rate: cannot read 'abc' as a size"),
+    (["scrub", "--cancel", "--rate", "1MiB"], "--cancel stops passes and starts none"),
+    (["simulate", "trace.jsonl", "--host-mem", "1GiB", "--chunk-bytes", "1MiB", "--out", "x.png"],
+     "--out names the --sweep plot; add --sweep"),
     (["serve", "--no-such-flag"], "unrecognized arguments"),
     (["serve", "--host-mem", "lots"], "--host-mem"),
     (["serve", "--host-mem", "100TiB"], "does not fit in memory"),
@@ -46,7 +56,7 @@ def test_bad_config_key_is_named(tmp_path):
     result = kvstore_cli("serve", "--config", str(cfg))
     assert result.returncode == 2 and "unknown key 'host_memory'" in one_line_error(result)
     cfg.write_text('host_mem = [1, 2]\n')
-    assert "--host-mem" in one_line_error(kvstore_cli("serve", "--config", str(cfg)))
+    assert f"{cfg}: host_mem: expected a size" in one_line_error(kvstore_cli("serve", "--config", str(cfg)))
     cfg.write_text('host_mem = "64MiB\n')
     assert "not valid TOML" in one_line_error(kvstore_cli("serve", "--config", str(cfg)))
 
@@ -161,3 +171,150 @@ def test_every_subcommand_has_a_description_and_every_flag_help():
             if not isinstance(action, argparse._HelpAction) and action.help in (None, "", argparse.SUPPRESS):
                 missing.append(f"{name}: {'/'.join(action.option_strings) or action.dest}")
     assert not missing, missing
+
+
+# -- scrub: progress, and a pass that ends with the command that started it --------------------------------------
+
+def _slow_scrub_daemon(start_daemon):
+    """A daemon holding 8 chunks of 4 KiB: at --rate 1KiB a pass takes half a minute or more."""
+    d = start_daemon()
+    with d.client(namespace="scrub", chunk_tokens=4) as c:
+        c.put(c.chunk_keys(list(range(32))), [os.urandom(4096) for _ in range(8)])
+    return d
+
+
+def _scrubs_running(d) -> int:
+    with d.client(namespace="scrub-watch", use_arena=False) as c:
+        return int(c.stats()["scrub"]["running"])
+
+
+def _scrub_proc(d, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvstore", "scrub", "--socket", d.socket_path, "--rate", "1KiB",
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=sandbox_env(d.workdir))
+
+
+def test_scrub_timeout_stops_the_pass_in_the_daemon_and_shows_progress(start_daemon):
+    d = _slow_scrub_daemon(start_daemon)
+    result = kvstore_cli("scrub", "--socket", d.socket_path, "--rate", "1KiB", "--timeout", "2", "--json")
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("scrub: ") and " of 8 chunks" in lines[0] and "/s" in lines[0], lines
+    assert lines[-1].startswith("kvstore: error: the scrub was stopped at --timeout 2s"), lines
+    report = json.loads(result.stdout)
+    assert report["cancelled"] is True and report["checked"] < 16
+    assert _scrubs_running(d) == 0        # stopped before the command returned, not hours later
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_scrub_stops_its_pass(start_daemon, sig, code):
+    d = _slow_scrub_daemon(start_daemon)
+    proc = _scrub_proc(d)
+    try:
+        assert wait_for(lambda: _scrubs_running(d) == 1, timeout=30)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert "the daemon stopped the pass" in err
+    assert _scrubs_running(d) == 0
+
+
+def test_a_killed_scrub_command_has_its_pass_stopped_by_the_daemon(start_daemon):
+    d = _slow_scrub_daemon(start_daemon)
+    proc = _scrub_proc(d)
+    try:
+        assert wait_for(lambda: _scrubs_running(d) == 1, timeout=30)
+        proc.kill()   # no chance to cancel: the daemon notices its client stopped asking
+        proc.wait(30)
+    finally:
+        proc.kill()
+    assert wait_for(lambda: _scrubs_running(d) == 0, timeout=60)
+    assert "scrub_orphaned" in d.log()
+
+
+def test_scrub_cancel_stops_every_pass_and_its_command_says_so(start_daemon):
+    d = _slow_scrub_daemon(start_daemon)
+    proc = _scrub_proc(d)
+    try:
+        assert wait_for(lambda: _scrubs_running(d) == 1, timeout=30)
+        result = kvstore_cli("scrub", "--socket", d.socket_path, "--cancel")
+        assert result.returncode == 0 and result.stdout.strip() == "stopped 1 scrub pass", result
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "stopped by kvstore scrub --cancel" in err, err
+    assert _scrubs_running(d) == 0
+    again = kvstore_cli("scrub", "--socket", d.socket_path, "--cancel")
+    assert again.stdout.strip() == "no scrub pass started by a client was running"
+
+
+def test_scrub_rate_error_names_the_flag_once():
+    line = one_line_error(kvstore_cli("scrub", "--rate", "abc"))
+    assert line.count("--rate") == 1, line
+
+
+def test_config_file_errors_name_the_key_and_the_file(tmp_path):
+    cfg = tmp_path / "kv.toml"
+    cfg.write_text("host_mem = 128\n")
+    assert one_line_error(kvstore_cli("serve", "--config", str(cfg))) == (
+        f"kvstore: error: {cfg}: host_mem: 128 bytes is too small; give at least 1MiB")
+    cfg.write_text('host-mem = "lots"\n')
+    assert one_line_error(kvstore_cli("serve", "--config", str(cfg))).startswith(
+        f"kvstore: error: {cfg}: host-mem: cannot read 'lots' as a size")
+    cfg.write_text('host_mem = "64MiB"\nlease_ttl = "-1s"\n')
+    assert f"{cfg}: lease_ttl:" in one_line_error(kvstore_cli("serve", "--config", str(cfg)))
+    # a flag given over the file's value is what an error names
+    assert one_line_error(kvstore_cli("serve", "--config", str(cfg), "--lease-ttl", "x")).startswith(
+        "kvstore: error: --lease-ttl: cannot read 'x'")
+
+
+def test_relative_paths_in_a_config_file_are_read_beside_the_file(tmp_path, monkeypatch):
+    from kvstore.config import build_config
+
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    cfg = folder / "kv.toml"
+    cfg.write_text('socket = "run/kv.sock"\ndisk_dir = "chunks"\nhost_mem = "64MiB"\n')
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = build_config({}, os.path.relpath(cfg))
+    assert config.socket == str(folder / "run" / "kv.sock") and config.disk_dir == str(folder / "chunks")
+    flagged = build_config({"disk_dir": "mine"}, str(cfg))   # a flag: against the working directory
+    assert flagged.disk_dir == str(elsewhere / "mine")
+
+
+def test_watch_into_a_file_writes_each_frame_and_stops_cleanly_on_sigterm(daemon, tmp_path):
+    with daemon.client(namespace="w") as c:
+        c.put(c.chunk_keys(list(range(256))), [b"x" * 4096])
+    out = tmp_path / "watch.txt"
+    with open(out, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "kvstore", "stats", "--socket", daemon.socket_path, "--watch",
+                                 "--interval", "0.2"], stdout=f, stderr=subprocess.PIPE, text=True,
+                                env=sandbox_env(daemon.workdir))
+    try:
+        assert wait_for(lambda: out.read_text().count("hit rate (tokens)") >= 2, timeout=30), out.read_text()
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and err == "", err
+
+
+def test_stats_and_watch_show_a_tier_use_the_same_way(daemon):
+    from kvstore.cli.watch import percent
+
+    with daemon.client(namespace="w") as c:
+        c.put(c.chunk_keys(list(range(256))), [b"x" * (1 << 20)])
+        host = c.stats()["tiers"]["host"]
+    shown = percent(host["used_bytes"], host["capacity_bytes"])
+    assert shown.endswith(" %") and shown != "0.0 %"
+    table = kvstore_cli("stats", "--socket", daemon.socket_path).stdout
+    watched = subprocess.run([sys.executable, "-m", "kvstore", "stats", "--socket", daemon.socket_path, "--watch",
+                              "--count", "1"], capture_output=True, text=True, timeout=60,
+                             env=sandbox_env(daemon.workdir)).stdout
+    for text in (table, watched):
+        row = next(line for line in text.splitlines() if " host " in line)
+        assert shown in row, (shown, row)

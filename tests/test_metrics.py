@@ -76,3 +76,49 @@ def test_dashboard_is_json_and_names_only_defined_metrics():
     titles = {p["title"] for p in board["panels"]}
     assert {"Prefix hit rate (tokens)", "Tier fill", "Request latency p99", "Errors",
             "Integrity: damaged copies and scrubs", "Verification by engines"} <= titles
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _served_series(port: int) -> set[tuple[str, frozenset]]:
+    """(sample name, labels) of every sample a daemon's /metrics serves."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {(s.name, frozenset(s.labels.items())) for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def _wanted(expr: str) -> list[tuple[str, frozenset]]:
+    """Each ``kvstore_*`` name ``expr`` uses, with the label matchers written beside it (``{op="get"}``)."""
+    import re
+
+    wanted = []
+    for m in re.finditer(r"\b(kvstore_[a-zA-Z0-9_]*)(\{([^}]*)\})?", expr):
+        labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(3) or ""))
+        wanted.append((m.group(1), labels))
+    return wanted
+
+
+def test_every_family_an_alert_or_panel_uses_is_served_from_start(start_daemon):
+    """A fresh daemon (no request, no scrub yet) serves every series an alert or a dashboard panel reads, at
+    zero: an alert on a series that appears only after the first event never fires on that first event."""
+    port = _free_port()
+    start_daemon("--metrics-port", str(port))
+    served = _served_series(port)
+    exprs = [r.expr for r in alerts.alert_rules()] + dashboard.expressions()
+    missing = set()
+    for expr in exprs:
+        for name, labels in _wanted(expr):
+            if not any(n == name and labels <= have for n, have in served):
+                missing.add((name, tuple(sorted(labels))))
+    assert not missing, sorted(missing)
+    assert ("kvstore_scrub_corrupt_total", frozenset({("tier", "host")})) in served

@@ -183,7 +183,9 @@ def test_default_socket_and_keys_live_in_the_runtime_dir(workdir, monkeypatch):
     assert result.returncode == 0, result.stderr
     assert os.path.exists(os.path.join(workdir, "kvstore", "curve", "server.key_secret"))
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-    assert "`$XDG_RUNTIME_DIR/kvstore/kvstore.sock`" in readme and "$XDG_RUNTIME_DIR/kvstore/curve" in readme
+    assert "`$XDG_RUNTIME_DIR/kvstore/kvstore.sock`" in "".join(readme.splitlines(True)[:40])   # the first screen
+    keygen_help = run_cli("keygen", "--help")
+    assert keygen_help.returncode == 0 and "$XDG_RUNTIME_DIR/kvstore/curve" in keygen_help.stdout
     unit = open(os.path.join(os.path.dirname(__file__), "..", "systemd", "kvstore.service")).read()
     toml = open(os.path.join(os.path.dirname(__file__), "..", "systemd", "kvstore.toml")).read()
     runtime = re.search(r"^RuntimeDirectory=(\S+)$", unit, re.M).group(1)
@@ -267,3 +269,67 @@ def test_ready_line_shows_sizes_in_force_and_the_absolute_socket(workdir):
     assert "max_chunk=16.0MiB" in ready and "disk_queue=4.0MiB" in ready   # the host tier, a quarter of it
     size = re.search(r"disk_size=(\S+)", ready).group(1)
     assert size not in ("auto", "0B") and size.endswith("iB"), ready
+
+
+# -- listening errors name the flag to change and the address once -------------------------------------------
+
+def test_tcp_in_use_names_the_address_once(workdir):
+    busy = _busy_tcp_port()
+    address = f"127.0.0.1:{busy.getsockname()[1]}"
+    try:
+        line = one_line_error(serve("--socket", os.path.join(workdir, "kv.sock"), "--disk-dir",
+                                    os.path.join(workdir, "disk"), "--tcp", address, *SMALL))
+    finally:
+        busy.close()
+    assert line.count(address) == 1 and "another process listens there" in line, line
+
+
+def test_metrics_host_not_on_this_machine_names_the_host_not_the_port(workdir):
+    line = one_line_error(serve("--socket", os.path.join(workdir, "kv.sock"), "--disk-dir",
+                                os.path.join(workdir, "disk"), "--metrics-port", "19999",
+                                "--metrics-host", "10.99.99.99", *SMALL))
+    assert line.startswith("kvstore: error: --metrics-host: 10.99.99.99 is not an address of this host"), line
+    assert "another port" not in line
+
+
+# -- a socket in a directory anyone may replace it in ---------------------------------------------------------
+
+def test_socket_in_a_world_writable_directory_of_ones_own_is_warned_about(workdir):
+    shared = os.path.join(workdir, "shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o777)   # no sticky bit: anyone could rename the socket away and put theirs there
+    socket_path = os.path.join(shared, "kv.sock")
+    daemon = Started(["--socket", socket_path, "--disk-dir", os.path.join(workdir, "disk"), *SMALL], socket_path,
+                     workdir)
+    try:
+        warned = [line for line in daemon.log().splitlines() if "event=socket_dir_unsafe" in line]
+    finally:
+        assert daemon.stop() == 0
+    assert len(warned) == 1 and f"chmod o-w {shared}" in warned[0] and "level=WARNING" in warned[0], warned
+
+
+def test_socket_in_a_sticky_world_writable_directory_is_not_warned_about(workdir):
+    shared = os.path.join(workdir, "tmp")
+    os.mkdir(shared)
+    os.chmod(shared, 0o1777)   # as /tmp: others cannot remove what is ours
+    socket_path = os.path.join(shared, "kv.sock")
+    daemon = Started(["--socket", socket_path, "--disk-dir", os.path.join(workdir, "disk"), *SMALL], socket_path,
+                     workdir)
+    try:
+        assert "socket_dir_unsafe" not in daemon.log()
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_socket_in_another_users_world_writable_directory_is_refused(workdir):
+    if os.getuid() != 0:
+        pytest.skip("making a directory that belongs to another user needs root")
+    theirs = os.path.join(workdir, "theirs")
+    os.mkdir(theirs)
+    os.chown(theirs, 65534, 65534)
+    os.chmod(theirs, 0o777)
+    line = one_line_error(serve("--socket", os.path.join(theirs, "kv.sock"), "--disk-dir",
+                                os.path.join(workdir, "disk"), *SMALL))
+    assert f"--socket: directory {theirs} is writable by every user, has no sticky bit and belongs to uid 65534" \
+        in line, line
+    assert os.listdir(theirs) == []

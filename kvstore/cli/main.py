@@ -9,9 +9,9 @@ from typing import Sequence
 
 from .._version import __version__
 from ..errors import ConfigError, KVStoreError
-from . import alerts, keygen, route, scrub, serve, simulate, stats
+from . import alerts, events, keygen, route, scrub, serve, simulate, stats
 
-SUBCOMMANDS = (serve, stats, scrub, alerts, keygen, simulate, route)
+SUBCOMMANDS = (serve, stats, scrub, alerts, keygen, simulate, route, events)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -33,9 +33,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def attach_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--flag -5MiB`` → ``--flag=-5MiB``: argparse takes a word that starts with ``-`` for a flag unless it is a
+    plain number, so a negative size would get "expected one argument" instead of the size's own error."""
+    out: list[str] = []
+    for word in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and len(word) > 1 and word[0] == "-" \
+                and word[1].isdigit():
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(attach_negative_values(sys.argv[1:] if argv is None else argv))
     try:
         status = int(args.run(args) or 0)
         sys.stdout.flush()   # here, so that a closed pipe is caught below rather than at exit

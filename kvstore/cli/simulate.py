@@ -16,6 +16,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..units import format_size, parse_size
 
+DEFAULT_PLOT = "hit-rate-sweep.png"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..store.policies import DEFAULT_POLICY, POLICIES
@@ -40,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--sweep", action="store_true", help="also replay at 0.5 %%..100 %% of the distinct blocks "
                                                         "and draw hit rate against capacity")
-    p.add_argument("--out", default="hit-rate-sweep.png", metavar="PNG", help="--sweep: the plot (default: %(default)s)")
+    p.add_argument("--out", default=None, metavar="PNG", help=f"--sweep: the plot (default: {DEFAULT_PLOT})")
     p.set_defaults(run=run)
 
 
@@ -56,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
     from ..store.policies import POLICIES
 
     capacity = _capacity(args)
+    if args.out is not None and not args.sweep:
+        raise ConfigError("--out names the --sweep plot; add --sweep, or drop --out")
     if args.sweep:
+        args.out = args.out or DEFAULT_PLOT
         _check_sweep_output(args.out)   # before the replays, not after them
     requests = read_trace(args.trace, args.limit, args.block_tokens)
     blocks = distinct_blocks(requests)

@@ -24,8 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=positive_seconds, default=2.0, metavar="SECONDS",
                    help="how long to wait for the daemon's answer (default: %(default)s)")
     p.add_argument("--watch", action="store_true", help="refresh in place with rates until interrupted")
-    p.add_argument("--interval", type=positive_seconds, default=1.0, metavar="SECONDS", help="--watch refresh period")
-    p.add_argument("--count", type=_count, default=0, metavar="N", help="--watch: stop after N refreshes (0: never)")
+    p.add_argument("--interval", type=positive_seconds, default=None, metavar="SECONDS",
+                   help="--watch refresh period (default: 1)")
+    p.add_argument("--count", type=_count, default=None, metavar="N", help="--watch: stop after N refreshes (0: never)")
     p.set_defaults(run=run)
 
 
@@ -76,13 +77,22 @@ def fetch_stats(address: str, timeout: float) -> dict[str, Any]:
         client.close()
 
 
+def check_watch_flags(args: argparse.Namespace) -> None:
+    """``--interval`` and ``--count`` shape ``--watch``; given without it they would be silently ignored."""
+    given = [flag for flag, value in (("--interval", args.interval), ("--count", args.count)) if value is not None]
+    if given and not args.watch:
+        raise ConfigError(f"{given[0]} only applies with --watch; add --watch, or drop {given[0]}")
+    if args.watch and args.json:
+        raise ConfigError("--json prints one snapshot and --watch a live view; give one of them")
+
+
 def run_watch(args: argparse.Namespace) -> int:
     from .watch import watch
 
     address = address_of(args)
     client = open_client(address, args.timeout)
     try:
-        return watch(client, address, args.interval, args.count)
+        return watch(client, address, args.interval or 1.0, args.count or 0)
     finally:
         client.close()
 
@@ -91,22 +101,25 @@ def render_table(stats: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from .watch import percent
+
     console = Console()
     tiers = Table(title=f"kvstore {stats.get('version', '')} — up {stats.get('uptime_s', 0):.0f}s")
     for col in ("tier", "capacity", "used", "use %", "chunks"):
         tiers.add_column(col, justify="right" if col != "tier" else "left")
     for name, t in stats["tiers"].items():
         cap = t["capacity_bytes"]
-        pct = 100.0 * t["used_bytes"] / cap if cap else 0.0
-        tiers.add_row(name, format_size(cap), format_size(t["used_bytes"]), f"{pct:.1f}", str(t["chunks"]))
+        tiers.add_row(name, format_size(cap), format_size(t["used_bytes"]), percent(t["used_bytes"], cap),
+                      str(t["chunks"]))
     console.print(tiers)
     c = stats["counters"]
     asked, hit = stats["lookup_tokens"], stats["hit_tokens"]
-    rate = f"{100.0 * hit / asked:.1f} %" if asked else "-"
+    rate = percent(hit, asked)
     summary = Table(show_header=False)
     for label, value in (("hit tokens", hit), ("miss tokens", asked - hit), ("token hit rate", rate),
                          ("evictions", c["evictions"]), ("active leases", stats["leases"]),
-                         ("reservations", stats["reservations"]), ("clients", stats["sessions"])):
+                         ("reservations", stats["reservations"]), ("clients", stats["sessions"]),
+                         ("native paths", stats.get("native", "-"))):
         summary.add_row(label, str(value))
     from .watch import Sample, integrity_rows
 
@@ -129,6 +142,7 @@ def render_table(stats: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_watch_flags(args)
     try:
         if args.watch:
             return run_watch(args)

@@ -9,11 +9,13 @@ scrubs, and engines' verification; a line turns red while anything there is non-
 
 from __future__ import annotations
 
+import signal
+import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
@@ -66,7 +68,8 @@ def rates(prev: Sample | None, cur: Sample) -> dict[str, float]:
     return {name: max(0.0, (quantity(cur, name) - quantity(prev, name)) / dt) for name in QUANTITIES}
 
 
-def _pct(num: float, den: float) -> str:
+def percent(num: float, den: float) -> str:
+    """``num`` as a share of ``den`` (``39.1 %``), ``-`` when ``den`` is 0: the one format of ``stats``' tables."""
     return f"{100.0 * num / den:.1f} %" if den else "-"
 
 
@@ -78,13 +81,13 @@ def render(stats: dict[str, Any], prev: Sample | None, cur: Sample, address: str
         tiers.add_column(col, justify="left" if col == "tier" else "right")
     for name, t in stats.get("tiers", {}).items():
         tiers.add_row(name, format_size(t["capacity_bytes"]), format_size(t["used_bytes"]),
-                      _pct(t["used_bytes"], t["capacity_bytes"]), str(t["chunks"]))
+                      percent(t["used_bytes"], t["capacity_bytes"]), str(t["chunks"]))
     live = Table(show_header=True)
     live.add_column("")
     live.add_column("last interval", justify="right")
     live.add_column("since start", justify="right")
-    interval_rate = _pct(r["hit_tokens"], r["lookup_tokens"]) if r else "-"
-    live.add_row("hit rate (tokens)", interval_rate, _pct(stats["hit_tokens"], stats["lookup_tokens"]))
+    interval_rate = percent(r["hit_tokens"], r["lookup_tokens"]) if r else "-"
+    live.add_row("hit rate (tokens)", interval_rate, percent(stats["hit_tokens"], stats["lookup_tokens"]))
     per_s = [("lookups/s", "lookups", str), ("hit tokens/s", "hit_tokens", str),
              ("bytes in/s (put)", "bytes_in", format_size), ("bytes out/s (get)", "bytes_out", format_size),
              ("bytes between tiers/s", "bytes_between", format_size), ("evictions/s", "evictions", str)]
@@ -114,22 +117,45 @@ def integrity_rows(s: Sample) -> list[tuple[str, str, bool]]:
     ]
 
 
-def watch(client: Any, address: str, interval: float, count: int) -> int:
-    """Refresh every ``interval`` seconds, ``count`` times (0: until interrupted)."""
+class Terminated(Exception):
+    """SIGTERM arrived: end the watch as an interrupt would."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def frames(client: Any, address: str, interval: float, count: int) -> Iterator[Group]:
+    """One rendered frame every ``interval`` seconds, ``count`` times (0: until interrupted)."""
     prev: Sample | None = None
     shown = 0
-    with Live(refresh_per_second=4, auto_refresh=False) as live:
-        try:
-            while True:
-                stats = client.stats()
-                cur = Sample.of(stats)
-                live.update(render(stats, prev, cur, address), refresh=True)
-                prev, shown = cur, shown + 1
-                if count and shown >= count:
-                    break
-                time.sleep(interval)
-        except KeyboardInterrupt:
-            pass
-    if not live.console.is_terminal:
-        live.console.line()  # end the last frame's line when writing to a file or pipe
+    while True:
+        stats = client.stats()
+        cur = Sample.of(stats)
+        yield render(stats, prev, cur, address)
+        prev, shown = cur, shown + 1
+        if count and shown >= count:
+            return
+        time.sleep(interval)
+
+
+def watch(client: Any, address: str, interval: float, count: int) -> int:
+    """Refresh every ``interval`` seconds, ``count`` times (0: until interrupted or SIGTERM). On a terminal the
+    view refreshes in place; into a file or a pipe each frame is printed whole and flushed at once, so that a
+    reader (``tail -f``) sees it without waiting for the watch to end."""
+    console = Console()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        if console.is_terminal:
+            with Live(console=console, refresh_per_second=4, auto_refresh=False) as live:
+                for frame in frames(client, address, interval, count):
+                    live.update(frame, refresh=True)
+        else:
+            for frame in frames(client, address, interval, count):
+                console.print(frame)
+                sys.stdout.flush()
+    except (KeyboardInterrupt, Terminated):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0

@@ -6,6 +6,7 @@ the collector's snapshot function, so serving a scrape never races with a reques
 
 from __future__ import annotations
 
+import errno
 import threading
 from wsgiref.simple_server import WSGIServer
 
@@ -31,8 +32,19 @@ class MetricsExporter:
         try:
             self._server, self._thread = start_http_server(self.port, self.host, self.registry)
         except OSError as exc:
-            raise ConfigError(f"--metrics-port: cannot listen on {self.host}:{self.port}: {exc.strerror}; "
-                              f"choose another port or 0 to turn metrics off") from None
+            raise ConfigError(self._bind_failure(exc)) from None
+
+    def _bind_failure(self, exc: OSError) -> str:
+        """One line naming the flag to change: the address (not on this host) or the port (in use, refused)."""
+        where = f"{self.host}:{self.port}"
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return (f"--metrics-host: {self.host} is not an address of this host, so /metrics cannot listen on "
+                    f"{where}; give one of its addresses (127.0.0.1 by default)")
+        if exc.errno == errno.EADDRINUSE:
+            return (f"--metrics-port: cannot listen on {where}: another process listens there; choose another "
+                    f"port, or 0 to turn metrics off")
+        return (f"--metrics-port: cannot listen on {where}: {exc.strerror}; choose another port, or 0 to turn "
+                f"metrics off")
 
     def stop(self) -> None:
         if self._server is not None:

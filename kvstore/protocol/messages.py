@@ -302,6 +302,29 @@ class Scrub:
         return cls(rate=read_int(h, "rate", 0, MAX_SCRUB_RATE, default=0))
 
 
+MAX_KEEPALIVE_MS = 3_600_000   # a client may go quiet for an hour at most before its pass is stopped
+
+
+@dataclass(frozen=True)
+class ScrubStart:
+    rate: int           # bytes checked per second at most (0: no bound)
+    keepalive: float    # seconds without a SCRUB_STATUS after which the pass is stopped
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "ScrubStart":
+        return cls(rate=read_int(h, "rate", 0, MAX_SCRUB_RATE, default=0),
+                   keepalive=read_int(h, "keepalive_ms", 100, MAX_KEEPALIVE_MS, default=10_000) / 1000)
+
+
+@dataclass(frozen=True)
+class ScrubPassId:
+    pass_id: int        # as SCRUB_START answered; 0 in SCRUB_CANCEL: every pass clients started
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "ScrubPassId":
+        return cls(pass_id=read_int(h, "pass", 0, 1 << 62))
+
+
 @dataclass(frozen=True)
 class VerifyReport:
     """A connector computed the KV of ``keys``' chunks and compared it with the stored chunks."""

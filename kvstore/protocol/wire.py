@@ -41,24 +41,27 @@ MAX_FRAMES = MAX_BATCH + 1
 class Op(enum.IntEnum):
     """Operation codes. Append-only."""
 
-    HELLO = 1
-    PING = 2
-    LOOKUP = 3
-    RESERVE = 4
-    COMMIT = 5
-    ABORT = 6
-    GET = 7
-    RELEASE = 8
-    DELETE = 9
-    STATS = 10
-    CLEAR = 11
-    PUT_INLINE = 12
-    EXTEND = 13
+    HELLO = 1           # first on every connection: version, namespace and key parameters; the arena and index to map
+    PING = 2            # liveness
+    LOOKUP = 3          # how many leading chunks of a chain are stored, where; pins nothing, may start promotions
+    RESERVE = 4         # allocate slots for chunks a writer will copy in (two-phase put)
+    COMMIT = 5          # publish reserved slots once written
+    ABORT = 6           # give reserved slots back unwritten
+    GET = 7             # lease the stored prefix of a chain: slots in the arena (ipc://) or the bytes inline (tcp://)
+    RELEASE = 8         # end a lease
+    DELETE = 9          # drop chunks by key
+    STATS = 10          # the daemon's tiers, counters and settings
+    CLEAR = 11          # drop every chunk of the client's namespace
+    PUT_INLINE = 12     # a put with the bytes in the message (tcp://, clients without the arena)
+    EXTEND = 13         # push a lease's deadline back
     SCRUB = 14          # check every copy of every chunk now (kvstore scrub)
     VERIFY = 15         # a connector compared computed KV with stored chunks: counts, and what to drop
     CORRUPT = 16        # a client's view failed its checksum: the daemon checks the chunk itself
     LOOKUP_SEEN = 17   # lookups a client answered from the shared index: touch and count them (client/shared_index.py)
     CREDIT_PUT = 18    # publish chunks copied into a put credit, lend the next one (store/credits.py)
+    SCRUB_START = 19   # start a scrub pass and answer at once with its id (server/scrub_passes.py)
+    SCRUB_STATUS = 20  # a pass's progress, its report once ended; keeps the pass alive
+    SCRUB_CANCEL = 21  # stop one scrub pass, or (pass 0) every pass clients started
 
 
 def _check_unique_ops() -> None:

@@ -6,11 +6,20 @@ world-listable directories behind. ``make_private_dirs`` creates each missing le
 (``mkdir``'s mode is filtered by the umask, so it is set again explicitly) and returns the levels it made, in
 creation order, so that a start-up that fails later can remove them again (``remove_created_dirs``). A
 directory that was already there is never chmod-ed: it belongs to whoever made it.
+
+Replaceable directories. In a directory anyone may write to and that lacks the sticky bit, any local user can
+rename or unlink the daemon's socket and bind one of their own in its place, so clients would talk to them.
+``unsafe_levels`` finds such levels of a path (the socket's own directory and those above it);
+``socket_dir_risk`` decides what start-up does about them: the socket's own directory, owned by another user,
+is refused (nothing the daemon's user can do makes it safe); one the daemon's user owns, or a level above it,
+gets a warning that names the directory and the fix (``chmod o-w`` or ``chmod +t``), since the user can fix it.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+from dataclasses import dataclass
 
 PRIVATE_DIR_MODE = 0o700
 
@@ -59,3 +68,49 @@ def remove_created_dirs(created: list[str]) -> None:
             os.rmdir(level)
         except OSError:
             return   # not empty (or gone): what is left above it stays too
+
+
+def replaceable(st: os.stat_result) -> bool:
+    """A directory others may write to without the sticky bit: anyone can replace what is in it."""
+    return bool(st.st_mode & stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
+
+
+def unsafe_levels(directory: str) -> list[tuple[str, os.stat_result]]:
+    """The existing levels of ``directory`` (itself first, then its parents) that are ``replaceable``."""
+    found = []
+    level = os.path.abspath(directory)
+    while True:
+        try:
+            st = os.stat(level)
+        except OSError:
+            st = None
+        if st is not None and replaceable(st):
+            found.append((level, st))
+        parent = os.path.dirname(level)
+        if parent == level:
+            return found
+        level = parent
+
+
+@dataclass(frozen=True)
+class SocketDirRisk:
+    directory: str
+    refuse: bool     # the socket's own directory, owned by another user
+    line: str        # what to tell the operator, with the fix
+
+
+def socket_dir_risk(socket_path: str, uid: int | None = None) -> SocketDirRisk | None:
+    """What is wrong with the directories above ``socket_path`` (see the module docstring), or None."""
+    uid = os.getuid() if uid is None else uid
+    own = os.path.dirname(os.path.abspath(socket_path))
+    levels = unsafe_levels(own)
+    if not levels:
+        return None
+    where, st = levels[0]
+    if where == own and st.st_uid != uid:
+        return SocketDirRisk(where, True, f"--socket: directory {where} is writable by every user, has no sticky "
+                             f"bit and belongs to uid {st.st_uid}: anyone could replace the socket; put it in a "
+                             f"directory of your own (e.g. $XDG_RUNTIME_DIR/kvstore)")
+    return SocketDirRisk(where, False, f"directory {where} above the socket is writable by every user and has no "
+                         f"sticky bit: anyone could replace the socket; run chmod o-w {where} (or chmod +t "
+                         f"{where}), or choose another --socket")

@@ -46,7 +46,7 @@ from typing import Any, Awaitable
 import zmq
 from prometheus_client import CollectorRegistry
 
-from .. import logs
+from .. import logs, native
 from ..config import ServerConfig
 from ..errors import ConfigError, InternalError, LimitError, RequestError, UnavailableError, VersionError
 from ..metrics.collector import StatsCollector
@@ -63,7 +63,8 @@ from .refusals import RefusalLog
 from .service import Service
 from .session import Session
 from .stats import connector_stats, daemon_stats
-from .startup import Claims, check_socket_path, check_writable_dir, exclusive_lock, remove_stale_socket
+from .startup import (Claims, bind_failure, check_socket_dir, check_socket_path, check_writable_dir,
+                      exclusive_lock, remove_stale_socket)
 from .stopping import StopPlan, arm_forced_exit
 from .local_access import open_stream
 from .stream import StreamServer
@@ -111,12 +112,14 @@ class Daemon:
         self._claims.keep_dirs()
 
     def _open_steps(self) -> None:
+        native.enabled()   # a bad KVSTORE_NATIVE fails here, before anything is created
         claims, take = self._claims, self._claims.take
         take(self._ctx.term)   # the very last release: after every socket is closed
         path = self.config.socket
         check_socket_path(path)   # before anything is created: only a socket may be replaced
         claims.private_dirs(os.path.dirname(path), "--socket")
         check_writable_dir(os.path.dirname(path), "--socket")
+        check_socket_dir(path)
         claims.hold(exclusive_lock(path + ".lock", f"another kvstore daemon is already serving on {path}; "
                                    f"stop it first or choose another --socket", "--socket"))
         remove_stale_socket(path)
@@ -149,8 +152,7 @@ class Daemon:
             sock.bind(address)
         except zmq.ZMQError as exc:
             sock.close()
-            flag = "--socket" if transport == "ipc" else "--tcp"
-            raise ConfigError(f"{flag}: cannot listen on {address}: {exc}") from None
+            raise ConfigError(bind_failure(transport, address, exc)) from None
         finally:
             os.umask(old_umask)
         self._sockets.append((transport, sock))
@@ -189,7 +191,7 @@ class Daemon:
         interval = watchdog_interval()
         if interval is not None:
             background.append(asyncio.create_task(self._watchdog_loop(interval)))
-        logs.info("ready", pid=os.getpid(), **self.svc.store.host.memory_fields(),
+        logs.info("ready", pid=os.getpid(), **self.svc.store.host.memory_fields(), native=native.describe(),
                   config=self.config.describe(**self._sizes_in_force()))
         self.on_ready()
         await stop.wait()
@@ -350,8 +352,7 @@ class Daemon:
 
     def _error_reply(self, transport: str, owner: bytes, raw_header: Any, length: int, rid: int | None,
                      op: Op | None, exc: Exception) -> list[Any]:
-        """The reply to a failed request. One refused before its id was read (too large, too many keys) is answered
-        to the id found in it, so its client hears of it at once; a refusal for size is logged (``refusals.py``)."""
+        """A failed request's reply: to the id found in it if refused before it was read; size refusals logged."""
         rid, hinted = (rid, None) if rid is not None else header_hints(raw_header)
         if isinstance(exc, LimitError):
             self.refusals.note(transport, self.sessions.get(owner), op if op is not None else hinted, length, exc)
@@ -435,14 +436,13 @@ def _drop_late_reply(task: asyncio.Future) -> None:
 def run_daemon(config: ServerConfig) -> int:
     """Run until SIGTERM/SIGINT. Returns the process exit code."""
     try:
-        import uvloop
-        uvloop.install()
+        from uvloop import run as run_loop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        pass
+        run_loop = asyncio.run
     daemon = Daemon(config)
     try:
         daemon.open()
-        asyncio.run(daemon.serve())
+        run_loop(daemon.serve())
     finally:
         daemon.close()
     logs.info("stopped")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .. import logs
 from ..store.integrity import Integrity
 from ..store.scrub import Scrubber
+from .scrub_passes import ScrubPasses
 from .compat import NamespaceParams
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class Safeguards:
         self.store = store
         self.integrity = Integrity(store)
         self.scrubber = Scrubber(store, self.integrity, manager)
+        self.passes = ScrubPasses(self.scrubber)   # the passes clients start (kvstore scrub)
         self.verify = VerifyCounters()
         self.params = NamespaceParams(self._holds_chunks)
         self.scrub_rate = scrub_rate
@@ -52,16 +54,17 @@ class Safeguards:
 
     def start(self, loop: asyncio.AbstractEventLoop, remote: "RemoteMover | None",
               gpu_mover: "GpuMover | None") -> list[asyncio.Task]:
-        """Start taking sums (and checking around GPU copies); the background scrub's task when
-        ``--scrub-rate`` asks for one."""
+        """Start taking sums (and checking around GPU copies); the tasks to cancel at stop: the one that stops
+        passes whose client went quiet, and the background scrub's when ``--scrub-rate`` asks for one."""
         self.remote = remote
         self.integrity.start(loop)
         if gpu_mover is not None:
             gpu_mover.integrity = self.integrity
+        tasks = [loop.create_task(self.passes.reap())]
         if not self.scrub_rate:
-            return []
+            return tasks
         logs.info("scrub_background", rate=self.scrub_rate)
-        return [loop.create_task(self.scrubber.run_background(self.scrub_rate))]
+        return [*tasks, loop.create_task(self.scrubber.run_background(self.scrub_rate))]
 
     def _holds_chunks(self, namespace: str) -> bool:
         return any(e.namespace == namespace and e.readable for e in self.store.index.values())

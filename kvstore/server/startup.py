@@ -31,9 +31,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import zmq
+
 from .. import logs
 from ..errors import ConfigError
-from ..security.paths import make_private_dirs, remove_created_dirs
+from ..security.paths import make_private_dirs, remove_created_dirs, socket_dir_risk
 
 PROBE_TIMEOUT_S = 0.5
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symbolic link"),
@@ -55,6 +57,26 @@ def check_socket_path(path: str) -> None:
     if not stat.S_ISSOCK(st.st_mode):
         raise ConfigError(f"--socket: {path} is {file_kind(st.st_mode)}, not a socket; kvstore only replaces a "
                           f"stale socket of its own: choose another --socket")
+
+
+def check_socket_dir(path: str) -> None:
+    """Refuse, or warn about, a socket whose directories let anyone replace it (``security/paths.py``)."""
+    risk = socket_dir_risk(path)
+    if risk is None:
+        return
+    if risk.refuse:
+        raise ConfigError(risk.line)
+    logs.warning("socket_dir_unsafe", directory=risk.directory, message=risk.line)
+
+
+def bind_failure(transport: str, address: str, exc: zmq.ZMQError) -> str:
+    """One line for a socket that cannot listen, naming the address once (zmq's own text repeats it)."""
+    flag = "--socket" if transport == "ipc" else "--tcp"
+    if exc.errno == errno.EADDRINUSE:
+        return f"{flag}: cannot listen on {address}: another process listens there; stop it or choose another {flag}"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{flag}: cannot listen on {address}: that host is not an address of this machine; give one of its own"
+    return f"{flag}: cannot listen on {address}: {exc.strerror}; choose another {flag}"
 
 
 def check_writable_dir(directory: str, flag: str) -> None:

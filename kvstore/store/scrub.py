@@ -11,6 +11,12 @@ counted. The remote store is shared by many daemons and checked on every fetch; 
 Rate. ``rate`` bounds the bytes checked per second (0: as fast as the worker goes): after each chunk the pass
 sleeps until its bytes fit the budget, so a background scrub (``--scrub-rate``) costs a known share of memory
 bandwidth and one worker thread, and never holds the event loop longer than one chunk's bookkeeping.
+
+Progress and stopping. A pass may be given a ``ScrubProgress``, which it keeps up to date (what it planned to
+check, what it has checked) and whose ``stop`` it honours between two chunks, also while it sleeps for its rate:
+a stopped pass ends at once with the counts so far and ``cancelled`` set. Stopping is cooperative rather than a
+task cancellation so that a chunk being checked (a host slot held by the hashing worker, a file being read) is
+always finished and released first.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class TierScrub:
 class ScrubReport:
     tiers: dict[str, TierScrub] = field(default_factory=dict)
     seconds: float = 0.0
+    cancelled: bool = False   # stopped before it reached every chunk: the counts cover what it checked
 
     def tier(self, name: str) -> TierScrub:
         return self.tiers.setdefault(name, TierScrub())
@@ -53,7 +60,40 @@ class ScrubReport:
             for name in ("checked", "corrupt", "dropped", "bytes"):
                 setattr(totals, name, getattr(totals, name) + getattr(t, name))
         return {"tiers": {k: asdict(v) for k, v in self.tiers.items()}, "seconds": round(self.seconds, 3),
-                **asdict(totals)}
+                "cancelled": self.cancelled, **asdict(totals)}
+
+
+@dataclass
+class ScrubProgress:
+    """How far one pass has got; ``stop`` ends it between two chunks (see the module docstring)."""
+
+    chunks_total: int = 0     # chunks in the pass's snapshot of the index
+    bytes_total: int = 0      # bytes of their copies (a chunk in two tiers counts twice): what a full pass reads
+    chunks_done: int = 0
+    bytes_done: int = 0
+    started: float = field(default_factory=time.monotonic)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def plan(self, entries: list[Entry]) -> None:
+        self.chunks_total = len(entries)
+        self.bytes_total = sum(e.size * _copies(e) for e in entries)
+
+    def advance(self, nbytes: int) -> None:
+        self.chunks_done += 1
+        self.bytes_done += nbytes
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures a progress line shows: done and planned, the rate so far and the time left at that rate."""
+        seconds = time.monotonic() - self.started
+        rate = self.bytes_done / seconds if seconds > 0 else 0.0
+        left = max(0, self.bytes_total - self.bytes_done)
+        return {"chunks_done": self.chunks_done, "chunks_total": self.chunks_total, "bytes_done": self.bytes_done,
+                "bytes_total": self.bytes_total, "seconds": round(seconds, 3), "rate": round(rate, 1),
+                "eta_s": round(left / rate, 1) if rate > 0 else None}
+
+
+def _copies(entry: Entry) -> int:
+    return (entry.gpu_offset is not None) + (entry.host_offset is not None) + (entry.disk is DiskState.STORED)
 
 
 class Throttle:
@@ -64,10 +104,17 @@ class Throttle:
         self.started = time.monotonic()
         self.done = 0
 
-    async def took(self, nbytes: int) -> None:
+    async def took(self, nbytes: int, stop: asyncio.Event | None = None) -> None:
+        """Wait until ``nbytes`` more fit the rate, or until ``stop`` is set."""
         self.done += nbytes
         delay = self.done / self.rate - (time.monotonic() - self.started) if self.rate > 0 else 0.0
-        await asyncio.sleep(max(0.0, delay))
+        if stop is None or delay <= 0:
+            await asyncio.sleep(max(0.0, delay))
+            return
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
 
 
 class Scrubber:
@@ -79,18 +126,35 @@ class Scrubber:
         self.running = 0
         self.last: ScrubReport | None = None
         self.totals = ScrubReport()
+        for name in self._tiers():
+            self.totals.tier(name)   # every tier's counts exist, at zero, before the first pass
 
-    async def scrub(self, rate: float = 0.0, quiet: bool = False) -> ScrubReport:
-        """One pass over every tier (see the module docstring); ``quiet``: log the pass only if it found damage."""
+    def snapshot(self) -> list[Entry]:
+        """The chunks a pass starting now checks."""
+        return [e for e in self.store.index.values() if e.readable]
+
+    async def scrub(self, rate: float = 0.0, quiet: bool = False, progress: ScrubProgress | None = None,
+                    entries: list[Entry] | None = None) -> ScrubReport:
+        """One pass over every tier (see the module docstring); ``quiet``: log the pass only if it found damage.
+        ``progress`` is kept up to date, and its ``stop`` ends the pass early (the report says ``cancelled``);
+        ``entries``: the ``snapshot`` to check (default: one taken now)."""
         report = ScrubReport()
         for name in self._tiers():
             report.tier(name)
         started = time.monotonic()
         throttle = Throttle(rate)
+        progress = progress or ScrubProgress()
+        entries = self.snapshot() if entries is None else entries
+        progress.plan(entries)
         self.running += 1
         try:
-            for entry in [e for e in self.store.index.values() if e.readable]:
-                await throttle.took(await self._check(entry, report))
+            for entry in entries:
+                if progress.stop.is_set():
+                    report.cancelled = True
+                    break
+                read = await self._check(entry, report)
+                progress.advance(read)
+                await throttle.took(read, progress.stop)
         finally:
             self.running -= 1
         report.seconds = time.monotonic() - started
@@ -150,8 +214,8 @@ class Scrubber:
         if quiet and not summary["corrupt"]:
             return
         log = logs.warning if summary["corrupt"] else logs.info
-        log("scrub_done", checked=summary["checked"], corrupt=summary["corrupt"], dropped=summary["dropped"],
-            seconds=summary["seconds"])
+        log("scrub_cancelled" if report.cancelled else "scrub_done", checked=summary["checked"],
+            corrupt=summary["corrupt"], dropped=summary["dropped"], seconds=summary["seconds"])
 
     async def run_background(self, rate: float) -> None:
         """Scrub pass after pass at ``rate`` bytes per second, until cancelled."""

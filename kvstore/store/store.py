@@ -48,7 +48,7 @@ from .puts import PutMixin, Reservation, Slot
 from .remote_ledger import RemoteLedger
 from .room import make_room
 from .s3fifo import MAX_FREQ
-from .sinks import IndexSink, SumSink
+from .sinks import EventSink, IndexSink, SumSink
 
 if TYPE_CHECKING:
     from ..gpu.tier import GpuTier
@@ -80,6 +80,7 @@ class Store(PutMixin, DamageMixin):
         self.integrity = IntegrityCounters()
         self.sums: SumSink | None = None        # set by the checksummer: commits go through it first
         self.published: IndexSink | None = None   # the shared lookup index, when the daemon publishes one
+        self.events: EventSink | None = None      # KV cache events, when the daemon publishes them
         self.after_reply: AfterReply | None = None   # set by the daemon: a put's unseen work waits for its reply
         self.disk_ledger = DiskLedger(self, disk) if disk is not None else None
         self.gpu_ledger = GpuLedger(self, gpu) if gpu is not None else None
@@ -201,9 +202,13 @@ class Store(PutMixin, DamageMixin):
         return deleted
 
     def clear(self, namespace: str) -> int:
-        """Delete every committed chunk of ``namespace`` (and only those: other namespaces are other engines')."""
-        return self.delete([k for k, e in self.index.items()
-                            if e.state is State.COMMITTED and e.namespace == namespace])
+        """Delete every committed chunk of ``namespace`` (and only those: other namespaces are other engines').
+        When they are all the Store holds, the event sink hears of one clear rather than of each chunk."""
+        keys = [k for k, e in self.index.items() if e.state is State.COMMITTED and e.namespace == namespace]
+        if self.events is not None and keys and all(e.namespace == namespace for e in self.index.values()
+                                                    if e.readable):
+            self.events.all_cleared()
+        return self.delete(keys)
 
     def expire(self, keep_leases_of: Callable[[bytes], bool] | None = None) -> tuple[int, int]:
         """Release expired leases (but those of owners ``keep_leases_of`` spares, ``handles.py``) and abort expired
@@ -239,16 +244,21 @@ class Store(PutMixin, DamageMixin):
         """Publish ``key``'s readable state as it is now (called after every change to it): its fastest tier, or
         gone. Read from the index rather than from a changed entry, since a doomed entry freed late must not
         unlist the new chunk stored under its key since."""
+        entry = self.index.get(key)
+        readable = entry if entry is not None and entry.readable else None
+        if self.events is not None:
+            self.events.changed(key, readable)
         if self.published is None:
             return
-        entry = self.index.get(key)
-        if entry is not None and entry.readable:
-            self.published.set(key, STATE_OF_TIER[top_tier(entry)], entry.host_offset, entry.size)
+        if readable is not None:
+            self.published.set(key, STATE_OF_TIER[top_tier(readable)], readable.host_offset, readable.size)
         else:
             self.published.remove(key)
 
     def sync_many(self, keys: Sequence[bytes]) -> None:
         """``sync`` of several keys (a put's chunks), published in one batch."""
+        if self.events is not None:
+            self.events.changed_many([(k, self.index.get(k)) for k in keys])
         if self.published is None:
             return
         listed = []
