@@ -240,7 +240,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("socket", _read_socket, default_socket, "path of the ipc:// socket", "PATH", path=True),
     Setting("tcp", _read_tcp, lambda: None, "also listen on tcp://HOST:PORT (loopback unless you mean it)", "HOST:PORT"),
     Setting("host_mem", lambda v, n: parse_size(v, n), default_host_mem,
-            "size of the host DRAM tier (default: a quarter of available memory)", "SIZE"),
+            "most memory the host DRAM tier takes in /dev/shm, as chunks arrive (default: a quarter of "
+            "available memory)", "SIZE"),
     Setting("max_chunk", lambda v, n: parse_size(v, n), lambda: 0,
             "largest chunk accepted (0: as large as the host tier)", "SIZE"),
     Setting("lease_ttl", lambda v, n: parse_seconds(v, n), lambda: 30.0,

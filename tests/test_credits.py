@@ -254,3 +254,25 @@ def test_a_writer_holds_one_credit_and_a_forgotten_one_is_freed(daemon):
         assert first["credit"] == again["credit"] or stale["code"] == kvstore.ReservationError.code
     finally:
         raw.close()
+
+
+def test_a_reserve_that_needs_the_writers_own_credit_takes_it_in_the_same_request(start_daemon):
+    """The room a reserve needs is held by its writer's own credit: the daemon frees the credit the reserve names
+    and succeeds, with no error reply the writer never sees (a client that retried after giving the credit back
+    left the daemon counting one more error than its clients saw; issue 24, item 13)."""
+    d = start_daemon("--host-mem", "4MiB", "--disk-size", "0")   # credits of up to 128 KiB
+    with d.client(namespace="own") as c, d.client(namespace="fill") as fill:
+        c.put([os.urandom(16)], [b"c" * (64 << 10)])   # leaves c a 128 KiB credit
+        assert c._credit.held is not None and c._credit.held.size == 128 << 10
+        s = c.stats()
+        rest = s["tiers"]["host"]["capacity_bytes"] - s["tiers"]["host"]["used_bytes"] - s["credits"]["lent_bytes"]
+        key = os.urandom(16)
+        fill.put([key], [b"f" * rest])
+        with fill.get([key]):   # the tier is full: only c's own chunk can go, and it is too small
+            errors = c.stats()["errors"]
+            reservation = c.reserve([os.urandom(16)], [128 << 10])
+            reservation.abort()
+            after = c.stats()
+        assert c._credit.held is None            # the daemon freed it: the client forgot it
+        assert after["errors"] == errors, after   # no error reply on the way
+        assert after["credits"]["active"] == 0    # c's credit went back to the free space

@@ -95,3 +95,20 @@ def test_the_daemon_answers_an_oversized_request_to_its_id_and_keeps_the_connect
     refused = [line for line in daemon.log().splitlines() if "event=request_refused" in line]
     assert refused and all("client=raw-peer" in line for line in refused[-len(_raw_requests()):]), refused
     assert any("header_bytes=1600" in line and "op=lookup" in line for line in refused), refused
+
+
+def test_a_flood_of_refusals_is_logged_ten_lines_a_second_and_counted(caplog):
+    from kvstore.errors import LimitError
+    from kvstore.server.refusals import PER_SECOND, RefusalLog
+
+    now = [100.0]
+    refusals = RefusalLog(clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="kvstore"):
+        for _ in range(3 * PER_SECOND):
+            refusals.note("tcp", None, Op.GET, 70_000, LimitError("too many keys"))
+        now[0] += 1.0
+        refusals.note("tcp", None, None, 70_000, LimitError("too many keys"))
+    lines = [r.getMessage() for r in caplog.records if "event=request_refused" in r.getMessage()]
+    assert len(lines) == PER_SECOND + 1 and refusals.refused == 3 * PER_SECOND + 1
+    assert "op=get" in lines[0] and "client=-" in lines[0]
+    assert f"unlogged={2 * PER_SECOND}" in lines[-1] and "op=-" in lines[-1]

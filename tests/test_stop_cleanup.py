@@ -34,3 +34,33 @@ def test_a_clean_stop_removes_the_lock_a_killed_daemon_left(start_daemon):
     finally:
         d.stop()
         d.remove_leftovers()
+
+
+def _log_time(log: str, event: str) -> float:
+    """The wall-clock time of the daemon's first ``event`` line (its own timestamp)."""
+    line = next(line for line in log.splitlines() if f"event={event}" in line)
+    return datetime.datetime.strptime(line[3:26], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def test_the_process_ends_right_after_it_logs_stopped(start_daemon):
+    """A large arena (which took seconds to free at stop while every page was reserved up front) and a client
+    that came and went: the process is gone well within a second of SIGTERM, and at once after ``stopped``."""
+    d = start_daemon("--host-mem", large_host_mem())
+    with d.client() as c:
+        keys = [os.urandom(16) for _ in range(8)]
+        c.put(keys, [b"s" * 100_000] * 8)
+        with c.get(keys):
+            pass
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(timeout=30) == 0
+    exited = time.time()
+    log = d.log()
+    assert exited - _log_time(log, "stopping") < 1.0, log[-1500:]
+    assert exited - _log_time(log, "stopped") < 0.5, log[-1500:]
+
+
+def large_host_mem() -> str:
+    """Half the memory available now, at most 8 GiB: a size whose pages cost time to reserve and free."""
+    from kvstore.config import available_memory
+
+    return f"{min(8 << 10, available_memory() // 2 >> 20)}MiB"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
 
 from ..config import add_setting_flags, build_config
 from ..logs import setup_logging
@@ -20,4 +23,24 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     from ..server.daemon import run_daemon  # imported here so that `kvstore stats` starts fast
 
-    return run_daemon(config)
+    status = run_daemon(config)
+    end_process(status)
+    return status   # not reached
+
+
+def end_process(status: int) -> None:
+    """End a daemon that stopped cleanly without the interpreter's teardown.
+
+    By ``stopped`` the daemon has released everything it held (sockets, arena, locks, threads: its exit stack is
+    closed). What the interpreter would still do is CPU-bound bookkeeping of its own — clearing every module and
+    collecting every object, several passes — which takes tens of milliseconds on an idle host and seconds on a
+    loaded one, all after ``stopped``, with the service manager waiting for the process. Logs and the standard
+    streams are flushed first.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass   # a closed pipe or stream: nothing left to write there
+    os._exit(status)

@@ -32,7 +32,7 @@ import math
 import time
 from typing import Any, Callable, Sequence
 
-from ..errors import DaemonUnavailable, StoreFullError, UsageError, VersionError
+from ..errors import DaemonUnavailable, UsageError, VersionError
 from ..keys import KEY_BYTES
 from ..keys import chunk_keys as _chunk_keys
 from ..protocol.wire import Op
@@ -209,13 +209,14 @@ class Client(Session):
         return self._reserve(packed, checked, parent)
 
     def _reserve(self, packed: bytes, sizes: list[int], parent: bytes | None) -> Reservation:
-        request = {"op": Op.RESERVE, "keys": packed, "sizes": sizes, "parent": parent}
+        offered = self._credit.offer(self)   # the space lent to us may be what is missing: the daemon frees it then
+        request = {"op": Op.RESERVE, "keys": packed, "sizes": sizes, "parent": parent,
+                   "credit": offered.id if offered else 0}
+        header = None
         try:
             header, _ = self._call(request)
-        except StoreFullError:
-            if not self._credit.give_back(self):   # the space lent to us may be what is missing
-                raise
-            header, _ = self._call(request)
+        finally:
+            self._credit.offer_done(self, offered, header)
         views: list[memoryview | None] = []
         for slot in header["slots"]:   # the writer's own slots: of the read-write mapping
             if slot is not None and self._pages is not None:

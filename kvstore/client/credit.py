@@ -5,8 +5,9 @@ page-aligned offsets from the credit's start, copies them in, and sends one ``CR
 the chunks and names the credit for the next put. A put falls back to reserve + commit (``None`` from ``put``)
 when the daemon lends no credit (an older daemon, no room, the share of the arena lent is used up), when the
 chunks do not fit the largest credit it lends, and while another thread of the client is writing into the
-credit. A reserve that finds the store full gives the credit back and tries once more. A refused credit is not
-asked for again for a second, so a full store does not cost a third round trip per put.
+credit. A reserve names the credit held, if any: should the room be short, the daemon frees it and tries once
+more, so a writer whose own credit held the room needs one request, and meets no error it would not see. A
+refused credit is not asked for again for a second, so a full store does not cost a third round trip per put.
 
 A request about the credit forgets it until its reply names the next one: after a timeout the client never
 writes into space the daemon may have published meanwhile (the daemon frees the credit the client forgot).
@@ -142,20 +143,26 @@ class CreditWriter:
             raise error
         return committed
 
-    def give_back(self, client: "Client") -> bool:
-        """Return the held credit to the free space (a reserve found the store full); False when none is held
-        or another thread is writing into it."""
+    def offer(self, client: "Client") -> HeldCredit | None:
+        """The held credit, for a reserve to name (the daemon frees it should the room be short, and tries again):
+        forgotten until ``offer_done`` hears it was kept, and no other thread of the client uses the credit
+        meanwhile (its lock stays held). None when none is held or another thread is writing into it."""
         if self.held is None or not self._lock.acquire(blocking=False):
-            return False
+            return None
+        held, self.held = self.held, None
+        if held is None or held.arena is not client._arena:
+            self._lock.release()
+            return None
+        return held
+
+    def offer_done(self, client: "Client", offered: HeldCredit | None, reply: dict[str, Any] | None) -> None:
+        """The reserve that named ``offered`` is over: keep the credit when its reply says the daemon kept it
+        (after an error it may be gone: the daemon frees a credit its writer no longer names)."""
+        if offered is None:
+            return
         try:
-            held, self.held = self.held, None
-            if held is None or held.arena is not client._arena:
-                return False
-            try:
-                client._call({"op": Op.CREDIT_PUT, "credit": held.id, "keys": b"", "want": 0}, retry=False)
-            except (ReservationError, VersionError):
-                return False
-            return True
+            if reply is not None and reply.get("credit") == offered.id and offered.arena is client._arena:
+                self.held = offered
         finally:
             self._lock.release()
 

@@ -103,6 +103,10 @@ METRICS: tuple[MetricDef, ...] = (
     _m("tier_capacity_bytes", "gauge", "Capacity of each tier.", "tiers.{tier}.capacity_bytes"),
     _m("tier_used_bytes", "gauge", "Bytes in use in each tier (committed and reserved).", "tiers.{tier}.used_bytes"),
     _m("tier_chunks", "gauge", "Chunks held by each tier.", "tiers.{tier}.chunks"),
+    _m("host_reserved_bytes", "gauge", "Bytes of the host arena backed by pages so far (it grows as chunks arrive, "
+       "up to the tier's capacity).", "tiers.host.reserved_bytes"),
+    _m("host_backing_refused", "counter", "Host tier allocations refused because /dev/shm could not back their "
+       "pages (the put got StoreFullError).", "tiers.host.backing_refused"),
     _m("chunks", "gauge", "Committed chunks in the index (any tier).", "chunks"),
     # movement between tiers
     _m("promotions", "counter", "Chunks copied up from tier src to tier dst.", "counters.promotions_{src}_{dst}"),

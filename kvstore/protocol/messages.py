@@ -210,13 +210,15 @@ class Reserve:
     keys: list[bytes]
     sizes: list[int]
     parent: bytes | None
+    credit: int = 0     # a put credit the writer offers to free should the room be short (0: none)
 
     @classmethod
     def parse(cls, h: dict[str, Any], max_size: int) -> "Reserve":
         keys = read_keys(h)
         if len(set(keys)) != len(keys):
             raise BadRequestError("field 'keys' holds the same key twice")
-        return cls(keys=keys, sizes=read_sizes(h, len(keys), max_size), parent=read_optional_key(h, "parent"))
+        return cls(keys=keys, sizes=read_sizes(h, len(keys), max_size), parent=read_optional_key(h, "parent"),
+                   credit=read_int(h, "credit", 0, (1 << 64) - 1, default=0))
 
 
 MAX_CREDIT_BYTES = 1 << 48

@@ -37,6 +37,7 @@ are read from a ``stats()`` snapshot taken on the event loop when Prometheus scr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -123,7 +124,7 @@ class Daemon:
                                    f"stop it first or choose another --socket", "--socket"))
         remove_stale_socket(path)
         disk = open_disk(self.config, claims)   # before the arena: a directory in use costs no memory to refuse
-        arena = SharedArena.create(arena_path_for(path), self.config.host_mem)
+        arena = SharedArena.create(arena_path_for(path), self.config.host_mem, reserve_all=bool(self.config.gpu_mem))
         host = HostTier(arena)
         take(host.close)
         claims.leftovers.append(arena.path)
@@ -163,10 +164,8 @@ class Daemon:
         self._sockets.clear()
 
     def _remove_socket_file(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.config.socket)
-        except FileNotFoundError:
-            pass
 
     def _start_metrics(self) -> None:
         if self.config.metrics_port:
@@ -192,7 +191,7 @@ class Daemon:
         interval = watchdog_interval()
         if interval is not None:
             background.append(asyncio.create_task(self._watchdog_loop(interval)))
-        logs.info("ready", pid=os.getpid(), native=native.describe(),
+        logs.info("ready", pid=os.getpid(), **self.svc.store.host.memory_fields(), native=native.describe(),
                   config=self.config.describe(**self._sizes_in_force()))
         self.on_ready()
         await stop.wait()
@@ -353,8 +352,7 @@ class Daemon:
 
     def _error_reply(self, transport: str, owner: bytes, raw_header: Any, length: int, rid: int | None,
                      op: Op | None, exc: Exception) -> list[Any]:
-        """The reply to a failed request. One refused before its id was read (too large, too many keys) is answered
-        to the id found in it, so its client hears of it at once; a refusal for size is logged (``refusals.py``)."""
+        """A failed request's reply: to the id found in it if refused before it was read; size refusals logged."""
         rid, hinted = (rid, None) if rid is not None else header_hints(raw_header)
         if isinstance(exc, LimitError):
             self.refusals.note(transport, self.sessions.get(owner), op if op is not None else hinted, length, exc)

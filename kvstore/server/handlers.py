@@ -87,9 +87,10 @@ def handle_reserve(svc: Service, s: Session, h: dict, frames: list) -> Any:
 
 
 def _reserve_now(svc: Service, s: Session, h: dict, req: m.Reserve) -> Frames:
-    handle, slots = svc.store.reserve(s.owner, s.namespace, req.keys, req.sizes, req.parent)
+    handle, slots = svc.store.reserve(s.owner, s.namespace, req.keys, req.sizes, req.parent, req.credit)
     wire_slots = [None if slot is None else [slot.offset, slot.size] for slot in slots]
-    return [ok_reply(h["id"], reservation=handle.id, slots=wire_slots)]
+    kept = req.credit if req.credit and svc.store.credits.holds(s.owner, req.credit) else 0
+    return [ok_reply(h["id"], reservation=handle.id, slots=wire_slots, credit=kept)]
 
 
 def handle_commit(svc: Service, s: Session, h: dict, frames: list) -> Frames:

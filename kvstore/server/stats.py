@@ -67,7 +67,9 @@ def tier_stats(store: "Store") -> dict[str, dict[str, Any]]:
     usage = store.host.usage()
     tiers: dict[str, dict[str, Any]] = {"host": {"capacity_bytes": usage.capacity_bytes,
                                                  "used_bytes": usage.used_bytes - store.credits.lent_bytes,
-                                                 "chunks": usage.chunks - len(store.credits)}}   # lent: "credits"
+                                                 "chunks": usage.chunks - len(store.credits),   # lent: "credits"
+                                                 "reserved_bytes": store.host.reserved_bytes,
+                                                 "backing_refused": store.host.backing_refused}}
     disk = store.disk
     if disk is not None:
         tiers["disk"] = {"capacity_bytes": disk.capacity_bytes, "used_bytes": disk.used_bytes, "chunks": disk.chunks}

@@ -9,8 +9,8 @@ ZeroMQ socket's. The socket file is owner-only from its first moment, like the Z
 Requests are handled as they are read (uvloop's ``data_received``); replies are written without waiting (the
 transport buffers what the peer has not read). A request longer than ``MAX_HEADER_BYTES`` is not kept: its
 length says where the next one starts, so its bytes are read and dropped as they come (all but its head, where
-its id is) and it is answered, once its head is in, with the LimitError of any oversized request, through the one
-dispatcher; the stream stays open. Only a length past ``SKIP_MAX`` is answered at once and the stream closed.
+its id is) and it is answered, once it has all gone by, with the LimitError of any oversized request, through the
+one dispatcher; the stream stays open. Only a length past ``SKIP_MAX`` is answered at once and the stream closed.
 While the daemon stops, the listening socket is closed first (no new client) and reading is paused when the
 daemon stops taking messages.
 """
@@ -150,16 +150,15 @@ class StreamConnection(asyncio.Protocol):
                 self._dispatch(header)
 
     def _read_past(self, data: bytes) -> bytes:
-        """Drop the oversized request's bytes in ``data``, answering it once its head is in; returns what follows
+        """Drop the oversized request's bytes in ``data``, answering it once all of it has gone by (as any request
+        is answered after it is read: a client files a reply only once its request is sent); returns what follows
         it."""
         big = self._oversized
         assert big is not None
         rest = big.take(data)
-        if not big.answered and big.head_complete:
-            big.answered = True
-            self._refuse(big)
         if big.remaining == 0:
             self._oversized = None
+            self._refuse(big)
         return rest
 
     def _dispatch(self, header: bytes) -> None:
@@ -201,11 +200,6 @@ class Oversized:
         self.length = length
         self.remaining = length
         self.head = bytearray()
-        self.answered = False
-
-    @property
-    def head_complete(self) -> bool:
-        return len(self.head) >= min(HINT_BYTES, self.length)
 
     def take(self, data: bytes) -> bytes:
         """Consume this request's part of ``data`` (keeping the first ``HINT_BYTES``); return the rest."""

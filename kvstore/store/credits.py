@@ -125,6 +125,17 @@ class CreditBook:
             committed, rest = self._carve(handle.payload, namespace, keys, offsets, sizes, parent)
         return committed, self._lend(owner, handle, rest, want)
 
+    def give_back(self, owner: bytes, credit_id: int) -> bool:
+        """Free the owner's credit ``credit_id`` (a reserve that found no room offered it); False when the owner
+        holds no such credit."""
+        if credit_id not in self.table.ids_of(owner):
+            return False
+        self._free(self.table.take(owner, credit_id).payload)
+        return True
+
+    def holds(self, owner: bytes, credit_id: int) -> bool:
+        return credit_id in self.table.ids_of(owner)
+
     def expire(self, now: float, keep: Callable[[bytes], bool] | None) -> int:
         gone = self.table.pop_expired(now, keep)
         for handle in gone:

@@ -3,7 +3,8 @@
 A put finds the host tier full only once every chunk that may leave DRAM has left (``room.make_room``), so
 what is left is held: by this put itself (a put larger than the whole tier can never fit), by leases, by open
 reservations (this writer's or others'), by chunks whose slot a lower tier's I/O or a check reads, by put credits
-lent to writers, or it is free but in pieces smaller than the chunk. The message names each with its bytes and
+lent to writers, or it is free but in pieces smaller than the chunk — or ``/dev/shm`` could not back the pages
+of the room found (``tiers/arena.py``). The message names each with its bytes and
 says what would help, most of all the largest holder's fix. Counting walks the index: only a failed allocation
 pays for it.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from ..tiers.arena import SHM_DIR, shm_free
 from .entry import Entry, State
 
 
@@ -28,6 +30,8 @@ class HostHolders:
     credits_own: int = 0
     credits_others: int = 0
     free: int = 0
+    unbacked: bool = False     # the last try found room the file system could not back with pages
+    backed: int = 0            # bytes of the arena backed by pages
 
 
 def count_holders(store: Any, owner: bytes | None, taken: Sequence[Entry],
@@ -36,7 +40,8 @@ def count_holders(store: Any, owner: bytes | None, taken: Sequence[Entry],
     host = store.host
     this_put = {id(e) for e in taken}
     mine = {id(e) for h in store.reservations if h.owner == owner for e in h.payload.entries}
-    held = HostHolders(free=host.capacity_bytes - host.used_bytes)
+    held = HostHolders(free=host.capacity_bytes - host.used_bytes, unbacked=host.last_backing_refused,
+                       backed=host.reserved_bytes)
     for entry in store.index.values():
         if entry.host_offset is None:
             continue
@@ -62,6 +67,9 @@ def count_holders(store: Any, owner: bytes | None, taken: Sequence[Entry],
 
 def host_full_message(capacity: int, size: int, held: HostHolders) -> str:
     """One line: why a ``size``-byte chunk found no room, with the bytes of each holder and what would help."""
+    if held.unbacked:
+        return (f"host tier is full: {SHM_DIR} has no room to back more of the arena ({held.backed} of {capacity} "
+                f"bytes backed, {shm_free()} bytes free in {SHM_DIR}); free space there or lower --host-mem")
     if held.this_put + size > capacity:
         return (f"host tier is full: this put needs at least {held.this_put + size} bytes, more than the whole host "
                 f"tier ({capacity} bytes); put fewer or smaller chunks at a time, or raise --host-mem")

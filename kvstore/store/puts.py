@@ -45,12 +45,31 @@ class PutMixin:
         return ""
 
     def reserve(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
-                parent: bytes | None) -> tuple[Handle[Reservation], list[Slot | None]]:
-        """Allocate space for the keys not stored yet. Slot None means "already stored or being written"."""
+                parent: bytes | None, credit: int = 0) -> tuple[Handle[Reservation], list[Slot | None]]:
+        """Allocate space for the keys not stored yet. Slot None means "already stored or being written".
+
+        ``credit``: a put credit the writer holds and offers (``credits.py``): when the room is short it is freed
+        and the reserve tried once more, here, so that a writer whose own credit held the room needs no second
+        request (and no error it would not see). Raises StoreFullError when there is no room."""
         refusal = self.put_refusal()
         if refusal:
             self.counters.full_errors += 1
             raise StoreFullError(refusal)
+        try:
+            return self._reserve_slots(owner, namespace, keys, sizes, parent)
+        except StoreFullError:
+            if not (credit and self.credits.give_back(owner, credit)):
+                self.counters.full_errors += 1
+                raise
+        try:
+            return self._reserve_slots(owner, namespace, keys, sizes, parent)
+        except StoreFullError:
+            self.counters.full_errors += 1
+            raise
+
+    def _reserve_slots(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
+                       parent: bytes | None) -> tuple[Handle[Reservation], list[Slot | None]]:
+        """``reserve``'s allocations: all of them, or none (what was taken goes back) and StoreFullError."""
         res = Reservation(namespace, [])
         slots: list[Slot | None] = []
         prev = parent
@@ -70,7 +89,6 @@ class PutMixin:
                 prev = key
         except StoreFullError:
             self.drop_reserved(res.entries)
-            self.counters.full_errors += 1
             raise
         self.lru.touch_chain(res.present)
         handle = self.reservations.issue(owner, res, self.reserve_ttl, self.clock())

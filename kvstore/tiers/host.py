@@ -1,7 +1,13 @@
-"""Host DRAM tier: a shared-memory arena carved up by the extent allocator."""
+"""Host DRAM tier: a shared-memory arena carved up by the extent allocator.
+
+Every extent handed out is backed by pages first (``SharedArena.reserve``): an extent the file system cannot back
+is given back and the allocation fails as a full tier would (``backing_refused`` says so), so nothing is ever
+written where a SIGBUS waits.
+"""
 
 from __future__ import annotations
 
+from ..units import format_size
 from .allocator import ExtentAllocator, ExtentSpace, TierUsage
 from .arena import SharedArena
 
@@ -15,6 +21,30 @@ class HostTier(ExtentSpace):
         self.arena = arena
         self.allocator = ExtentAllocator(arena.size)
         self._view = arena.view()
+        self.backing_refused = 0        # allocations refused because /dev/shm could not back their pages
+        self.last_backing_refused = False
+
+    def allocate(self, nbytes: int) -> int | None:
+        """Byte offset of a fresh slot of at least ``nbytes``, backed by pages; None when no free extent is large
+        enough or the file system cannot back it."""
+        offset = self.allocator.allocate(nbytes)
+        if offset is None or self.arena.reserve(offset, self.allocator.size_of(offset)):
+            self.last_backing_refused = False
+            return offset
+        self.allocator.free(offset)
+        self.backing_refused += 1
+        self.last_backing_refused = True
+        return None
+
+    def memory_fields(self) -> dict[str, str]:
+        """What the ``ready`` line says of memory: the most the tier may take, and what it holds now."""
+        return {"host_mem_max": format_size(self.capacity_bytes).replace(" ", ""),
+                "host_mem_now": format_size(self.reserved_bytes).replace(" ", "")}
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Memory the arena holds now (its pages reserved so far); it grows up to ``capacity_bytes``."""
+        return self.arena.reserved_bytes
 
     def read(self, offset: int, nbytes: int) -> memoryview:
         """A view of a stored chunk's bytes (valid while the chunk is pinned)."""

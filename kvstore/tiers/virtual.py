@@ -24,6 +24,14 @@ class VirtualArena:
     def view(self) -> memoryview:
         return memoryview(b"")
 
+    def reserve(self, offset: int, nbytes: int) -> bool:
+        """Nothing to back: every extent is as good as reserved."""
+        return True
+
+    @property
+    def reserved_bytes(self) -> int:
+        return 0
+
     def close(self) -> None:
         pass
 
