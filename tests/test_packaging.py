@@ -170,15 +170,30 @@ def test_wheel_holds_every_module_and_the_native_sources(wheel):
     assert expected <= names, sorted(expected - names)
 
 
+def see_this_environment(python: str) -> None:
+    """Let the venv of ``python`` import this environment's packages (pyzmq, msgpack, ...) after its own.
+
+    ``venv --system-site-packages`` would not do: made from a virtualenv's interpreter it sees the base Python's
+    site-packages, not the virtualenv's, where the README's commands install the dependencies. A ``.pth`` file
+    that names this environment's site directories adds them after the venv's own (their own ``.pth`` files,
+    an editable kvstore among them, are not run), so the installed wheel's kvstore is the one imported."""
+    import site
+
+    own = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
+                         text=True, check=True, timeout=60).stdout.strip()
+    with open(os.path.join(own, "outer-environment.pth"), "w") as f:
+        f.write("".join(path + "\n" for path in site.getsitepackages() if os.path.isdir(path)))
+
+
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
 def test_an_installed_wheel_builds_the_native_kernels(wheel):
     """Installed (not editable) into a fresh venv, away from the checkout: the kernels build from package data."""
     where = short_tempdir("venv-")
     try:
         venv = os.path.join(where, "venv")
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], check=True,
-                       timeout=120)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
         python = os.path.join(venv, "bin", "python")
+        see_this_environment(python)
         # --ignore-installed: a kvstore visible to pip already (an editable install, a checkout on PYTHONPATH)
         # must not stand in for the wheel
         subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--ignore-installed",
@@ -225,6 +240,18 @@ def test_ci_installs_torch_first_and_runs_the_readme_test_command_verbatim():
     pip = [s for s in steps if s.startswith("pip install")]
     assert pip[0] == "pip install torch==2.13.0"
     assert "bash .ci/install-extras.sh" in steps and steps[-1] == test_command
+
+
+def test_ci_runs_everything_in_a_fresh_virtualenv_it_makes():
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        steps = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    made = next(i for i, s in enumerate(steps) if s.startswith("python3 -m venv "))
+    activated = next(i for i, s in enumerate(steps) if s.endswith("/bin/activate\"") and s.startswith("."))
+    first_pip = next(i for i, s in enumerate(steps) if s.startswith("pip install"))
+    assert steps[made - 1].startswith("rm -rf ") and made < activated < first_pip   # fresh, then used
+    assert any(s.startswith('export PYTHON="$VENV/bin/python"') for s in steps)   # and so do the .ci/install-*.sh
+    with open(os.path.join(ROOT, ".gitignore")) as f:
+        assert "/.venv-ci/" in f.read().split()
 
 
 def test_install_extras_runs_every_installer_once(tmp_path):
