@@ -24,7 +24,7 @@ RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 sys.path.insert(0, os.path.join(os.path.dirname(BENCH_DIR), "tests"))
 from daemons import DaemonProc, Daemons, short_tempdir  # noqa: E402  (the one way a daemon is started)
 
-__all__ = ["BenchDaemon", "DaemonProc", "RESULTS_DIR", "add_output_flag", "build_native_index", "free_port",
+__all__ = ["BenchDaemon", "DaemonProc", "RESULTS_DIR", "add_output_flag", "native_index", "free_port",
            "machine", "median_seconds",
            "memcpy_seconds", "sample_seconds", "short_tempdir", "start_daemon", "write_result"]
 
@@ -77,14 +77,12 @@ def start_daemon(*args: str, tcp: bool = True) -> BenchDaemon:
     return BenchDaemon(d, owner, "tcp://" + tcp_addr if tcp_addr else None)
 
 
-def build_native_index() -> str | None:
-    """Build the shared index's C walk (``client/native_walk.py``) into this run's scratch directory, never the
-    user's cache, for this process and the clients it starts; its path, or None (no compiler: the Python walk)."""
-    from kvstore import native_libs
+def native_index() -> str | None:
+    """The shared index's C library (``kvstore/native/walk.py``, ``place.py``) as the build made it, or None (not
+    built: the Python walk runs; ``python setup.py build_ext --inplace`` builds it in a checkout)."""
+    from kvstore import native
 
-    os.environ["KVSTORE_NATIVE_DIR"] = short_tempdir("native-")
-    native_libs.forget()
-    return native_libs.build("index").path
+    return str(native.library_path("index")) if native.load("index") is not None else None
 
 
 def sample_seconds(fn: Callable[[], None], repeat: int, warmup: int = 1) -> list[float]:
@@ -144,7 +142,7 @@ def write_result(name: str, payload: dict, quick: bool = False, out: str | None 
     """Write one result as JSON and return its path.
 
     A full run writes ``bench/results/NAME-<date>.json`` and copies it to ``NAME-latest.json`` (the figures
-    the README quotes). A ``quick`` run, or one given ``out``, writes only that file (a temporary one for
+    the docs quote). A ``quick`` run, or one given ``out``, writes only that file (a temporary one for
     ``quick``), so that a smoke run never replaces the committed figures.
     """
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")

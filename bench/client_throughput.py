@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore  # noqa: E402
 from kvstore.protocol.index_layout import H_SLOTS  # noqa: E402
-from _common import (add_output_flag, build_native_index, start_daemon, timed_put_get,  # noqa: E402
+from _common import (add_output_flag, native_index, start_daemon, timed_put_get,  # noqa: E402
                      write_result)
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
@@ -92,7 +92,7 @@ def measure_paths(address: str, paths: dict[str, dict], size: int, repeat: int) 
     return out
 
 
-# shared_index: the index walked in C (client/native_walk.py, built at the start of the run); shared_index_python:
+# shared_index: the index walked in C (kvstore/native/walk.py, as the build made it); shared_index_python:
 # walked in Python, as where the native library is not built. walk_floor: the floor of any lookup that reads this
 # table, measured under the same load — the C walk of the same packed keys alone (no checks, no client, no note to
 # the daemon), as memcpy is the floor of a copy.
@@ -196,8 +196,8 @@ def main() -> None:
     add_output_flag(ap)
     args = ap.parse_args()
     repeat = 3 if args.quick else 9
-    built = build_native_index()
-    print(f"index walk in C: {built or 'not built (no C compiler): Python'}")
+    built = native_index()
+    print(f"index walk in C: {built or 'not built (python setup.py build_ext --inplace): Python'}")
     d = start_daemon("--host-mem", "1536MiB", "--disk-size", "0") if _has_disk_flag() else start_daemon("--host-mem", "1536MiB")
     rows = []
     try:

@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from kvstore.ops import PagedKV, gather, native, registry, scatter  # noqa: E402
+from kvstore import native  # noqa: E402
+from kvstore.ops import PagedKV, gather, registry, scatter  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import median_seconds  # noqa: E402
@@ -71,11 +72,10 @@ def main() -> int:
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gather_scatter_cpu.json"))
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args()
-    built = native.build("cpu")
-    if built.path is None:
-        print(f"native C path not built: {built.error}", file=sys.stderr)
+    if native.load("copy") is None:
+        print(f"native C path not built ({native.library_path('copy')}): python setup.py build_ext --inplace",
+              file=sys.stderr)
         return 1
-    native.forget()
     report = {
         "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),

@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from _common import (  # noqa: E402
-    RESULTS_DIR, build_native_index, machine, median_seconds, memcpy_seconds, sample_seconds, short_tempdir,
+    RESULTS_DIR, machine, median_seconds, memcpy_seconds, sample_seconds, short_tempdir,
     start_daemon, write_result,
 )
 from peers_lmcache import LMCACHE_VENV, LMCachePeer, install_lmcache, lmcache_status  # noqa: E402
@@ -386,7 +386,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.install_lmcache:
         install_lmcache()
-    build_native_index()   # kvstore's clients walk the shared index in C, as after `python -m kvstore.ops.native`
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     unknown = set(peers) - set(ALL_PEERS)
     if unknown:

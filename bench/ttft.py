@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore  # noqa: E402
 from kvstore.connectors.hf import new_cache, load_prefix, model_namespace, save_prefix  # noqa: E402
 
-from _common import DaemonProc, build_native_index, short_tempdir, write_result  # noqa: E402
+from _common import DaemonProc, short_tempdir, write_result  # noqa: E402
 
 
 def build_model(args: argparse.Namespace):
@@ -159,7 +159,6 @@ def main() -> None:
     users = [torch.randint(3, 32000, (1, args.new_tokens), generator=g) for _ in range(args.repeat + 1)]
     prompts = [torch.cat([system, u], dim=1).to(args.device) for u in users]
 
-    build_native_index()   # the index walk and placement in C, as an installed kvstore has them once built
     workdir = short_tempdir()
     daemon = Daemon(workdir, host_mem="2GiB", disk_size="4GiB").start()
     rows: dict[str, list[float]] = {"no_store": [], "ideal": [], "host_hit": []}

@@ -34,6 +34,7 @@ def default_runtime_dir() -> str:
 
 
 def default_socket() -> str:
+    """``$XDG_RUNTIME_DIR/kvstore/kvstore.sock``, else ``/tmp/kvstore-$UID/kvstore.sock``."""
     return os.path.join(default_runtime_dir(), "kvstore.sock")
 
 
@@ -164,6 +165,7 @@ def _read_policy(value: Any, name: str) -> str:
 
 
 def default_disk_dir() -> str:
+    """``$XDG_CACHE_HOME/kvstore/chunks``, else ``~/.cache/kvstore/chunks``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "kvstore", "chunks")   # beside kvstore/native, the built kernels
 
@@ -193,6 +195,33 @@ def _default_policy() -> str:
     return DEFAULT_POLICY
 
 
+# -- KV cache events (server/kv_events.py, protocol/kv_events.py) -------------------------------------------------
+def _read_events_endpoint(value: Any, name: str) -> str:
+    """A ZeroMQ endpoint to bind (tcp://HOST:PORT or ipc://PATH), or "" (off)."""
+    text = _read_str(value, name).strip()
+    if text and not text.startswith(("tcp://", "ipc://")):
+        raise ConfigError(f"{name}: expected tcp://HOST:PORT or ipc://PATH (e.g. tcp://127.0.0.1:5557), "
+                          f"got {value!r}")
+    return text
+
+
+def _read_events_format(value: Any, name: str) -> str:
+    if _read_str(value, name).lower() not in ("map", "array"):   # protocol/kv_events.py FORMATS
+        raise ConfigError(f"{name}: must be map or array; got {value!r}")
+    return value.lower()
+
+
+def _read_count(value: Any, name: str) -> int:
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected a whole number, got {value!r}") from None
+    if not 1 <= count <= 10_000_000:
+        raise ConfigError(f"{name}: must be in 1..10000000, got {count}")
+    return count
+
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -215,7 +244,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_chunk", lambda v, n: parse_size(v, n), lambda: 0,
             "largest chunk accepted (0: as large as the host tier)", "SIZE"),
     Setting("lease_ttl", lambda v, n: parse_seconds(v, n), lambda: 30.0,
-            "how long a get pins its chunks unless released or extended", "SECONDS"),
+            "how long a get's lease lasts for a client the daemon cannot follow (another pid namespace); a live "
+            "local client keeps its leases until it releases them (past the TTL they count as overdue), a dead "
+            "one loses them at once", "SECONDS"),
     Setting("reserve_ttl", lambda v, n: parse_seconds(v, n), lambda: 30.0,
             "how long reserved space waits for its commit", "SECONDS"),
     Setting("disk_dir", _read_dir, default_disk_dir, "directory of the disk tier (default: the user's cache dir)",
@@ -239,7 +270,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metrics_host", _read_host, lambda: "127.0.0.1",
             "address /metrics listens on (loopback unless you mean it)", "HOST"),
     Setting("shutdown_timeout", lambda v, n: parse_seconds(v, n), lambda: 10.0,
-            "on SIGTERM, how long to let in-flight requests and puts finish before exiting", "SECONDS"),
+            "the whole stop's budget on SIGTERM (0.5s..3600s): each step's deadline is a share of it (puts "
+            "being written 50 %, remote puts 60 %, the disk flush 80 %, closing 90 %), and at 100 % the "
+            "process exits 1", "SECONDS"),
     Setting("gpu_mem", lambda v, n: parse_size(v, n), lambda: 0,
             "size of the GPU HBM tier (0: none); needs a CUDA GPU", "SIZE"),
     Setting("gpu_device", _read_gpu_device, lambda: 0, "CUDA device index of the GPU tier", "N"),
@@ -252,6 +285,21 @@ SETTINGS: tuple[Setting, ...] = (
             "directory of allowed clients' CURVE .key files (or one file of keys); needed with --curve-server-key",
             "PATH", path=True),
 )
+EVENT_SETTINGS = (
+    Setting("events_endpoint", _read_events_endpoint, lambda: "",
+            "publish KV cache events (vLLM's format) on a ZeroMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557 "
+            "(default: off)", "ENDPOINT"),
+    Setting("events_replay_endpoint", _read_events_endpoint, lambda: "",
+            "answer vLLM's replay requests for missed event batches on a ROUTER socket bound here", "ENDPOINT"),
+    Setting("events_buffer", _read_count, lambda: 10_000, "event batches kept for replay", "N"),
+    Setting("events_queue", _read_count, lambda: 100_000,
+            "event hand-offs waiting to be sent before new ones are dropped (and counted)", "N"),
+    Setting("events_format", _read_events_format, lambda: "map",
+            "map (vLLM's tagged maps, current releases) or array (the older positional events)", "FORMAT"),
+    Setting("events_topic", _read_str, lambda: "", "topic frame of every event message (vLLM's default: empty)",
+            "TOPIC"),
+)
+SETTINGS = SETTINGS + EVENT_SETTINGS
 _BY_NAME = {s.name: s for s in SETTINGS}
 
 
@@ -280,6 +328,12 @@ class ServerConfig:
     scrub_rate: int
     curve_server_key: str
     curve_client_keys: str
+    events_endpoint: str
+    events_replay_endpoint: str
+    events_buffer: int
+    events_queue: int
+    events_format: str
+    events_topic: str
 
     @property
     def chunk_limit(self) -> int:
@@ -366,6 +420,7 @@ def check_config(config: ServerConfig) -> None:
         check_gpu_settings(config.gpu_mem, config.gpu_device)
     from .security.curve import check_tcp_exposure
     check_tcp_exposure(config.tcp, config.curve_server_key, config.curve_client_keys)
+    check_events(config)
 
 
 def check_disk_size(config: ServerConfig) -> None:
@@ -388,3 +443,10 @@ def check_disk_size(config: ServerConfig) -> None:
         raise ConfigError(f"--disk-size: {format_size(config.disk_size)} is larger than the filesystem that holds "
                           f"{config.disk_dir} ({format_size(usage.total)} in all, {format_size(usage.free)} free); "
                           f"lower it, or use auto")
+
+
+def check_events(config: ServerConfig) -> None:
+    """Replay needs the events it replays, on an endpoint of its own."""
+    replay = config.events_replay_endpoint
+    if replay and (not config.events_endpoint or replay == config.events_endpoint):
+        raise ConfigError("--events-replay-endpoint: needs --events-endpoint too, and another endpoint than it")

@@ -14,6 +14,8 @@ from typing import Sequence
 import numpy as np
 import xxhash
 
+from .errors import UsageError
+
 KEY_BYTES = 16
 KEY_SCHEME = "xxh3-128/int64le/v1"
 
@@ -23,22 +25,47 @@ def namespace_root(namespace: str) -> bytes:
     return xxhash.xxh3_128_digest(("kvstore:" + KEY_SCHEME + ":" + namespace).encode())
 
 
+ONE_SEQUENCE = ("one sequence of integer token ids: a list, a 1-D array or tensor, or a 2-D one with a single "
+                "row (such as transformers' 1 x T input_ids)")
+INT64 = np.iinfo(np.int64)
+
+
 def _as_int64_bytes(token_ids: object) -> bytes:
+    """The token ids as little-endian int64 bytes; a UsageError for anything but one sequence of integers that
+    int64 holds (a batch of rows, nested lists, floats, strings, None, generators)."""
+    if isinstance(token_ids, (str, bytes, bytearray, memoryview)) or token_ids is None:
+        raise UsageError(f"token_ids must be {ONE_SEQUENCE}; got {type(token_ids).__name__}")
     if hasattr(token_ids, "detach"):  # a torch tensor; converted without importing torch here
-        token_ids = token_ids.detach().cpu().reshape(-1).numpy()
-    arr = np.asarray(token_ids)
+        try:
+            token_ids = token_ids.detach().cpu().numpy()
+        except TypeError as exc:   # a dtype numpy lacks (bfloat16): not token ids either way
+            raise UsageError(f"token_ids must be integers that int64 holds; got a tensor of {token_ids.dtype}") from exc
+    try:
+        arr = np.asarray(token_ids)
+    except ValueError as exc:   # ragged nesting
+        raise UsageError(f"token_ids must be {ONE_SEQUENCE}; got nested sequences of unequal lengths") from exc
+    if arr.ndim == 2 and arr.shape[0] == 1:
+        arr = arr[0]
     if arr.ndim != 1:
-        arr = arr.reshape(-1)
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"token ids must be integers, got dtype {arr.dtype}")
+        got = "a single value or an iterator" if arr.ndim == 0 else f"shape {tuple(arr.shape)}"
+        hint = ": pass one row at a time" if arr.ndim == 2 else ""
+        raise UsageError(f"token_ids must be {ONE_SEQUENCE}; got {got}{hint}")
+    if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
+        what = "integers beyond int64" if arr.dtype == object else f"dtype {arr.dtype}"
+        raise UsageError(f"token_ids must be integers that int64 holds; got {what}")
+    if arr.dtype == np.uint64 and arr.size and arr.max() > INT64.max:
+        raise UsageError("token_ids must be integers that int64 holds; got values above 2**63 - 1")
     return arr.astype("<i8", copy=False).tobytes()
 
 
 def chunk_keys(namespace: str, token_ids: Sequence[int] | object, chunk_tokens: int,
                include_partial: bool = False) -> list[bytes]:
-    """One key per full chunk of ``token_ids`` (plus the short tail if ``include_partial``)."""
-    if chunk_tokens <= 0:
-        raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+    """One key per full chunk of ``token_ids`` (plus the short tail if ``include_partial``).
+
+    ``token_ids``: one sequence (see ``ONE_SEQUENCE``). Raises UsageError for anything else, or a
+    ``chunk_tokens`` that is not a positive integer."""
+    if type(chunk_tokens) is not int or chunk_tokens <= 0:
+        raise UsageError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
     raw = _as_int64_bytes(token_ids)
     n_tokens = len(raw) // 8
     n_full = n_tokens // chunk_tokens

@@ -25,17 +25,23 @@ __all__ = ["DaemonProc", "short_tempdir", "wait_for"]
 USER_DIRS = hygiene.user_dirs(dict(os.environ))   # taken before the session's environment is redirected
 SESSION_HOME = os.path.join(scratch_root(), "session")
 os.environ.update({k: v for k, v in sandbox_dirs(SESSION_HOME).items() if k != "HOME"})
-os.environ["KVSTORE_NATIVE_DIR"] = os.path.join(scratch_root(), "native")
+os.environ["KVSTORE_NATIVE_DIR"] = os.path.join(scratch_root(), "native")   # where cupy would cache the CUDA kernel
 
 
-@pytest.fixture(scope="session", autouse=True)
-def native_index_walk() -> None:
-    """Clients walk the shared index in C where a compiler is at hand (``client/native_walk.py``), as after
-    ``python -m kvstore.ops.native``; ``test_shared_index.py`` holds the Python walk to the same answers."""
-    from kvstore.ops import native
+def require_native(kind: str) -> None:
+    """Skip a test of the native ``kind`` library (``index``, ``copy``) where it was not built, naming the build
+    command; under CI, where the install builds it, fail instead. The tests never compile it themselves."""
+    from kvstore import native
 
-    native.build("index")
-    native.forget()
+    if native.load(kind) is not None:
+        return
+    import servers
+
+    why = (f"the native {kind} library is not built ({native.library_path(kind)}): "
+           "`pip install -e .` or `python setup.py build_ext --inplace` builds it")
+    if servers.in_ci():
+        pytest.fail(why, pytrace=False)
+    pytest.skip(why)
 
 
 @pytest.fixture(scope="session", autouse=True)

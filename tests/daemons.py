@@ -84,7 +84,7 @@ def sandbox_dirs(workdir: str) -> dict[str, str]:
 
 def sandbox_env(workdir: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a kvstore child process confined to ``workdir``."""
-    native = os.path.join(scratch_root(), "native")   # built once per run, never in the user's cache
+    native = os.path.join(scratch_root(), "native")   # the CUDA kernel's cache, never the user's
     return {"KVSTORE_NATIVE_DIR": native, **os.environ, **sandbox_dirs(workdir), **(extra or {})}
 
 

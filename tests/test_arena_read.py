@@ -137,8 +137,9 @@ def test_a_queued_put_the_daemon_refuses_raises_at_flush_and_stores_nothing(daem
     with daemon.client(namespace="t") as c:
         good = c.chunk_keys([3] * 256)
         c.put(good, [_content(good[0])])   # takes a credit
-        assert c.put([b"short key"], [b"x" * 5000], wait=False) is None
-        with pytest.raises(BadRequestError):
+        twice = c.chunk_keys([9] * 256)[0]
+        assert c.put([twice, twice], [b"x" * 5000] * 2, wait=False) is None   # the daemon refuses a key twice
+        with pytest.raises(BadRequestError, match="same key twice"):
             c.flush()
         assert c.flush() == 0   # reported once
         keys = c.chunk_keys([4] * 256 * 2)

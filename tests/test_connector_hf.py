@@ -206,3 +206,22 @@ def wait_for_sums(kv) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def test_a_batch_of_input_ids_is_refused_in_one_line_and_each_row_works_alone(kv, model):
+    import kvstore
+
+    rows = torch.cat([prompt(300, seed=90), prompt(300, seed=91)], dim=0)   # 2 x 300: a batch
+    _, batch_cache = prefill(model, rows)
+    for call in (lambda: save_prefix(kv, model, rows, batch_cache), lambda: load_prefix(kv, model, rows)):
+        with pytest.raises(kvstore.UsageError, match=r"input_ids must be one sequence, a 1 x T tensor; got "
+                                                     r"\(2, 300\): call load_prefix and save_prefix once per row"):
+            call()
+    for i in range(2):   # nothing was stored under keys that chain one row onto the other; a row alone works
+        row = rows[i:i + 1]
+        assert load_prefix(kv, model, row)[1] == 0
+        _, cache = prefill(model, row)
+        assert save_prefix(kv, model, row, cache) == 1
+        cache, n = load_prefix(kv, model, row)
+        assert n == 256
+        assert_continues_like_full_prefill(model, row, cache, n)

@@ -5,26 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvstore.ops import PagedKV, gather, native, registry, scatter
+from conftest import require_native
+
+from kvstore import native
+from kvstore.ops import PagedKV, gather, registry, scatter
 
 L, NB, BS, H, D = 3, 12, 4, 2, 8
 
 
 @pytest.fixture(scope="module", params=["torch", "native"])
-def kernels(request, tmp_path_factory):
+def kernels(request):
     if request.param == "torch":
-        yield registry.TORCH
-        return
-    mp = pytest.MonkeyPatch()
-    mp.setenv("KVSTORE_NATIVE_DIR", str(tmp_path_factory.mktemp("native")))
-    native.forget()
-    result = native.build("cpu")
-    if result.path is None:
-        mp.undo()
-        pytest.skip(f"native C kernels not buildable here: {result.error}")
-    yield registry.select(torch.device("cpu"), "native")
-    native.forget()
-    mp.undo()
+        return registry.TORCH
+    require_native("copy")
+    return registry.select(torch.device("cpu"), "native")
 
 
 def expected_chunk(caches: list[torch.Tensor], ids: list[int], kv_dim: int) -> torch.Tensor:
@@ -167,6 +161,6 @@ def test_registry_choice_and_override(monkeypatch):
     native.forget()
     monkeypatch.setenv("KVSTORE_KERNELS", "native")
     assert registry.select(cpu) is registry.TORCH  # not available: the portable path runs
-    with pytest.raises(RuntimeError, match="not built"):
+    with pytest.raises(RuntimeError, match="not available: the C library was not built"):
         registry.select(cpu, "native")
     native.forget()

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import types
 import zipfile
 
@@ -35,10 +36,42 @@ def source_packages() -> set[str]:
     return found
 
 
-def test_every_package_is_listed_in_pyproject():
+def test_every_package_is_found_by_pyproject():
+    """``packages.find`` as pyproject configures it finds every package of the source tree, and nothing else."""
+    from setuptools import find_packages
+
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
-    assert source_packages() == listed
+        tool = tomllib.load(f)["tool"]["setuptools"]
+    assert set(tool["packages"]) == {"find"}   # no hand list
+    found = set(find_packages(ROOT, **tool["packages"]["find"]))
+    assert found == source_packages()
+
+
+def test_the_daemon_runs_its_loop_with_uvloop_run():
+    """``uvloop.install()`` (deprecated: it replaces the process's event loop policy) is called nowhere."""
+    import ast
+
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "kvstore")):
+        for name in (f for f in files if f.endswith(".py")):
+            path = os.path.join(dirpath, name)
+            for node in ast.walk(ast.parse(open(path).read(), path)):
+                if isinstance(node, ast.Attribute) and node.attr == "install":
+                    assert not (isinstance(node.value, ast.Name) and node.value.id == "uvloop"), path
+    from kvstore.server import daemon
+
+    assert "from uvloop import run" in open(daemon.__file__).read()
+
+
+def test_one_version_source():
+    """The version is written once, in kvstore/_version.py; pyproject reads it from there."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        pyproject = tomllib.load(f)
+    assert "version" not in pyproject["project"] and pyproject["project"]["dynamic"] == ["version"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "kvstore._version.__version__"}
+    with open(os.path.join(ROOT, "LICENSE")) as f:
+        license_text = f.read()
+    assert pyproject["project"]["license"] == "Apache-2.0" and "Apache License" in license_text
+    assert "Version 2.0, January 2004" in license_text and "END OF TERMS AND CONDITIONS" in license_text
 
 
 def test_public_surface_is_exactly_all():
@@ -68,15 +101,6 @@ def test_wire_error_codes_are_unique_and_stable():
     codes = {cls.__name__: cls.code for cls in errors.RequestError.__subclasses__()}
     assert len(set(codes.values())) == len(codes)
     assert codes["BadRequestError"] == 1 and codes["StoreFullError"] == 5 and codes["InternalError"] == 11
-
-
-def test_every_setting_is_documented_in_the_readme():
-    from kvstore.config import SETTINGS
-
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
-    missing = [s.name for s in SETTINGS if f"`--{s.name.replace('_', '-')}" not in readme]
-    assert not missing, f"settings missing from the README's flag table: {missing}"
 
 
 # -- torch is the engine side's extra: the daemon, the CLI and the client run without it ----------------------
@@ -139,20 +163,30 @@ def test_torch_is_an_extra_not_a_dependency():
         assert any(d.startswith("torch") for d in extras[extra]), extra
 
 
-# -- the wheel carries what an installed kvstore needs ----------------------------------------------------------
+# -- the wheel carries what an installed kvstore needs, and builds its native libraries --------------------------
 
-def build_wheel(where: str) -> str:
-    """``pip wheel`` of a copy of the source tree (so that no build/ or egg-info lands in the checkout)."""
+SOURCE_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE")
+
+
+def build_wheel(where: str, env: dict[str, str] | None = None) -> str:
+    """``pip wheel`` of a copy of the source tree (so that no build/ or egg-info lands in the checkout), which
+    builds the native libraries from native/ (``env``: e.g. ``CC=false``, a machine without a compiler)."""
     src = os.path.join(where, "src")
-    shutil.copytree(os.path.join(ROOT, "kvstore"), os.path.join(src, "kvstore"),
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in ("pyproject.toml", "README.md"):
+    for top in ("kvstore", "native"):
+        shutil.copytree(os.path.join(ROOT, top), os.path.join(src, top),
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+    for name in SOURCE_FILES:
         shutil.copy(os.path.join(ROOT, name), src)
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", src, "--no-deps", "--no-build-isolation", "-q",
-                          "-w", os.path.join(where, "dist")], capture_output=True, text=True, timeout=300)
+                          "-w", os.path.join(where, "dist")], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr[-3000:]
     (wheel,) = [os.path.join(where, "dist", n) for n in os.listdir(os.path.join(where, "dist"))]
     return wheel
+
+
+def has_compiler() -> bool:
+    return shutil.which(os.environ.get("CC") or "cc") is not None
 
 
 @pytest.fixture(scope="module")
@@ -162,54 +196,104 @@ def wheel():
     shutil.rmtree(where, ignore_errors=True)
 
 
-def test_wheel_holds_every_module_and_the_native_sources(wheel):
+@pytest.fixture(scope="module")
+def wheel_without_compiler():
+    where = short_tempdir("wheel-")
+    yield build_wheel(where, {"CC": "false"})
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def test_wheel_holds_every_module_the_license_and_the_cuda_source(wheel):
+    assert os.path.basename(wheel).startswith(f"kvstore-{kvstore.__version__}-")   # the one version source
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"kvstore/ops/native_src/kvstore_copy.c", "kvstore/ops/native_src/kvstore_copy.cu"} <= names
+    assert "kvstore/native/kvstore_copy.cu" in names   # compiled through cupy where a GPU is used
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(names)
     expected = {os.path.relpath(os.path.join(top, f), ROOT)
                 for top, _, files in os.walk(os.path.join(ROOT, "kvstore")) for f in files if f.endswith(".py")}
     assert expected <= names, sorted(expected - names)
 
 
-def see_this_environment(python: str) -> None:
-    """Let the venv of ``python`` import this environment's packages (pyzmq, msgpack, ...) after its own.
-
-    ``venv --system-site-packages`` would not do: made from a virtualenv's interpreter it sees the base Python's
-    site-packages, not the virtualenv's, where the README's commands install the dependencies. A ``.pth`` file
-    that names this environment's site directories adds them after the venv's own (their own ``.pth`` files,
-    an editable kvstore among them, are not run), so the installed wheel's kvstore is the one imported."""
-    import site
-
-    own = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
-                         text=True, check=True, timeout=60).stdout.strip()
-    with open(os.path.join(own, "outer-environment.pth"), "w") as f:
-        f.write("".join(path + "\n" for path in site.getsitepackages() if os.path.isdir(path)))
+@pytest.mark.skipif(not has_compiler(), reason="no C compiler here to build the native libraries")
+def test_the_wheel_holds_the_built_native_libraries(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"kvstore/native/_kvstore_index.so", "kvstore/native/_kvstore_copy.so"} <= names
+    assert not any(n.endswith((".c", ".o")) for n in names)
 
 
-@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
-def test_an_installed_wheel_builds_the_native_kernels(wheel):
-    """Installed (not editable) into a fresh venv, away from the checkout: the kernels build from package data."""
+def test_the_source_distribution_holds_the_native_sources_and_the_build_script(tmp_path):
+    src = tmp_path / "src"
+    for top in ("kvstore", "native"):
+        shutil.copytree(os.path.join(ROOT, top), src / top, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    for name in SOURCE_FILES:
+        shutil.copy(os.path.join(ROOT, name), src)
+    out = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")], cwd=src,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (sdist,) = (tmp_path / "dist").iterdir()
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert {"setup.py", "LICENSE", "native/kvstore_index.c", "native/kvstore_copy.c", "native/kvstore_copy.cu",
+            "kvstore/native/__init__.py"} <= names, sorted(names)
+    assert not any(n.endswith(".so") for n in names)
+
+
+INSTALLED = """
+import os, sys, torch
+import kvstore
+from kvstore import native
+from kvstore.client.shared_index import SharedIndexView
+from kvstore.ops import registry
+from kvstore.protocol.index_layout import HOST
+from kvstore.store.published_index import PublishedIndex
+
+writer = PublishedIndex(sys.argv[1], 16)
+reader = SharedIndexView(sys.argv[1])
+keys = [os.urandom(16) for _ in range(3)]
+writer.set_many([(k, HOST, None, 100) for k in keys])
+writer.beat()
+print(native.describe(), registry.select(torch.device("cpu")).name, reader.lookup(keys, False) == (3, {"host": 3}),
+      os.path.dirname(kvstore.__file__))
+reader.close()
+writer.close()
+"""
+
+
+def run_installed(wheel: str, where: str) -> list[str]:
+    """Install ``wheel`` (not editable) into a fresh venv away from the checkout and run ``INSTALLED`` there: the
+    shared index written and read, and the gather/scatter choice. The venv sees this interpreter's packages
+    through PYTHONPATH (the wheel's dependencies, torch), never the checkout or an editable install of it."""
+    venv = os.path.join(where, "venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
+    python = os.path.join(venv, "bin", "python")
+    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q", wheel],
+                   check=True, capture_output=True, timeout=300)
+    import sysconfig
+
+    env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    out = subprocess.run([python, "-c", INSTALLED, os.path.join(where, "index")], capture_output=True, text=True,
+                         timeout=120, cwd=where, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    words = out.stdout.split()
+    assert words[-1].startswith(venv + "/"), words   # the installed package ran, not the checkout
+    assert words[2] == "True", words                 # the index answered
+    return words[:2]
+
+
+@pytest.mark.skipif(not has_compiler(), reason="no C compiler here to build the native libraries")
+def test_an_installed_wheel_runs_its_built_native_libraries(wheel):
     where = short_tempdir("venv-")
     try:
-        venv = os.path.join(where, "venv")
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
-        python = os.path.join(venv, "bin", "python")
-        see_this_environment(python)
-        # --ignore-installed: a kvstore visible to pip already (an editable install, a checkout on PYTHONPATH)
-        # must not stand in for the wheel
-        subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--ignore-installed",
-                        "-q", wheel],
-                       check=True, capture_output=True, timeout=300)
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env["KVSTORE_NATIVE_DIR"] = os.path.join(where, "native")
-        out = subprocess.run([python, "-m", "kvstore.ops.native", "cpu"], capture_output=True, text=True,
-                             timeout=300, cwd=where, env=env)
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert out.stderr == ""   # no runpy warning, no missing-sources message
-        assert out.stdout.startswith(f"cpu: {env['KVSTORE_NATIVE_DIR']}/kvstore_copy_cpu_")
-        assert out.stdout.strip().endswith(".so")
-        where_from = subprocess.run([python, "-c", "import kvstore.ops.native as n; print(n.SOURCE_DIR)"],
-                                    capture_output=True, text=True, cwd=where, env=env, timeout=120).stdout.strip()
-        assert where_from.startswith(venv + "/"), where_from
+        assert run_installed(wheel, where) == ["index,copy", "gather:torch,scatter:native"]
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_without_a_compiler_the_wheel_builds_installs_and_runs_the_python_paths(wheel_without_compiler):
+    names = set(zipfile.ZipFile(wheel_without_compiler).namelist())
+    assert not any(n.endswith(".so") for n in names) and "kvstore/native/kvstore_copy.cu" in names
+    where = short_tempdir("venv-")
+    try:
+        assert run_installed(wheel_without_compiler, where) == ["none", "torch"]
     finally:
         shutil.rmtree(where, ignore_errors=True)
 

@@ -108,7 +108,8 @@ def test_curve_admits_known_keys_only(start_daemon, keys):
         with kvstore.connect(address, namespace="t", curve=good, timeout=5) as c:
             return c.stats()["auth_rejected"]
 
-    # As the README says: each refusal names its cause; only an unknown key reaches the ZAP handler and counts.
+    # As docs/deployment/security.md says: each refusal names its cause; only an unknown key reaches the ZAP
+    # handler and counts.
     rogue = ClientCurve.load(keys["server_public"], keys["rogue"])
     with pytest.raises(kvstore.DaemonUnavailable, match="refused this client's CURVE key"):
         kvstore.connect(address, namespace="t", curve=rogue, timeout=1)

@@ -14,12 +14,12 @@ from contextlib import contextmanager
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import wait_for
+from conftest import require_native, wait_for
 
 import kvstore
-from kvstore.client.native_walk import NativeWalk
 from kvstore.client.shared_index import SharedIndexView, packed_keys
-from kvstore.ops import native
+from kvstore import native
+from kvstore.native.walk import NativeWalk
 from kvstore.protocol.wire import Op
 from kvstore.protocol.index_layout import (DISK, GPU, H_EPOCH, H_HEARTBEAT, HEADER_BYTES, HOST, MAX_PROBE, MIN_SLOTS,
                                            REMOTE, SLOT_BYTES, STALE_S, supported)
@@ -40,9 +40,9 @@ def index_path():
 
 @pytest.fixture(params=["python", "native"])
 def walk(request) -> str:
-    """Which walk a reader of the table tests takes: the Python one, or the C one (``client/native_walk.py``)."""
-    if request.param == "native" and native.load("index") is None:
-        pytest.skip("the native index walk is not built here (no C compiler)")
+    """Which walk a reader of the table tests takes: the Python one, or the C one (``kvstore/native/walk.py``)."""
+    if request.param == "native":
+        require_native("index")
     return request.param
 
 
@@ -194,9 +194,8 @@ def test_seqlock_hides_slots_torn_by_a_concurrent_writer(index_path, walk):
 
 
 def test_the_c_walk_reads_what_the_python_walk_reads(index_path):
+    require_native("index")
     lib = native.load("index")
-    if lib is None:
-        pytest.skip("the native index walk is not built here (no C compiler)")
     writer = PublishedIndex(index_path, 16)
     reader = SharedIndexView(index_path)
     c_walk = NativeWalk(lib, reader._buf)
@@ -230,8 +229,7 @@ def test_the_c_walk_reads_what_the_python_walk_reads(index_path):
 def test_the_c_lookup_answers_every_header_state_as_the_python_one(index_path):
     """``NativeWalk.lookup`` does the header's checks in C: a rebuild in progress, a closed or stale view, and the
     promote rule (disk-only chunks, a remote tier below a walk that stops short) answer as in Python."""
-    if native.load("index") is None:
-        pytest.skip("the native index walk is not built here (no C compiler)")
+    require_native("index")
     writer = PublishedIndex(index_path, 16)
     readers = {walk: reader_of(index_path, walk) for walk in ("python", "native")}
     host, disk, absent = os.urandom(16), os.urandom(16), os.urandom(16)
@@ -273,8 +271,7 @@ def test_the_c_lookup_answers_every_header_state_as_the_python_one(index_path):
 def test_the_c_placement_writes_the_table_the_python_writer_writes(index_path, ops):
     """Batches of sets (new keys, keys listed already, a key twice, keys past MAX_PROBE) and removes, given to a
     writer placing new keys in C and to one placing them in Python: the two tables stay byte for byte the same."""
-    if native.load("index") is None:
-        pytest.skip("the native index placement is not built here (no C compiler)")
+    require_native("index")
     pool = colliding_keys(MAX_PROBE + 8) + [os.urandom(16) for _ in range(80 - MAX_PROBE - 8)]
     c_writer = PublishedIndex(index_path, 16)
     py_writer = PublishedIndex(index_path + ".py", 16)

@@ -118,7 +118,8 @@ def render_table(stats: dict[str, Any]) -> None:
     summary = Table(show_header=False)
     for label, value in (("hit tokens", hit), ("miss tokens", asked - hit), ("token hit rate", rate),
                          ("evictions", c["evictions"]), ("active leases", stats["leases"]),
-                         ("reservations", stats["reservations"]), ("clients", stats["sessions"])):
+                         ("reservations", stats["reservations"]), ("clients", stats["sessions"]),
+                         ("native paths", stats.get("native", "-"))):
         summary.add_row(label, str(value))
     from .watch import Sample, integrity_rows
 

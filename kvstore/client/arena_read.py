@@ -16,9 +16,9 @@ bytes are never taken for the old chunk; a reader that verifies (``verify=True``
 carries each chunk's checksum. The daemon still sees the get: it is batched into the next LOOKUP_SEEN note
 (touched in the eviction order, counted as a get), like lookups answered from the index.
 
-Cost: the index walk (~1 µs a key) and one read of each slot's ``seq`` after the copies; no system call but the
-liveness check of the stream (one non-blocking read), and the page-table population of untouched granules
-(``pages.py``). A chunk evicted during the copy costs the copy again.
+Cost: the index walk (one C call where the library is built) and one read of each slot's ``seq`` after the
+copies; no system call but the liveness check of the stream (one non-blocking read), and the page-table
+population of untouched granules (``pages.py``). A chunk evicted during the copy costs the copy again.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ..errors import UsageError
-from .buffers import copy_out, nbytes_of, writable_bytes
+from .buffers import copy_out, nbytes_of
 from .copies import copy_batch
 from .pages import PagePopulator
 from .shared_index import SharedIndexView
@@ -34,13 +34,14 @@ from .shared_index import SharedIndexView
 TRIES = 2   # a read that changed under the copy twice goes to the socket
 
 
-def read_with(index: SharedIndexView, arena: memoryview, pages: PagePopulator | None, keys: Sequence[bytes],
-              copy: Callable[[list[memoryview]], None]) -> list[bytes] | None:
-    """Hand ``copy`` views of the arena holding the longest stored prefix of ``keys``, checked unchanged after it
-    returns; the keys it was given, or None: ask the socket. ``copy`` may be called again (the chunks changed
-    under it, or the prefix got shorter) and must then redo its copy from the views it is given."""
+def read_with(index: SharedIndexView, arena: memoryview, pages: PagePopulator | None, packed: bytes,
+              copy: Callable[[list[memoryview]], None]) -> int | None:
+    """Hand ``copy`` views of the arena (its read-only mapping) holding the longest stored prefix of the keys
+    ``packed`` end to end, checked unchanged after it returns; how many chunks it was given, or None: ask the
+    socket. ``copy`` may be called again (the chunks changed under it, or the prefix got shorter) and must then
+    redo its copy from the views it is given."""
     for _ in range(TRIES):
-        located = index.locate(keys)
+        located = index.locate(packed)
         if located is None:
             return None
         if located is False:
@@ -52,19 +53,17 @@ def read_with(index: SharedIndexView, arena: memoryview, pages: PagePopulator | 
             pages.touch_many([(offset, size) for _, _, offset, size in found])
         copy([arena[offset:offset + size] for _, _, offset, size in found])
         if index.unchanged(epoch, found) == len(found):
-            return list(keys[:len(found)])
+            return len(found)
     return None
 
 
-def read_into(index: SharedIndexView, arena: memoryview, pages: PagePopulator | None, keys: Sequence[bytes],
-              dests: Sequence[Any]) -> list[bytes] | None:
-    """Copy the longest stored prefix of ``keys`` into ``dests``; the keys copied, or None: ask the socket
-    (``dests`` may then hold partial copies)."""
-    outs: list[Any] = []
+def read_into(index: SharedIndexView, arena: memoryview, pages: PagePopulator | None, packed: bytes,
+              outs: Sequence[Any]) -> int | None:
+    """Copy the longest stored prefix of the keys ``packed`` end to end into ``outs`` (``writable_bytes`` of the
+    caller's destinations); how many chunks were copied, or None: ask the socket (``outs`` may then hold partial
+    copies)."""
 
     def into(views: list[memoryview]) -> None:
-        while len(outs) < len(views):
-            outs.append(writable_bytes(dests[len(outs)]))
         sizes = [view.nbytes for view in views]
         for i, (size, out) in enumerate(zip(sizes, outs)):
             room = out.nbytes if type(out) is memoryview else nbytes_of(out)
@@ -72,4 +71,4 @@ def read_into(index: SharedIndexView, arena: memoryview, pages: PagePopulator | 
                 raise UsageError(f"get_into: destination {i} holds {room} bytes; its chunk has {size}")
         copy_batch(copy_out, list(zip(outs, views)), sizes)
 
-    return read_with(index, arena, pages, keys, into)
+    return read_with(index, arena, pages, packed, into)

@@ -5,6 +5,7 @@ torch is imported only when a tensor is actually passed, so clients that move pl
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -68,7 +69,10 @@ def copy_out(dest: Any, src: memoryview, gil_free: bool = False) -> None:
         return
     import torch
 
-    dest.view(-1).view(torch.uint8)[:len(src)].copy_(torch.frombuffer(src, dtype=torch.uint8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # ``src`` is read-only (a reader's view); it is only read
+        source = torch.frombuffer(src, dtype=torch.uint8)
+    dest.view(-1).view(torch.uint8)[:len(src)].copy_(source)
 
 
 def _copy_bytes(dst: memoryview, src: memoryview, gil_free: bool) -> None:

@@ -1,9 +1,9 @@
 """Copying a batch of chunks between the caller's buffers and the arena: on two threads once the batch is large.
 
 One core's copy does not fill the memory bus: it stalls on its own cache misses (a copy into arena memory that
-is not in cache reads each line before writing it). Measured here, 16 chunks of 2 MiB copied into the arena by
-one thread ran at 0.99x an in-cache memcpy of the same bytes, by two threads at 1.31x; 16 chunks of 256 KiB
-gained nothing (0.72x: handing half to a thread costs more than it saves). So a batch of ``PARALLEL_FROM``
+is not in cache reads each line before writing it), so a second thread copying the other half of a large batch
+gets more of the bus; a small batch gains nothing, since handing half of it to a thread costs more than it saves
+(``bench/copies.py`` measures both against a memcpy of the same bytes). So a batch of ``PARALLEL_FROM``
 bytes or more, of two chunks or more, is cut in two halves by bytes at a chunk boundary: the calling thread copies
 the first, one helper thread the second, and the call returns when both are done (the first error raised, if
 any, after both). numpy's and torch's copies release the GIL (``buffers.py`` copies host buffers through numpy

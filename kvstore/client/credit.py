@@ -24,12 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from ..errors import KVStoreError, ReservationError, VersionError
-from ..protocol.messages import wire_keys
+from ..keys import KEY_BYTES
 from ..protocol.wire import Op
 from .buffers import copy_into
 from .copies import copy_batch
-from .shared_index import packed_keys
-
 
 
 class Client(Protocol):
@@ -79,10 +77,10 @@ class CreditWriter:
         """A new session (the daemon restarted, or the client said hello again): the daemon holds no credit."""
         self.held = None
 
-    def put(self, client: "Client", keys: Sequence[bytes], buffers: Sequence[Any], sizes: list[int],
+    def put(self, client: "Client", packed: bytes, buffers: Sequence[Any], sizes: list[int],
             parent: bytes | None, wait: bool = True) -> int | None:
         """Chunks committed through the credit (``wait=False``: queued, see ``settle``), or None: put them with
-        reserve + commit instead."""
+        reserve + commit instead. ``packed``: the keys end to end, one per buffer."""
         align = int(client.server_info.get("align") or 0)
         if not self.enabled or not align:
             return None
@@ -91,7 +89,7 @@ class CreditWriter:
             return None
         try:
             self.settle(client)   # a queued put's reply names the credit
-            if _all_stored(client, keys):
+            if _all_stored(client, packed):
                 return None   # reserve + commit copies nothing for stored keys (and touches them)
             credit = self._usable(client, need)
             if credit is None:
@@ -104,13 +102,13 @@ class CreditWriter:
                                    for start, size, buf in zip(starts, sizes, buffers)], sizes)
             sent = time.monotonic()
             self.held = None   # spent: until a reply names the next one (a lost reply must not leave it usable)
-            request = {"op": Op.CREDIT_PUT, "credit": credit.id, "keys": wire_keys(keys),
+            request = {"op": Op.CREDIT_PUT, "credit": credit.id, "keys": packed,
                        "offsets": [credit.offset + s for s in starts], "sizes": sizes, "parent": parent,
                        "want": GROWTH * need}
             try:
                 if not wait:
                     self.queued = (client._send(request), sent)
-                    return len(keys)
+                    return len(sizes)
                 header, _ = client._call(request, retry=False)
             except (ReservationError, VersionError):
                 self.held = None   # taken back, or a restarted daemon never lent it: put the other way
@@ -190,14 +188,14 @@ class CreditWriter:
             cid, int(header["offset"]), int(header["size"]), sent + RENEW_AT * float(header["ttl"]), client._arena)
 
 
-def _all_stored(client: "Client", keys: Sequence[bytes]) -> bool:
+def _all_stored(client: "Client", packed: bytes) -> bool:
     """Whether the daemon's shared index lists every key (a put of them all would copy for nothing)."""
     index = client._index
     if index is None:
         return False
-    packed = packed_keys(keys)   # one try, uncounted: a table that moved just means "copy them"
-    walk = None if packed is None else index._walk(packed, len(keys), False)
-    return isinstance(walk, tuple) and walk[0] == len(keys)
+    n = len(packed) // KEY_BYTES
+    walk = index._walk(packed, n, False)   # one try, uncounted: a table that moved just means "copy them"
+    return isinstance(walk, tuple) and walk[0] == n
 
 
 def _layout(sizes: Sequence[int], align: int) -> tuple[list[int], int]:

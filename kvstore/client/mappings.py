@@ -3,6 +3,10 @@
 A restarted daemon makes new files under the same names, so each mapping remembers the file it mapped (device and
 inode) and maps again when that changed. Detaching releases the views first: views of live leases keep the old
 mapping alive until they go (``lease.py``).
+
+The arena is mapped twice (``tiers/arena.py``): ``_arena_view`` (read-write) is only sliced for slots this
+client was lent to fill; ``_read_view`` (read-only) for everything handed to a reader, so that no reader can
+change the bytes another reader gets. Each mapping has its own page tables, so each has its own populator.
 """
 
 from __future__ import annotations
@@ -28,21 +32,26 @@ class Mappings:
 
     _arena: SharedArena | None
     _arena_view: memoryview | None
+    _read_view: memoryview | None
     _pages: PagePopulator | None
+    _read_pages: PagePopulator | None
     _index: SharedIndexView | None
     _index_file: tuple[int, int] | None
     _gpu_pool: Any
     _gpu_info: dict[str, Any] | None
     _page_locked: Any
+    _read_locked: Any
 
     _arena_file: tuple[int, int] | None
 
     def _no_mappings(self) -> None:
         self._arena, self._arena_view, self._pages, self._arena_file = None, None, None, None
+        self._read_view, self._read_pages = None, None
         self._index, self._index_file = None, None
         self._gpu_pool = None      # kvstore.gpu.engine.MappedPool, when the daemon's pool is mapped
         self._gpu_info = None
         self._page_locked = None   # kvstore.gpu.page_lock.PageLockedRegion of our arena mapping
+        self._read_locked = None   # ... and of our read-only one
 
     def _attach_arena(self, arena: dict[str, Any] | None) -> None:
         """Map the arena the daemon named at hello (None: none, e.g. over tcp://)."""
@@ -54,7 +63,9 @@ class Mappings:
             self._arena_file = file_identity(arena["path"])
             self._arena = SharedArena.attach(arena["path"], int(arena["size"]))
             self._arena_view = self._arena.view()
+            self._read_view = self._arena.read_view()
             self._pages = PagePopulator(self._arena.buf, self._arena.size)
+            self._read_pages = PagePopulator(self._arena.read_buf or self._arena.buf, self._arena.size)
         elif not arena:
             self._detach_arena()
 
@@ -80,16 +91,27 @@ class Mappings:
         self._gpu_info = info
         if not info:
             return
-        from ..gpu.engine import MappedPool, page_lock_mapping  # torch: only for clients that ask for the GPU tier
+        from ..gpu.engine import MappedPool  # torch: only for clients that ask for the GPU tier
 
         self._gpu_pool = MappedPool.from_hello(info)
-        if self._gpu_pool is not None and self._gpu_pool.device.type == "cuda" and self._arena is not None:
-            self._page_locked = page_lock_mapping(self._arena.buf, self._arena.size)
+        if self._gpu_pool is not None and self._gpu_pool.device.type == "cuda":
+            self._page_lock_arena()
+
+    def _page_lock_arena(self) -> None:
+        """Page-lock both our mappings of the arena (CUDA): reads go from the read-only one, writes to the other."""
+        if self._page_locked is not None or self._arena is None:
+            return
+        from ..gpu.engine import page_lock_mapping  # torch: only for clients that ask for page-locking
+
+        self._page_locked = page_lock_mapping(self._arena.buf, self._arena.size)
+        if self._arena.read_buf is not None:
+            self._read_locked = page_lock_mapping(self._arena.read_buf, self._arena.size, read_only=True)
 
     def _detach_gpu(self) -> None:
-        if self._page_locked is not None:
-            self._page_locked.unlock()
-            self._page_locked = None
+        for region in (self._page_locked, self._read_locked):
+            if region is not None:
+                region.unlock()
+        self._page_locked = self._read_locked = None
         if self._gpu_pool is not None:
             self._gpu_pool.close()
             self._gpu_pool = None
@@ -98,10 +120,13 @@ class Mappings:
     def populate_arena(self) -> int:
         """Populate this client's whole mapping of the arena now, instead of range by range as requests first
         touch it (``pages.py``): for a client that wants its first puts and gets as fast as later ones. Returns the
-        bytes mapped (0 without an arena, over tcp://); costs about 0.6 s per GiB of arena here."""
+        bytes of arena populated (0 without an arena, over tcp://); both mappings (read-write for puts, read-only
+        for gets) are populated, which costs about 0.6 s per GiB of arena each here."""
         if self._pages is None or self._arena is None:
             return 0
         self._pages.touch(0, self._arena.size)
+        if self._read_pages is not None:
+            self._read_pages.touch(0, self._arena.size)
         return self._arena.size
 
     @property
@@ -111,11 +136,13 @@ class Mappings:
 
     def _detach_arena(self) -> None:
         self._detach_gpu()   # unpin before unmapping
-        if self._arena_view is not None:
+        for view in (self._arena_view, self._read_view):
             try:
-                self._arena_view.release()
+                if view is not None:
+                    view.release()
             except BufferError:
                 pass  # views of live leases still point into it; the mapping goes when they do
         if self._arena is not None:
             self._arena.close()
         self._arena, self._arena_view, self._pages = None, None, None
+        self._read_view, self._read_pages = None, None

@@ -1,15 +1,15 @@
 """Populating the arena mapping where a request touches it, instead of all of it at connect.
 
 A client maps the daemon's whole arena (the host tier: gigabytes, a quarter of the machine by default).
-Mapping it with ``MAP_POPULATE`` made connect time grow with the arena (0.6 s for 4 GiB here, seconds on
-slower machines) for pages most clients never touch. Mapping lazily makes connect constant, but then each
+Mapping it with ``MAP_POPULATE`` made connect time grow with the arena (``bench/connect_time.py`` measures it)
+for pages most clients never touch. Mapping lazily makes connect constant, but then each
 first touch of a 4 KiB page is a minor fault, which slows the first put or get into fresh slots. So the
 client asks the kernel to populate the range a request is about to copy into or hand out, once per 2 MiB
 granule of its mapping, with one ``madvise(MADV_POPULATE_READ)`` call per run of untouched granules: the
 same page-table work as ``MAP_POPULATE``, paid only for the slots used, in one system call per run instead of
 one fault per page. READ rather than WRITE: the read path maps 16 pages a step (fault-around) and on a shared
-tmpfs mapping the entries it makes are writable already, so a later write takes no fault; measured here, 32 MiB
-cost 7 ms to populate for reading, 16 ms for writing and 30 ms of faults without either. It never changes the
+tmpfs mapping the entries it makes are writable already, so a later write takes no fault, and populating for
+reading does less page-table work than for writing, both far less than one fault per page. It never changes the
 bytes. On a kernel older than 5.14 the call fails once and pages are faulted in on touch as before.
 
 Cost per request: one slice count over a bytearray per slot (a granule bitmap, 1 byte per 2 MiB of arena).

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .native_walk import STATES, NativeWalk, WalkRead
+from ..native.walk import STATES, NativeWalk, WalkRead
 from ..protocol.index_layout import (
     CLOSED, DISK, EMPTY, FILE_BYTES, H_EPOCH, H_FLAGS, H_HEARTBEAT, H_MAGIC, H_SLOTS, H_VERSION, HEADER_BYTES,
     LAYOUT_VERSION, MAGIC, MAX_PROBE, REMOTE, SLOT_BYTES, STALE_NS, TIER_OF_STATE, supported,
@@ -85,15 +85,18 @@ class SharedIndexView:
 
     def lookup(self, keys: Sequence[bytes], promote: bool) -> tuple[int, dict[str, int]] | None:
         """(leading keys stored, count per tier), or None: ask the socket (see the module docstring)."""
-        answer = self.answer(keys, promote)
+        packed = packed_keys(keys)
+        if packed is None:
+            self.deferred += 1
+            return None
+        answer = self.answer(packed, promote)
         return None if answer is None else (answer[0], tiers_of(answer[1]))
 
-    def answer(self, keys: Sequence[bytes], promote: bool) -> tuple[int, list[int], bytes] | None:
-        """``lookup``'s answer with the count per state as the walk read it (``tiers_of`` names them) and the
-        found keys packed (``SeenNotes.add_packed`` tells the daemon of them): what a client's ``lookup`` takes.
-        The keys are packed once for all tries and the note."""
-        packed = packed_keys(keys)
-        answer = None if packed is None else self._tries(packed, len(keys), promote)
+    def answer(self, packed: bytes, promote: bool) -> tuple[int, list[int], bytes] | None:
+        """``lookup``'s answer for the keys ``packed`` end to end, with the count per state as the walk read it
+        (``tiers_of`` names them) and the found keys packed (``SeenNotes.add_packed`` tells the daemon of them):
+        what a client's ``lookup`` takes. The keys are packed once (by the client) for all tries and the note."""
+        answer = self._tries(packed, len(packed) // _KEY_BYTES, promote)
         if answer is None:
             self.deferred += 1
             return None
@@ -134,8 +137,8 @@ class SharedIndexView:
         return (epoch, flags, read) if self._words[H_EPOCH] == epoch else False
 
     def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | bool | None:
-        """The walk a key at a time, in Python (``native_walk.py`` has it in C): as ``NativeWalk.walk`` (which
-        leaves the per-key lists empty without ``detail``; here they cost nothing extra)."""
+        """The walk a key at a time, in Python (``kvstore/native/walk.py`` has it in C): as ``NativeWalk.walk``
+        (which leaves the per-key lists empty without ``detail``; here they cost nothing extra)."""
         words = struct.unpack(f"<{2 * n}Q", packed)
         w, buf = self._words, self._buf
         offsets: list[int] = []
@@ -178,14 +181,13 @@ class SharedIndexView:
             return None
         return count, counts
 
-    def locate(self, keys: Sequence[bytes]) -> tuple[int, list[tuple[int, int, int, int]]] | None | bool:
-        """Where the leading keys' DRAM copies are, for a reader copying them out of the arena: (epoch, one
+    def locate(self, packed: bytes) -> tuple[int, list[tuple[int, int, int, int]]] | None | bool:
+        """Where the leading keys' (``packed`` end to end) DRAM copies are, for a reader copying them out of the arena: (epoch, one
         ``(slot offset, seq, arena offset, size)`` per chunk of the prefix held in DRAM); None when only the
         socket can answer (the view is stale, or the prefix stops at a chunk held elsewhere, not listed, or — with
         a remote tier below — missing); False when the table moved (try again). Check the copies with
         ``unchanged`` afterwards."""
-        packed = packed_keys(keys)
-        read = None if packed is None else self._read(packed, len(keys), detail=True)
+        read = self._read(packed, len(packed) // _KEY_BYTES, detail=True)
         if not isinstance(read, tuple):
             return read
         epoch, flags, walked = read
@@ -249,12 +251,12 @@ class SeenNotes:
     stats call) sees its effect; lookups made less than ``interval`` after a note wait for the client's next one.
     """
 
-    # 250 ms: on a loaded host a reply-less send costs the sender ~0.1-0.4 ms (the woken daemon preempts it), and
-    # the call that finds the note due pays it. Told every 50 ms, one lookup in 100 of a scheduler asking every
-    # half millisecond paid it, which was its p99 (270-350 µs against 93-157 µs every 250 ms, in the same
-    # interleaved rounds of ``bench/client_throughput.py``); every 2 ms, with 8 such schedulers, the daemon woke
-    # 4,000 times a second and their p99 doubled. A touch of the eviction order 250 ms late changes little, and
-    # what watches the daemon (stats, Prometheus) reads it once a second or less often.
+    # 250 ms: on a loaded host a reply-less send costs the sender a preemption by the woken daemon, and the call
+    # that finds the note due pays it. The more often notes go, the larger the share of a scheduler's lookups that
+    # pay it, which becomes their tail latency, and with several schedulers the daemon wakes for notes more often
+    # than for requests (``bench/client_throughput.py`` measures the tail under such schedulers). A touch of the
+    # eviction order 250 ms late changes little, and what watches the daemon (stats, Prometheus) reads it once a
+    # second or less often.
     def __init__(self, interval: float = 0.25, max_keys: int = 2048) -> None:
         self.interval = interval
         self.max_keys = max_keys
@@ -276,10 +278,11 @@ class SeenNotes:
             self._keys += len(found) // _KEY_BYTES
         return self._keys >= self.max_keys or time.monotonic() - self._since >= self.interval
 
-    def add_read(self, chain: Sequence[bytes]) -> bool:
-        """Record one get served from the arena; True when the batch is due to be sent."""
-        self.read.append(b"".join(chain))
-        self._keys += len(chain)
+    def add_read(self, chain: bytes) -> bool:
+        """Record one get served from the arena (the chain read, its keys packed end to end); True when the batch
+        is due to be sent."""
+        self.read.append(chain)
+        self._keys += len(chain) // _KEY_BYTES
         return self._keys >= self.max_keys or time.monotonic() - self._since >= self.interval
 
     def take(self) -> dict | None:

@@ -17,17 +17,17 @@ import threading
 import time
 from typing import Any
 
-from ..errors import DaemonUnavailable, error_from_code
+from ..errors import DaemonUnavailable, UsageError, error_from_code
 from ..protocol.stream import request_bytes, reply_frames
 from ..protocol.wire import decode_header, encode
 
 
 # A lookup answered from the shared index first asks whether the daemon is still there: a read of the socket, a
-# third of such a lookup's cost (4 of 13 µs back to back here, 15-25 µs in a scheduler that wakes up every
-# half millisecond with cold caches). One read per 10 ms answers for the lookups in between: a daemon that died
-# within them answers as it stood when it died. That is stale, never wrong: its index and arena are files of its
-# own (a restarted daemon creates new ones), which nothing writes any more, and 10 ms is far less than a daemon's
-# start takes.
+# system call that is a large share of such a lookup's cost, more so in a scheduler that wakes up between passes
+# with cold caches (``bench/client_throughput.py``). One read per 10 ms answers for the lookups in between: a
+# daemon that died within them answers as it stood when it died. That is stale, never wrong: its index and arena
+# are files of its own (a restarted daemon creates new ones), which nothing writes any more, and 10 ms is far less
+# than a daemon's start takes.
 ALIVE_READ_S = 0.01
 
 
@@ -60,11 +60,11 @@ class StreamTransport:
              want_reply: bool = True, hold: bool = False) -> int:
         """Write one request (with any held one before it, in one write). ``hold`` (a request whose reply is not
         wanted, made right before another): keep it to go out with that next request, so the daemon wakes once
-        for both (a woken daemon costs the sender ~0.1-0.4 ms on a busy host); a second held one writes both."""
+        for both (a woken daemon preempts the sender on a busy host); a second held one writes both."""
         if payloads:
-            raise ValueError("the stream socket carries no payload frames; inline puts go over ZeroMQ")
+            raise UsageError("payloads: the stream socket carries no payload frames; send inline puts over ZeroMQ")
         rid = next(self._ids)
-        data = request_bytes(encode({**header, "id": rid}))
+        data = request_bytes(encode({"id": rid, **header}))   # the id first: see Transport.send
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._lock:
             self._check()
@@ -73,10 +73,14 @@ class StreamTransport:
                 return rid
             if self._held:
                 data, self._held = self._held + data, bytearray()
-            self._send_all(memoryview(data), deadline)
-            if want_reply:
+            if want_reply:   # before the write: a refusal can come back while the rest is still being written
                 self._outstanding.add(rid)
-            else:
+            try:
+                self._send_all(memoryview(data), deadline)
+            except DaemonUnavailable:
+                self._outstanding.discard(rid)
+                raise
+            if not want_reply:
                 self._read_available()
         return rid
 

@@ -65,7 +65,8 @@ class Transport:
         """
         self._check_open()
         rid = next(self._ids)
-        frames = [encode({**header, "id": rid})] + list(payloads or [])
+        # The id first: a refusal of an oversized request names it (``wire.header_hints``)
+        frames = [encode({"id": rid, **header})] + list(payloads or [])
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._lock:
             while True:

@@ -6,7 +6,10 @@
     out = model(input_ids[:, n:], past_key_values=cache, use_cache=True)
     save_prefix(client, model, input_ids, out.past_key_values)
 
-`input_ids` is a `1 x T` tensor. The chunk size is the client's
+`input_ids` is a `1 x T` tensor: one sequence. A batch (`B x T`, B > 1) is
+refused with `kvstore.UsageError` (call once per row, each row with its own
+cache): a cache holds one prefix length, and a batch's rows hit differently.
+The chunk size is the client's
 `chunk_tokens`; the namespace is derived here from the model (see
 `model_namespace`), not taken from the client, so that two models never share
 chunks. `load_prefix` leaves at least the last token of `input_ids` to compute,
@@ -117,11 +120,6 @@ def _attention_kinds(config: Any, family: str) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def model_geometry(model: torch.nn.Module, chunk_tokens: int) -> KVGeometry:
-    """Layers, planes, heads, head dim and dtype of one chunk of `model`'s KV cache."""
-    return model_layout(model, chunk_tokens).geometry
-
-
 def weights_fingerprint(model: torch.nn.Module) -> str:
     """A cheap digest of a sample of every parameter (first and last 8 values).
 
@@ -167,8 +165,12 @@ def _store(client: kvstore.Client, model: torch.nn.Module, salt: str) -> ChunkSt
 
 
 def _token_row(input_ids: torch.Tensor) -> torch.Tensor:
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-        raise ValueError(f"input_ids must be 1 x T, got shape {tuple(input_ids.shape)}")
+    """The one sequence of a `1 x T` `input_ids`. A batch is refused: one cache holds one prefix length, and
+    the rows of a batch (padded, each with its own hits) would need one each."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise kvstore.UsageError(f"input_ids must be one sequence, a 1 x T tensor; got {shape}: call "
+                                 f"load_prefix and save_prefix once per row, each with its own cache")
     return input_ids[0]
 
 

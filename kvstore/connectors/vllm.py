@@ -44,7 +44,7 @@ chunks are computed the save thread, off the step and bounded like saves, compar
 (exactly in float32 on the CPU, `tolerance_for` the dtype elsewhere) and reports to the daemon, which counts it
 under `verify` and drops a chain from its first chunk that differs (not saved again by this request). The
 output is plain prefill's; a failed comparison is a log line. Default 0: a verified hit costs the prefill it
-would have saved (1 % verified cost 8 % of throughput on the transformers model, bench/results/verify-latest.json).
+would have saved (``bench/verify.py`` measures what a fraction costs in throughput).
 
 Chunks are the engine's own block bytes (`kvstore.ops` block planes), every KV cache group's blocks of the
 chunk's tokens, so the namespace names the KV cache format: per model family (dense, MLA, sliding-window and

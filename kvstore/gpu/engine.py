@@ -71,9 +71,10 @@ class MappedPool:
         return self.buffer[offset:offset + nbytes]
 
 
-def page_lock_mapping(buf: Any, nbytes: int) -> PageLockedRegion:
-    """Page-lock an engine's mapping of the shared arena (logged fallback to pageable when it cannot)."""
-    return page_lock(buf, nbytes, who="engine")
+def page_lock_mapping(buf: Any, nbytes: int, read_only: bool = False) -> PageLockedRegion:
+    """Page-lock an engine's mapping of the shared arena (logged fallback to pageable when it cannot);
+    ``read_only``: its read-only mapping, which the device only reads from."""
+    return page_lock(buf, nbytes, who="engine-reads" if read_only else "engine", read_only=read_only)
 
 
 def _side_stream(kv: PagedKV, stream: Any) -> Any:

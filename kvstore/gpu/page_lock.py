@@ -23,6 +23,7 @@ from .. import logs
 from ..units import format_size
 
 HOST_REGISTER_PORTABLE = 1
+HOST_REGISTER_READ_ONLY = 8   # cudaHostRegisterReadOnly: needed for a mapping the CPU may only read
 
 
 @dataclass
@@ -51,9 +52,15 @@ def memlock_limit() -> int | None:
 
 
 def buffer_address(buf: Any) -> int:
-    """Address of a writable buffer (mmap, bytearray, memoryview) without keeping an export on it."""
-    holder = ctypes.c_char.from_buffer(buf)
-    address = ctypes.addressof(holder)
+    """Address of a buffer (mmap, bytearray, memoryview; writable or not) without keeping an export on it."""
+    if memoryview(buf).readonly:
+        import numpy as np
+
+        holder = np.frombuffer(buf, dtype=np.uint8, count=1)
+        address = int(holder.ctypes.data)
+    else:
+        holder = ctypes.c_char.from_buffer(buf)
+        address = ctypes.addressof(holder)
     del holder
     return address
 
@@ -62,8 +69,9 @@ def _error_code(result: Any) -> int:
     return int(getattr(result, "value", result))
 
 
-def page_lock(buf: Any, nbytes: int, who: str = "daemon") -> PageLockedRegion:
-    """Page-lock ``nbytes`` of ``buf`` with CUDA, or explain (and log) why it stays pageable."""
+def page_lock(buf: Any, nbytes: int, who: str = "daemon", read_only: bool = False) -> PageLockedRegion:
+    """Page-lock ``nbytes`` of ``buf`` with CUDA, or explain (and log) why it stays pageable. ``read_only``: a
+    mapping without write permission (registered read-only: the device only copies out of it)."""
     address = buffer_address(buf)
     limit = memlock_limit()
     limit_text = "unlimited" if limit is None else format_size(limit)
@@ -73,7 +81,8 @@ def page_lock(buf: Any, nbytes: int, who: str = "daemon") -> PageLockedRegion:
         if not torch.cuda.is_available():
             return PageLockedRegion(address, nbytes, False, "no CUDA device is visible")
         start = time.monotonic()
-        code = _error_code(torch.cuda.cudart().cudaHostRegister(address, nbytes, HOST_REGISTER_PORTABLE))
+        code = _error_code(torch.cuda.cudart().cudaHostRegister(
+            address, nbytes, HOST_REGISTER_PORTABLE | (HOST_REGISTER_READ_ONLY if read_only else 0)))
     except Exception as exc:  # noqa: BLE001 - any failure to page-lock means "stay pageable"
         code, start = -1, time.monotonic()
         reason = f"cudaHostRegister raised {exc!r}"

@@ -226,6 +226,13 @@ METRICS: tuple[MetricDef, ...] = (
     _m("credits_expired", "counter", "Credits taken back at their deadline.", "credits.expired"),
     _m("credits_refused", "counter", "Writers asking for a credit that got none (space or their share).",
        "credits.refused"),
+    # KV cache events (server/kv_events.py)
+    _m("events_published", "counter", "KV cache events sent to subscribers.", "events.events"),
+    _m("events_batches", "counter", "KV cache event batches sent (one sequence number each).", "events.batches"),
+    _m("events_dropped", "counter", "KV cache events dropped because the publisher was behind (a gap in seq).",
+       "events.dropped"),
+    _m("events_replays", "counter", "KV cache event replay requests answered.", "events.replays"),
+    _m("events_queued", "gauge", "KV cache event hand-offs waiting for the publisher thread.", "events.queued"),
     _m("uptime_seconds", "gauge", "Seconds since the daemon started.", "uptime_s"),
     # latency, observed by the dispatcher
     _m("request_duration_seconds", "histogram",

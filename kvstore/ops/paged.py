@@ -121,7 +121,7 @@ class PagedKV:
         self.token_bytes = self.row_bytes // block_size
         self.row_stride = self.rows[0].stride(0)
         self.uniform_stride = all(r.stride(0) == self.row_stride for r in self.rows)
-        self._native_state: object | None = None  # per-cache state of the native kernels (pointer table)
+        self.kernel_state: object | None = None  # what the native kernels keep per cache (kvstore/native/copy.py)
 
     # -- constructors for the layouts engines use ----------------------------------------------------------
     @classmethod

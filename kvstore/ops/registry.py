@@ -1,7 +1,7 @@
 """Which gather/scatter implementation runs, per device type.
 
 Two implementations exist: ``torch`` (portable, one indexing op per plane) and ``native`` (one C or CUDA call
-per chunk, see ``native_src/``). ``DEFAULTS`` records what ``bench/gather_scatter.py`` (CPU) and
+per chunk, ``kvstore/native/copy.py``). ``DEFAULTS`` records what ``bench/gather_scatter.py`` (CPU) and
 ``bench/gpu_check.py`` (CUDA) measured to be faster; ``native`` is only used when its library is built and
 loads, otherwise the torch path runs. ``KVSTORE_KERNELS=torch|native`` overrides the default for every device.
 """
@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 
-from . import native_kernels, torch_kernels
+from ..native import copy as native_copy
+from . import torch_kernels
 from .paged import PagedKV
 
 GatherFn = Callable[[PagedKV, torch.Tensor, int, torch.Tensor], None]
@@ -29,13 +30,13 @@ class Kernels:
 
 
 TORCH = Kernels("torch", torch_kernels.gather, torch_kernels.scatter)
-NATIVE = Kernels("native", native_kernels.gather, native_kernels.scatter)
+NATIVE = Kernels("native", native_copy.gather, native_copy.scatter)
 IMPLEMENTATIONS = {k.name: k for k in (TORCH, NATIVE)}
 
-# Measured defaults per device type and direction (see the module docstring). CPU, from
-# bench/results/gather_scatter_cpu.json: the C path scatters 15-190x faster than index_copy_ (which copies
-# byte by byte) and wins both directions on small chunks, but torch's index_select (row memcpy) gathers a
-# 32 MiB chunk as fast or faster; so on CPU the C path scatters and torch gathers.
+# Measured defaults per device type and direction (see the module docstring; the figures are in
+# bench/results/gather_scatter_cpu.json). On CPU torch's index_copy_ scatters byte by byte, which the C path's
+# one memcpy per row beats by far, while torch's index_select already copies whole rows and gathers a large
+# chunk as fast as the C path; so on CPU the C path scatters and torch gathers.
 DEFAULTS: dict[str, dict[str, str]] = {
     "cpu": {"gather": "torch", "scatter": "native"},
     "cuda": {"gather": "native", "scatter": "native"},
@@ -43,9 +44,8 @@ DEFAULTS: dict[str, dict[str, str]] = {
 
 
 def native_available(device_type: str) -> bool:
-    from . import native   # here, so that `python -m kvstore.ops.native` runs a module not yet imported
-
-    return device_type in ("cpu", "cuda") and native.load(device_type) is not None
+    """Whether the native kernels can run on ``device_type`` (built, and for CUDA compiled through cupy)."""
+    return native_copy.available(device_type)
 
 
 def select(device: torch.device, name: str | None = None) -> Kernels:
@@ -63,11 +63,18 @@ def select(device: torch.device, name: str | None = None) -> Kernels:
     return _pick(device, wanted, name == "native")
 
 
+NOT_AVAILABLE = {
+    "cpu": "the C library was not built (reinstall kvstore where a C compiler with OpenMP is at hand)",
+    "cuda": "they need cupy (pip install 'kvstore[gpu]') and a GPU",
+}
+
+
 def _pick(device: torch.device, wanted: str, strict: bool) -> Kernels:
     if wanted not in IMPLEMENTATIONS:
         raise ValueError(f"unknown gather/scatter implementation {wanted!r}; choose one of {sorted(IMPLEMENTATIONS)}")
     if wanted == "native" and not native_available(device.type):
         if strict:
-            raise RuntimeError(f"the native kernels for {device.type} are not built; run python -m kvstore.ops.native")
+            why = NOT_AVAILABLE.get(device.type, "there are none for this device type")
+            raise RuntimeError(f"the native kernels for {device.type} are not available: {why}")
         return TORCH
     return IMPLEMENTATIONS[wanted]

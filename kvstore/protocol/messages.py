@@ -99,6 +99,15 @@ def _unpack_keys(packed: bytes, name: str, allow_empty: bool) -> list[bytes]:
     return [packed[i:i + KEY_BYTES] for i in range(0, len(packed), KEY_BYTES)]
 
 
+def check_batch(keys: Any, what: str) -> None:
+    """A client's check before anything is copied or sent: more keys than one request may carry is the
+    LimitError the daemon would answer (a request too large for its frame would not even reach it whole)."""
+    count = len(keys) if hasattr(keys, "__len__") else 0
+    if count > MAX_BATCH:
+        raise LimitError(f"{what}: {count} keys in one call; the limit per request is {MAX_BATCH} "
+                         f"(split them into calls of at most {MAX_BATCH})")
+
+
 def wire_keys(keys: Sequence[bytes]) -> bytes | list[bytes]:
     """What a client sends for ``keys``: packed when every key is 16 bytes, else the list (whose bad key the
     daemon then names in its error)."""

@@ -1,15 +1,15 @@
 """Framing of the local stream socket: the same msgpack messages as on ZeroMQ, length-prefixed on a Unix stream.
 
 A round trip through ZeroMQ passes four threads (each side's application thread and I/O thread); on a Unix
-stream socket it passes two, the client's and the daemon's event loop. Measured on this project's 2-core VM
-under load, an echo costs 16–20 µs on the stream socket and 88–124 µs through a ZeroMQ DEALER/ROUTER pair, with
-a p99 of 0.07–1 ms against 3.6–4.2 ms. So local clients (``ipc://``) say hello on ZeroMQ, learn the stream
-socket's path from the reply, and send every further request on it; the ZeroMQ socket stays as the fallback and
-for ``tcp://``.
+stream socket it passes two, the client's and the daemon's event loop, so each request pays two thread wake-ups
+fewer, which is most of a small request's cost on a loaded host, in the median and more so in the tail
+(``bench/client_throughput.py`` measures both paths). So local clients (``ipc://``) say hello on ZeroMQ, learn
+the stream socket's path from the reply, and send every further request on it; the ZeroMQ socket stays as the
+fallback and for ``tcp://``.
 
 Request: ``u32 length`` + one msgpack header (``wire.py``); requests carry no payload frames (clients of this
-socket map the arena; PUT_INLINE goes over ZeroMQ). A length past ``MAX_HEADER_BYTES`` cannot be skipped safely,
-so the daemon answers it with a LimitError and closes the connection.
+socket map the arena; PUT_INLINE goes over ZeroMQ). A request longer than ``MAX_HEADER_BYTES`` is read past, not
+kept (its length says where the next one starts), and answered with a LimitError; the connection stays open.
 
 Reply: ``u32 frames`` + ``u32 length`` per frame + the frames (the header first, then any payloads).
 """

@@ -23,6 +23,7 @@ Error codes live in ``kvstore/errors.py`` and are append-only too.
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any
 
 import msgpack
@@ -40,19 +41,19 @@ MAX_FRAMES = MAX_BATCH + 1
 class Op(enum.IntEnum):
     """Operation codes. Append-only."""
 
-    HELLO = 1
-    PING = 2
-    LOOKUP = 3
-    RESERVE = 4
-    COMMIT = 5
-    ABORT = 6
-    GET = 7
-    RELEASE = 8
-    DELETE = 9
-    STATS = 10
-    CLEAR = 11
-    PUT_INLINE = 12
-    EXTEND = 13
+    HELLO = 1           # first on every connection: version, namespace and key parameters; the arena and index to map
+    PING = 2            # liveness
+    LOOKUP = 3          # how many leading chunks of a chain are stored, where; pins nothing, may start promotions
+    RESERVE = 4         # allocate slots for chunks a writer will copy in (two-phase put)
+    COMMIT = 5          # publish reserved slots once written
+    ABORT = 6           # give reserved slots back unwritten
+    GET = 7             # lease the stored prefix of a chain: slots in the arena (ipc://) or the bytes inline (tcp://)
+    RELEASE = 8         # end a lease
+    DELETE = 9          # drop chunks by key
+    STATS = 10          # the daemon's tiers, counters and settings
+    CLEAR = 11          # drop every chunk of the client's namespace
+    PUT_INLINE = 12     # a put with the bytes in the message (tcp://, clients without the arena)
+    EXTEND = 13         # push a lease's deadline back
     SCRUB = 14          # check every copy of every chunk now (kvstore scrub)
     VERIFY = 15         # a connector compared computed KV with stored chunks: counts, and what to drop
     CORRUPT = 16        # a client's view failed its checksum: the daemon checks the chunk itself
@@ -87,13 +88,52 @@ def decode_header(raw: bytes | memoryview) -> dict[str, Any]:
         )
     except ValueError as exc:
         if "exceeds max" in str(exc):
-            raise LimitError(f"header frame exceeds a protocol bound: {exc}") from exc
+            raise LimitError(_bound_message(str(exc))) from exc
         raise BadRequestError(f"header frame is not a valid msgpack message: {exc}") from exc
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, TypeError) as exc:
         raise BadRequestError(f"header frame is not a valid msgpack message: {exc}") from exc
     if not isinstance(header, dict):
         raise BadRequestError(f"header must be a msgpack map, got {type(header).__name__}")
     return header
+
+
+HINT_BYTES = 1 << 16   # of a request too large to read: the head that is kept to find its id and op in
+
+
+def header_hints(raw: bytes | memoryview) -> tuple[int | None, int | None]:
+    """The ``id`` and ``op`` of a header that ``decode_header`` refused (too large, too many keys), found by
+    skipping over the other fields without building them (or a truncated head of it: clients send ``id`` first);
+    None for either that is not there or not an unsigned 64-bit integer. Lets the refusal be answered to the
+    request that waits for it rather than to nobody."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(raw), 1), max_str_len=64, max_bin_len=64,
+                                max_array_len=0, max_map_len=0, max_ext_len=0)
+    found: dict[str, Any] = {}
+    try:
+        unpacker.feed(raw)
+        for _ in range(min(unpacker.read_map_header(), 64)):
+            name = unpacker.unpack()
+            if name in ("id", "op") and name not in found:
+                found[name] = unpacker.unpack()
+                if len(found) == 2:
+                    break
+            else:
+                unpacker.skip()
+    except Exception:  # noqa: BLE001 - malformed or truncated: what was found so far is all there is
+        pass
+    return _uint64(found.get("id")), _uint64(found.get("op"))
+
+
+def _uint64(value: Any) -> int | None:
+    return value if type(value) is int and 0 <= value < 1 << 64 else None
+
+
+def _bound_message(reason: str) -> str:
+    """msgpack's "N exceeds max_array_len(M)" said in the protocol's terms."""
+    found = re.match(r"(\d+) exceeds max_array_len\((\d+)\)", reason)
+    if found:
+        return (f"the header holds a list of {found[1]} items, more than {found[2]}; a request carries at most "
+                f"{MAX_BATCH} keys")
+    return f"header frame exceeds a protocol bound: {reason}"
 
 
 def request_id_of(header: dict[str, Any]) -> int:

@@ -324,15 +324,6 @@ class RemoteBackend(GuardedCalls):
             self.counters["put_bytes"] += sum(v.nbytes for v, ok in zip(views, done) if ok)
         return stored
 
-    def _validated(self, value: Any, namespace: str, key: bytes) -> memoryview | None:
-        try:
-            payload = record.decode(value, namespace, key)
-        except record.RecordError as exc:
-            log.debug("remote value for %s rejected: %s", bytes(key).hex(), exc)
-            return self._count_get(-1)
-        self._count_get(payload.nbytes)
-        return payload
-
     def _count_get(self, n: int | None):
         with self._lock:
             if n is None:

@@ -19,8 +19,9 @@ The header has a fixed size so that a zero-copy reader can scatter it into a
 small buffer and the payload straight into its destination slot. Anything that
 fails (short value, wrong magic or version, other key or namespace, length or
 checksum mismatch) is ``None`` for the caller: a miss, never wrong KV bytes.
-Cost: one xxh3 pass over the payload on read (~10+ GB/s), and on write unless
-the writer gives the chunk's checksum (the daemon does: the sum it took at commit).
+Cost: one xxh3 pass over the payload on read (xxh3 runs at memory bandwidth, far
+above a network link's), and on write unless the writer gives the chunk's checksum
+(the daemon does: the sum it took at commit).
 """
 
 from __future__ import annotations

@@ -62,9 +62,6 @@ class BoundedHashRing:
         """The most requests one instance may hold now."""
         return math.ceil(self.load_factor * (self.total + 1) / len(self.names))
 
-    def under_bound(self, name: str) -> bool:
-        return self.loads[name] < self.bound()
-
     def pick(self, key: bytes) -> str:
         """The first instance clockwise from ``key`` that is under the bound (does not count it: see start)."""
         bound = self.bound()

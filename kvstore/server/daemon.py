@@ -45,19 +45,20 @@ from typing import Any, Awaitable
 import zmq
 from prometheus_client import CollectorRegistry
 
-from .. import logs
+from .. import logs, native
 from ..config import ServerConfig
-from ..errors import ConfigError, InternalError, RequestError, UnavailableError, VersionError
+from ..errors import ConfigError, InternalError, LimitError, RequestError, UnavailableError, VersionError
 from ..metrics.collector import StatsCollector
 from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
-from ..protocol.wire import Op, decode_header, error_reply, op_of, request_id_of
+from ..protocol.wire import Op, decode_header, error_reply, header_hints, op_of, request_id_of
 from ..security.curve import ServerCurve
 from ..tiers.arena import SharedArena, arena_path_for
 from ..tiers.host import HostTier
 from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor
+from .refusals import RefusalLog
 from .service import Service
 from .session import Session
 from .stats import connector_stats, daemon_stats
@@ -97,6 +98,7 @@ class Daemon:
         self._exporter: MetricsExporter | None = None
         self._tasks: set[asyncio.Task] = set()
         self.stream: StreamServer | None = None        # the local stream socket (server/stream.py)
+        self.refusals = RefusalLog()                   # requests refused for their size: logged, rate-bounded
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -109,6 +111,7 @@ class Daemon:
         self._claims.keep_dirs()
 
     def _open_steps(self) -> None:
+        native.enabled()   # a bad KVSTORE_NATIVE fails here, before anything is created
         claims, take = self._claims, self._claims.take
         take(self._ctx.term)   # the very last release: after every socket is closed
         path = self.config.socket
@@ -189,7 +192,8 @@ class Daemon:
         interval = watchdog_interval()
         if interval is not None:
             background.append(asyncio.create_task(self._watchdog_loop(interval)))
-        logs.info("ready", pid=os.getpid(), config=self.config.describe(**self._sizes_in_force()))
+        logs.info("ready", pid=os.getpid(), native=native.describe(),
+                  config=self.config.describe(**self._sizes_in_force()))
         self.on_ready()
         await stop.wait()
         await self.shutdown()
@@ -337,10 +341,24 @@ class Daemon:
                 if type(reply) is not list:   # a coroutine: the handler has to wait
                     return self._finish(rid, op, started, reply)
         except Exception as exc:
-            reply = self._failure_reply(rid, exc)
+            reply = self._error_reply(transport, owner, raw_header, len(raw_header), rid, op, exc)
         if op is not None:
             self.latency.observe(op, time.perf_counter() - started)
         return reply
+
+    def refuse_request(self, transport: str, owner: bytes, head: bytes, length: int, exc: LimitError) -> list[Any]:
+        """Answer a request too long to keep (the stream read past it): ``head`` is its start, ``length`` its size."""
+        self.svc.counters.requests += 1
+        return self._error_reply(transport, owner, head, length, None, None, exc)
+
+    def _error_reply(self, transport: str, owner: bytes, raw_header: Any, length: int, rid: int | None,
+                     op: Op | None, exc: Exception) -> list[Any]:
+        """The reply to a failed request. One refused before its id was read (too large, too many keys) is answered
+        to the id found in it, so its client hears of it at once; a refusal for size is logged (``refusals.py``)."""
+        rid, hinted = (rid, None) if rid is not None else header_hints(raw_header)
+        if isinstance(exc, LimitError):
+            self.refusals.note(transport, self.sessions.get(owner), op if op is not None else hinted, length, exc)
+        return self._failure_reply(rid, exc)
 
     def _add_session(self, session: Session) -> None:
         old = self.sessions.get(session.owner)
@@ -420,14 +438,13 @@ def _drop_late_reply(task: asyncio.Future) -> None:
 def run_daemon(config: ServerConfig) -> int:
     """Run until SIGTERM/SIGINT. Returns the process exit code."""
     try:
-        import uvloop
-        uvloop.install()
+        from uvloop import run as run_loop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        pass
+        run_loop = asyncio.run
     daemon = Daemon(config)
     try:
         daemon.open()
-        asyncio.run(daemon.serve())
+        run_loop(daemon.serve())
     finally:
         daemon.close()
     logs.info("stopped")

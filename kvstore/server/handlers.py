@@ -237,6 +237,8 @@ def hello_reply(svc: Service, owner: bytes, transport: str, h: dict) -> tuple[Se
     svc.safeguards.params.check(session.namespace, session.key_params)
     session.track_process(req.pid, req.pid_start)
     session.connector = req.connector
+    if svc.event_log is not None:
+        svc.event_log.note_block_size(session.namespace, session.chunk_tokens)
     reply = {
         "version": PROTOCOL_VERSION,
         "server_version": __version__,

@@ -16,11 +16,13 @@ from typing import Any, Callable, Sequence
 
 from .. import logs
 from ..config import ServerConfig
+from ..store.events import EventLog
 from ..store.gpu_mover import GpuMover
 from ..store.manager import TierManager
 from ..store.published_index import PublishedIndex
 from ..store.remote_mover import RemoteMover
 from ..store.store import LookupResult, Store
+from .kv_events import EventPublisher
 from .safeguards import Safeguards
 from .session import Session
 
@@ -45,6 +47,8 @@ class Service:
         self.remote: RemoteMover | None = None
         self.safeguards: Safeguards  # checksums, scrubs, verification, key parameters
         self.index: PublishedIndex | None = None       # the lookup index clients read in shared memory
+        self.events: EventPublisher | None = None      # KV cache events (--events-endpoint), and their log
+        self.event_log: EventLog | None = None
         self.stream_path: Callable[[], str | None] = lambda: None   # the listening stream socket, if any
         self.stats: Callable[[], dict[str, Any]] = dict   # the daemon's ``stats`` reply (set by the daemon)
 

@@ -9,9 +9,11 @@ the config), and only a socket may be replaced, and only once the lock is held a
 daemon killed with SIGKILL leaves its socket behind; a program that is not ours but listens there is refused).
 
 Locks. An exclusive ``flock`` on ``<socket>.lock`` (and ``<disk dir>/.lock``) for the daemon's life; the kernel
-drops it if the process dies. The holder removes a lock file it created when it stops. Because a file can be
-removed between another process's ``open`` and its ``flock``, the lock is only held once the path still names
-the inode that was locked (else it is taken again on the new file).
+drops it if the process dies. The holder removes the lock file when it stops, whoever made it: a file left by a
+killed predecessor is the new holder's once it holds the lock, so it must not outlive that holder too. Because a
+file can be removed between another process's ``open`` and its ``flock``, the lock is only held once the path
+still names the inode that was locked (else it is taken again on the new file), which is also why removing it
+while holding it is safe.
 
 ``Claims`` is the one owner of what start-up took: an exit stack of releases (closed by the daemon's ``close``,
 and at once by a failed start-up), the directories start-up created (removed only when start-up fails: a
@@ -114,27 +116,25 @@ def remove_stale_socket(path: str) -> None:
 class FileLock:
     path: str
     fd: int
-    created: bool     # this process made the file, so it removes it on release
 
     def release(self) -> None:
         if self.fd < 0:
             return
-        if self.created:
-            try:
-                os.unlink(self.path)   # while still holding it: see the module docstring
-            except FileNotFoundError:
-                pass
+        try:
+            os.unlink(self.path)   # while still holding it: see the module docstring
+        except FileNotFoundError:
+            pass
         os.close(self.fd)
         self.fd = -1
 
 
-def _open_lock_file(path: str, flag: str) -> tuple[int, bool]:
+def _open_lock_file(path: str, flag: str) -> int:
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         try:
-            return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600), True
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            return os.open(path, flags), False
+            return os.open(path, flags)   # a killed holder's file: it is ours to remove once we hold it
     except OSError as exc:
         reason = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
         raise ConfigError(f"{flag}: cannot open the lock file {path}: {reason}; choose another {flag}") from None
@@ -143,7 +143,7 @@ def _open_lock_file(path: str, flag: str) -> tuple[int, bool]:
 def exclusive_lock(path: str, held_message: str, flag: str) -> FileLock:
     """Hold an exclusive flock on ``path`` for the process's life (the kernel drops it if we crash)."""
     while True:
-        fd, created = _open_lock_file(path, flag)
+        fd = _open_lock_file(path, flag)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise ConfigError(f"{flag}: the lock file {path} is not a regular file; choose another {flag}")
@@ -158,7 +158,7 @@ def exclusive_lock(path: str, held_message: str, flag: str) -> FileLock:
             current = None
         mine = os.fstat(fd)
         if current is not None and (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
-            return FileLock(path, fd, created)
+            return FileLock(path, fd)
         os.close(fd)   # the previous holder removed the file after we opened it: lock the new one
 
 
@@ -183,8 +183,7 @@ class Claims:
 
     def hold(self, lock: FileLock) -> None:
         self.take(lock.release)
-        if lock.created:
-            self.leftovers.append(lock.path)
+        self.leftovers.append(lock.path)
 
     def release_all(self) -> None:
         self.releases.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
+from .. import native
 from .._version import __version__
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ def daemon_stats(d: "Service", sessions: int, auth_rejected: int,
     store = d.store
     return {
         "version": __version__,
+        "native": native.describe(),   # the paths that run in C: "index,copy", "index" or "none"
         "uptime_s": round(time.time() - d.started, 3),
         "tiers": tier_stats(store),
         "chunks": store.committed_chunks(),
@@ -33,6 +35,7 @@ def daemon_stats(d: "Service", sessions: int, auth_rejected: int,
         "disk": d.manager.stats() if d.manager is not None else None,
         "gpu": d.gpu_mover.stats() if d.gpu_mover is not None else None,
         "remote": d.remote.stats() if d.remote is not None else None,
+        "events": d.events.stats() if d.events is not None else None,
         **d.safeguards.stats(),   # integrity, scrub, verify
         "leases": len(store.leases),
         "leases_overdue": store.leases.overdue,

@@ -7,8 +7,12 @@ through the daemon's one dispatcher (``Daemon.handle_request``), so every check,
 ZeroMQ socket's. The socket file is owner-only from its first moment, like the ZeroMQ one.
 
 Requests are handled as they are read (uvloop's ``data_received``); replies are written without waiting (the
-transport buffers what the peer has not read). While the daemon stops, the listening socket is closed first
-(no new client) and reading is paused when the daemon stops taking messages.
+transport buffers what the peer has not read). A request longer than ``MAX_HEADER_BYTES`` is not kept: its
+length says where the next one starts, so its bytes are read and dropped as they come (all but its head, where
+its id is) and it is answered, once its head is in, with the LimitError of any oversized request, through the one
+dispatcher; the stream stays open. Only a length past ``SKIP_MAX`` is answered at once and the stream closed.
+While the daemon stops, the listening socket is closed first (no new client) and reading is paused when the
+daemon stops taking messages.
 """
 
 from __future__ import annotations
@@ -21,21 +25,27 @@ from typing import Any, Protocol
 from .. import logs
 from ..errors import LimitError
 from ..protocol.stream import LENGTH, SUFFIX, reply_bytes, request_too_long
-from ..protocol.wire import MAX_HEADER_BYTES, error_reply
+from ..protocol.wire import HINT_BYTES, MAX_HEADER_BYTES
 
 
 
 class Dispatcher(Protocol):
-    """What the stream needs of the daemon: its one dispatcher, the work a request leaves for after its reply,
-    and dropping a closed connection's session."""
+    """What the stream needs of the daemon: its one dispatcher (and its answer to a request too long to keep),
+    the work a request leaves for after its reply, and dropping a closed connection's session."""
 
     def handle_request(self, transport: str, owner: bytes, raw_header: Any, payload: list[Any]) -> Any: ...
+
+    def refuse_request(self, transport: str, owner: bytes, head: bytes, length: int, exc: LimitError) -> list[Any]: ...
 
     def after_reply(self) -> None: ...
 
     def drop_session(self, owner: bytes, reason: str) -> None: ...
 
 __all__ = ["StreamServer", "SUFFIX"]
+
+# A request longer than this is no request a client could mean: it is not read past (that could take the
+# stream for as long as the peer likes) but answered at once, and the stream closed.
+SKIP_MAX = 64 * MAX_HEADER_BYTES
 
 
 class StreamServer:
@@ -102,6 +112,7 @@ class StreamConnection(asyncio.Protocol):
         self.owner = server.next_owner()
         self.transport: Any = None
         self._buf = bytearray()
+        self._oversized: Oversized | None = None   # a request too long to keep, being read past
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -112,21 +123,44 @@ class StreamConnection(asyncio.Protocol):
         self.daemon.drop_session(self.owner, "connection_closed")
 
     def data_received(self, data: bytes) -> None:
-        buf = self._buf
-        if not buf and len(data) >= 4 and LENGTH.unpack_from(data)[0] == len(data) - 4:
-            self._dispatch(data[4:])       # the common case: exactly one request
-            return
-        buf += data
-        while len(buf) >= 4:
-            (length,) = LENGTH.unpack_from(buf)
-            if request_too_long(length):
-                self._refuse(length)
+        while data:
+            if self._oversized is not None:
+                data = self._read_past(data)
+                continue
+            buf = self._buf
+            if not buf and len(data) >= 4 and LENGTH.unpack_from(data)[0] == len(data) - 4:
+                self._dispatch(data[4:])       # the common case: exactly one request
                 return
-            if len(buf) < 4 + length:
-                return
-            header = bytes(buf[4:4 + length])
-            del buf[:4 + length]
-            self._dispatch(header)
+            buf += data
+            data = b""
+            while len(buf) >= 4:
+                (length,) = LENGTH.unpack_from(buf)
+                if length > SKIP_MAX:
+                    self._refuse_unskippable(length)
+                    return
+                if request_too_long(length):
+                    self._oversized = Oversized(length)
+                    data = bytes(buf[4:])
+                    buf.clear()
+                    break
+                if len(buf) < 4 + length:
+                    return
+                header = bytes(buf[4:4 + length])
+                del buf[:4 + length]
+                self._dispatch(header)
+
+    def _read_past(self, data: bytes) -> bytes:
+        """Drop the oversized request's bytes in ``data``, answering it once its head is in; returns what follows
+        it."""
+        big = self._oversized
+        assert big is not None
+        rest = big.take(data)
+        if not big.answered and big.head_complete:
+            big.answered = True
+            self._refuse(big)
+        if big.remaining == 0:
+            self._oversized = None
+        return rest
 
     def _dispatch(self, header: bytes) -> None:
         reply = self.daemon.handle_request("ipc", self.owner, header, [])
@@ -146,9 +180,37 @@ class StreamConnection(asyncio.Protocol):
         if not self.transport.is_closing():
             self.transport.write(reply_bytes(frames))
 
-    def _refuse(self, length: int) -> None:
-        """A length that cannot be skipped: answer it and close, since the stream has lost its framing."""
+    def _refuse(self, big: "Oversized") -> None:
+        """Answer a request that was too long to keep, as the dispatcher answers any refused header: its head
+        goes in its place, with the refusal, so the reply carries its id and the refusal is logged."""
+        exc = LimitError(f"request of {big.length} bytes exceeds the limit of {MAX_HEADER_BYTES}")
+        self.write(self.daemon.refuse_request("ipc", self.owner, bytes(big.head), big.length, exc))
+
+    def _refuse_unskippable(self, length: int) -> None:
+        """A length past any request's (``SKIP_MAX``): not worth reading past; answer it and close."""
         self._buf.clear()
         exc = LimitError(f"request of {length} bytes exceeds the limit of {MAX_HEADER_BYTES}; closing the stream")
-        self.write([error_reply(None, exc)])
+        self.write(self.daemon.refuse_request("ipc", self.owner, b"", length, exc))
         self.transport.close()
+
+
+class Oversized:
+    """A request longer than the daemon keeps: how much of it is still to come, and its head."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.remaining = length
+        self.head = bytearray()
+        self.answered = False
+
+    @property
+    def head_complete(self) -> bool:
+        return len(self.head) >= min(HINT_BYTES, self.length)
+
+    def take(self, data: bytes) -> bytes:
+        """Consume this request's part of ``data`` (keeping the first ``HINT_BYTES``); return the rest."""
+        n = min(len(data), self.remaining)
+        if len(self.head) < HINT_BYTES:
+            self.head += data[:min(n, HINT_BYTES - len(self.head))]
+        self.remaining -= n
+        return data[n:]

@@ -21,6 +21,7 @@ from ..security.redact import redact_url
 from ..units import format_size
 from ..store.after_reply import AfterReply
 from ..store.disk_ledger import DiskLedger
+from ..store.events import EventLog
 from ..store.gpu_mover import GpuMover
 from ..store.manager import TierManager
 from ..store.remote_mover import RemoteMover
@@ -28,6 +29,7 @@ from ..store.store import Store
 from ..tiers.arena import SharedArena, arena_path_for
 from ..tiers.disk import DiskTier, disk_room
 from ..tiers.host import HostTier
+from .kv_events import EventPublisher, EventSettings
 from .local_access import open_index
 from .safeguards import Safeguards
 from .startup import Claims, exclusive_lock
@@ -81,6 +83,7 @@ def open_tiers(svc: "Service", host: HostTier, disk: DiskTier | None, arena: Sha
                               policy=config.eviction_policy)
     store.after_reply = AfterReply()   # a put's reply goes out before the work no reader sees
     svc.index = open_index(config, store, claims)
+    open_events(svc, claims)   # before the disk index is rebuilt: what survived is announced after the clear
     if store.gpu_ledger is not None:
         svc.gpu_mover = GpuMover(store.gpu_ledger)
         take(svc.gpu_mover.close)   # waits for copies in flight: before the GPU pool and the arena go
@@ -94,6 +97,22 @@ def open_tiers(svc: "Service", host: HostTier, disk: DiskTier | None, arena: Sha
         take(lambda: remote.close(remote_close_wait()))   # its workers use the arena
     svc.safeguards = Safeguards(store, svc.manager, config.scrub_rate)
     take(svc.safeguards.close)   # its worker hashes arena slots: before the arena is unmapped
+
+
+def open_events(svc: "Service", claims: Claims) -> None:
+    """The KV cache event publisher and the Store's event log, when ``--events-endpoint`` asks for them. The
+    first event of every start is ``AllBlocksCleared``; the chunks adopted after it are announced as stored."""
+    config = svc.config
+    if not config.events_endpoint:
+        return
+    publisher = svc.events = EventPublisher(EventSettings(
+        config.events_endpoint, config.events_replay_endpoint, config.events_buffer, config.events_queue,
+        config.events_format, config.events_topic))
+    claims.take(publisher.close)   # after the Store's last change: registered before the movers' closers
+    svc.store.events = svc.event_log = EventLog(publisher.submit)
+    svc.event_log.all_cleared()
+    logs.info("kv_events", endpoint=config.events_endpoint, replay=config.events_replay_endpoint or None,
+              format=config.events_format, incarnation=publisher.incarnation)
 
 
 def rebuild_index(ledger: DiskLedger) -> None:

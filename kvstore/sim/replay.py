@@ -13,8 +13,8 @@ tier each leading block was found in (the partial last block counts against the 
 A put that cannot fit (one request larger than the host tier) is counted and skipped, as the daemon would
 refuse it.
 
-Cost: a handful of dict operations per block per step, about 20 µs per block in CPython: the 288,500 blocks of
-Mooncake's conversation trace replay in a few seconds.
+Cost: a handful of dict operations per block per step, so a trace of a few hundred thousand blocks (Mooncake's
+conversation trace) replays in seconds.
 """
 
 from __future__ import annotations

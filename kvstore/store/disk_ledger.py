@@ -187,6 +187,7 @@ class DiskLedger(TierLedger):
         tc.disk_writes += 1
         tc.disk_write_bytes += stored
         self.full_reason = ""
+        self.store.sync(entry.key)   # a copy on disk now: the event sink hears of it
         if entry.doomed:
             self.store.release_if_idle(entry)
 
@@ -291,6 +292,7 @@ class DiskLedger(TierLedger):
                 self.mover.remove_file(entry.key, quarantine)
             if quarantine is not None:
                 self.store.tier_counters.quarantined += 1
+            self.store.sync(entry.key)
 
     def forget(self, entry: Entry) -> None:
         """The chunk will not (or no longer) be on disk: drop a stored copy; a queued one is skipped later."""

@@ -1,7 +1,7 @@
 """Leases and reservations: handles with an owner and a deadline.
 
 A handle is an unguessable 63-bit id (from the OS's random source, drawn 512 at a time: a ``secrets.randbits`` per
-handle cost a system call, ~5 µs of a loaded host's get), owned by the connection that took it; only that owner
+handle costs a system call on every get), owned by the connection that took it; only that owner
 may release, extend or commit it, so a forged or replayed id from another client is an error, not an action.
 Deadlines are kept in a heap with lazy deletion: extending pushes a new deadline and the stale one is skipped when
 popped, which keeps every operation O(log n). Extending follows the ``max(deadline, now + ttl)`` rule, so a late

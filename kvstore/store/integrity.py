@@ -6,11 +6,11 @@ disk file and of its remote record (``tiers/disk_format.py``, ``remote/record.py
 Where it is computed: by the daemon, on a worker thread right after commit (``after_commit``), not by the writer
 while it copies. The daemon could not take a writer's sum on trust anyway (the point is to catch a client that
 writes wrong bytes into the shared arena), so checking a claimed sum would cost the daemon the same pass as
-computing it, and the writer's pass would come on top, on the engine's put path. xxh3 runs faster than the copy
-(17.9 GB/s against 15.7 GB/s for memcpy in ``bench/verify.py``) and releases the GIL, so one worker keeps up with
-several writers, and the event loop never hashes: a sustained put stream keeps 95 % of its speed, where hashing
-in the writer would add 30 % to its copy. The price is a window between commit and the sum (the hash time: ~2 ms
-for a 32 MiB chunk) in which a scribble would be summed as the chunk's bytes.
+computing it, and the writer's pass would come on top, on the engine's put path. xxh3 runs as fast as a memcpy
+of the same bytes (``bench/verify.py`` measures both) and releases the GIL, so one worker keeps up with several
+writers, and the event loop never hashes: a sustained put stream keeps nearly all of its speed, where hashing in
+the writer would add a second pass over the bytes to its copy. The price is a window between commit and the sum
+(the hash time of one chunk) in which a scribble would be summed as the chunk's bytes.
 
 The chunk is readable at once; what waits for its sum is what carries the sum: the write-back to disk and the put
 to the remote store start when it is known (``Store.checksummed``), and a get that asks for verification waits

@@ -172,11 +172,6 @@ class TierManager(MoverLife):
             before.result()
         return self.disk.verify(key, size)
 
-    @staticmethod
-    async def wait_loaded(futures: list[asyncio.Future], timeout: float) -> None:
-        if futures and timeout > 0:
-            await asyncio.wait(futures, timeout=timeout)
-
     # -- removal --------------------------------------------------------------------------------------------
     def remove_file(self, key: bytes, quarantine: str | None = None) -> None:
         before = self._removing.get(key)

@@ -3,7 +3,7 @@
 ``chain-lru`` (the default): least recently used first, chains touched deepest first so that continuations go
 before their prefixes. ``lru``: plain LRU, chains touched prefix first (a prefix can leave before its
 continuations, stranding them). ``s3-fifo``: frequency-aware FIFO queues (see ``s3fifo.py``).
-``kvstore simulate`` compares them on a trace; the README's "Capacity planning" section has the figures.
+``kvstore simulate`` compares them on a trace; docs/deployment/capacity-planning.md has the figures.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from ..protocol.index_layout import (
     LAYOUT_VERSION, MAGIC, MAX_PROBE, MAX_SLOTS, MIN_SLOTS, SLOT_BYTES, SLOT_WORDS, TOMBSTONE,
 )
 
-from .native_place import NativePlace
+from ..native.place import NativePlace
 
 Listing = tuple[int, int, int]   # a slot's state, host (DRAM offset + 1, 0: none), size
 _GONE: Listing = (TOMBSTONE, 0, 0)
@@ -93,7 +93,7 @@ class PublishedIndex:
 
     def set_many(self, items: Sequence[tuple[bytes, int, int | None, int]]) -> None:
         """``set`` of several (key, state, host, size) at once (a put's chunks): the keys new to the table are
-        placed in one call of the C placement where it is built (``native_place.py``), else one by one."""
+        placed in one call of the C placement where it is built (``kvstore/native/place.py``), else one by one."""
         fresh: dict[bytes, Listing] = {}
         for key, state, host, size in items:
             listing = _listing(state, host, size)

@@ -1,6 +1,6 @@
-"""What the Store tells the two observers of every change to its index: the lookup index it publishes to local
-clients in shared memory (``published_index.py``) and the checksummer (``integrity.py``). Protocols, so neither
-module is imported back into ``store.py``."""
+"""What the Store tells the observers of every change to its index: the lookup index it publishes to local
+clients in shared memory (``published_index.py``), the KV cache event log (``events.py``) and the checksummer
+(``integrity.py``). Protocols, so none of these modules is imported back into ``store.py``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,16 @@ class IndexSink(Protocol):
     def set_many(self, items: Sequence[tuple[bytes, int, int | None, int]]) -> None: ...
 
     def remove(self, key: bytes) -> None: ...
+
+
+class EventSink(Protocol):
+    """Where the Store tells each key's readable entry after every change (``events.py``: KV cache events)."""
+
+    def changed(self, key: bytes, entry: Entry | None) -> None: ...
+
+    def changed_many(self, items: Sequence[tuple[bytes, Entry | None]]) -> None: ...
+
+    def all_cleared(self) -> None: ...
 
 
 class SumSink(Protocol):

@@ -18,13 +18,14 @@ Tiers below DRAM are each a ledger and a mover (``ledger.py`` says how): the Sto
 and never a mover. Leaving DRAM is a *demotion* when some ledger ``keeps`` the chunk and an eviction otherwise; a
 slot whose I/O a ledger ``uses_dram`` stays (with its place in the host LRU) until that I/O ends.
 
-The counters are in ``counters.py``; checksums and damaged copies in ``damage.py`` (a part of the Store).
+The two-phase put is in ``puts.py``, checksums and damaged copies in ``damage.py`` (parts of the Store), what a
+full host tier says in ``host_full.py``, and the counters in ``counters.py``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import takewhile
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -40,23 +41,17 @@ from .disk_ledger import DiskLedger
 from .entry import Entry, State
 from .gpu_ledger import GpuLedger
 from .handles import Handle, HandleTable
+from .host_full import count_holders, host_full_message
 from .ledger import TierLedger
 from .policies import DEFAULT_POLICY, make_queue
+from .puts import PutMixin, Reservation, Slot
 from .remote_ledger import RemoteLedger
 from .room import make_room
 from .s3fifo import MAX_FREQ
-from .sinks import IndexSink, SumSink
+from .sinks import EventSink, IndexSink, SumSink
 
 if TYPE_CHECKING:
     from ..gpu.tier import GpuTier
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where a reserved or leased chunk lives in the host arena."""
-
-    offset: int
-    size: int
 
 
 @dataclass(frozen=True)
@@ -65,14 +60,7 @@ class LookupResult:
     tiers: list[str]
 
 
-@dataclass
-class Reservation:
-    namespace: str
-    entries: list[Entry]
-    present: list[Entry] = field(default_factory=list)
-
-
-class Store(DamageMixin):
+class Store(PutMixin, DamageMixin):
     def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float,
                  clock: Callable[[], float] = time.monotonic, disk: DiskTier | None = None,
                  gpu: "GpuTier | None" = None, policy: str = DEFAULT_POLICY) -> None:
@@ -92,6 +80,7 @@ class Store(DamageMixin):
         self.integrity = IntegrityCounters()
         self.sums: SumSink | None = None        # set by the checksummer: commits go through it first
         self.published: IndexSink | None = None   # the shared lookup index, when the daemon publishes one
+        self.events: EventSink | None = None      # KV cache events, when the daemon publishes them
         self.after_reply: AfterReply | None = None   # set by the daemon: a put's unseen work waits for its reply
         self.disk_ledger = DiskLedger(self, disk) if disk is not None else None
         self.gpu_ledger = GpuLedger(self, gpu) if gpu is not None else None
@@ -159,106 +148,6 @@ class Store(DamageMixin):
         c.lookup_keys += asked * lookups
         c.hit_keys += hits * lookups
 
-    # -- two-phase put --------------------------------------------------------------------------------------
-    def put_refusal(self) -> str:
-        """Why every put fails now ("" when none need): a lower tier that cannot take what a put queues."""
-        for ledger in self.ledgers:
-            reason = ledger.refusal()
-            if reason:
-                return reason
-        return ""
-
-    def reserve(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
-                parent: bytes | None) -> tuple[Handle[Reservation], list[Slot | None]]:
-        """Allocate space for the keys not stored yet. Slot None means "already stored or being written"."""
-        refusal = self.put_refusal()
-        if refusal:
-            self.counters.full_errors += 1
-            raise StoreFullError(refusal)
-        res = Reservation(namespace, [])
-        slots: list[Slot | None] = []
-        prev = parent
-        try:
-            for key, size in zip(keys, sizes):
-                existing = self.index.get(key)
-                if existing is not None:
-                    if existing.readable:
-                        res.present.append(existing)
-                    slots.append(None)
-                else:
-                    entry = Entry(key, size, namespace, prev, State.RESERVED)
-                    entry.host_offset = self.allocate_host(size)
-                    self.index[key] = entry
-                    res.entries.append(entry)
-                    slots.append(Slot(entry.host_offset, size))
-                prev = key
-        except StoreFullError:
-            self.drop_reserved(res.entries)
-            self.counters.full_errors += 1
-            raise
-        self.lru.touch_chain(res.present)
-        handle = self.reservations.issue(owner, res, self.reserve_ttl, self.clock())
-        return handle, slots
-
-    def commit(self, owner: bytes, rid: int) -> int:
-        return self.publish(self.reservations.take(owner, rid).payload.entries)
-
-    def publish(self, entries: list[Entry]) -> int:
-        """Make a reservation's written entries readable (a commit, or a put into a credit: ``credits.py``).
-        What readers cannot see (the eviction queue, the checksum job, the counters) is left for after the reply
-        where the daemon defers it (``after_reply.py``)."""
-        for entry in entries:
-            entry.state = State.COMMITTED
-        self.sync_many([e.key for e in entries])
-        if self.after_reply is not None:
-            self.after_reply.add(lambda: self._file_published(entries))
-        else:
-            self._file_published(entries)
-        return len(entries)
-
-    def _file_published(self, entries: list[Entry]) -> None:
-        """The rest of a publish: queue the chunks for eviction, take their sums, count the put. Only chunks
-        still indexed are queued (nothing should have removed one since the publish, but a queue must never hold
-        an unindexed chunk)."""
-        live = [e for e in entries if self.index.get(e.key) is e and e.readable]
-        self.lru.add_chain(live)
-        if self.sums is not None and live:
-            self.sums.after_commit(live)   # then the ledgers hear of them, with their sums (``checksummed``)
-        else:
-            self.checksummed(live)
-        c = self.counters
-        c.puts += 1
-        c.put_chunks += len(entries)
-        c.put_bytes += sum(e.size for e in entries)
-
-    def settle_after_reply(self) -> None:
-        """Run what the last request left for after its reply (``after_reply.py``), if anything."""
-        if self.after_reply is not None and len(self.after_reply):
-            self.after_reply.run()
-
-    def checksummed(self, entries: Sequence[Entry]) -> None:
-        """Commit's checksums are known: every lower tier hears of the chunks still live (they carry the sum)."""
-        live = [e for e in entries if e.readable and self.index.get(e.key) is e and e.host_offset is not None]
-        if live:
-            for ledger in self.ledgers:
-                ledger.on_commit(live)
-
-    def admit(self, entries: list[Entry], source: TierLedger) -> None:
-        """Publish RESERVED entries a lower tier filled (``source``: the remote ledger's fetches), telling the
-        other ledgers as a commit would; no put is counted."""
-        for entry in entries:
-            entry.state = State.COMMITTED
-            self.sync(entry.key)
-        self.lru.add_chain(entries)
-        if entries:
-            for ledger in self.ledgers:
-                if ledger is not source:
-                    ledger.on_commit(entries)
-
-    def abort(self, owner: bytes, rid: int) -> int:
-        res = self.reservations.take(owner, rid).payload
-        self.drop_reserved(res.entries)
-        return len(res.entries)
     # -- leased reads ---------------------------------------------------------------------------------------
     def get(self, owner: bytes, keys: Sequence[bytes],
             gpu_ok: bool = False) -> tuple[Handle[list[Entry]] | None, list[Entry]]:
@@ -313,9 +202,13 @@ class Store(DamageMixin):
         return deleted
 
     def clear(self, namespace: str) -> int:
-        """Delete every committed chunk of ``namespace`` (and only those: other namespaces are other engines')."""
-        return self.delete([k for k, e in self.index.items()
-                            if e.state is State.COMMITTED and e.namespace == namespace])
+        """Delete every committed chunk of ``namespace`` (and only those: other namespaces are other engines').
+        When they are all the Store holds, the event sink hears of one clear rather than of each chunk."""
+        keys = [k for k, e in self.index.items() if e.state is State.COMMITTED and e.namespace == namespace]
+        if self.events is not None and keys and all(e.namespace == namespace for e in self.index.values()
+                                                    if e.readable):
+            self.events.all_cleared()
+        return self.delete(keys)
 
     def expire(self, keep_leases_of: Callable[[bytes], bool] | None = None) -> tuple[int, int]:
         """Release expired leases (but those of owners ``keep_leases_of`` spares, ``handles.py``) and abort expired
@@ -351,16 +244,21 @@ class Store(DamageMixin):
         """Publish ``key``'s readable state as it is now (called after every change to it): its fastest tier, or
         gone. Read from the index rather than from a changed entry, since a doomed entry freed late must not
         unlist the new chunk stored under its key since."""
+        entry = self.index.get(key)
+        readable = entry if entry is not None and entry.readable else None
+        if self.events is not None:
+            self.events.changed(key, readable)
         if self.published is None:
             return
-        entry = self.index.get(key)
-        if entry is not None and entry.readable:
-            self.published.set(key, STATE_OF_TIER[top_tier(entry)], entry.host_offset, entry.size)
+        if readable is not None:
+            self.published.set(key, STATE_OF_TIER[top_tier(readable)], readable.host_offset, readable.size)
         else:
             self.published.remove(key)
 
     def sync_many(self, keys: Sequence[bytes]) -> None:
         """``sync`` of several keys (a put's chunks), published in one batch."""
+        if self.events is not None:
+            self.events.changed_many([(k, self.index.get(k)) for k in keys])
         if self.published is None:
             return
         listed = []
@@ -372,14 +270,14 @@ class Store(DamageMixin):
                 self.published.remove(key)
         self.published.set_many(listed)
 
-    def allocate_host(self, size: int) -> int:
+    def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = ()) -> int:
         """A DRAM slot, evicting (or demoting) the oldest unpinned chunks until one fits. A chunk whose slot a
-        lower tier's I/O uses, or a check reads, keeps its slot (and its place in the queue)."""
+        lower tier's I/O uses, or a check reads, keeps its slot (and its place in the queue). ``owner`` and
+        ``taken`` (what its request reserved so far) let a StoreFullError say who holds the room."""
         offset = make_room(lambda: self.host.allocate(size), self.lru, self._may_leave_dram, self.drop_host_copy)
         if offset is None:
-            raise StoreFullError(
-                f"host tier is full: no room for a {size}-byte chunk and every stored chunk is leased or "
-                f"being written ({self.host.used_bytes} of {self.host.capacity_bytes} bytes in use)")
+            held = count_holders(self, owner, taken, self._may_leave_dram)
+            raise StoreFullError(host_full_message(self.host.capacity_bytes, size, held))
         return offset
 
     def _may_leave_dram(self, entry: Entry) -> bool:

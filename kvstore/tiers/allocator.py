@@ -120,10 +120,6 @@ class ExtentAllocator:
     def used_bytes(self) -> int:
         return self.used_units * self.align
 
-    @property
-    def free_bytes(self) -> int:
-        return (self.total_units - self.used_units) * self.align
-
     def stats(self) -> AllocatorStats:
         largest = max(self._free_start.values(), default=0)
         return AllocatorStats(self.capacity, self.used_bytes, len(self._free_start), largest * self.align)

@@ -1,14 +1,14 @@
-"""The lookup index's walk in C (``ops/native_src/kvstore_index.c``), used where that library has been built.
+"""The lookup index's walk in C (``native/kvstore_index.c``, built into ``_kvstore_index.so``), where it was built.
 
-The walk in ``shared_index.py`` costs about a microsecond a key in CPython, and several times that in a process
-that has just woken up with cold caches: here a 64-key walk took 47 µs back to back and 205 µs with 5 ms pauses
-between lookups, the way a scheduler asks. Under several engines at once those walks are what their lookups wait
-on. The C walk is the same walk, slot for slot (the same probe order and bound, the same sequence-lock read of
-each slot), in one call through ctypes; a lookup takes only the count per tier back (``lookup``: with the header's checks
-and the epoch's second read in the same call), a located read also each chunk's slot, sequence, offset and size. ``bench/client_throughput.py`` gives its figures next to the Python walk's.
+The walk in ``client/shared_index.py`` is a few Python steps per key, and a scheduler asks between passes, in a
+process whose caches have gone cold; under several engines at once those walks are what their lookups wait on.
+The C walk is the same walk, slot for slot (the same probe order and bound, the same sequence-lock read of each
+slot), in one call through ctypes; a lookup takes only the count per tier back (``lookup``: with the header's
+checks and the epoch's second read in the same call), a located read also each chunk's slot, sequence, offset
+and size. ``bench/client_throughput.py`` measures it next to the Python walk.
 
-It is loaded, never built, on import: ``python -m kvstore.ops.native`` (or ``KVSTORE_NATIVE=build``) builds it,
-and without it the Python walk answers, with the same answers (``tests/test_shared_index.py`` runs both).
+Without the library (no compiler when kvstore was built, or ``KVSTORE_NATIVE=off``) the Python walk answers,
+with the same answers (``tests/test_shared_index.py`` runs both).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import native_libs as native
 from ..protocol.index_layout import HEADER_BYTES, MAX_PROBE, STALE_NS
+from . import load
 
 STATES = 5   # EMPTY, TOMBSTONE, DISK, HOST, GPU: counts are indexed by state
 # (stopped at a key not listed, leading keys listed, count per state, then per listed key — when asked for —
@@ -41,7 +41,7 @@ class NativeWalk:
 
     @classmethod
     def open(cls, buf: mmap.mmap) -> "NativeWalk | None":
-        lib = native.load("index")
+        lib = load("index")
         return None if lib is None else cls(lib, buf)
 
     def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | bool | None:

@@ -1,12 +1,11 @@
-"""The published index's placement of new keys in C (``ops/native_src/kvstore_index.c``), where it is built.
+"""The published index's placement of new keys in C (``native/kvstore_index.c``), where it was built.
 
-A put of 16 chunks lists 16 new keys. In CPython each costs a probe of the table and a slot written word by word
-under its sequence lock, a few microseconds a key on the daemon's one thread, before the put's reply can go out
-(the reply must not come before a reader can find the chunks). The C placement does the same for the whole
-batch in one call: the same slot for each key as the Python writer chooses, written under the same lock.
+A put of many chunks lists as many new keys. In CPython each costs a probe of the table and a slot written word
+by word under its sequence lock, on the daemon's one thread, before the put's reply can go out (the reply must
+not come before a reader can find the chunks). The C placement does the same for the whole batch in one call:
+the same slot for each key as the Python writer chooses, written under the same lock.
 
-It is loaded, never built, on import (``python -m kvstore.ops.native`` builds it with the reader's walk);
-without it ``PublishedIndex`` places keys in Python.
+Without the library (see ``kvstore.native``) ``PublishedIndex`` places keys in Python.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import native_libs as native
 from ..protocol.index_layout import HEADER_BYTES, MAX_PROBE
+from . import load
 
 
 class NativePlace:
@@ -32,10 +31,11 @@ class NativePlace:
 
     @classmethod
     def open(cls, buf: mmap.mmap) -> "NativePlace | None":
-        lib = native.load("index")
+        lib = load("index")
         return None if lib is None else cls(lib, buf)
 
-    def place(self, keys: Sequence[bytes], listings: Sequence[tuple[int, int, int]], mask: int) -> tuple[list[int], int]:
+    def place(self, keys: Sequence[bytes], listings: Sequence[tuple[int, int, int]],
+              mask: int) -> tuple[list[int], int]:
         """Place each of ``keys`` (none of which holds a slot) with its listing; returns the slot each took (-1:
         none free within MAX_PROBE) and how many of those were tombstones."""
         n = len(keys)

@@ -1,0 +1,233 @@
+"""The scenarios of `bench/serve.py`: each starts (or reuses) its engines, replays its trace on every arm with
+interleaved repeats and returns the runs, their medians and the ratios its goals are stated in."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from serve_engine import EngineFailed, Server, http
+from serve_harness import Arm, Bench, Profile, agreement, interleaved, median_of, ratio
+from serve_traces import (
+    Conversations,
+    compress_time,
+    conversation_slice,
+    conversation_trace,
+    halves,
+    read_rows,
+    scaled_slice,
+    unique_trace,
+    working_set_tokens,
+    write_jsonl,
+)
+
+KVSTORE = Arm("kvstore", connector=True)
+VLLM = Arm("vllm")
+CPU_BLOCK = 128   # the CPU build's KV block size (tokens); `engine_blocks` sizes caches in these
+
+
+def trace_file(bench: Bench, name: str, rows: list[dict]) -> tuple[str, int]:
+    return write_jsonl(rows, os.path.join(bench.workdir, f"trace-{name}.jsonl")), len(rows)
+
+
+def pair(bench: Bench, blocks: int | None = None) -> tuple[Server, Server]:
+    """The kvstore and vLLM-alone engines of this size (started once, reused by later scenarios)."""
+    return bench.get(KVSTORE, blocks), bench.get(VLLM, blocks)
+
+
+def fresh(bench: Bench, server: Server, connector: bool) -> None:
+    """Empty what a repeat must not inherit: vLLM's prefix cache and (for kvstore) the daemon."""
+    server.reset_prefix_cache()
+    if connector:
+        bench.clear_daemon()
+
+
+def compare(bench: Bench, arms: dict[str, tuple[list[Server], str]], trace: tuple[str, int],
+            connector: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """Replay `trace` on every arm (servers, the URL the client talks to), interleaved, from empty caches."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
+    for order in interleaved(list(arms), bench.profile.repeats):
+        for name in order:
+            servers, url = arms[name]
+            for s in servers:
+                fresh(bench, s, name in connector)
+            runs[name].append(bench.replay(url, servers, trace[0], trace[1], name in connector))
+    return runs
+
+
+def finish(runs: dict[str, list[dict[str, Any]]], **extra: Any) -> dict[str, Any]:
+    return {"runs": runs, "median": {k: median_of(v) for k, v in runs.items()}, **extra}
+
+
+def restart(bench: Bench) -> dict[str, Any]:
+    """Half the trace, an engine restart (the daemon keeps its chunks), the second half measured."""
+    first, second = halves(conversation_trace(bench.profile.conversations))
+    t1, t2 = trace_file(bench, "restart-1", first), trace_file(bench, "restart-2", second)
+    on, off = pair(bench)
+    bench.keep(on, off)
+    check = agreement(bench, on, off)
+    runs: dict[str, list[dict[str, Any]]] = {"kvstore": [], "vllm_restarted": [], "vllm_never_restarted": []}
+    for order in interleaved(["kvstore", "vllm"], bench.profile.repeats):
+        for name in order:
+            if name == "kvstore":
+                fresh(bench, on, True)
+                bench.replay(on.url, [on], *t1, connector=True)
+                on = bench.restart(on)
+                runs["kvstore"].append(bench.replay(on.url, [on], *t2, connector=True))
+            else:
+                fresh(bench, off, False)
+                bench.replay(off.url, [off], *t1, connector=False)
+                runs["vllm_never_restarted"].append(bench.replay(off.url, [off], *t2, connector=False))
+                off = bench.restart(off)
+                runs["vllm_restarted"].append(bench.replay(off.url, [off], *t2, connector=False))
+    out = finish(runs, agreement=check, requests=[len(first), len(second)], measured="second half")
+    out["ratios"] = {"kvstore_vs_never_restarted": ratio(out, "kvstore", "vllm_never_restarted"),
+                     "kvstore_vs_restarted": ratio(out, "kvstore", "vllm_restarted")}
+    out["goals"] = {"kvstore_vs_never_restarted": 0.9, "kvstore_vs_restarted": 1.5}
+    return out
+
+
+def all_miss(bench: Bench) -> dict[str, Any]:
+    """Unique prompts: nothing to hit, the connector's cost (lookups and saves)."""
+    p = bench.profile
+    trace = trace_file(bench, "unique", unique_trace(p.unique_requests, p.unique_blocks,
+                                                     p.conversations.block_tokens, p.conversations.output_tokens))
+    on, off = pair(bench)
+    bench.keep(on, off)
+    out = finish(compare(bench, {"kvstore": ([on], on.url), "vllm": ([off], off.url)}, trace, {"kvstore"}))
+    out["ratios"] = {"kvstore_vs_vllm": ratio(out, "kvstore", "vllm", "total_token_throughput")}
+    out["goals"] = {"kvstore_vs_vllm": 0.97}
+    return out
+
+
+def slice_rows(bench: Bench, path: str) -> list[dict]:
+    p = bench.profile
+    rows = conversation_slice(read_rows(path, 1 << 20), p.slice_conversations)
+    scaled = scaled_slice(rows, 512, p.conversations.block_tokens, p.slice_max_blocks,
+                          p.conversations.output_tokens, 1.0)
+    return compress_time(scaled, p.slice_span_ms)
+
+
+def trace_slice(bench: Bench, path: str) -> dict[str, Any]:
+    """A scaled slice of the shared Mooncake conversation trace (its first multi-turn conversations)."""
+    rows = slice_rows(bench, path)
+    trace = trace_file(bench, "slice", rows)
+    on, off = pair(bench)
+    bench.keep(on, off)
+    out = finish(compare(bench, {"kvstore": ([on], on.url), "vllm": ([off], off.url)}, trace, {"kvstore"}),
+                 requests=len(rows), prompt_tokens=sum(r["input_length"] for r in rows),
+                 working_set_tokens=working_set_tokens(rows, bench.profile.conversations.block_tokens))
+    out["ratios"] = {"kvstore_vs_vllm": ratio(out, "kvstore", "vllm")}
+    return out
+
+
+class Proxy:
+    """`serve_proxy.py` (round robin) in the engine's virtualenv, in front of `backends`."""
+
+    def __init__(self, bench: Bench, backends: list[Server]) -> None:
+        from _common import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.log = open(os.path.join(bench.workdir, f"proxy-{self.port}.log"), "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen([bench.venv.python, os.path.join(here, "serve_proxy.py"), str(self.port),
+                                      *[b.url for b in backends]], stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=bench.env)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                http(self.url + "/health", timeout=5)
+                return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.5)
+        self.close()
+        raise RuntimeError("the round-robin proxy did not start")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.log.close()
+
+
+def replicas(bench: Bench) -> dict[str, Any]:
+    """Two engines behind a round-robin proxy: with one daemon between them, and without."""
+    trace = trace_file(bench, "conversations", conversation_trace(bench.profile.conversations))
+    on = [bench.get(KVSTORE, None, 0), bench.get(KVSTORE, None, 1)]
+    off = [bench.get(VLLM, None, 0), bench.get(VLLM, None, 1)]
+    bench.keep(*on, *off)
+    proxies = [Proxy(bench, on), Proxy(bench, off)]
+    try:
+        runs = compare(bench, {"kvstore": (on, proxies[0].url), "vllm": (off, proxies[1].url)}, trace, {"kvstore"})
+    finally:
+        for p in proxies:
+            p.close()
+    out = finish(runs, routing="round robin over 2 replicas, no cache-aware routing")
+    out["ratios"] = {"kvstore_vs_vllm": ratio(out, "kvstore", "vllm")}
+    out["goals"] = {"kvstore_vs_vllm": 1.5}
+    bench.keep()
+    return out
+
+
+def working_set_trace(p: Profile) -> tuple[Conversations, int]:
+    """More sessions of the conversation trace until its working set is 1/kv_fraction times an engine
+    cache that still holds `concurrency` of its longest requests; returns (trace, engine blocks)."""
+    c = p.conversations
+    need = p.concurrency * -(-(c.longest_prompt() + c.output_tokens) // CPU_BLOCK)
+    while c.unique_tokens() * p.kv_fraction < need * CPU_BLOCK:
+        c = replace(c, sessions=c.sessions + 1)
+    return c, max(need, int(c.unique_tokens() * p.kv_fraction) // CPU_BLOCK)
+
+
+def peer_arms(bench: Bench) -> dict[str, Arm]:
+    """vLLM's native CPU offloading and LMCache's connector, each with the daemon's DRAM budget."""
+    gib = bench.profile.host_mem
+    size = float(gib[:-3]) if gib.endswith("GiB") else float(gib[:-3]) / 1024
+    arms = {"vllm_native_offload": Arm("native", args=("--kv-offloading-backend", "native",
+                                                       "--kv-offloading-size", f"{size:g}"))}
+    if bench.lmcache_site:
+        lm = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
+        env = (("PYTHONPATH", f"{bench.lmcache_site}:{bench.env['PYTHONPATH']}"), ("LMCACHE_CHUNK_SIZE", "256"),
+               ("LMCACHE_LOCAL_CPU", "True"), ("LMCACHE_MAX_LOCAL_CPU_SIZE", f"{size:g}"),
+               ("LMCACHE_TRACK_USAGE", "false"), ("LMCACHE_DISABLE_BANNER", "1"))
+        arms["lmcache"] = Arm("lmcache", args=("--kv-transfer-config", lm), env=env)
+    else:
+        bench.peer_errors["lmcache"] = ("not installed: give --lmcache-site DIR, a directory made with the engine "
+                                        "python's `pip install --target DIR --no-deps lmcache` and its CPU deps")
+    return arms
+
+
+def working_set(bench: Bench) -> dict[str, Any]:
+    """The engine's KV cache a quarter of the trace's working set: vLLM's prefix cache thrashes."""
+    c, blocks = working_set_trace(bench.profile)
+    trace = trace_file(bench, "working-set", conversation_trace(c))
+    bench.keep()
+    on, off = pair(bench, blocks)
+    arms: dict[str, tuple[list[Server], str]] = {"kvstore": ([on], on.url), "vllm": ([off], off.url)}
+    for name, arm in peer_arms(bench).items():
+        try:
+            peer = bench.get(arm, blocks)
+            arms[name] = ([peer], peer.url)
+        except EngineFailed as exc:
+            bench.peer_errors[name] = exc.line
+    check = agreement(bench, on, off)
+    out = finish(compare(bench, arms, trace, {"kvstore"}), agreement=check, engine_blocks=blocks,
+                 engine_kv_tokens=blocks * CPU_BLOCK, working_set_tokens=c.unique_tokens(), sessions=c.sessions,
+                 peers_not_run=dict(bench.peer_errors))
+    out["ratios"] = {"kvstore_vs_vllm": ratio(out, "kvstore", "vllm"),
+                     **{f"kvstore_vs_{n}": ratio(out, "kvstore", n) for n in arms if n not in ("kvstore", "vllm")}}
+    out["goals"] = {"kvstore_vs_vllm": 2.0, "kvstore_vs_vllm_native_offload": 1.0}
+    bench.keep()
+    return out
+
+
+def scenario_funcs(trace_path: str) -> dict[str, Callable[[Bench], dict[str, Any]]]:
+    return {"restart": restart, "all_miss": all_miss, "slice": lambda b: trace_slice(b, trace_path),
+            "replicas": replicas, "working_set": working_set}

@@ -1,0 +1,138 @@
+"""``kvstore events``: subscribe to a daemon's KV cache events and print them as they come.
+
+One line per event: ``seq``, the medium, the event type and its block hashes, or with ``--json`` one object per
+event (``seq``, ``ts``, ``topic`` and the event's own fields as the wire has them). ``--from SEQ`` first asks the
+replay socket for the batches from SEQ on, then goes on live without printing a batch twice; a live batch past a
+gap (a batch neither received nor replayed: dropped by the publisher) is printed after a ``gap`` line. Formats:
+``protocol/kv_events.py`` and docs/operations/events.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Iterator
+
+import msgpack
+import zmq
+
+from ..errors import ConfigError, DaemonUnavailable
+from ..protocol.kv_events import END_SEQ, INCARNATION_KEY, split_batch
+
+REPLAY_TIMEOUT_S = 5.0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("events", help="print a daemon's KV cache events as they come",
+                       description="Subscribe to the daemon's --events-endpoint and print its KV cache events "
+                                   "(vLLM's format), optionally replaying missed batches first.")
+    p.add_argument("--endpoint", required=True, help="the daemon's --events-endpoint (tcp:// or ipc://)")
+    p.add_argument("--replay-endpoint", help="the daemon's --events-replay-endpoint (needed with --from)")
+    p.add_argument("--topic", default="", help="print only messages whose topic starts with this (default: all)")
+    p.add_argument("--from", dest="start", type=_seq, metavar="SEQ",
+                   help="first replay the buffered batches from SEQ on (0: everything still buffered)")
+    p.add_argument("--count", type=_seq, metavar="N", help="stop after N events (default: run until interrupted)")
+    p.add_argument("--json", action="store_true", help="one JSON object per event")
+    p.set_defaults(run=run)
+
+
+def _seq(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(text)
+
+
+def _check(args: argparse.Namespace) -> None:
+    for flag, value in (("--endpoint", args.endpoint), ("--replay-endpoint", args.replay_endpoint)):
+        if value is not None and not value.startswith(("tcp://", "ipc://")):
+            raise ConfigError(f"{flag}: expected tcp://HOST:PORT or ipc://PATH, got {value!r}")
+    if args.start is not None and not args.replay_endpoint:
+        raise ConfigError("--from: replay needs --replay-endpoint (the daemon's --events-replay-endpoint)")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt_string(zmq.SUBSCRIBE, args.topic)
+    sub.connect(args.endpoint)   # before the replay: nothing published meanwhile is missed
+    printed = 0
+    try:
+        expected = args.start
+        batches = replay(ctx, args.replay_endpoint, args.start) if args.start is not None else iter(())
+        for topic, seq, payload in _then_live(batches, sub):
+            if expected is not None and seq < expected:
+                continue   # replayed already
+            if expected is not None and seq > expected:
+                print(f"gap: batches {expected}..{seq - 1} were not received", file=sys.stderr, flush=True)
+            expected = seq + 1
+            for line in format_batch(topic, seq, payload, args.json):
+                print(line, flush=True)
+                printed += 1
+                if args.count is not None and printed >= args.count:
+                    return 0
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+    return 0
+
+
+def _then_live(replayed: Iterator[tuple[bytes, int, bytes]],
+               sub: zmq.Socket) -> Iterator[tuple[bytes, int, bytes]]:
+    yield from replayed
+    while True:
+        topic, seq, payload = sub.recv_multipart()
+        yield topic, int.from_bytes(seq, "big"), payload
+
+
+def replay(ctx: zmq.Context, endpoint: str, start: int) -> Iterator[tuple[bytes, int, bytes]]:
+    """The buffered batches from ``start`` on, as (topic, seq, payload), until the end marker.
+
+    Raises:
+        DaemonUnavailable: the replay socket did not answer within ``REPLAY_TIMEOUT_S``.
+    """
+    req = ctx.socket(zmq.DEALER)
+    req.setsockopt(zmq.LINGER, 0)
+    req.connect(endpoint)
+    try:
+        req.send_multipart([b"", start.to_bytes(8, "big")])
+        while True:
+            if not req.poll(int(REPLAY_TIMEOUT_S * 1000)):
+                raise DaemonUnavailable(f"the replay socket at {endpoint} did not answer within {REPLAY_TIMEOUT_S}s")
+            frames = req.recv_multipart()
+            if len(frames) != 4:
+                continue
+            _, topic, seq, payload = frames
+            if seq == END_SEQ:
+                return
+            yield topic, int.from_bytes(seq, "big"), payload
+    finally:
+        req.close(linger=0)
+
+
+def format_batch(topic: bytes, seq: int, payload: bytes, as_json: bool) -> list[str]:
+    """The lines ``kvstore events`` prints for one batch (a line saying what was wrong for a bad payload)."""
+    try:
+        ts, events, _rank = split_batch(msgpack.unpackb(payload))
+    except (ValueError, msgpack.UnpackException) as exc:
+        return [f"seq {seq}: undecodable batch ({exc})"]
+    if as_json:
+        return [json.dumps({"seq": seq, "ts": ts, "topic": topic.decode(errors="replace"), **_jsonable(e)})
+                for e in events]
+    when = time.strftime("%H:%M:%S", time.localtime(ts))
+    return [f"{seq:>8} {when} {e['type']:<16} {e.get('medium') or '-':<8} {_hashes(e)}" for e in events]
+
+
+def _hashes(event: dict[str, Any]) -> str:
+    hashes = event.get("block_hashes") or []
+    shown = " ".join(f"{h:016x}" if isinstance(h, int) else str(h) for h in hashes[:4])
+    more = f" (+{len(hashes) - 4})" if len(hashes) > 4 else ""
+    cleared = event.get("type") == "AllBlocksCleared"
+    return shown + more + (f"  [incarnation {event.get(INCARNATION_KEY)}]" if cleared else "")
+
+
+def _jsonable(event: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.hex() if isinstance(v, bytes) else v) for k, v in event.items()}

@@ -1,0 +1,146 @@
+"""KV cache events on the wire, in vLLM's format: what routers (llm-d, Dynamo, vLLM's own) already decode.
+
+Message (ZeroMQ PUB, multipart): ``[topic, seq, payload]``, ``seq`` an 8-byte big-endian unsigned integer that
+grows by one per batch (a batch dropped under back-pressure leaves a gap on purpose), ``payload`` msgpack of an
+``EventBatch``: the array ``[ts, events, data_parallel_rank]`` (always three elements; the rank is 0).
+
+Two event forms, chosen by ``--events-format``:
+
+* ``map`` (default; vLLM's ``kv_events.py`` from the release whose events became tagged maps on, 0.32 and 0.33
+  included): each event a map tagged ``"type"``. ``BlockStored`` always carries ``block_hashes``,
+  ``parent_block_hash``, ``token_ids``, ``block_size``, ``lora_id``, ``medium`` and ``lora_name`` (fields without
+  a default there); fields with a default (``extra_keys``, ``group_idx``, ``locality``, ...) are left out, as
+  msgspec's ``omit_defaults`` leaves them. ``BlockRemoved``: ``block_hashes``, ``medium``. ``AllBlocksCleared``:
+  the tag alone.
+* ``array`` (the older positional form, vLLM's ``array_like`` events before the change, as in its
+  ``kv_events_subscriber.py`` example of that time): ``["BlockStored", hashes, parent, token_ids, block_size,
+  lora_id, medium]``, ``["BlockRemoved", hashes, medium]``, ``["AllBlocksCleared"]``.
+
+Every event also carries the publisher's incarnation id (16 hex digits, new at every start): the extra key
+``kvstore_incarnation`` in map form, one trailing element in array form. vLLM's decoder ignores unknown map keys
+and trailing array elements (its structs do not forbid unknown fields), as do Dynamo's and llm-d's.
+
+Replay (ZeroMQ ROUTER): a request ``[b"", start_seq]`` (8 bytes, big-endian) is answered with every buffered
+batch from ``start_seq`` on, each ``[b"", topic, seq, payload]``, then the end marker ``[b"", b"", END_SEQ, b""]``.
+
+Block hashes: 64-bit integers, as vLLM sends them by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``): for a
+chunk keyed by our 16-byte chunk key, the key's last 8 bytes read big-endian, the same reduction vLLM applies to
+its own hash bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
+MEDIUM_STORAGE = "STORAGE"
+FORMATS = ("map", "array")
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+INCARNATION_KEY = "kvstore_incarnation"
+DATA_PARALLEL_RANK = 0
+_MASK64 = (1 << 64) - 1
+
+
+def block_hash(key: bytes) -> int:
+    """The 64-bit block hash a chunk key is published under (vLLM's reduction of hash bytes to an int)."""
+    return int.from_bytes(key, "big") & _MASK64
+
+
+def seq_bytes(seq: int) -> bytes:
+    return seq.to_bytes(8, "big")
+
+
+@dataclass
+class Stored:
+    """Blocks entered a tier: ``hashes`` in chain order, ``parent`` the hash before the first (None: none)."""
+
+    hashes: list[int]
+    parent: int | None
+    medium: str
+    block_size: int
+    token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Removed:
+    """The tier's last copy of these blocks went."""
+
+    hashes: list[int]
+    medium: str
+
+
+@dataclass
+class Cleared:
+    """Every block of the publisher is gone (a start, or a clear of all it held)."""
+
+
+Event = Stored | Removed | Cleared
+
+
+def _as_map(event: Event, incarnation: str) -> dict[str, Any]:
+    if isinstance(event, Stored):
+        body: dict[str, Any] = {"type": "BlockStored", "block_hashes": event.hashes,
+                                "parent_block_hash": event.parent, "token_ids": event.token_ids,
+                                "block_size": event.block_size, "lora_id": None, "medium": event.medium,
+                                "lora_name": None}
+    elif isinstance(event, Removed):
+        body = {"type": "BlockRemoved", "block_hashes": event.hashes, "medium": event.medium}
+    else:
+        body = {"type": "AllBlocksCleared"}
+    body[INCARNATION_KEY] = incarnation
+    return body
+
+
+def _as_array(event: Event, incarnation: str) -> list[Any]:
+    if isinstance(event, Stored):
+        return ["BlockStored", event.hashes, event.parent, event.token_ids, event.block_size, None, event.medium,
+                incarnation]
+    if isinstance(event, Removed):
+        return ["BlockRemoved", event.hashes, event.medium, incarnation]
+    return ["AllBlocksCleared", incarnation]
+
+
+def batch_body(ts: float, events: list[Event], fmt: str, incarnation: str) -> list[Any]:
+    """The ``EventBatch`` array to pack with msgpack (``fmt``: "map" or "array")."""
+    encode = _as_map if fmt == "map" else _as_array
+    return [ts, [encode(e, incarnation) for e in events], DATA_PARALLEL_RANK]
+
+
+_ARRAY_FIELDS = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                                 "medium"),
+                 "BlockRemoved": ("block_hashes", "medium"),
+                 "AllBlocksCleared": ()}
+
+
+def event_as_dict(raw: Any) -> dict[str, Any]:
+    """One decoded event, map or array form, as a map with ``type`` (for printing and for our consumers).
+
+    Raises:
+        ValueError: the event is neither form, or of a type this format does not define.
+    """
+    if isinstance(raw, dict):
+        kind = raw.get("type")
+        if kind not in _ARRAY_FIELDS:
+            raise ValueError(f"unknown event type {kind!r}")
+        return dict(raw)
+    if isinstance(raw, (list, tuple)) and raw and raw[0] in _ARRAY_FIELDS:
+        names = _ARRAY_FIELDS[raw[0]]
+        out: dict[str, Any] = {"type": raw[0], **dict(zip(names, raw[1:]))}
+        if len(raw) > len(names) + 1:
+            out[INCARNATION_KEY] = raw[len(names) + 1]
+        return out
+    raise ValueError(f"not a KV cache event: {raw!r:.80}")
+
+
+def split_batch(raw: Any) -> tuple[float, list[dict[str, Any]], int | None]:
+    """A decoded ``EventBatch`` payload as (ts, events as maps, data_parallel_rank).
+
+    Raises:
+        ValueError: the payload is not an ``EventBatch``.
+    """
+    if not isinstance(raw, (list, tuple)) or len(raw) < 2 or not isinstance(raw[1], (list, tuple)):
+        raise ValueError("not an EventBatch: expected [ts, events, data_parallel_rank]")
+    rank = raw[2] if len(raw) > 2 else None
+    return float(raw[0]), [event_as_dict(e) for e in raw[1]], rank

@@ -1,0 +1,78 @@
+"""What a full host tier says: which of the holders keeps the room a chunk needs, in bytes.
+
+A put finds the host tier full only once every chunk that may leave DRAM has left (``room.make_room``), so
+what is left is held: by this put itself (a put larger than the whole tier can never fit), by leases, by open
+reservations (this writer's or others'), by chunks whose slot a lower tier's I/O or a check reads, by put credits
+lent to writers, or it is free but in pieces smaller than the chunk. The message names each with its bytes and
+says what would help, most of all the largest holder's fix. Counting walks the index: only a failed allocation
+pays for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .entry import Entry, State
+
+
+@dataclass
+class HostHolders:
+    """Bytes of the host tier by what holds them, when a chunk found no room."""
+
+    leased: int = 0
+    this_put: int = 0          # what the failing request reserved before the chunk that found no room
+    reserved_own: int = 0      # the asking writer's other open reservations
+    reserved_others: int = 0
+    busy: int = 0              # read by a lower tier's I/O (written to disk, copied up or down) or a check
+    credits_own: int = 0
+    credits_others: int = 0
+    free: int = 0
+
+
+def count_holders(store: Any, owner: bytes | None, taken: Sequence[Entry],
+                  may_leave: Callable[[Entry], bool]) -> HostHolders:
+    """How the host tier's bytes are held; ``taken``: what the failing request reserved before it failed."""
+    host = store.host
+    this_put = {id(e) for e in taken}
+    mine = {id(e) for h in store.reservations if h.owner == owner for e in h.payload.entries}
+    held = HostHolders(free=host.capacity_bytes - host.used_bytes)
+    for entry in store.index.values():
+        if entry.host_offset is None:
+            continue
+        size = host.allocator.size_of(entry.host_offset)
+        if entry.state is State.RESERVED:
+            if id(entry) in this_put:
+                held.this_put += size
+            elif id(entry) in mine:
+                held.reserved_own += size
+            else:
+                held.reserved_others += size
+        elif entry.pins:
+            held.leased += size
+        elif not may_leave(entry):
+            held.busy += size
+    for handle in store.credits.table:
+        if handle.owner == owner:
+            held.credits_own += handle.payload.size
+        else:
+            held.credits_others += handle.payload.size
+    return held
+
+
+def host_full_message(capacity: int, size: int, held: HostHolders) -> str:
+    """One line: why a ``size``-byte chunk found no room, with the bytes of each holder and what would help."""
+    if held.this_put + size > capacity:
+        return (f"host tier is full: this put needs at least {held.this_put + size} bytes, more than the whole host "
+                f"tier ({capacity} bytes); put fewer or smaller chunks at a time, or raise --host-mem")
+    parts = [(held.this_put, "taken by this put's earlier chunks", "put fewer chunks at a time"),
+             (held.leased, "held by leases", "release leases sooner (or lower --lease-ttl)"),
+             (held.reserved_own, "by this writer's open reservations",
+              "commit or abort this client's open reservations before reserving more"),
+             (held.reserved_others, "by other writers' open reservations", "retry once the other writers commit"),
+             (held.busy, "by chunks being written to a lower tier or checked", "retry once the writes are done"),
+             (held.credits_own + held.credits_others, "lent as put credits", "retry: credits come back as puts use them"),
+             (held.free, "free but in pieces smaller than the chunk", "store smaller chunks")]
+    named = ", ".join(f"{nbytes} {what}" for nbytes, what, _ in parts if nbytes)
+    fix = max(parts[1:], key=lambda p: p[0])[2] if any(p[0] for p in parts[1:]) else parts[0][2]
+    return f"host tier is full: no room for a {size}-byte chunk; of {capacity} bytes, {named}; {fix}"

@@ -1,0 +1,137 @@
+"""The Store's two-phase put (a part of ``Store``, kept in its own file): reserve, commit, abort, and the publish
+that a commit and a put into a credit (``credits.py``) share.
+
+``reserve`` allocates DRAM for the keys not stored yet and inserts RESERVED entries that no reader can see; the
+writer copies its bytes into the slots; ``commit`` makes them readable (``publish``), ``abort`` frees them. A
+reservation carries a deadline, so space reserved by a writer that died is reclaimed by ``Store.expire``. A put
+that finds no room says why (``host_full.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..errors import StoreFullError
+from .entry import Entry, State
+from .handles import Handle
+from .ledger import TierLedger
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a reserved or leased chunk lives in the host arena."""
+
+    offset: int
+    size: int
+
+
+@dataclass
+class Reservation:
+    namespace: str
+    entries: list[Entry]
+    present: list[Entry] = field(default_factory=list)
+
+
+class PutMixin:
+    """Methods of ``Store`` for the two-phase put (see the module docstring)."""
+
+    def put_refusal(self) -> str:
+        """Why every put fails now ("" when none need): a lower tier that cannot take what a put queues."""
+        for ledger in self.ledgers:
+            reason = ledger.refusal()
+            if reason:
+                return reason
+        return ""
+
+    def reserve(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
+                parent: bytes | None) -> tuple[Handle[Reservation], list[Slot | None]]:
+        """Allocate space for the keys not stored yet. Slot None means "already stored or being written"."""
+        refusal = self.put_refusal()
+        if refusal:
+            self.counters.full_errors += 1
+            raise StoreFullError(refusal)
+        res = Reservation(namespace, [])
+        slots: list[Slot | None] = []
+        prev = parent
+        try:
+            for key, size in zip(keys, sizes):
+                existing = self.index.get(key)
+                if existing is not None:
+                    if existing.readable:
+                        res.present.append(existing)
+                    slots.append(None)
+                else:
+                    entry = Entry(key, size, namespace, prev, State.RESERVED)
+                    entry.host_offset = self.allocate_host(size, owner, res.entries)
+                    self.index[key] = entry
+                    res.entries.append(entry)
+                    slots.append(Slot(entry.host_offset, size))
+                prev = key
+        except StoreFullError:
+            self.drop_reserved(res.entries)
+            self.counters.full_errors += 1
+            raise
+        self.lru.touch_chain(res.present)
+        handle = self.reservations.issue(owner, res, self.reserve_ttl, self.clock())
+        return handle, slots
+
+    def commit(self, owner: bytes, rid: int) -> int:
+        return self.publish(self.reservations.take(owner, rid).payload.entries)
+
+    def publish(self, entries: list[Entry]) -> int:
+        """Make a reservation's written entries readable (a commit, or a put into a credit: ``credits.py``).
+        What readers cannot see (the eviction queue, the checksum job, the counters) is left for after the reply
+        where the daemon defers it (``after_reply.py``)."""
+        for entry in entries:
+            entry.state = State.COMMITTED
+        self.sync_many([e.key for e in entries])
+        if self.after_reply is not None:
+            self.after_reply.add(lambda: self._file_published(entries))
+        else:
+            self._file_published(entries)
+        return len(entries)
+
+    def _file_published(self, entries: list[Entry]) -> None:
+        """The rest of a publish: queue the chunks for eviction, take their sums, count the put. Only chunks
+        still indexed are queued (nothing should have removed one since the publish, but a queue must never hold
+        an unindexed chunk)."""
+        live = [e for e in entries if self.index.get(e.key) is e and e.readable]
+        self.lru.add_chain(live)
+        if self.sums is not None and live:
+            self.sums.after_commit(live)   # then the ledgers hear of them, with their sums (``checksummed``)
+        else:
+            self.checksummed(live)
+        c = self.counters
+        c.puts += 1
+        c.put_chunks += len(entries)
+        c.put_bytes += sum(e.size for e in entries)
+
+    def settle_after_reply(self) -> None:
+        """Run what the last request left for after its reply (``after_reply.py``), if anything."""
+        if self.after_reply is not None and len(self.after_reply):
+            self.after_reply.run()
+
+    def checksummed(self, entries: Sequence[Entry]) -> None:
+        """Commit's checksums are known: every lower tier hears of the chunks still live (they carry the sum)."""
+        live = [e for e in entries if e.readable and self.index.get(e.key) is e and e.host_offset is not None]
+        if live:
+            for ledger in self.ledgers:
+                ledger.on_commit(live)
+
+    def admit(self, entries: list[Entry], source: TierLedger) -> None:
+        """Publish RESERVED entries a lower tier filled (``source``: the remote ledger's fetches), telling the
+        other ledgers as a commit would; no put is counted."""
+        for entry in entries:
+            entry.state = State.COMMITTED
+            self.sync(entry.key)
+        self.lru.add_chain(entries)
+        if entries:
+            for ledger in self.ledgers:
+                if ledger is not source:
+                    ledger.on_commit(entries)
+
+    def abort(self, owner: bytes, rid: int) -> int:
+        res = self.reservations.take(owner, rid).payload
+        self.drop_reserved(res.entries)
+        return len(res.entries)

@@ -1,0 +1,52 @@
+"""The native libraries, built with the wheel or the editable install (see docs/design/native.md).
+
+Everything else about the package is in pyproject.toml. The C sources in native/ are built by setuptools'
+build_ext into plain shared libraries (no Python C API: they are called through ctypes), named without a Python
+ABI tag, next to the Python side in kvstore/native/. Each library is optional: where a compiler (or OpenMP) is
+missing its build is skipped with a warning and kvstore runs the Python path instead. The CUDA kernel
+(native/kvstore_copy.cu) is not compiled here but shipped as a source, which cupy compiles at first use.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+CUDA_SOURCE = os.path.join("native", "kvstore_copy.cu")
+
+LIBRARIES = [
+    # the lookup index's walk and placement: plain C, no dependency
+    Extension("kvstore.native._kvstore_index", [os.path.join("native", "kvstore_index.c")],
+              extra_compile_args=["-O3"], optional=True),
+    # the host gather/scatter: OpenMP
+    Extension("kvstore.native._kvstore_copy", [os.path.join("native", "kvstore_copy.c")],
+              extra_compile_args=["-O3", "-fopenmp"], extra_link_args=["-fopenmp"], optional=True),
+]
+
+
+class BuildSharedLibraries(build_ext):
+    """build_ext for libraries loaded through ctypes: ``<name>.so``, with no Python symbols to export."""
+
+    def get_ext_filename(self, fullname: str) -> str:
+        return os.path.join(*fullname.split(".")) + ".so"
+
+    def get_export_symbols(self, ext: Extension) -> list[str]:
+        return ext.export_symbols   # no PyInit_<name>: these are not Python modules
+
+
+class BuildWithKernelSource(build_py):
+    """build_py that also puts the CUDA kernel's source in the package, for cupy to compile where it runs."""
+
+    def run(self) -> None:
+        super().run()
+        if not self.editable_mode:   # an editable install reads native/ of the checkout
+            target = os.path.join(self.build_lib, "kvstore", "native")
+            os.makedirs(target, exist_ok=True)
+            shutil.copy(CUDA_SOURCE, target)
+
+
+setup(ext_modules=LIBRARIES, cmdclass={"build_ext": BuildSharedLibraries, "build_py": BuildWithKernelSource})

@@ -1,0 +1,134 @@
+"""A KV cache event consumer that does what the routers do (llm-d's indexer, Dynamo's KV router): subscribe with a
+topic filter, take batches in ``seq`` order, ask the replay socket for what a gap skipped, and keep, per block hash,
+the media that hold it. Every batch is decoded by vLLM's own classes (``vllm.distributed.kv_events``); the raw
+msgpack is read only for the incarnation id, which vLLM's decoder ignores."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import msgpack
+import msgspec
+import zmq
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+@dataclass
+class Consumer:
+    endpoint: str
+    replay_endpoint: str
+    topic: str = ""
+    held: dict[int, set[str]] = field(default_factory=dict)
+    next_seq: int = 0
+    batches: int = 0
+    replayed: int = 0
+    gaps: int = 0               # gaps replay could not fill (batches dropped by the publisher)
+    incarnations: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)   # every event's type, in order
+
+    def __post_init__(self) -> None:
+        self._ctx = zmq.Context()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt_string(zmq.SUBSCRIBE, self.topic)
+        self._sub.connect(self.endpoint)
+        self._decode = msgspec.msgpack.Decoder(type=KVEventBatch)
+
+    def close(self) -> None:
+        self._sub.close(linger=0)
+        self._ctx.term()
+
+    def pump(self, until_seq: int, incarnation: str, timeout: float = 20.0) -> None:
+        """Apply batches until ``until_seq`` of the publisher's ``incarnation`` has been applied (replaying what was
+        published before we joined, or since the last batch, when nothing live comes)."""
+        deadline = time.monotonic() + timeout
+        while self.next_seq <= until_seq or not self.incarnations or self.incarnations[-1] != incarnation:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no batch {until_seq} after {timeout}s (applied up to {self.next_seq - 1})")
+            if not self._sub.poll(100):
+                self._replay()   # slow joiner: what was published before we connected
+                continue
+            self._take_one()
+
+    def _take_one(self) -> None:
+        topic, seq_b, payload = self._sub.recv_multipart()
+        assert topic.decode().startswith(self.topic)
+        seq = int.from_bytes(seq_b, "big")
+        if self.incarnations and _incarnation(payload) != self.incarnations[-1]:
+            self.next_seq = 0   # the publisher restarted: its sequence begins again, from its clear
+        if seq > self.next_seq:
+            self._replay()
+        if seq == self.next_seq:
+            self._apply(seq, payload)
+        elif seq > self.next_seq:   # replay had not got it: a batch the publisher dropped
+            self.gaps += 1
+            self._apply(seq, payload)
+
+    def take_live(self, seconds: float) -> None:
+        """Apply what arrives live within ``seconds`` (replaying whatever a gap skipped)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and self._sub.poll(20):
+            self._take_one()
+
+    def _replay(self) -> None:
+        req = self._ctx.socket(zmq.DEALER)
+        req.setsockopt(zmq.LINGER, 0)
+        req.connect(self.replay_endpoint)
+        try:
+            req.send_multipart([b"", self.next_seq.to_bytes(8, "big")])
+            while True:
+                if not req.poll(5000):
+                    raise AssertionError("the replay socket did not answer")
+                _, _topic, seq_b, payload = req.recv_multipart()
+                if seq_b == END_SEQ:
+                    return
+                seq = int.from_bytes(seq_b, "big")
+                if self.incarnations and _incarnation(payload) != self.incarnations[-1] and self.next_seq:
+                    self.next_seq = 0   # a new publisher answers: take its stream from its beginning
+                    req.send_multipart([b"", b"\0" * 8])
+                    continue
+                if seq < self.next_seq:
+                    continue
+                if seq > self.next_seq:
+                    self.gaps += 1
+                self._apply(seq, payload)
+                self.replayed += 1
+        finally:
+            req.close(linger=0)
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        batch = self._decode.decode(payload)   # vLLM's classes decode every batch
+        inc = _incarnation(payload)
+        if not self.incarnations or self.incarnations[-1] != inc:
+            self.incarnations.append(inc)
+        for event in batch.events:
+            self.kinds.append(type(event).__name__)
+            self._apply_event(event)
+        self.next_seq = seq + 1
+        self.batches += 1
+
+    def _apply_event(self, event: object) -> None:
+        if isinstance(event, AllBlocksCleared):
+            self.held.clear()
+        elif isinstance(event, BlockStored):
+            assert event.medium in ("GPU", "CPU", "STORAGE")
+            for h in event.block_hashes:
+                self.held.setdefault(h, set()).add(event.medium)
+        elif isinstance(event, BlockRemoved):
+            for h in event.block_hashes:
+                media = self.held.get(h, set())
+                assert event.medium in media, f"removed {h} from {event.medium}, which did not hold it"
+                media.discard(event.medium)
+                if not media:
+                    del self.held[h]
+
+
+
+def _incarnation(payload: bytes) -> str:
+    """The publisher's incarnation id, which every event of a batch carries (map key or last element)."""
+    found = {raw["kvstore_incarnation"] if isinstance(raw, dict) else raw[-1] for raw in msgpack.unpackb(payload)[1]}
+    assert len(found) == 1, f"one batch, one incarnation: {found}"
+    return found.pop()
