@@ -253,7 +253,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("disk_dir", _read_dir, default_disk_dir, "directory of the disk tier (default: the user's cache dir)",
             "DIR", path=True),
     Setting("disk_size", _read_disk_size, lambda: -1,
-            "disk tier cap: a size, 0 to turn the tier off, or auto (10 % of free space, at most 64GiB)", "SIZE"),
+            "disk tier cap: a size, 0 to turn the tier off, or auto (10 % of its usable space, at most 64GiB)", "SIZE"),
     Setting("disk_compression", _read_compression, lambda: "none", "none or lz4 for chunks on disk", "ALGO"),
     Setting("disk_queue", lambda v, n: parse_size(v, n), lambda: 0,
             "bytes waiting for write-back before puts wait (0: a quarter of the host tier)", "SIZE"),

@@ -46,7 +46,7 @@ class Origins:
         text = str(exc)
         for name in self.keys:
             flag = flag_of(name)
-            if text.startswith(flag + ":") or text.startswith(flag + " "):
+            if text.startswith((flag + ":", flag + " ")):
                 return ConfigError(self.label(name) + text[len(flag):])
         return exc
 

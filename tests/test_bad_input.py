@@ -138,3 +138,23 @@ def test_stored_data_survives_bad_input(daemon, raw):
             raw.request({**req, "id": 1})
         with c.get(keys) as views:
             assert [bytes(v) for v in views] == [b"1" * 5000, b"2" * 7000]
+
+
+def test_scrub_pass_requests_are_checked(raw):
+    raw.hello()
+    unknown = raw.request({"op": Op.SCRUB_STATUS, "id": 2, "pass": 12345})
+    assert unknown["ok"] is False and unknown["error"] == "BadRequestError" and "no scrub pass 12345" in unknown["msg"]
+    for bad in ({"pass": -1}, {"pass": "x"}, {}):
+        r = raw.request({"op": Op.SCRUB_CANCEL, "id": 3, **bad})
+        assert r["ok"] is False and r["error"] == "BadRequestError" and "pass" in r["msg"], r
+    for keepalive in (0, 99, 10**10, "soon"):
+        r = raw.request({"op": Op.SCRUB_START, "id": 4, "keepalive_ms": keepalive})
+        assert r["ok"] is False and "keepalive_ms" in r["msg"], r
+    started = raw.request({"op": Op.SCRUB_START, "id": 5, "rate": 0})
+    assert started["ok"] is True and started["state"] in ("running", "done")
+    assert raw.request({"op": Op.SCRUB_CANCEL, "id": 6, "pass": started["pass"]})["ok"] is True
+    assert_alive(raw)
+
+
+def test_the_scrub_operations_are_appended_not_renumbered():
+    assert (Op.CREDIT_PUT, Op.SCRUB_START, Op.SCRUB_STATUS, Op.SCRUB_CANCEL) == (18, 19, 20, 21)

@@ -10,10 +10,10 @@ import subprocess
 import sys
 
 import pytest
-
-import kvstore
 from conftest import wait_for
 from daemons import run_cli, sandbox_env, short_tempdir
+
+import kvstore
 
 
 def kvstore_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:

@@ -138,9 +138,9 @@ def test_disk_full(disk_daemon, tmp_path):
     if not mounted:
         pytest.skip("cannot mount a small tmpfs here to fill up")
     try:
-        with open(small / "ballast", "wb") as f:  # the device fills before the tier's cap (a cap above it is refused)
-            f.write(b"\0" * (1 << 20))
-        d, _ = disk_daemon(str(small / "disk"), disk_size="2MiB")
+        d, _ = disk_daemon(str(small / "disk"), disk_size="768KiB")
+        with open(small / "ballast", "wb") as f:  # then the device fills before the tier's cap
+            f.write(b"\0" * (3 << 19))
         with d.client(namespace="t") as c:
             keys = put_chain(c, 7, 32)  # 8 MiB into a 2 MiB device
             correct, corrupt, _ = read_each(c, keys)
@@ -150,3 +150,66 @@ def test_disk_full(disk_daemon, tmp_path):
             d.stop()
     finally:
         subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+# -- sizes measured against what the filesystem can give the tier -----------------------------------------------
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """``mount_tmpfs("20m")``: a real small filesystem in a scratch directory, unmounted afterwards."""
+    mounted: list[str] = []
+
+    def mount(size: str) -> str:
+        where = tmp_path / f"fs{len(mounted)}"
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip() or 'mount refused'}")
+        mounted.append(str(where))
+        return str(where)
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", where], capture_output=True)
+
+
+def test_a_disk_size_the_filesystem_cannot_hold_is_refused_at_start(start_daemon, mount_tmpfs):
+    fs = mount_tmpfs("20m")
+    d = start_daemon("--disk-dir", os.path.join(fs, "disk"), "--disk-size", "20MiB", wait=False)
+    assert d.proc.wait(60) == 2
+    errors = [line for line in d.log().splitlines() if line.startswith("kvstore: error:")]
+    assert len(errors) == 1, d.log()
+    assert "--disk-size: 20.0 MiB does not fit the filesystem of" in errors[0] and "give at most 18MiB" in errors[0]
+    assert "kept for directories and file overheads" in errors[0]
+
+
+def test_a_disk_size_that_fits_is_served_up_to_its_cap(start_daemon, mount_tmpfs):
+    """The size the refusal offers is one the filesystem really holds: the tier fills to its cap, no ENOSPC."""
+    fs = mount_tmpfs("20m")
+    d = start_daemon("--host-mem", "8MiB", "--disk-dir", os.path.join(fs, "disk"), "--disk-size", "18MiB")
+    with d.client(namespace="t") as c:
+        keys = put_chain(c, 3, 100)   # 25 MiB through an 8 MiB host tier into an 18 MiB disk tier
+        assert wait_for(lambda: c.stats()["disk"]["write_queue_chunks"] == 0)
+        counters = c.stats()["counters"]
+        assert counters["disk_full_writes"] == 0 and counters["io_errors"] == 0, counters
+        assert on_disk(c) >= 18 * (1 << 20) // (CHUNK + 4096) - 1
+        _, corrupt, _ = read_each(c, keys)
+        assert corrupt == 0
+    assert "event=disk_sized" in d.log()
+
+
+def test_auto_size_counts_the_tiers_own_files_so_a_restart_keeps_them(start_daemon, mount_tmpfs):
+    fs = mount_tmpfs("128m")
+    d = start_daemon("--host-mem", "32MiB", "--disk-dir", os.path.join(fs, "disk"), "--disk-size", "auto")
+    with d.client(namespace="t", chunk_tokens=4) as c:
+        cap = c.stats()["tiers"]["disk"]["capacity_bytes"]
+        chunks = cap // ((1 << 20) + 8192)   # nearly fill the tier: the free space drops by as much
+        for i in range(chunks):
+            c.put(c.chunk_keys([i] * 4), [payload_for(bytes([i]) * 16, 1 << 20)])
+        assert wait_for(lambda: on_disk(c) == chunks, timeout=60)
+    sized = [line for line in d.log().splitlines() if "event=disk_sized" in line]
+    assert "requested=auto" in sized[0] and "usable_bytes=" in sized[0] and "held_bytes=0" in sized[0], sized
+    d.restart()
+    with d.client(namespace="t", chunk_tokens=4) as c:
+        stats = c.stats()
+        assert stats["tiers"]["disk"]["capacity_bytes"] == cap   # its own files count as room it has
+        assert on_disk(c) == chunks   # nothing dropped for a smaller cap

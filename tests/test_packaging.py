@@ -326,6 +326,18 @@ def test_ci_installs_torch_first_and_runs_the_readme_test_command_verbatim():
     assert "bash .ci/install-extras.sh" in steps and steps[-1] == test_command
 
 
+def test_ci_runs_everything_in_a_fresh_virtualenv_it_makes():
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        steps = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    made = next(i for i, s in enumerate(steps) if s.startswith("python3 -m venv "))
+    activated = next(i for i, s in enumerate(steps) if s.endswith("/bin/activate\"") and s.startswith("."))
+    first_pip = next(i for i, s in enumerate(steps) if s.startswith("pip install"))
+    assert steps[made - 1].startswith("rm -rf ") and made < activated < first_pip   # fresh, then used
+    assert any(s.startswith('export PYTHON="$VENV/bin/python"') for s in steps)   # and so do the .ci/install-*.sh
+    with open(os.path.join(ROOT, ".gitignore")) as f:
+        assert "/.venv-ci/" in f.read().split()
+
+
 def test_install_extras_runs_every_installer_once(tmp_path):
     ci = tmp_path / ".ci"
     ci.mkdir()

@@ -18,11 +18,11 @@ import sys
 import time
 
 import pytest
+from daemons import run_cli, sandbox_env, short_tempdir
 
 import kvstore
 from kvstore.config import default_socket
 from kvstore.tiers.arena import arena_path_for
-from daemons import run_cli, sandbox_env, short_tempdir
 
 SMALL = ("--host-mem", "16MiB")
 

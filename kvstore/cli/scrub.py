@@ -77,7 +77,7 @@ def progress_line(p: dict[str, Any]) -> str:
 
 
 def _duration(seconds: float) -> str:
-    s = int(round(seconds))
+    s = round(seconds)
     if s < 60:
         return f"{s}s"
     if s < 3600:

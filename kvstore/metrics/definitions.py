@@ -144,6 +144,8 @@ METRICS: tuple[MetricDef, ...] = (
        "counters.disk_write_bytes"),
     _m("disk_write_skipped", "counter", "Chunks not written to disk (no room, or the write failed).",
        "counters.disk_write_skipped"),
+    _m("disk_full_writes", "counter", "Disk writes the filesystem refused for want of space (the chunk stayed in "
+       "DRAM only).", "counters.disk_full_writes"),
     _m("disk_reads", "counter", "Chunks read from the disk tier.", "counters.disk_reads"),
     _m("disk_read_bytes", "counter", "Bytes read from the disk tier.", "counters.disk_read_bytes"),
     _m("disk_quarantined", "counter", "Chunk files moved to quarantine (bad header, length or checksum).",

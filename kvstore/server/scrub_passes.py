@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import logs
 from ..errors import BadRequestError
-from ..store.scrub import ScrubProgress, ScrubReport, Scrubber
+from ..store.scrub import Scrubber, ScrubProgress, ScrubReport
 
 REAP_INTERVAL_S = 0.5   # how often passes whose client went quiet are looked for
 MAX_FINISHED = 16       # finished passes whose report nobody read yet, kept at most

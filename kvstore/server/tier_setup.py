@@ -18,6 +18,7 @@ from .. import logs
 from ..config import ServerConfig
 from ..errors import ConfigError
 from ..security.redact import redact_url
+from ..units import format_size
 from ..store.after_reply import AfterReply
 from ..store.disk_ledger import DiskLedger
 from ..store.events import EventLog
@@ -26,7 +27,7 @@ from ..store.manager import TierManager
 from ..store.remote_mover import RemoteMover
 from ..store.store import Store
 from ..tiers.arena import SharedArena, arena_path_for
-from ..tiers.disk import DiskTier, auto_disk_size
+from ..tiers.disk import DiskTier, disk_room
 from ..tiers.host import HostTier
 from .kv_events import EventPublisher, EventSettings
 from .local_access import open_index
@@ -50,8 +51,25 @@ def open_disk(config: ServerConfig, claims: Claims) -> DiskTier | None:
     claims.private_dirs(directory, "--disk-dir")
     claims.hold(exclusive_lock(os.path.join(directory, ".lock"), f"--disk-dir: another kvstore daemon uses "
                                f"{directory}; give each daemon its own --disk-dir", "--disk-dir"))
-    size = config.disk_size if config.disk_size > 0 else auto_disk_size(directory)
-    return DiskTier(directory, size, compress=config.disk_compression == "lz4")
+    return DiskTier(directory, disk_capacity(config.disk_size, directory), compress=config.disk_compression == "lz4")
+
+
+def disk_capacity(requested: int, directory: str) -> int:
+    """The disk tier's cap: ``requested`` (-1: auto) checked against what the filesystem can hold for the tier
+    (free space plus the tier's own files, less headroom: ``tiers/disk.py``), logged with what was assumed.
+    Raises ConfigError when a set size cannot fit."""
+    room = disk_room(directory)
+    size = requested if requested > 0 else room.auto_size()
+    figures = (f"{format_size(room.free)} free + {format_size(room.held)} of the tier's own files - "
+               f"{format_size(room.headroom)} kept for directories and file overheads")
+    if size > room.usable:
+        raise ConfigError(f"--disk-size: {format_size(size)} does not fit the filesystem of {directory}, which can "
+                          f"give the tier {format_size(room.usable)} ({figures}); give at most "
+                          f"{room.usable >> 20}MiB, or auto")
+    logs.info("disk_sized", directory=directory, requested="auto" if requested < 0 else requested,
+              capacity_bytes=size, usable_bytes=room.usable, free_bytes=room.free, held_bytes=room.held,
+              headroom_bytes=room.headroom)
+    return size
 
 
 def open_tiers(svc: "Service", host: HostTier, disk: DiskTier | None, arena: SharedArena, claims: Claims,

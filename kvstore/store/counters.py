@@ -37,6 +37,7 @@ class TierCounters:
     disk_writes: int = 0
     disk_write_bytes: int = 0        # bytes stored on disk (after compression)
     disk_write_skipped: int = 0      # no room on disk even after eviction, or write failed
+    disk_full_writes: int = 0        # writes the filesystem refused for want of space (the chunk stays in DRAM)
     disk_reads: int = 0
     disk_read_bytes: int = 0
     checksum_failures: int = 0

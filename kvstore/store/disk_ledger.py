@@ -44,13 +44,12 @@ class DiskLedger(TierLedger):
         self.lru = make_queue(store.policy)
         self.dirty: deque[Entry] = deque()   # write-back queue, commit order (prefixes first)
         self.dirty_bytes = 0                 # bytes queued, being checksummed or being written
-        self.full_reason = ""                # set when the filesystem said ENOSPC; puts fail until cleared
+        self.full_reason = ""                # set when the filesystem said ENOSPC, until it has room again
         self.full_need = 0                   # free bytes that clear it (checked by the mover)
         self.mover: DiskMover | None = None
 
     # -- hooks (ledger.py) -------------------------------------------------------------------------------------
-    def refusal(self) -> str:
-        return self.full_reason
+    # No refusal: a full filesystem costs chunks their disk copy, never a put (they are served from DRAM).
 
     def on_commit(self, entries: Sequence[Entry]) -> None:
         self.queue_writes(entries)
@@ -163,11 +162,13 @@ class DiskLedger(TierLedger):
         tc = self.store.tier_counters
         if error is not None:
             damaged = isinstance(error, DamagedSource)   # the slot failed its check: nothing was written
-            tc.io_errors += not damaged
+            no_space = getattr(error, "errno", None) == errno.ENOSPC
+            tc.io_errors += not damaged and not no_space
             tc.disk_write_skipped += 1
-            if getattr(error, "errno", None) == errno.ENOSPC:
-                self.full_reason = (f"disk tier is full: the filesystem of {self.disk.directory} has no space "
-                                    f"left for a {entry.size}-byte chunk; free space there or lower --disk-size")
+            if no_space:   # the filesystem filled (another program, or its overheads): this chunk stays in DRAM
+                tc.disk_full_writes += 1
+                self.full_reason = (f"the filesystem of {self.disk.directory} has no space left for a "
+                                    f"{entry.size}-byte chunk; chunks are kept in DRAM only until it has")
                 self.full_need = 2 * entry.disk_bytes
             entry.disk = DiskState.NONE
             self.disk.uncharge(entry.disk_bytes)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import shutil
 import time
 from typing import Sequence
@@ -88,9 +89,12 @@ class TierManager(MoverLife):
     def _write_done(self, entry: Entry, fut: asyncio.Future) -> None:
         self.writing -= 1
         error = fut.exception()
-        if error is not None:
+        was_full = bool(self.ledger.full_reason)
+        if error is not None and not (was_full and getattr(error, "errno", None) == errno.ENOSPC):
             logs.warning("disk_write_failed", key=entry.key.hex(), error=repr(error))
         self.ledger.finish_write(entry, None if error else fut.result(), error)
+        if self.ledger.full_reason and not was_full:
+            logs.warning("disk_full", directory=self.disk.directory, reason=self.ledger.full_reason)
         self.wake()
         self.ledger.rebalance()
         self.changed()

@@ -318,7 +318,52 @@ def existing_parent(directory: str) -> str:
     return probe
 
 
-def auto_disk_size(directory: str) -> int:
-    """10 % of the free space of the filesystem that holds ``directory``, at most 64 GiB, in whole MiB."""
-    free = shutil.disk_usage(existing_parent(directory)).free
-    return min(64 << 30, free // 10) >> 20 << 20
+FANOUT_DIRS = 256            # the ab/ directories, a block each on most filesystems
+HEADROOM_SHARE = 100        # and 1 % of the filesystem for inodes, metadata and temporaries...
+HEADROOM_MAX = 1 << 30      # ... at most 1 GiB
+AUTO_SHARE = 10             # auto: a tenth of what the tier could use...
+AUTO_MAX = 64 << 30         # ... at most 64 GiB
+
+
+@dataclass(frozen=True)
+class DiskRoom:
+    """What the disk tier can use on its filesystem: the free space plus what its own files take already (a
+    restart must not shrink the tier by its own contents), less headroom for directories and file overheads."""
+
+    free: int
+    held: int
+    headroom: int
+    total: int
+
+    @property
+    def usable(self) -> int:
+        return max(0, self.free + self.held - self.headroom)
+
+    def auto_size(self) -> int:
+        """``--disk-size auto``: a tenth of what the tier could use, at most 64 GiB, in whole MiB."""
+        return min(AUTO_MAX, self.usable // AUTO_SHARE) >> 20 << 20
+
+
+def disk_room(directory: str) -> DiskRoom:
+    """Measure the filesystem that holds (or will hold) ``directory``, and the chunk files already in it."""
+    usage = shutil.disk_usage(existing_parent(directory))
+    headroom = FANOUT_DIRS * BLOCK + min(usage.total // HEADROOM_SHARE, HEADROOM_MAX)
+    return DiskRoom(usage.free, held_bytes(directory), headroom, usage.total)
+
+
+def held_bytes(directory: str) -> int:
+    """Bytes the chunk files (and temporaries) under ``directory``'s fan-out directories take on the device."""
+    held = 0
+    try:
+        fanout = [e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False) and _FANOUT_NAME.match(e.name)]
+    except OSError:
+        return 0
+    for folder in fanout:
+        try:
+            with os.scandir(folder.path) as files:
+                for f in files:
+                    if f.is_file(follow_symlinks=False):
+                        held += f.stat(follow_symlinks=False).st_blocks * 512
+        except OSError:
+            continue
+    return held
