@@ -227,10 +227,10 @@ METRICS: tuple[MetricDef, ...] = (
     # KV cache events (server/kv_events.py)
     _m("events_published", "counter", "KV cache events sent to subscribers.", "events.events"),
     _m("events_batches", "counter", "KV cache event batches sent (one sequence number each).", "events.batches"),
-    _m("events_dropped", "counter", "KV cache events dropped because the publisher was behind (a gap in seq).",
+    _m("events_dropped", "counter", "KV cache events in batches the socket refused (a gap in seq).",
        "events.dropped"),
     _m("events_replays", "counter", "KV cache event replay requests answered.", "events.replays"),
-    _m("events_queued", "gauge", "KV cache event hand-offs waiting for the publisher thread.", "events.queued"),
+    _m("events_buffered", "gauge", "KV cache event batches kept for replay.", "events.buffered"),
     _m("uptime_seconds", "gauge", "Seconds since the daemon started.", "uptime_s"),
     # latency, observed by the dispatcher
     _m("request_duration_seconds", "histogram",

@@ -88,7 +88,7 @@ def open_events(svc: "Service", claims: Claims) -> None:
     if not config.events_endpoint:
         return
     publisher = svc.events = EventPublisher(EventSettings(
-        config.events_endpoint, config.events_replay_endpoint, config.events_buffer, config.events_queue,
+        config.events_endpoint, config.events_replay_endpoint, config.events_buffer, config.events_hwm,
         config.events_format, config.events_topic))
     claims.take(publisher.close)   # after the Store's last change: registered before the movers' closers
     svc.store.events = svc.event_log = EventLog(publisher.submit)
