@@ -97,6 +97,31 @@ def test_router_rebuilds_holdings_from_events_alone(start_daemon):
         c.close()
 
 
+def test_a_late_joiner_takes_a_snapshot_then_follows_live(start_daemon):
+    d, pub, replay = start_publishing(start_daemon)
+    c = d.client(namespace="events")
+    keys: list[bytes] = []
+    for n in range(5):   # past the host tier: chunks in DRAM, on disk, and in both
+        more = chain(5, bytes([70 + n]))
+        c.put(more, [os.urandom(CHUNK) for _ in more])
+        keys += more
+    settled(c)
+    consumer = Consumer(pub, replay, topic="kv@")
+    try:
+        seq = consumer.take_snapshot()
+        assert consumer.kinds[0] == "AllBlocksCleared" and consumer.replayed == 0
+        assert seq == c.stats()["events"]["next_seq"] - 1
+        assert_rebuilt_equals_daemon(consumer, c, keys)   # nothing replayed: the snapshot alone
+        c.delete(keys[:3])
+        more = chain(2, b"Z")
+        c.put(more, [os.urandom(CHUNK) for _ in more])
+        assert_rebuilt_equals_daemon(consumer, c, keys + more)   # then the live batches after its seq
+        assert c.stats()["events"]["snapshots"] == 1
+    finally:
+        consumer.close()
+        c.close()
+
+
 def test_restart_clears_then_announces_what_survived(start_daemon):
     workdir = short_tempdir()
     d, pub, replay = start_publishing(start_daemon, workdir=workdir)
@@ -274,6 +299,12 @@ def test_cli_replays_from_a_seq_then_prints_live_events_as_json(start_daemon):
         assert lines[1]["block_hashes"] == [block_hash(k) for k in keys] and lines[1]["medium"] == "CPU"
         assert lines[2]["block_hashes"] == [block_hash(keys[1])] and lines[0]["topic"] == "kv@test"
         assert len({e["kvstore_incarnation"] for e in lines}) == 1
+        out = run_cli("events", "--endpoint", pub, "--replay-endpoint", replay, "--snapshot", "--json",
+                      "--count", "2", timeout=30)
+        assert out.returncode == 0, out.stderr
+        snap = [json.loads(line) for line in out.stdout.splitlines()]
+        assert [e["type"] for e in snap] == ["AllBlocksCleared", "BlockStored"]
+        assert snap[1]["block_hashes"] == [block_hash(keys[0])] and snap[0]["seq"] == snap[1]["seq"] >= 2
         out = run_cli("events", "--endpoint", pub, "--from", "0")
         assert out.returncode == 2 and "--from: replay needs --replay-endpoint" in out.stderr
     finally:

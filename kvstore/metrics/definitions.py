@@ -230,6 +230,7 @@ METRICS: tuple[MetricDef, ...] = (
     _m("events_dropped", "counter", "KV cache events in batches the socket refused (a gap in seq).",
        "events.dropped"),
     _m("events_replays", "counter", "KV cache event replay requests answered.", "events.replays"),
+    _m("events_snapshots", "counter", "KV cache event snapshot requests answered.", "events.snapshots"),
     _m("events_buffered", "gauge", "KV cache event batches kept for replay.", "events.buffered"),
     _m("uptime_seconds", "gauge", "Seconds since the daemon started.", "uptime_s"),
     # latency, observed by the dispatcher

@@ -17,21 +17,24 @@ buffer taken under a lock (``protocol/kv_events.py`` has the protocol and the fo
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import zmq
 
 from .. import logs
 from ..errors import ConfigError
-from ..protocol.kv_events import END_SEQ, Event, batch_body, seq_bytes
+from ..protocol.kv_events import END_SEQ, SNAPSHOT_REQUEST, Event, batch_body, seq_bytes
+from ..store.events import Holding, snapshot_events
 
 REPLAY_POLL_MS = 200     # how long the replay thread waits for a request before it looks for the stop flag
+SNAPSHOT_WAIT_S = 5.0    # how long a snapshot request waits for the event loop to copy the holdings
 MAX_BATCH_EVENTS = 4096  # events packed into one batch at most
 _MORE = zmq.SNDMORE | zmq.NOBLOCK
 
@@ -52,6 +55,7 @@ class EventCounters:
     batches: int = 0     # batches sent
     dropped: int = 0     # events in batches the socket refused
     replays: int = 0     # replay requests answered
+    snapshots: int = 0   # snapshot requests answered
 
 
 class EventPublisher:
@@ -69,6 +73,8 @@ class EventPublisher:
         self._topic = settings.topic.encode()
         self._next_seq = 0
         self._stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.holdings: Callable[[], list[tuple[bytes, Holding]]] | None = None   # the Store's event log's
         self._thread: threading.Thread | None = None
         self._ctx = zmq.Context()
         self._pub: zmq.Socket | None = None
@@ -93,6 +99,10 @@ class EventPublisher:
         return sock
 
     # -- the event loop's side -------------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop serves: snapshots are taken on it from now on."""
+        self._loop = loop
+
     def submit(self, events: list[Event]) -> None:
         """Add ``events`` to the batch this turn of the event loop sends (at once when no loop runs)."""
         self._pending.extend(events)
@@ -134,6 +144,7 @@ class EventPublisher:
     def stats(self) -> dict[str, Any]:
         c = self.counters
         return {"events": c.events, "batches": c.batches, "dropped": c.dropped, "replays": c.replays,
+                "snapshots": c.snapshots,
                 "pending": len(self._pending), "buffered": len(self._buffer), "next_seq": self._next_seq,
                 "incarnation": self.incarnation}
 
@@ -150,14 +161,27 @@ class EventPublisher:
         self._pub = self._replay = None
         self._ctx.term()
 
+    def _copy_holdings(self, done: concurrent.futures.Future) -> None:
+        """On the loop: send what is gathered, then copy what is held (consistent with the last seq sent)."""
+        try:
+            self.flush()
+            rows = self.holdings() if self.holdings is not None else []
+            done.set_result((self._next_seq - 1, rows))
+        except BaseException as exc:   # noqa: BLE001 - handed to the waiting thread
+            done.set_exception(exc)
+
     # -- the replay thread -----------------------------------------------------------------------------------
     def _serve_replays(self) -> None:
         replay = self._replay
         assert replay is not None
+        packer = msgpack.Packer()   # this thread's own
         while not self._stopping.is_set():
             if not replay.poll(REPLAY_POLL_MS):
                 continue
             frames = replay.recv_multipart()
+            if len(frames) == 3 and frames[2] == SNAPSHOT_REQUEST:
+                self._answer_snapshot(replay, frames[0], packer)
+                continue
             if len(frames) != 3 or len(frames[2]) != 8:
                 logs.warning("kv_events_bad_replay_request", frames=len(frames))
                 continue
@@ -169,3 +193,21 @@ class EventPublisher:
                 replay.send_multipart((client, b"", self._topic, seq_bytes(seq), payload))
             replay.send_multipart((client, b"", b"", END_SEQ, b""))
             self.counters.replays += 1
+
+    def _answer_snapshot(self, replay: zmq.Socket, client: bytes, packer: msgpack.Packer) -> None:
+        """One batch of everything held now (built and packed here, off the loop), then the end marker; only
+        the end marker when the loop does not answer (not serving yet, or stopping)."""
+        loop, done = self._loop, concurrent.futures.Future()
+        try:
+            if loop is None:
+                raise RuntimeError("not serving yet")
+            loop.call_soon_threadsafe(self._copy_holdings, done)
+            seq, rows = done.result(SNAPSHOT_WAIT_S)
+        except (RuntimeError, concurrent.futures.TimeoutError) as exc:
+            logs.warning("kv_events_snapshot_failed", error=str(exc) or "timed out")
+        else:
+            s = self.settings
+            payload = packer.pack(batch_body(time.time(), snapshot_events(rows), s.fmt, self.incarnation))
+            replay.send_multipart((client, b"", self._topic, seq_bytes(seq), payload))
+            self.counters.snapshots += 1
+        replay.send_multipart((client, b"", b"", END_SEQ, b""))
