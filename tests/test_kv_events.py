@@ -83,8 +83,10 @@ def test_router_rebuilds_holdings_from_events_alone(start_daemon):
         assert_rebuilt_equals_daemon(consumer, c, keys)
         assert consumer.replayed >= 1 and consumer.kinds[0] == "AllBlocksCleared"
         assert "STORAGE" in {m for media in consumer.held.values() for m in media}
+        assert c.lookup_tiers(first[:2], promote=False).tiers == {"disk": 2}
         with c.get(first[:2]):                             # promotions from disk back to DRAM
             pass
+        assert c.stats()["disk"]["read_ns_per_kib"] > 0    # the disk tier's measured fetch cost
         c.delete(keys[10:13])
         assert_rebuilt_equals_daemon(consumer, c, keys)
         assert "BlockRemoved" in consumer.kinds and consumer.gaps == 0

@@ -150,6 +150,8 @@ METRICS: tuple[MetricDef, ...] = (
     _m("disk_write_queue_bytes", "gauge", "Bytes waiting for or in write-back.", "disk.write_queue_bytes"),
     _m("disk_writes_in_flight", "gauge", "Disk writes in flight.", "disk.writes_in_flight"),
     _m("disk_reads_in_flight", "gauge", "Disk reads (promotions) in flight.", "disk.reads_in_flight"),
+    _m("disk_fetch_ns_per_kib", "gauge", "Measured cost of a disk hit: read time per KiB promoted, since start.",
+       "disk.read_ns_per_kib"),
     _m("gpu_copies_down", "counter", "GPU-tier chunks copied back into DRAM before leaving the GPU tier.",
        "counters.gpu_copies_down"),
     _m("gpu_copies_in_flight", "gauge", "Copies between the GPU tier and DRAM in flight.", "gpu.copies_in_flight"),

@@ -197,7 +197,8 @@ class EventPublisher:
     def _answer_snapshot(self, replay: zmq.Socket, client: bytes, packer: msgpack.Packer) -> None:
         """One batch of everything held now (built and packed here, off the loop), then the end marker; only
         the end marker when the loop does not answer (not serving yet, or stopping)."""
-        loop, done = self._loop, concurrent.futures.Future()
+        loop = self._loop
+        done: concurrent.futures.Future[tuple[int, list[tuple[bytes, Holding]]]] = concurrent.futures.Future()
         try:
             if loop is None:
                 raise RuntimeError("not serving yet")
