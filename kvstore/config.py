@@ -292,8 +292,8 @@ EVENT_SETTINGS = (
     Setting("events_replay_endpoint", _read_events_endpoint, lambda: "",
             "answer vLLM's replay requests for missed event batches on a ROUTER socket bound here", "ENDPOINT"),
     Setting("events_buffer", _read_count, lambda: 10_000, "event batches kept for replay", "N"),
-    Setting("events_queue", _read_count, lambda: 100_000,
-            "event hand-offs waiting to be sent before new ones are dropped (and counted)", "N"),
+    Setting("events_hwm", _read_count, lambda: 100_000,
+            "event batches queued for one slow subscriber before it loses newer ones (a gap it can replay)", "N"),
     Setting("events_format", _read_events_format, lambda: "map",
             "map (vLLM's tagged maps, current releases) or array (the older positional events)", "FORMAT"),
     Setting("events_topic", _read_str, lambda: "", "topic frame of every event message (vLLM's default: empty)",
@@ -331,7 +331,7 @@ class ServerConfig:
     events_endpoint: str
     events_replay_endpoint: str
     events_buffer: int
-    events_queue: int
+    events_hwm: int
     events_format: str
     events_topic: str
 

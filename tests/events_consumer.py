@@ -67,6 +67,24 @@ class Consumer:
             self.gaps += 1
             self._apply(seq, payload)
 
+    def take_snapshot(self) -> int:
+        """Ask for everything held now (kvstore's snapshot on the replay socket); returns the seq it reflects.
+        Live batches up to that seq are skipped from here on."""
+        req = self._ctx.socket(zmq.DEALER)
+        req.setsockopt(zmq.LINGER, 0)
+        req.connect(self.replay_endpoint)
+        try:
+            req.send_multipart([b"", b"snapshot"])
+            assert req.poll(10_000), "no snapshot"
+            _, _topic, seq_b, payload = req.recv_multipart()
+            assert seq_b != END_SEQ, "the daemon sent no snapshot"
+            seq = int.from_bytes(seq_b, "big")
+            self._apply(seq, payload)
+            assert req.poll(10_000) and req.recv_multipart()[2] == END_SEQ
+            return seq
+        finally:
+            req.close(linger=0)
+
     def take_live(self, seconds: float) -> None:
         """Apply what arrives live within ``seconds`` (replaying whatever a gap skipped)."""
         deadline = time.monotonic() + seconds

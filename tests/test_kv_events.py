@@ -44,7 +44,7 @@ def settled(c) -> dict:
         disk = s.get("disk") or {}
         busy = ("write_queue_chunks", "writes_in_flight", "reads_in_flight")
         return (not any(disk.get(k) for k in busy) and not s["integrity"]["sums_pending"]
-                and s["events"]["queued"] == 0)
+                and s["events"]["pending"] == 0)
     assert wait_for(quiet, timeout=30)
     return c.stats()
 
@@ -83,8 +83,10 @@ def test_router_rebuilds_holdings_from_events_alone(start_daemon):
         assert_rebuilt_equals_daemon(consumer, c, keys)
         assert consumer.replayed >= 1 and consumer.kinds[0] == "AllBlocksCleared"
         assert "STORAGE" in {m for media in consumer.held.values() for m in media}
+        assert c.lookup_tiers(first[:2], promote=False).tiers == {"disk": 2}
         with c.get(first[:2]):                             # promotions from disk back to DRAM
             pass
+        assert c.stats()["disk"]["read_ns_per_kib"] > 0    # the disk tier's measured fetch cost
         c.delete(keys[10:13])
         assert_rebuilt_equals_daemon(consumer, c, keys)
         assert "BlockRemoved" in consumer.kinds and consumer.gaps == 0
@@ -92,6 +94,31 @@ def test_router_rebuilds_holdings_from_events_alone(start_daemon):
         assert_rebuilt_equals_daemon(consumer, c, keys)
         assert consumer.kinds[-1] == "AllBlocksCleared" and not consumer.held
         assert len(consumer.incarnations) == 1
+    finally:
+        consumer.close()
+        c.close()
+
+
+def test_a_late_joiner_takes_a_snapshot_then_follows_live(start_daemon):
+    d, pub, replay = start_publishing(start_daemon)
+    c = d.client(namespace="events")
+    keys: list[bytes] = []
+    for n in range(5):   # past the host tier: chunks in DRAM, on disk, and in both
+        more = chain(5, bytes([70 + n]))
+        c.put(more, [os.urandom(CHUNK) for _ in more])
+        keys += more
+    settled(c)
+    consumer = Consumer(pub, replay, topic="kv@")
+    try:
+        seq = consumer.take_snapshot()
+        assert consumer.kinds[0] == "AllBlocksCleared" and consumer.replayed == 0
+        assert seq == c.stats()["events"]["next_seq"] - 1
+        assert_rebuilt_equals_daemon(consumer, c, keys)   # nothing replayed: the snapshot alone
+        c.delete(keys[:3])
+        more = chain(2, b"Z")
+        c.put(more, [os.urandom(CHUNK) for _ in more])
+        assert_rebuilt_equals_daemon(consumer, c, keys + more)   # then the live batches after its seq
+        assert c.stats()["events"]["snapshots"] == 1
     finally:
         consumer.close()
         c.close()
@@ -203,43 +230,51 @@ def test_replay_without_events_and_bad_format_are_refused():
 
 
 @pytest.mark.parametrize("fmt", ["map", "array"])
-def test_publisher_drops_when_behind_leave_a_gap_and_are_counted(fmt, tmp_path):
-    from kvstore.protocol.kv_events import Stored
+def test_a_stalled_subscriber_never_blocks_publishing_and_replays_its_gap(fmt, tmp_path):
+    from kvstore.protocol.kv_events import Cleared, Stored
     from kvstore.server.kv_events import EventPublisher, EventSettings
 
-    endpoint = f"ipc://{tmp_path}/pub.sock"
-    publisher = EventPublisher(EventSettings(endpoint, f"ipc://{tmp_path}/replay.sock", queue=1, fmt=fmt))
+    endpoint, replay_endpoint = f"ipc://{tmp_path}/pub.sock", f"ipc://{tmp_path}/replay.sock"
+    publisher = EventPublisher(EventSettings(endpoint, replay_endpoint, buffer=100_000, hwm=10, fmt=fmt))
     ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(endpoint)
+    stalled = ctx.socket(zmq.SUB)
+    stalled.setsockopt(zmq.SUBSCRIBE, b"")
+    stalled.setsockopt(zmq.RCVHWM, 10)
+    stalled.connect(endpoint)
+    req = ctx.socket(zmq.DEALER)
+    req.connect(replay_endpoint)
     try:
-        assert wait_for(lambda: _probe(publisher, sub))
-        before = publisher.stats()["events"]
-        submitted = 20_000
-        for i in range(submitted):
-            publisher.submit([Stored([i], None, "CPU", 16)])
-        assert wait_for(lambda: publisher.stats()["queued"] == 0)
+        assert wait_for(lambda: _probe(publisher, stalled, Cleared()))
+        sent = 50_000
+        for i in range(sent):   # no event loop runs here: each submit is sent at once, never waiting
+            publisher.submit([Stored([i], None, "CPU", 16, [7] * 16)])
         stats = publisher.stats()
-        assert stats["dropped"] > 0
-        assert stats["events"] - before + stats["dropped"] == submitted   # every event sent or counted
+        assert stats["batches"] + stats["dropped"] == stats["next_seq"]
         seqs = []
-        while sub.poll(500):
-            _, seq, payload = sub.recv_multipart()
+        while stalled.poll(200):
+            _, seq, payload = stalled.recv_multipart()
             seqs.append(int.from_bytes(seq, "big"))
             assert msgpack.unpackb(payload)[2] == 0
-        assert any(b - a > 1 for a, b in itertools.pairwise(seqs)), "a drop must leave a gap in seq"
+        missing = next(a + 1 for a, b in itertools.pairwise(seqs) if b - a > 1)   # ZeroMQ dropped for it
+        assert len(seqs) < sent
+        req.send_multipart([b"", missing.to_bytes(8, "big")])
+        replayed = []
+        while True:
+            _, _, seq, _ = req.recv_multipart()
+            if seq == b"\xff" * 8:
+                break
+            replayed.append(int.from_bytes(seq, "big"))
+        assert replayed == list(range(missing, stats["next_seq"]))   # the gap, and everything after it
     finally:
-        sub.close(linger=0)
-        ctx.term()
+        stalled.close(linger=0)
+        req.close(linger=0)
         publisher.close()
+        ctx.term()
 
 
-def _probe(publisher, sub) -> bool:
+def _probe(publisher, sub, event) -> bool:
     """Send one batch until the subscriber gets one (ZeroMQ subscriptions take a moment to arrive)."""
-    from kvstore.protocol.kv_events import Cleared
-
-    publisher.submit([Cleared()])
+    publisher.submit([event])
     got = False
     while sub.poll(50):
         sub.recv_multipart()
@@ -266,6 +301,12 @@ def test_cli_replays_from_a_seq_then_prints_live_events_as_json(start_daemon):
         assert lines[1]["block_hashes"] == [block_hash(k) for k in keys] and lines[1]["medium"] == "CPU"
         assert lines[2]["block_hashes"] == [block_hash(keys[1])] and lines[0]["topic"] == "kv@test"
         assert len({e["kvstore_incarnation"] for e in lines}) == 1
+        out = run_cli("events", "--endpoint", pub, "--replay-endpoint", replay, "--snapshot", "--json",
+                      "--count", "2", timeout=30)
+        assert out.returncode == 0, out.stderr
+        snap = [json.loads(line) for line in out.stdout.splitlines()]
+        assert [e["type"] for e in snap] == ["AllBlocksCleared", "BlockStored"]
+        assert snap[1]["block_hashes"] == [block_hash(keys[0])] and snap[0]["seq"] == snap[1]["seq"] >= 2
         out = run_cli("events", "--endpoint", pub, "--from", "0")
         assert out.returncode == 2 and "--from: replay needs --replay-endpoint" in out.stderr
     finally:

@@ -1,7 +1,8 @@
 """Property test of the KV cache events: for any sequence of store operations (the Store state machine of
 ``test_store_properties.py``: puts, gets, deletes, clears, expiries, write-backs, promotions, GPU copies, every
 completion in any order, successful or not), what a consumer rebuilds from the events alone — each batch packed as
-the publisher packs it and decoded by vLLM's own classes — is exactly what each tier holds."""
+the publisher packs it and decoded by vLLM's own classes — is exactly what each tier holds, and so is what a late
+joiner rebuilds from a snapshot alone."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis.stateful import invariant, precondition, rule
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 from kvstore.protocol.kv_events import Event, batch_body, block_hash
-from kvstore.store.events import MEDIA, EventLog, media_of
+from kvstore.store.events import MEDIA, EventLog, media_of, snapshot_events
 from test_store_properties import StoreMachine
 
 
@@ -57,6 +58,9 @@ class EventsMachine(StoreMachine):
             if mask:
                 expected[block_hash(key)] = {name for bit, name in MEDIA if mask & bit}
         assert self.rebuilt.held == expected
+        fresh = Rebuilt()   # a late joiner: the snapshot alone says the same
+        fresh.take(snapshot_events(self.store.events.snapshot()))
+        assert fresh.held == expected
 
     @precondition(lambda self: self.store is not None)
     @rule()

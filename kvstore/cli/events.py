@@ -2,7 +2,8 @@
 
 One line per event: ``seq``, the medium, the event type and its block hashes, or with ``--json`` one object per
 event (``seq``, ``ts``, ``topic`` and the event's own fields as the wire has them). ``--from SEQ`` first asks the
-replay socket for the batches from SEQ on, then goes on live without printing a batch twice; a live batch past a
+replay socket for the batches from SEQ on (``--snapshot``: for one batch of everything held), then goes on live
+without printing a batch twice; a live batch past a
 gap (a batch neither received nor replayed: dropped by the publisher) is printed after a ``gap`` line. Formats:
 ``protocol/kv_events.py`` and docs/operations/events.md.
 """
@@ -19,7 +20,7 @@ import msgpack
 import zmq
 
 from ..errors import ConfigError, DaemonUnavailable
-from ..protocol.kv_events import END_SEQ, INCARNATION_KEY, split_batch
+from ..protocol.kv_events import END_SEQ, INCARNATION_KEY, SNAPSHOT_REQUEST, split_batch
 
 REPLAY_TIMEOUT_S = 5.0
 
@@ -33,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topic", default="", help="print only messages whose topic starts with this (default: all)")
     p.add_argument("--from", dest="start", type=_seq, metavar="SEQ",
                    help="first replay the buffered batches from SEQ on (0: everything still buffered)")
+    p.add_argument("--snapshot", action="store_true",
+                   help="first print everything the daemon holds now (one batch), then what changes after it")
     p.add_argument("--count", type=_seq, metavar="N", help="stop after N events (default: run until interrupted)")
     p.add_argument("--json", action="store_true", help="one JSON object per event")
     p.set_defaults(run=run)
@@ -50,6 +53,8 @@ def _check(args: argparse.Namespace) -> None:
             raise ConfigError(f"{flag}: expected tcp://HOST:PORT or ipc://PATH, got {value!r}")
     if args.start is not None and not args.replay_endpoint:
         raise ConfigError("--from: replay needs --replay-endpoint (the daemon's --events-replay-endpoint)")
+    if args.snapshot and (args.start is not None or not args.replay_endpoint):
+        raise ConfigError("--snapshot: needs --replay-endpoint (the daemon's --events-replay-endpoint), and no --from")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +67,12 @@ def run(args: argparse.Namespace) -> int:
     printed = 0
     try:
         expected = args.start
-        batches = replay(ctx, args.replay_endpoint, args.start) if args.start is not None else iter(())
+        if args.snapshot:
+            batches = ask(ctx, args.replay_endpoint, SNAPSHOT_REQUEST)
+        elif args.start is not None:
+            batches = ask(ctx, args.replay_endpoint, args.start.to_bytes(8, "big"))
+        else:
+            batches = iter(())
         for topic, seq, payload in _then_live(batches, sub):
             if expected is not None and seq < expected:
                 continue   # replayed already
@@ -88,8 +98,9 @@ def _then_live(replayed: Iterator[tuple[bytes, int, bytes]],
         yield topic, int.from_bytes(seq, "big"), payload
 
 
-def replay(ctx: zmq.Context, endpoint: str, start: int) -> Iterator[tuple[bytes, int, bytes]]:
-    """The buffered batches from ``start`` on, as (topic, seq, payload), until the end marker.
+def ask(ctx: zmq.Context, endpoint: str, request: bytes) -> Iterator[tuple[bytes, int, bytes]]:
+    """The batches the replay socket answers ``request`` with (an 8-byte start seq: the buffered batches from it
+    on; ``SNAPSHOT_REQUEST``: one batch of everything held), as (topic, seq, payload), until the end marker.
 
     Raises:
         DaemonUnavailable: the replay socket did not answer within ``REPLAY_TIMEOUT_S``.
@@ -98,7 +109,7 @@ def replay(ctx: zmq.Context, endpoint: str, start: int) -> Iterator[tuple[bytes,
     req.setsockopt(zmq.LINGER, 0)
     req.connect(endpoint)
     try:
-        req.send_multipart([b"", start.to_bytes(8, "big")])
+        req.send_multipart([b"", request])
         while True:
             if not req.poll(int(REPLAY_TIMEOUT_S * 1000)):
                 raise DaemonUnavailable(f"the replay socket at {endpoint} did not answer within {REPLAY_TIMEOUT_S}s")

@@ -156,6 +156,8 @@ METRICS: tuple[MetricDef, ...] = (
     _m("disk_write_queue_bytes", "gauge", "Bytes waiting for or in write-back.", "disk.write_queue_bytes"),
     _m("disk_writes_in_flight", "gauge", "Disk writes in flight.", "disk.writes_in_flight"),
     _m("disk_reads_in_flight", "gauge", "Disk reads (promotions) in flight.", "disk.reads_in_flight"),
+    _m("disk_fetch_ns_per_kib", "gauge", "Measured cost of a disk hit: read time per KiB promoted, since start.",
+       "disk.read_ns_per_kib"),
     _m("gpu_copies_down", "counter", "GPU-tier chunks copied back into DRAM before leaving the GPU tier.",
        "counters.gpu_copies_down"),
     _m("gpu_copies_in_flight", "gauge", "Copies between the GPU tier and DRAM in flight.", "gpu.copies_in_flight"),
@@ -233,10 +235,11 @@ METRICS: tuple[MetricDef, ...] = (
     # KV cache events (server/kv_events.py)
     _m("events_published", "counter", "KV cache events sent to subscribers.", "events.events"),
     _m("events_batches", "counter", "KV cache event batches sent (one sequence number each).", "events.batches"),
-    _m("events_dropped", "counter", "KV cache events dropped because the publisher was behind (a gap in seq).",
+    _m("events_dropped", "counter", "KV cache events in batches the socket refused (a gap in seq).",
        "events.dropped"),
     _m("events_replays", "counter", "KV cache event replay requests answered.", "events.replays"),
-    _m("events_queued", "gauge", "KV cache event hand-offs waiting for the publisher thread.", "events.queued"),
+    _m("events_snapshots", "counter", "KV cache event snapshot requests answered.", "events.snapshots"),
+    _m("events_buffered", "gauge", "KV cache event batches kept for replay.", "events.buffered"),
     _m("uptime_seconds", "gauge", "Seconds since the daemon started.", "uptime_s"),
     # latency, observed by the dispatcher
     _m("request_duration_seconds", "histogram",

@@ -23,6 +23,11 @@ and trailing array elements (its structs do not forbid unknown fields), as do Dy
 Replay (ZeroMQ ROUTER): a request ``[b"", start_seq]`` (8 bytes, big-endian) is answered with every buffered
 batch from ``start_seq`` on, each ``[b"", topic, seq, payload]``, then the end marker ``[b"", b"", END_SEQ, b""]``.
 
+Snapshot (kvstore's own, on the replay socket): a request ``[b"", b"snapshot"]`` is answered with one batch
+``[b"", topic, seq, payload]`` holding ``AllBlocksCleared`` and then a ``BlockStored`` for everything held now,
+per medium, then the end marker. ``seq`` is the last batch the snapshot reflects: a consumer applies it in
+place of every batch up to ``seq`` and goes on from ``seq + 1``.
+
 Block hashes: 64-bit integers, as vLLM sends them by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``): for a
 chunk keyed by our 16-byte chunk key, the key's last 8 bytes read big-endian, the same reduction vLLM applies to
 its own hash bytes.
@@ -38,6 +43,7 @@ MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
 FORMATS = ("map", "array")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+SNAPSHOT_REQUEST = b"snapshot"
 INCARNATION_KEY = "kvstore_incarnation"
 DATA_PARALLEL_RANK = 0
 _MASK64 = (1 << 64) - 1

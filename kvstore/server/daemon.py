@@ -181,6 +181,8 @@ class Daemon:
             loop.add_signal_handler(sig, stop.set)
         for mover in self.svc.movers():
             mover.start(loop)
+        if self.svc.events is not None:
+            self.svc.events.start(loop)   # snapshots are taken on the loop from here on
         self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks, self.after_reply)
                           for t, s in self._sockets]
         for reactor in self._reactors:

@@ -106,10 +106,11 @@ def open_events(svc: "Service", claims: Claims) -> None:
     if not config.events_endpoint:
         return
     publisher = svc.events = EventPublisher(EventSettings(
-        config.events_endpoint, config.events_replay_endpoint, config.events_buffer, config.events_queue,
+        config.events_endpoint, config.events_replay_endpoint, config.events_buffer, config.events_hwm,
         config.events_format, config.events_topic))
     claims.take(publisher.close)   # after the Store's last change: registered before the movers' closers
     svc.store.events = svc.event_log = EventLog(publisher.submit)
+    publisher.holdings = svc.event_log.snapshot
     svc.event_log.all_cleared()
     logs.info("kv_events", endpoint=config.events_endpoint, replay=config.events_replay_endpoint or None,
               format=config.events_format, incarnation=publisher.incarnation)

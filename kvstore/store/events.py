@@ -24,6 +24,7 @@ from ..protocol.kv_events import (
 from .entry import DiskState, Entry
 
 GPU, CPU, STORAGE = 1, 2, 4
+Holding = tuple[int, "int | None", int]   # media mask, parent block hash, block size
 MEDIA = ((GPU, MEDIUM_GPU), (CPU, MEDIUM_CPU), (STORAGE, MEDIUM_STORAGE))
 
 
@@ -44,7 +45,7 @@ class EventLog:
 
     def __init__(self, outbox: Callable[[list[Event]], None]) -> None:
         self._outbox = outbox
-        self._held: dict[bytes, int] = {}
+        self._held: dict[bytes, Holding] = {}
         self._block_size: dict[str, int] = {}
 
     def note_block_size(self, namespace: str, tokens: int) -> None:
@@ -71,17 +72,20 @@ class EventLog:
         self._held.clear()
         self._outbox([Cleared()])
 
-    def holdings(self) -> dict[bytes, int]:
-        """Every key published as held, with its media mask (a copy)."""
-        return dict(self._held)
+    def snapshot(self) -> list[tuple[bytes, Holding]]:
+        """Every key published as held, with its media mask, parent hash and block size: a copy, cheap enough
+        for the event loop (the events are built from it elsewhere: ``snapshot_events``)."""
+        return list(self._held.items())
 
     def _diff(self, key: bytes, entry: Entry | None, events: list[Event]) -> None:
         now = media_of(entry)
-        before = self._held.get(key, 0)
+        held = self._held.get(key)
+        before = held[0] if held is not None else 0
         if now == before:
             return
-        if now:
-            self._held[key] = now
+        if now and entry is not None:
+            parent = block_hash(entry.parent) if entry.parent is not None else None
+            self._held[key] = (now, parent, self._block_size.get(entry.namespace, 0))
         else:
             del self._held[key]
         gained, lost = now & ~before, before & ~now
@@ -108,3 +112,22 @@ def _append_removed(events: list[Event], h: int, medium: str) -> None:
         last.hashes.append(h)
         return
     events.append(Removed([h], medium))
+
+
+def snapshot_events(rows: list[tuple[bytes, Holding]]) -> list[Event]:
+    """What a consumer that knows nothing must apply to hold what ``rows`` (``EventLog.snapshot``) say:
+    ``AllBlocksCleared``, then per medium a ``BlockStored`` per run of chained chunks, in the order they were
+    announced (a chunk's parent before it, as it was published)."""
+    events: list[Event] = [Cleared()]
+    for bit, medium in MEDIA:
+        last: Stored | None = None
+        for key, (mask, parent, size) in rows:
+            if not mask & bit:
+                continue
+            h = block_hash(key)
+            if last is not None and last.hashes[-1] == parent and last.block_size == size:
+                last.hashes.append(h)
+                continue
+            last = Stored([h], parent, medium, size)
+            events.append(last)
+    return events
