@@ -6,6 +6,7 @@ more on a small shared machine) and is not part of the test suite; docs/benchmar
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -17,13 +18,23 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
-import serve  # noqa: E402
-import serve_report  # noqa: E402
-from serve_engine import engine_env, error_line, make_shim, parse_metrics  # noqa: E402
-from serve_harness import FULL, QUICK, interleaved, median_of, summarize  # noqa: E402
-from serve_scenarios import CPU_BLOCK, working_set_trace  # noqa: E402
-from serve_traces import (Conversations, compress_time, conversation_slice, conversation_trace, halves,  # noqa: E402
-                          read_rows, scaled_slice, unique_trace, working_set_tokens, write_jsonl)
+import serve
+import serve_report
+from serve_engine import engine_env, error_line, make_shim, parse_metrics
+from serve_harness import FULL, QUICK, interleaved, median_of, summarize
+from serve_scenarios import CPU_BLOCK, working_set_trace
+from serve_traces import (
+    Conversations,
+    compress_time,
+    conversation_slice,
+    conversation_trace,
+    halves,
+    read_rows,
+    scaled_slice,
+    unique_trace,
+    working_set_tokens,
+    write_jsonl,
+)
 
 SMALL = Conversations(sessions=5, turns=4, systems=2, system_blocks=3, turn_blocks=2, block_tokens=64,
                       output_tokens=4, session_gap_ms=100, turn_gap_ms=1000, seed=3)
@@ -43,7 +54,7 @@ def test_conversations_grow_their_context_each_turn_after_a_shared_system_prompt
     systems = set()
     for turns in by_session(rows).values():
         systems.add(tuple(turns[0]["hash_ids"][:SMALL.system_blocks]))
-        for a, b in zip(turns, turns[1:]):
+        for a, b in itertools.pairwise(turns):
             assert b["hash_ids"][:len(a["hash_ids"])] == a["hash_ids"]      # the whole earlier turn, then more
             assert len(b["hash_ids"]) == len(a["hash_ids"]) + SMALL.turn_blocks
             assert b["timestamp"] - a["timestamp"] == SMALL.turn_gap_ms
@@ -125,7 +136,7 @@ def test_the_working_set_is_four_times_a_cache_that_holds_the_requests_in_flight
     for profile in (QUICK, FULL):
         c, blocks = working_set_trace(profile)
         longest = -(-(c.longest_prompt() + c.output_tokens) // CPU_BLOCK)
-        assert blocks >= profile.concurrency * longest
+        assert blocks >= profile.ws_concurrency * longest
         assert c.unique_tokens() >= 4 * blocks * CPU_BLOCK * 0.95
 
 
