@@ -119,13 +119,27 @@ class EngineFailed(RuntimeError):
 
 
 def error_line(log: str) -> str:
-    """The most telling line of a failed start: the last exception line, else the last ERROR line."""
+    """The most telling line of a failed start: the last exception line that is not a wrapper pointing at
+    the root cause ("See root cause above"), else the last ERROR line."""
     lines = [l.strip() for l in log.splitlines() if l.strip()]
     for pattern in (r"^(\(\w+ pid=\d+\) )?[A-Za-z_.]*(Error|Exception): ", r"ERROR"):
-        found = [l for l in lines if re.search(pattern, l)]
+        found = [l for l in lines if re.search(pattern, l) and "root cause above" not in l]
         if found:
             return re.sub(r"^\(\w+ pid=\d+\) ", "", found[-1])
     return lines[-1] if lines else "(empty log)"
+
+
+def peer_broken(log: str) -> str | None:
+    """Why a peer's cache is off though its server started (LMCache logs its engine's failure and serves
+    on without it), else None: '<its error line>: <the exception>'."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        m = re.search(r"LMCache ERROR:\S*\s*(.*?)(:? Traceback.*)?$", line)
+        if m:
+            cause = next((l.strip() for l in lines[i + 1:i + 40] if re.match(r"^[A-Za-z_.]*(Error|Exception): ",
+                                                                            l.strip())), "")
+            return f"{m.group(1).rstrip(':')}: {cause}" if cause else m.group(1)
+    return None
 
 
 @dataclass

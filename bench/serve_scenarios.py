@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from serve_engine import Server, http
+from serve_engine import Server, http, peer_broken
 from serve_harness import Arm, Bench, Profile, agreement, interleaved, median_of, ratio
 from serve_traces import (
     Conversations,
@@ -224,7 +224,12 @@ def working_set(bench: Bench) -> dict[str, Any]:
             bench.peer_errors[name] = failed[(arm, blocks, 0)]
         else:
             peer = bench.get(arm, blocks)
-            arms[name] = ([peer], peer.url)
+            broken = peer_broken(peer.log())
+            if broken:   # it serves, but without its cache: not a peer measurement
+                bench.peer_errors[name] = broken
+                bench.keep(*[s for s in bench.running.values() if s is not peer])
+            else:
+                arms[name] = ([peer], peer.url)
     check = agreement(bench, on, off)
     out = finish(compare(bench, arms, trace, {"kvstore"}, bench.profile.ws_concurrency), agreement=check,
                  concurrency=bench.profile.ws_concurrency, engine_blocks=blocks,

@@ -20,7 +20,7 @@ sys.path.insert(0, str(BENCH))
 
 import serve
 import serve_report
-from serve_engine import engine_env, error_line, make_shim, parse_metrics
+from serve_engine import engine_env, error_line, make_shim, parse_metrics, peer_broken
 from serve_harness import FULL, QUICK, interleaved, median_of, summarize
 from serve_scenarios import CPU_BLOCK, working_set_trace
 from serve_traces import (
@@ -201,8 +201,14 @@ def test_a_failed_start_is_reported_by_its_error_line():
            "(EngineCore pid=2)   File \"x.py\", line 1\n"
            "(EngineCore pid=2) ValueError: CPU Offloading is currently only supported on CUDA-alike and XPU GPUs\n"
            "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above.\n")
-    assert error_line(log) == "RuntimeError: Engine core initialization failed. See root cause above."
-    assert error_line(log.rsplit("(APIServer", 1)[0]).startswith("ValueError: CPU Offloading")
+    assert error_line(log) == ("ValueError: CPU Offloading is currently only supported on CUDA-alike and "
+                               "XPU GPUs")
+    lmcache = ("\x1b[31;20m[2026-12-02 07:01:53,821] LMCache ERROR:\x1b[0m Failed to initialize LMCacheManager "
+               "components: Traceback (most recent call last):\n  File \"x.py\", line 9, in f\n"
+               "RuntimeError: No supported cpu connector found.\nINFO: Application startup complete.\n")
+    assert peer_broken(lmcache) == ("Failed to initialize LMCacheManager components: "
+                                    "RuntimeError: No supported cpu connector found.")
+    assert peer_broken(log) is None
 
 
 def test_the_table_shows_every_arm_and_each_ratio_against_its_goal():
