@@ -203,7 +203,9 @@ class Bench:
             self.counter += 1
             n = self.counter
         p = self.profile
-        args = ["--max-model-len", str(p.max_model_len), "--max-num-seqs", str(max(8, 2 * p.concurrency)),
+        # a cache of `blocks` (128-token CPU blocks) must hold one request of the longest length vLLM accepts
+        length = min(p.max_model_len, blocks * 128) if blocks else p.max_model_len
+        args = ["--max-model-len", str(length), "--max-num-seqs", str(max(8, 2 * p.concurrency)),
                 *(["--num-gpu-blocks-override", str(blocks)] if blocks else []), *arm.args]
         if arm.connector:
             args += ["--kv-transfer-config", json.dumps(connector_config(self.daemon.ipc, p.chunk_tokens))]
