@@ -204,7 +204,7 @@ class Bench:
             n = self.counter
         p = self.profile
         # a cache of `blocks` (128-token CPU blocks) must hold one request of the longest length vLLM accepts
-        length = min(p.max_model_len, blocks * 128) if blocks else p.max_model_len
+        length = min(p.max_model_len, (blocks - 1) * 128) if blocks else p.max_model_len  # one block vLLM keeps
         args = ["--max-model-len", str(length), "--max-num-seqs", str(max(8, 2 * p.concurrency)),
                 *(["--num-gpu-blocks-override", str(blocks)] if blocks else []), *arm.args]
         if arm.connector:
