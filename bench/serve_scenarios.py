@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from serve_engine import EngineFailed, Server, http
+from serve_engine import Server, http, peer_broken
 from serve_harness import Arm, Bench, Profile, agreement, interleaved, median_of, ratio
 from serve_traces import (
     Conversations,
@@ -30,6 +30,7 @@ from serve_traces import (
 KVSTORE = Arm("kvstore", connector=True)
 VLLM = Arm("vllm")
 CPU_BLOCK = 128   # the CPU build's KV block size (tokens); `engine_blocks` sizes caches in these
+BIG = [(KVSTORE, None, 0), (KVSTORE, None, 1), (VLLM, None, 0), (VLLM, None, 1)]  # default-size engines
 
 
 def trace_file(bench: Bench, name: str, rows: list[dict]) -> tuple[str, int]:
@@ -37,7 +38,8 @@ def trace_file(bench: Bench, name: str, rows: list[dict]) -> tuple[str, int]:
 
 
 def pair(bench: Bench, blocks: int | None = None) -> tuple[Server, Server]:
-    """The kvstore and vLLM-alone engines of this size (started once, reused by later scenarios)."""
+    """The kvstore and vLLM-alone engines of this size (started once, in parallel, reused by later scenarios)."""
+    bench.start_all([(KVSTORE, blocks, 0), (VLLM, blocks, 0)])
     return bench.get(KVSTORE, blocks), bench.get(VLLM, blocks)
 
 
@@ -49,7 +51,7 @@ def fresh(bench: Bench, server: Server, connector: bool) -> None:
 
 
 def compare(bench: Bench, arms: dict[str, tuple[list[Server], str]], trace: tuple[str, int],
-            connector: set[str]) -> dict[str, list[dict[str, Any]]]:
+            connector: set[str], concurrency: int | None = None) -> dict[str, list[dict[str, Any]]]:
     """Replay `trace` on every arm (servers, the URL the client talks to), interleaved, from empty caches."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
     for order in interleaved(list(arms), bench.profile.repeats):
@@ -57,7 +59,7 @@ def compare(bench: Bench, arms: dict[str, tuple[list[Server], str]], trace: tupl
             servers, url = arms[name]
             for s in servers:
                 fresh(bench, s, name in connector)
-            runs[name].append(bench.replay(url, servers, trace[0], trace[1], name in connector))
+            runs[name].append(bench.replay(url, servers, trace[0], trace[1], name in connector, concurrency))
     return runs
 
 
@@ -66,27 +68,34 @@ def finish(runs: dict[str, list[dict[str, Any]]], **extra: Any) -> dict[str, Any
 
 
 def restart(bench: Bench) -> dict[str, Any]:
-    """Half the trace, an engine restart (the daemon keeps its chunks), the second half measured."""
+    """Half the trace, an engine restart (the daemon keeps its chunks), the second half measured.
+
+    A restarted engine holds nothing but what the daemon kept: a second engine process, started beforehand and
+    its prefix cache emptied, takes the second half (the roles swap each repeat), as after a rolling restart,
+    without a start of minutes on a busy small machine between the halves (``--real-restart`` restarts the
+    first process instead). vLLM alone: the second half on its first engine (never restarted) and on its
+    second (restarted)."""
     first, second = halves(conversation_trace(bench.profile.conversations))
     t1, t2 = trace_file(bench, "restart-1", first), trace_file(bench, "restart-2", second)
-    on, off = pair(bench)
-    bench.keep(on, off)
-    check = agreement(bench, on, off)
+    bench.start_all(BIG)
+    on, off = [bench.get(*BIG[0]), bench.get(*BIG[1])], [bench.get(*BIG[2]), bench.get(*BIG[3])]
+    check = agreement(bench, on[0], off[0])
     runs: dict[str, list[dict[str, Any]]] = {"kvstore": [], "vllm_restarted": [], "vllm_never_restarted": []}
-    for order in interleaved(["kvstore", "vllm"], bench.profile.repeats):
+    for r, order in enumerate(interleaved(["kvstore", "vllm"], bench.profile.repeats)):
         for name in order:
-            if name == "kvstore":
-                fresh(bench, on, True)
-                bench.replay(on.url, [on], *t1, connector=True)
-                on = bench.restart(on)
-                runs["kvstore"].append(bench.replay(on.url, [on], *t2, connector=True))
-            else:
-                fresh(bench, off, False)
-                bench.replay(off.url, [off], *t1, connector=False)
-                runs["vllm_never_restarted"].append(bench.replay(off.url, [off], *t2, connector=False))
-                off = bench.restart(off)
-                runs["vllm_restarted"].append(bench.replay(off.url, [off], *t2, connector=False))
-    out = finish(runs, agreement=check, requests=[len(first), len(second)], measured="second half")
+            a, b = (on if name == "kvstore" else off)[r % 2], (on if name == "kvstore" else off)[1 - r % 2]
+            fresh(bench, a, name == "kvstore")
+            bench.replay(a.url, [a], *t1, connector=name == "kvstore")
+            if name == "vllm":
+                runs["vllm_never_restarted"].append(bench.replay(a.url, [a], *t2, connector=False))
+            if bench.real_restart:
+                b = bench.restart(a)
+            b.reset_prefix_cache()
+            runs["kvstore" if name == "kvstore" else "vllm_restarted"].append(
+                bench.replay(b.url, [b], *t2, connector=name == "kvstore"))
+            on, off = [bench.get(*BIG[0]), bench.get(*BIG[1])], [bench.get(*BIG[2]), bench.get(*BIG[3])]
+    out = finish(runs, agreement=check, requests=[len(first), len(second)], measured="second half",
+                 restart="a new process" if bench.real_restart else "a second engine process, cache emptied")
     out["ratios"] = {"kvstore_vs_never_restarted": ratio(out, "kvstore", "vllm_never_restarted"),
                      "kvstore_vs_restarted": ratio(out, "kvstore", "vllm_restarted")}
     out["goals"] = {"kvstore_vs_never_restarted": 0.9, "kvstore_vs_restarted": 1.5}
@@ -99,7 +108,6 @@ def all_miss(bench: Bench) -> dict[str, Any]:
     trace = trace_file(bench, "unique", unique_trace(p.unique_requests, p.unique_blocks,
                                                      p.conversations.block_tokens, p.conversations.output_tokens))
     on, off = pair(bench)
-    bench.keep(on, off)
     out = finish(compare(bench, {"kvstore": ([on], on.url), "vllm": ([off], off.url)}, trace, {"kvstore"}))
     out["ratios"] = {"kvstore_vs_vllm": ratio(out, "kvstore", "vllm", "total_token_throughput")}
     out["goals"] = {"kvstore_vs_vllm": 0.97}
@@ -119,7 +127,6 @@ def trace_slice(bench: Bench, path: str) -> dict[str, Any]:
     rows = slice_rows(bench, path)
     trace = trace_file(bench, "slice", rows)
     on, off = pair(bench)
-    bench.keep(on, off)
     out = finish(compare(bench, {"kvstore": ([on], on.url), "vllm": ([off], off.url)}, trace, {"kvstore"}),
                  requests=len(rows), prompt_tokens=sum(r["input_length"] for r in rows),
                  working_set_tokens=working_set_tokens(rows, bench.profile.conversations.block_tokens))
@@ -160,9 +167,8 @@ class Proxy:
 def replicas(bench: Bench) -> dict[str, Any]:
     """Two engines behind a round-robin proxy: with one daemon between them, and without."""
     trace = trace_file(bench, "conversations", conversation_trace(bench.profile.conversations))
-    on = [bench.get(KVSTORE, None, 0), bench.get(KVSTORE, None, 1)]
-    off = [bench.get(VLLM, None, 0), bench.get(VLLM, None, 1)]
-    bench.keep(*on, *off)
+    bench.start_all(BIG)
+    on, off = [bench.get(*BIG[0]), bench.get(*BIG[1])], [bench.get(*BIG[2]), bench.get(*BIG[3])]
     proxies = [Proxy(bench, on), Proxy(bench, off)]
     try:
         runs = compare(bench, {"kvstore": (on, proxies[0].url), "vllm": (off, proxies[1].url)}, trace, {"kvstore"})
@@ -178,9 +184,9 @@ def replicas(bench: Bench) -> dict[str, Any]:
 
 def working_set_trace(p: Profile) -> tuple[Conversations, int]:
     """More sessions of the conversation trace until its working set is 1/kv_fraction times an engine
-    cache that still holds `concurrency` of its longest requests; returns (trace, engine blocks)."""
+    cache that still holds `ws_concurrency` of its longest requests; returns (trace, engine blocks)."""
     c = p.conversations
-    need = p.concurrency * -(-(c.longest_prompt() + c.output_tokens) // CPU_BLOCK)
+    need = p.ws_concurrency * -(-(c.longest_prompt() + c.output_tokens) // CPU_BLOCK)
     while c.unique_tokens() * p.kv_fraction < need * CPU_BLOCK:
         c = replace(c, sessions=c.sessions + 1)
     return c, max(need, int(c.unique_tokens() * p.kv_fraction) // CPU_BLOCK)
@@ -209,16 +215,24 @@ def working_set(bench: Bench) -> dict[str, Any]:
     c, blocks = working_set_trace(bench.profile)
     trace = trace_file(bench, "working-set", conversation_trace(c))
     bench.keep()
+    peers = peer_arms(bench)
+    failed = bench.start_all([(KVSTORE, blocks, 0), (VLLM, blocks, 0), *[(a, blocks, 0) for a in peers.values()]])
     on, off = pair(bench, blocks)
     arms: dict[str, tuple[list[Server], str]] = {"kvstore": ([on], on.url), "vllm": ([off], off.url)}
-    for name, arm in peer_arms(bench).items():
-        try:
+    for name, arm in peers.items():
+        if (arm, blocks, 0) in failed:
+            bench.peer_errors[name] = failed[(arm, blocks, 0)]
+        else:
             peer = bench.get(arm, blocks)
-            arms[name] = ([peer], peer.url)
-        except EngineFailed as exc:
-            bench.peer_errors[name] = exc.line
+            broken = peer_broken(peer.log())
+            if broken:   # it serves, but without its cache: not a peer measurement
+                bench.peer_errors[name] = broken
+                bench.keep(*[s for s in bench.running.values() if s is not peer])
+            else:
+                arms[name] = ([peer], peer.url)
     check = agreement(bench, on, off)
-    out = finish(compare(bench, arms, trace, {"kvstore"}), agreement=check, engine_blocks=blocks,
+    out = finish(compare(bench, arms, trace, {"kvstore"}, bench.profile.ws_concurrency), agreement=check,
+                 concurrency=bench.profile.ws_concurrency, engine_blocks=blocks,
                  engine_kv_tokens=blocks * CPU_BLOCK, working_set_tokens=c.unique_tokens(), sessions=c.sessions,
                  peers_not_run=dict(bench.peer_errors))
     out["ratios"] = {"kvstore_vs_vllm": ratio(out, "kvstore", "vllm"),

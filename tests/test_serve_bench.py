@@ -6,6 +6,7 @@ more on a small shared machine) and is not part of the test suite; docs/benchmar
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -17,13 +18,23 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
-import serve  # noqa: E402
-import serve_report  # noqa: E402
-from serve_engine import engine_env, error_line, make_shim, parse_metrics  # noqa: E402
-from serve_harness import FULL, QUICK, interleaved, median_of, summarize  # noqa: E402
-from serve_scenarios import CPU_BLOCK, working_set_trace  # noqa: E402
-from serve_traces import (Conversations, compress_time, conversation_slice, conversation_trace, halves,  # noqa: E402
-                          read_rows, scaled_slice, unique_trace, working_set_tokens, write_jsonl)
+import serve
+import serve_report
+from serve_engine import engine_env, error_line, make_shim, parse_metrics, peer_broken
+from serve_harness import FULL, QUICK, interleaved, median_of, summarize
+from serve_scenarios import CPU_BLOCK, working_set_trace
+from serve_traces import (
+    Conversations,
+    compress_time,
+    conversation_slice,
+    conversation_trace,
+    halves,
+    read_rows,
+    scaled_slice,
+    unique_trace,
+    working_set_tokens,
+    write_jsonl,
+)
 
 SMALL = Conversations(sessions=5, turns=4, systems=2, system_blocks=3, turn_blocks=2, block_tokens=64,
                       output_tokens=4, session_gap_ms=100, turn_gap_ms=1000, seed=3)
@@ -43,7 +54,7 @@ def test_conversations_grow_their_context_each_turn_after_a_shared_system_prompt
     systems = set()
     for turns in by_session(rows).values():
         systems.add(tuple(turns[0]["hash_ids"][:SMALL.system_blocks]))
-        for a, b in zip(turns, turns[1:]):
+        for a, b in itertools.pairwise(turns):
             assert b["hash_ids"][:len(a["hash_ids"])] == a["hash_ids"]      # the whole earlier turn, then more
             assert len(b["hash_ids"]) == len(a["hash_ids"]) + SMALL.turn_blocks
             assert b["timestamp"] - a["timestamp"] == SMALL.turn_gap_ms
@@ -125,7 +136,7 @@ def test_the_working_set_is_four_times_a_cache_that_holds_the_requests_in_flight
     for profile in (QUICK, FULL):
         c, blocks = working_set_trace(profile)
         longest = -(-(c.longest_prompt() + c.output_tokens) // CPU_BLOCK)
-        assert blocks >= profile.concurrency * longest
+        assert blocks >= profile.ws_concurrency * longest
         assert c.unique_tokens() >= 4 * blocks * CPU_BLOCK * 0.95
 
 
@@ -190,8 +201,14 @@ def test_a_failed_start_is_reported_by_its_error_line():
            "(EngineCore pid=2)   File \"x.py\", line 1\n"
            "(EngineCore pid=2) ValueError: CPU Offloading is currently only supported on CUDA-alike and XPU GPUs\n"
            "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above.\n")
-    assert error_line(log) == "RuntimeError: Engine core initialization failed. See root cause above."
-    assert error_line(log.rsplit("(APIServer", 1)[0]).startswith("ValueError: CPU Offloading")
+    assert error_line(log) == ("ValueError: CPU Offloading is currently only supported on CUDA-alike and "
+                               "XPU GPUs")
+    lmcache = ("\x1b[31;20m[2026-12-02 07:01:53,821] LMCache ERROR:\x1b[0m Failed to initialize LMCacheManager "
+               "components: Traceback (most recent call last):\n  File \"x.py\", line 9, in f\n"
+               "RuntimeError: No supported cpu connector found.\nINFO: Application startup complete.\n")
+    assert peer_broken(lmcache) == ("Failed to initialize LMCacheManager components: "
+                                    "RuntimeError: No supported cpu connector found.")
+    assert peer_broken(log) is None
 
 
 def test_the_table_shows_every_arm_and_each_ratio_against_its_goal():
