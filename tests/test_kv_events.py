@@ -220,12 +220,13 @@ def test_array_format_decodes_with_the_positional_classes(start_daemon):
 
 
 def test_replay_without_events_and_bad_format_are_refused():
-    out = run_cli("serve", "--events-replay-endpoint", "ipc:///tmp/x", "--socket", "/tmp/kvs-never.sock")
+    sock = os.path.join(short_tempdir(), "never.sock")   # refused before it is made
+    out = run_cli("serve", "--events-replay-endpoint", "ipc://" + sock + ".replay", "--socket", sock)
     assert out.returncode == 2 and "needs --events-endpoint" in out.stderr
     out = run_cli("serve", "--events-endpoint", "tcp://127.0.0.1:1", "--events-format", "json",
-                  "--socket", "/tmp/kvs-never.sock")
+                  "--socket", sock)
     assert out.returncode == 2 and "must be map or array" in out.stderr
-    out = run_cli("serve", "--events-endpoint", "udp://x", "--socket", "/tmp/kvs-never.sock")
+    out = run_cli("serve", "--events-endpoint", "udp://x", "--socket", sock)
     assert out.returncode == 2 and "expected tcp://HOST:PORT or ipc://PATH" in out.stderr
 
 
