@@ -122,7 +122,7 @@ def promotion_latency(c: kvstore.Client, keys: list[bytes], n: int) -> float:
 
 
 def rebuild_rate(directory: str, count: int) -> dict:
-    from kvstore.tiers.disk import DiskTier
+    from kvstore.tiers.disk.tier import DiskTier
 
     disk_dir = os.path.join(directory, "disk-rebuild")
     tier = DiskTier(disk_dir, 1 << 40)

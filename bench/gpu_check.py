@@ -149,7 +149,7 @@ def vllm_cache(layers: int, blocks: int, block_size: int, heads: int, dim: int, 
 def check_env(r: dict) -> None:
     import torch
 
-    from kvstore.gpu.page_lock import memlock_limit
+    from kvstore.tiers.gpu.page_lock import memlock_limit
 
     r["python"] = platform.python_version()
     r["torch"] = torch.__version__
@@ -240,7 +240,7 @@ def check_kernels(r: dict) -> None:
 
 PRODUCER = """
 import json, sys, torch
-from kvstore.gpu.tier import GpuTier
+from kvstore.tiers.gpu.tier import GpuTier
 tier = GpuTier(int(sys.argv[1]), "cuda:0")
 slot = tier.allocate(int(sys.argv[2]))
 gen = torch.Generator(device="cuda").manual_seed(1234)
@@ -257,7 +257,7 @@ sys.stdin.readline()
 def check_hbm_tier(r: dict) -> None:
     import torch
 
-    from kvstore.gpu.engine import MappedPool
+    from kvstore.tiers.gpu.engine import MappedPool
     from kvstore.ops import PagedKV, registry, scatter
 
     chunk_bytes = 32 << 20
@@ -308,10 +308,10 @@ def check_hbm_tier(r: dict) -> None:
 def check_pinned_host(r: dict) -> None:
     import torch
 
-    from kvstore.gpu.page_lock import page_lock
-    from kvstore.gpu.tier import host_tensor
+    from kvstore.tiers.gpu.page_lock import page_lock
+    from kvstore.tiers.gpu.tier import host_tensor
     from kvstore.ops import PagedKV, scatter
-    from kvstore.tiers.arena import SharedArena
+    from kvstore.tiers.host.arena import SharedArena
 
     nbytes = 1 << 30
     chunk_bytes = 32 << 20

@@ -31,7 +31,7 @@ from _common import write_result  # noqa: E402
 from kvstore.routing import Router  # noqa: E402
 from kvstore.sim.replay import Capacity, SimulatedStore, block_key, hit_tokens_by_tier  # noqa: E402
 from kvstore.sim.trace import distinct_blocks, read_trace  # noqa: E402
-from kvstore.tiers.disk import DiskTier  # noqa: E402
+from kvstore.tiers.disk.tier import DiskTier  # noqa: E402
 
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
 CHUNK = 64 << 20

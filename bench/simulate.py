@@ -24,7 +24,7 @@ from _common import write_result  # noqa: E402
 from kvstore.sim.replay import Capacity, replay, unbounded  # noqa: E402
 from kvstore.sim.trace import distinct_blocks, read_trace  # noqa: E402
 from kvstore.store.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
-from kvstore.tiers.disk import DiskTier  # noqa: E402
+from kvstore.tiers.disk.tier import DiskTier  # noqa: E402
 
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
 CHUNK = 64 << 20          # 512 tokens of Llama-3-8B in bf16 (128 KiB a token)

@@ -48,7 +48,7 @@ def main() -> None:
     rows = load(args.trace, args.limit)
     distinct = len({b for r in rows for b in r["hash_ids"]})
     host_chunks, disk_chunks = max(1, distinct * 2 // 100), distinct * 40 // 100
-    from kvstore.tiers.disk import DiskTier
+    from kvstore.tiers.disk.tier import DiskTier
 
     host_mem = max(1 << 20, host_chunks * args.payload)
     disk_size = disk_chunks * DiskTier.footprint(args.payload)

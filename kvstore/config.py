@@ -415,7 +415,7 @@ def check_config(config: ServerConfig) -> None:
         raise ConfigError(f"--max-chunk: {format_size(config.max_chunk)} is larger than the host tier "
                           f"({format_size(config.host_mem)}); lower --max-chunk or raise --host-mem")
     if config.gpu_mem:
-        from .gpu.settings import check_gpu_settings  # imports torch: only when a GPU tier is asked for
+        from .tiers.gpu.settings import check_gpu_settings  # imports torch: only when a GPU tier is asked for
 
         check_gpu_settings(config.gpu_mem, config.gpu_device)
     from .security.curve import check_tcp_exposure
@@ -427,7 +427,7 @@ def check_disk_size(config: ServerConfig) -> None:
     """A set ``--disk-size`` holds at least one chunk and fits the filesystem that holds ``--disk-dir``."""
     if config.disk_size <= 0:
         return   # off, or auto (sized from the free space at start)
-    from .tiers.disk import BLOCK, HEADER_BYTES, existing_parent
+    from .tiers.disk.tier import BLOCK, HEADER_BYTES, existing_parent
 
     smallest = HEADER_BYTES + BLOCK
     if config.disk_size < smallest:

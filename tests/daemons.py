@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import kvstore
 from hygiene import holders, mapped_arenas
-from kvstore.tiers.arena import arena_path_for
+from kvstore.tiers.host.arena import arena_path_for
 
 SCRATCH_PREFIX = "kvs-"
 OWNER_FILE = "owner.pid"     # in a scratch root: the pid of the process it belongs to (see hygiene.py)

@@ -14,7 +14,7 @@ from conftest import wait_for
 import kvstore
 from kvstore.store.after_reply import AfterReply
 from kvstore.store.store import Store
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 from kvstore.tiers.virtual import VirtualArena
 
 PAGE = 4096

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import kvstore
-from kvstore.tiers.disk_format import HEADER_BYTES, ChunkHeader, FormatError, pack_header, unpack_header
+from kvstore.tiers.disk.format import HEADER_BYTES, ChunkHeader, FormatError, pack_header, unpack_header
 
 from daemons import short_tempdir
 

@@ -8,12 +8,12 @@ import os
 import pytest
 import torch
 
-from kvstore.gpu.engine import MappedPool, load_async, save_async
-from kvstore.gpu.ipc import PoolExport
-from kvstore.gpu.page_lock import buffer_address, memlock_limit, page_lock
-from kvstore.gpu.tier import GpuTier
+from kvstore.tiers.gpu.engine import MappedPool, load_async, save_async
+from kvstore.tiers.gpu.ipc import PoolExport
+from kvstore.tiers.gpu.page_lock import buffer_address, memlock_limit, page_lock
+from kvstore.tiers.gpu.tier import GpuTier
 from kvstore.ops import PagedKV, gather
-from kvstore.tiers.arena import SharedArena
+from kvstore.tiers.host.arena import SharedArena
 
 from daemons import run_cli
 

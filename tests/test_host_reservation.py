@@ -1,7 +1,7 @@
 """The host arena takes memory as chunks arrive, never all of it at start, and never a SIGBUS (issue 24, item 11).
 
 Pages of the arena file are reserved when the allocator first hands out an extent reaching into them
-(``tiers/arena.py``): right after start a large arena holds almost nothing (its ``st_blocks``), and it grows with
+(``tiers/host/arena.py``): right after start a large arena holds almost nothing (its ``st_blocks``), and it grows with
 the chunks put. Where ``/dev/shm`` cannot back the arena, a put is refused with StoreFullError and the daemon
 keeps serving: shown on a real tmpfs smaller than the arena, mounted on ``/dev/shm`` in a private mount namespace
 (``small_shm.py``; the machine's own ``/dev/shm`` is not touched), which needs root and ``unshare``.
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from kvstore.tiers.arena import GRANULE, arena_path_for
+from kvstore.tiers.host.arena import GRANULE, arena_path_for
 from daemons import sandbox_env, short_tempdir
 from test_stop_cleanup import large_host_mem
 

@@ -16,7 +16,7 @@ import time
 import uuid
 
 import kvstore
-from kvstore.tiers.arena import arena_path_for
+from kvstore.tiers.host.arena import arena_path_for
 
 from daemons import Daemons, sandbox_env, short_tempdir
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from kvstore.store.gpu_mover import GpuMover
+from kvstore.tiers.gpu.mover import GpuMover
 from kvstore.store.movers import MoverLife
 from kvstore.store.store import Store
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 from kvstore.tiers.virtual import VirtualArena
 
 PAGE = 4096

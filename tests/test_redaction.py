@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from kvstore.remote import open_backend
+from kvstore.tiers.remote import open_backend
 from kvstore.security.redact import redact_url
 from conftest import wait_for
 from daemons import run_cli

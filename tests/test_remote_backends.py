@@ -17,7 +17,7 @@ import pytest
 
 from conftest import wait_for
 
-from kvstore.remote import Health, RemoteError, open_backend, record
+from kvstore.tiers.remote import Health, RemoteError, open_backend, record
 
 try:
     from servers import MooncakeCluster, RedisCluster, RedisServer, free_port, require
@@ -359,7 +359,7 @@ def test_async_calls_share_the_pool_and_leave_the_loop_free(backend):
 
 
 def test_public_surface():
-    import kvstore.remote as remote
+    import kvstore.tiers.remote as remote
 
     from kvstore.errors import RemoteError as TreeError
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvstore.remote import record
+from kvstore.tiers.remote import record
 
 KEY = bytes(range(16))
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kvstore.metrics.collector import unmapped_paths
-from kvstore.remote import record
+from kvstore.tiers.remote import record
 from daemons import run_cli
 
 try:

@@ -14,7 +14,7 @@ import pytest
 import kvstore
 from kvstore.protocol.wire import Op
 from kvstore.security import ClientCurve, generate_keypair, is_loopback
-from kvstore.tiers.arena import arena_path_for
+from kvstore.tiers.host.arena import arena_path_for
 
 from daemons import run_cli, short_tempdir
 from workload import free_port, payload_for

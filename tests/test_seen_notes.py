@@ -14,7 +14,7 @@ from kvstore.client.shared_index import SeenNotes
 from kvstore.protocol.messages import KEY_BYTES, LookupSeen
 from kvstore.store.policies import POLICIES
 from kvstore.store.store import Store
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 from kvstore.tiers.virtual import VirtualArena
 
 PAGE = 4096

@@ -22,7 +22,7 @@ from daemons import run_cli, sandbox_env, short_tempdir
 
 import kvstore
 from kvstore.config import default_socket
-from kvstore.tiers.arena import arena_path_for
+from kvstore.tiers.host.arena import arena_path_for
 
 SMALL = ("--host-mem", "16MiB")
 

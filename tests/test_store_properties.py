@@ -29,7 +29,7 @@ from kvstore.store.after_reply import AfterReply
 from kvstore.store.entry import DiskState, Entry, State
 from kvstore.store.policies import POLICIES
 from kvstore.store.store import Store, top_tier
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 from kvstore.tiers.virtual import VirtualArena, VirtualDisk
 
 PAGE = 4096

@@ -131,7 +131,7 @@ def _slot(chunk_bytes: int) -> int:
 
 
 def _disk_chunks(capacity: Any) -> int:
-    from ..tiers.disk import DiskTier
+    from ..tiers.disk.tier import DiskTier
 
     return capacity.disk_bytes // DiskTier.footprint(capacity.chunk_bytes) if capacity.disk_bytes else 0
 

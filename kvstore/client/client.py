@@ -20,7 +20,7 @@ back), ``mappings.py`` (the arena, index and GPU pool mapped at hello), ``credit
 transports.
 
 ``gpu=True`` (engines on the daemon's GPU): the client asks for the GPU tier's pool at hello, maps it once
-(``kvstore.gpu.engine.MappedPool``) and page-locks its own mappings of the arena; ``get`` then returns a
+(``kvstore.tiers.gpu.engine.MappedPool``) and page-locks its own mappings of the arena; ``get`` then returns a
 ``uint8`` tensor view of the pool for every chunk the GPU tier holds, and memoryviews for the others. Only such
 clients import torch. Without the mapping (no GPU tier, another GPU, CUDA IPC refused) everything is read from
 DRAM as usual: the daemon copies GPU-only chunks down for readers that do not map the pool.

@@ -4,7 +4,7 @@ A restarted daemon makes new files under the same names, so each mapping remembe
 inode) and maps again when that changed. Detaching releases the views first: views of live leases keep the old
 mapping alive until they go (``lease.py``).
 
-The arena is mapped twice (``tiers/arena.py``): ``_arena_view`` (read-write) is only sliced for slots this
+The arena is mapped twice (``tiers/host/arena.py``): ``_arena_view`` (read-write) is only sliced for slots this
 client was lent to fill; ``_read_view`` (read-only) for everything handed to a reader, so that no reader can
 change the bytes another reader gets. Each mapping has its own page tables, so each has its own populator.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..tiers.arena import SharedArena
+from ..tiers.host.arena import SharedArena
 from .pages import PagePopulator
 from .shared_index import SharedIndexView
 
@@ -48,9 +48,9 @@ class Mappings:
         self._arena, self._arena_view, self._pages, self._arena_file = None, None, None, None
         self._read_view, self._read_pages = None, None
         self._index, self._index_file = None, None
-        self._gpu_pool = None      # kvstore.gpu.engine.MappedPool, when the daemon's pool is mapped
+        self._gpu_pool = None      # kvstore.tiers.gpu.engine.MappedPool, when the daemon's pool is mapped
         self._gpu_info = None
-        self._page_locked = None   # kvstore.gpu.page_lock.PageLockedRegion of our arena mapping
+        self._page_locked = None   # kvstore.tiers.gpu.page_lock.PageLockedRegion of our arena mapping
         self._read_locked = None   # ... and of our read-only one
 
     def _attach_arena(self, arena: dict[str, Any] | None) -> None:
@@ -91,7 +91,7 @@ class Mappings:
         self._gpu_info = info
         if not info:
             return
-        from ..gpu.engine import MappedPool  # torch: only for clients that ask for the GPU tier
+        from ..tiers.gpu.engine import MappedPool  # torch: only for clients that ask for the GPU tier
 
         self._gpu_pool = MappedPool.from_hello(info)
         if self._gpu_pool is not None and self._gpu_pool.device.type == "cuda":
@@ -101,7 +101,7 @@ class Mappings:
         """Page-lock both our mappings of the arena (CUDA): reads go from the read-only one, writes to the other."""
         if self._page_locked is not None or self._arena is None:
             return
-        from ..gpu.engine import page_lock_mapping  # torch: only for clients that ask for page-locking
+        from ..tiers.gpu.engine import page_lock_mapping  # torch: only for clients that ask for page-locking
 
         self._page_locked = page_lock_mapping(self._arena.buf, self._arena.size)
         if self._arena.read_buf is not None:
@@ -131,7 +131,7 @@ class Mappings:
 
     @property
     def gpu_pool(self) -> Any:
-        """The mapped GPU pool (``kvstore.gpu.engine.MappedPool``), or None."""
+        """The mapped GPU pool (``kvstore.tiers.gpu.engine.MappedPool``), or None."""
         return self._gpu_pool
 
     def _detach_arena(self) -> None:

@@ -54,8 +54,8 @@ from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, header_hints, op_of, request_id_of
 from ..security.curve import ServerCurve
-from ..tiers.arena import SharedArena, arena_path_for
-from ..tiers.host import HostTier
+from ..tiers.host.arena import SharedArena, arena_path_for
+from ..tiers.host.tier import HostTier
 from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor

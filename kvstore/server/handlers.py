@@ -24,7 +24,7 @@ from .session import Session
 
 Frames = list[Any]
 Handler = Callable[[Service, Session, dict, list], Any]  # Frames, or a coroutine returning Frames
-PUT_WAIT_S = 2.0  # how long a put waits for write-back to catch up before failing (see store/manager.py)
+PUT_WAIT_S = 2.0  # how long a put waits for write-back to catch up before failing (see tiers/disk/mover.py)
 
 
 def handle_ping(svc: Service, s: Session, h: dict, frames: list) -> Frames:

@@ -25,9 +25,9 @@ from .scrub_passes import ScrubPasses
 from .compat import NamespaceParams
 
 if TYPE_CHECKING:
-    from ..store.gpu_mover import GpuMover
-    from ..store.manager import TierManager
-    from ..store.remote_mover import RemoteMover
+    from ..tiers.gpu.mover import GpuMover
+    from ..tiers.disk.mover import TierManager
+    from ..tiers.remote.mover import RemoteMover
     from ..store.store import Store
 
 

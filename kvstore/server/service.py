@@ -17,10 +17,10 @@ from typing import Any, Callable, Sequence
 from .. import logs
 from ..config import ServerConfig
 from ..store.events import EventLog
-from ..store.gpu_mover import GpuMover
-from ..store.manager import TierManager
+from ..tiers.gpu.mover import GpuMover
+from ..tiers.disk.mover import TierManager
 from ..store.published_index import PublishedIndex
-from ..store.remote_mover import RemoteMover
+from ..tiers.remote.mover import RemoteMover
 from ..store.store import LookupResult, Store
 from .kv_events import EventPublisher
 from .safeguards import Safeguards

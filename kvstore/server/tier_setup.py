@@ -20,15 +20,15 @@ from ..errors import ConfigError
 from ..security.redact import redact_url
 from ..units import format_size
 from ..store.after_reply import AfterReply
-from ..store.disk_ledger import DiskLedger
+from ..tiers.disk.ledger import DiskLedger
 from ..store.events import EventLog
-from ..store.gpu_mover import GpuMover
-from ..store.manager import TierManager
-from ..store.remote_mover import RemoteMover
+from ..tiers.gpu.mover import GpuMover
+from ..tiers.disk.mover import TierManager
+from ..tiers.remote.mover import RemoteMover
 from ..store.store import Store
-from ..tiers.arena import SharedArena, arena_path_for
-from ..tiers.disk import DiskTier, disk_room
-from ..tiers.host import HostTier
+from ..tiers.host.arena import SharedArena, arena_path_for
+from ..tiers.disk.tier import DiskTier, disk_room
+from ..tiers.host.tier import HostTier
 from .kv_events import EventPublisher, EventSettings
 from .local_access import open_index
 from .safeguards import Safeguards
@@ -56,7 +56,7 @@ def open_disk(config: ServerConfig, claims: Claims) -> DiskTier | None:
 
 def disk_capacity(requested: int, directory: str) -> int:
     """The disk tier's cap: ``requested`` (-1: auto) checked against what the filesystem can hold for the tier
-    (free space plus the tier's own files, less headroom: ``tiers/disk.py``), logged with what was assumed.
+    (free space plus the tier's own files, less headroom: ``tiers/disk/tier.py``), logged with what was assumed.
     Raises ConfigError when a set size cannot fit."""
     room = disk_room(directory)
     size = requested if requested > 0 else room.auto_size()
@@ -141,11 +141,11 @@ def rebuild_index(ledger: DiskLedger) -> None:
 
 
 def open_gpu(config: ServerConfig, arena: SharedArena, claims: Claims) -> Any:
-    """The GPU tier on ``cuda:N`` (or on cpu under the testing switch, ``gpu/settings.py``), or None."""
+    """The GPU tier on ``cuda:N`` (or on cpu under the testing switch, ``tiers/gpu/settings.py``), or None."""
     if not config.gpu_mem:
         return None
-    from ..gpu.settings import TEST_DEVICE_ENV, tier_device  # imports torch: only with a GPU tier
-    from ..gpu.tier import GpuTier
+    from ..tiers.gpu.settings import TEST_DEVICE_ENV, tier_device  # imports torch: only with a GPU tier
+    from ..tiers.gpu.tier import GpuTier
 
     device = tier_device(config.gpu_device)
     shared = arena_path_for(config.socket + "#gpu") if device == "cpu" else None
@@ -162,7 +162,7 @@ def open_gpu(config: ServerConfig, arena: SharedArena, claims: Claims) -> Any:
 
 def open_remote(config: ServerConfig, arena: SharedArena, claims: Claims) -> Any:
     """The remote store's backend (constructing it never waits for the store)."""
-    from ..remote import RemoteError, open_backend   # imports the store's client library: only when asked
+    from ..tiers.remote import RemoteError, open_backend   # imports the store's client library: only when asked
 
     try:
         backend = open_backend(config.remote, namespace=REMOTE_NAMESPACE, timeout=REMOTE_TIMEOUT,

@@ -1,7 +1,7 @@
 """The simulator's movers: the daemon's ledgers (``store/*_ledger.py``) driven by movers whose transfers complete
 the moment they start.
 
-Each takes the place of the daemon's mover of the same tier (``store/manager.py``, ``store/gpu_mover.py``) on the
+Each takes the place of the daemon's mover of the same tier (``tiers/disk/mover.py``, ``tiers/gpu/mover.py``) on the
 same ledger and asks it the same questions in the same order; only the I/O is gone. So the replay shows what the
 daemon's bookkeeping does with a trace, assuming the disk and the GPU copies keep up: the capacity question, not
 the bandwidth one (``bench/disk.py`` answers that).
@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import StoreFullError
-from ..store.disk_ledger import DiskLedger
+from ..tiers.disk.ledger import DiskLedger
 from ..store.entry import Entry
-from ..store.gpu_ledger import GpuLedger
+from ..tiers.gpu.ledger import GpuLedger
 
 
 class InstantDiskMover:

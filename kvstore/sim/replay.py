@@ -1,7 +1,7 @@
 """Trace replay through the daemon's own Store: which tier would have served each request's prefix.
 
 The simulated daemon is the real ``Store`` (index, extent allocator, eviction policy) with the daemon's own
-ledgers (``store/disk_ledger.py``, ``store/gpu_ledger.py``: write-back queue, demotion watermarks, promotion
+ledgers (``tiers/disk/ledger.py``, ``tiers/gpu/ledger.py``: write-back queue, demotion watermarks, promotion
 budget, promotion on repeated hits) over payload-less tiers (``tiers/virtual.py``). Only the movers are
 replaced, by movers whose transfers complete at once (``movers.py``): the figures assume the disk and the GPU
 copies keep up. Reads map the GPU pool (an engine on the daemon's GPU).
@@ -27,7 +27,7 @@ from typing import Sequence
 from ..errors import StoreFullError
 from ..store.policies import DEFAULT_POLICY
 from ..store.store import Store
-from ..tiers.host import HostTier
+from ..tiers.host.tier import HostTier
 from ..tiers.virtual import VirtualArena, VirtualDisk
 from .movers import InstantDiskMover, InstantGpuMover
 from .trace import BLOCK_TOKENS, Request

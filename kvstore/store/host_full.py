@@ -4,7 +4,7 @@ A put finds the host tier full only once every chunk that may leave DRAM has lef
 what is left is held: by this put itself (a put larger than the whole tier can never fit), by leases, by open
 reservations (this writer's or others'), by chunks whose slot a lower tier's I/O or a check reads, by put credits
 lent to writers, or it is free but in pieces smaller than the chunk — or ``/dev/shm`` could not back the pages
-of the room found (``tiers/arena.py``). The message names each with its bytes and
+of the room found (``tiers/host/arena.py``). The message names each with its bytes and
 says what would help, most of all the largest holder's fix. Counting walks the index: only a failed allocation
 pays for it.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..tiers.arena import SHM_DIR, shm_free
+from ..tiers.host.arena import SHM_DIR, shm_free
 from .entry import Entry, State
 
 

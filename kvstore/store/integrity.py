@@ -1,7 +1,7 @@
 """Checksums from commit on: who takes them, where, and the checks that read host slots.
 
 Every chunk gets one checksum, xxh3-64 of its bytes, and keeps it in every tier: it is the payload sum of its
-disk file and of its remote record (``tiers/disk_format.py``, ``remote/record.py``), so it is computed once.
+disk file and of its remote record (``tiers/disk/format.py``, ``tiers/remote/record.py``), so it is computed once.
 
 Where it is computed: by the daemon, on a worker thread right after commit (``after_commit``), not by the writer
 while it copies. The daemon could not take a writer's sum on trust anyway (the point is to catch a client that

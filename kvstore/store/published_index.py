@@ -38,7 +38,7 @@ def _listing(state: int, host: int | None, size: int) -> Listing:
 
 def index_path_for(socket_path: str) -> str:
     """The index file of the daemon on ``socket_path``: the arena's sibling in /dev/shm."""
-    from ..tiers.arena import arena_path_for
+    from ..tiers.host.arena import arena_path_for
 
     return arena_path_for(socket_path)[:-len(".arena")] + ".index"
 

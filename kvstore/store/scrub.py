@@ -31,7 +31,7 @@ from .entry import DiskState, Entry
 from .integrity import Integrity, checksum
 
 if TYPE_CHECKING:
-    from .manager import TierManager
+    from ..tiers.disk.mover import TierManager
     from .store import Store
 
 BACKGROUND_PAUSE_S = 1.0   # between two background passes (so an empty store does not spin)

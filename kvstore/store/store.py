@@ -31,27 +31,27 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import LeaseError, ReservationError, StoreFullError
 from ..protocol.index_layout import STATE_OF_TIER
-from ..tiers.disk import DiskTier
-from ..tiers.host import HostTier
+from ..tiers.disk.tier import DiskTier
+from ..tiers.host.tier import HostTier
 from .after_reply import AfterReply
 from .counters import StoreCounters, TierCounters
 from .credits import CreditBook
 from .damage import DamageMixin, IntegrityCounters
-from .disk_ledger import DiskLedger
+from ..tiers.disk.ledger import DiskLedger
 from .entry import Entry, State
-from .gpu_ledger import GpuLedger
+from ..tiers.gpu.ledger import GpuLedger
 from .handles import Handle, HandleTable
 from .host_full import count_holders, host_full_message
 from .ledger import TierLedger
 from .policies import DEFAULT_POLICY, make_queue
 from .puts import PutMixin, Reservation, Slot
-from .remote_ledger import RemoteLedger
+from ..tiers.remote.ledger import RemoteLedger
 from .room import make_room
 from .s3fifo import MAX_FREQ
 from .sinks import EventSink, IndexSink, SumSink
 
 if TYPE_CHECKING:
-    from ..gpu.tier import GpuTier
+    from ..tiers.gpu.tier import GpuTier
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ opens no file. The Store and the policies cannot tell them from the real tiers.
 
 from __future__ import annotations
 
-from .disk import DiskTier, ScanResult
+from .disk.tier import DiskTier, ScanResult
 
 
 class VirtualArena:

@@ -16,12 +16,12 @@ import errno
 from collections import deque
 from typing import Protocol, Sequence
 
-from ..errors import ChecksumError, DamagedSource, FormatError, StoreFullError
-from ..tiers.disk import DiskTier
-from .entry import DiskState, Entry, State
-from .ledger import StoreCore, TierLedger
-from .policies import make_queue
-from .room import make_room, shed_to_low
+from ...errors import ChecksumError, DamagedSource, FormatError, StoreFullError
+from .tier import DiskTier
+from ...store.entry import DiskState, Entry, State
+from ...store.ledger import StoreCore, TierLedger
+from ...store.policies import make_queue
+from ...store.room import make_room, shed_to_low
 
 HOST_HIGH_WATERMARK = 0.95
 HOST_LOW_WATERMARK = 0.85

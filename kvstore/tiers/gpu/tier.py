@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from ..tiers.allocator import ExtentSpace
-from ..tiers.arena import SharedArena
+from ..allocator import ExtentSpace
+from ..host.arena import SharedArena
 from .copies import CopyEngine, Transfer
 from .ipc import PoolExport, export_pool
 from .page_lock import PageLockedRegion, page_lock

@@ -15,7 +15,7 @@ import logging
 import threading
 from typing import Any
 
-from ..breaker import Breaker
+from ...breaker import Breaker
 
 log = logging.getLogger("kvstore.remote")
 

@@ -30,7 +30,7 @@ import struct
 
 import xxhash
 
-from ..errors import RecordError
+from ...errors import RecordError
 
 __all__ = [
     "HEADER_SIZE",

@@ -44,8 +44,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import RemoteError
-from ..security.redact import redact_url
+from ...errors import RemoteError
+from ...security.redact import redact_url
 from . import record
 from .guarded import GuardedCalls
 

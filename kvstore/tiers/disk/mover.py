@@ -44,12 +44,12 @@ import shutil
 import time
 from typing import Sequence
 
-from .. import logs
-from ..errors import ChecksumError, FormatError
-from ..tiers.disk import DiskTier, round_up
-from .disk_ledger import DiskLedger
-from .entry import Entry
-from .movers import MoverLife
+from ... import logs
+from ...errors import ChecksumError, FormatError
+from .tier import DiskTier, round_up
+from .ledger import DiskLedger
+from ...store.entry import Entry
+from ...store.movers import MoverLife
 
 
 class TierManager(MoverLife):

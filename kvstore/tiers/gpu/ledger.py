@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ..errors import StoreFullError
-from .entry import DiskState, Entry
-from .ledger import Mover, StoreCore, TierLedger
-from .policies import make_queue
-from .room import make_room, shed_to_low
+from ...errors import StoreFullError
+from ...store.entry import DiskState, Entry
+from ...store.ledger import Mover, StoreCore, TierLedger
+from ...store.policies import make_queue
+from ...store.room import make_room, shed_to_low
 
 GPU_HIGH_WATERMARK = 0.95
 GPU_LOW_WATERMARK = 0.85
@@ -29,7 +29,7 @@ class GpuLedger(TierLedger):
 
     def __init__(self, store: StoreCore, gpu: Any) -> None:
         self.store = store
-        self.gpu = gpu                            # kvstore.gpu.tier.GpuTier, or an allocator in tests and the simulator
+        self.gpu = gpu                            # kvstore.tiers.gpu.tier.GpuTier, or an allocator in tests and the simulator
         self.lru = make_queue(store.policy)
         self.wanted: dict[bytes, Entry] = {}      # promotion requests, oldest first (taken by the mover)
         self.mover: Mover | None = None

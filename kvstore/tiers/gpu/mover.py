@@ -3,7 +3,7 @@
 The Store decides and accounts (it allocates and frees every slot, see ``store.py``); the mover runs the copies.
 A promotion copies a chunk's DRAM slot into a fresh GPU slot; a demotion either frees the GPU slot at once (the
 chunk still has a DRAM or disk copy: the usual case, since promotion keeps the DRAM copy) or copies it into a
-fresh DRAM slot first. Copies are queued on the tier's side streams (``gpu/copies.py``) and return a
+fresh DRAM slot first. Copies are queued on the tier's side streams (``tiers/gpu/copies.py``) and return a
 ``Transfer``; the mover's task polls ``Transfer.done()`` every millisecond while any is in flight and sleeps
 otherwise, so the event loop never blocks on the GPU. Only when a copy is done does the Store publish the new
 slot or free the old one: a reader never sees a half-copied chunk.
@@ -31,15 +31,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import logs
-from ..errors import StoreFullError
-from .entry import Entry
-from .gpu_ledger import GpuLedger
-from .integrity import checksum
-from .movers import MoverLife
+from ... import logs
+from ...errors import StoreFullError
+from ...store.entry import Entry
+from .ledger import GpuLedger
+from ...store.integrity import checksum
+from ...store.movers import MoverLife
 
 if TYPE_CHECKING:
-    from .integrity import Integrity
+    from ...store.integrity import Integrity
 
 POLL_S = 0.001        # while copies are in flight
 MAX_IN_FLIGHT = 64    # promotions queued on the GPU at once
@@ -49,7 +49,7 @@ MAX_IN_FLIGHT = 64    # promotions queued on the GPU at once
 class Move:
     entry: Entry
     up: bool                                # promotion (DRAM -> GPU) or demotion (GPU -> DRAM)
-    transfer: Any                           # kvstore.gpu.copies.Transfer
+    transfer: Any                           # kvstore.tiers.gpu.copies.Transfer
     done: asyncio.Future | None = None      # demotions: resolved when the chunk is readable from DRAM
 
 

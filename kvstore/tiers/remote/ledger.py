@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..errors import StoreFullError
-from .entry import Entry, State
-from .ledger import Mover, StoreCore, TierLedger
+from ...errors import StoreFullError
+from ...store.entry import Entry, State
+from ...store.ledger import Mover, StoreCore, TierLedger
 
 
 class RemoteLedger(TierLedger):

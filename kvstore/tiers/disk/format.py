@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from ..errors import FormatError
+from ...errors import FormatError
 
 MAGIC = b"KVSCHUNK"
 FORMAT_VERSION = 1

@@ -1,6 +1,6 @@
 """The remote mover: write-back to a remote store after commit, and promotion from it when a lookup misses.
 
-A remote store (Redis/Valkey, Mooncake Store; ``kvstore/remote/``) sits below the disk tier and is shared by the
+A remote store (Redis/Valkey, Mooncake Store; ``kvstore/tiers/remote/``) sits below the disk tier and is shared by the
 daemons of several hosts: what one host's engines computed, another host's engines can load.
 
 Write-back at commit. Every chunk a put commits is sent in the background, one batched put per commit, straight
@@ -35,7 +35,7 @@ records' checked sums, which become the fetched chunks' checksums: one xxh3 pass
 
 Failure. Every store call has a deadline and runs on the backend's worker pool (the one executor of the remote
 path), awaited here, never on the event loop. While the store
-is down the backend answers at once (its breaker, ``remote/base.py``) and probes it now and then, so lookups fall
+is down the backend answers at once (its breaker, ``tiers/remote/base.py``) and probes it now and then, so lookups fall
 back to the local tiers within one deadline and the remote tier returns by itself with the store.
 """
 
@@ -47,10 +47,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from .. import logs
-from .entry import Entry
-from .movers import MoverLife
-from .remote_ledger import RemoteLedger
+from ... import logs
+from ...store.entry import Entry
+from ...store.movers import MoverLife
+from .ledger import RemoteLedger
 
 MAX_FETCH = 256          # chunks asked for in one lookup (the Store also stops at half the host tier)
 BAD_TTL = 60.0           # seconds a value that could not be read back is not offered again

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..tiers.allocator import ExtentAllocator, ExtentSpace
+from ..allocator import ExtentAllocator, ExtentSpace
 
 ALIGN = 4096
 

@@ -7,8 +7,8 @@ written where a SIGBUS waits.
 
 from __future__ import annotations
 
-from ..units import format_size
-from .allocator import ExtentAllocator, ExtentSpace, TierUsage
+from ...units import format_size
+from ..allocator import ExtentAllocator, ExtentSpace, TierUsage
 from .arena import SharedArena
 
 __all__ = ["HostTier", "TierUsage"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..security.redact import redact_url
+from ...security.redact import redact_url
 from .base import Health, RemoteBackend, RemoteError
 
 __all__ = ["Health", "RemoteBackend", "RemoteError", "open_backend"]

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 
 import lz4.block
 
-from ..errors import ConfigError
-from ..errors import ChecksumError, DamagedSource
-from .disk_format import FLAG_LZ4, FLAG_RAW_SUM, HEADER_BYTES, ChunkHeader, FormatError, checksum, pack_header, unpack_header
+from ...errors import ConfigError
+from ...errors import ChecksumError, DamagedSource
+from .format import FLAG_LZ4, FLAG_RAW_SUM, HEADER_BYTES, ChunkHeader, FormatError, checksum, pack_header, unpack_header
 
 BLOCK = 4096
 QUARANTINE = "quarantine"

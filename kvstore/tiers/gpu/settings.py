@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ConfigError
-from ..units import format_size
+from ...errors import ConfigError
+from ...units import format_size
 
 NO_CUDA = "--gpu-mem needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)"
 TEST_DEVICE_ENV = "KVSTORE_GPU_TIER_DEVICE"
