@@ -377,9 +377,9 @@ class Daemon:
         self.svc.store.settle_after_reply()
         if self.svc.index is not None:
             self.svc.index.beat()
-        if self.svc.manager is not None:
-            self.svc.manager.ledger.rebalance()
-            self.svc.manager.check_space()
+        if self.svc.disk_mover is not None:
+            self.svc.disk_mover.ledger.rebalance()
+            self.svc.disk_mover.check_space()
         overdue_before = self.svc.store.leases.overdue
         leases, reservations = self.svc.store.expire(keep_leases_of=self._process_alive)
         if leases or reservations:

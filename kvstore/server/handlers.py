@@ -72,7 +72,7 @@ def _throttled(svc: Service, nbytes: int, then: Callable[[], Frames]) -> Any:
 
     async def later() -> Frames:
         if not await svc.wait_for_write_back(nbytes, PUT_WAIT_S):
-            raise StoreFullError(f"disk writes are behind: {svc.manager.queued_bytes()} bytes wait for the disk; "
+            raise StoreFullError(f"disk writes are behind: {svc.disk_mover.queued_bytes()} bytes wait for the disk; "
                                  f"retry later, or raise --disk-queue if the disk keeps up on average")
         return then()
     return later()

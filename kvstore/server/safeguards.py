@@ -26,7 +26,7 @@ from .compat import NamespaceParams
 
 if TYPE_CHECKING:
     from ..tiers.gpu.mover import GpuMover
-    from ..tiers.disk.mover import TierManager
+    from ..tiers.disk.mover import DiskMover
     from ..tiers.remote.mover import RemoteMover
     from ..store.store import Store
 
@@ -41,10 +41,10 @@ class VerifyCounters:
 
 
 class Safeguards:
-    def __init__(self, store: "Store", manager: "TierManager | None", scrub_rate: int) -> None:
+    def __init__(self, store: "Store", disk_mover: "DiskMover | None", scrub_rate: int) -> None:
         self.store = store
         self.integrity = Integrity(store)
-        self.scrubber = Scrubber(store, self.integrity, manager)
+        self.scrubber = Scrubber(store, self.integrity, disk_mover)
         self.passes = ScrubPasses(self.scrubber)   # the passes clients start (kvstore scrub)
         self.verify = VerifyCounters()
         self.params = NamespaceParams(self._holds_chunks)

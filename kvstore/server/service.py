@@ -18,7 +18,7 @@ from .. import logs
 from ..config import ServerConfig
 from ..store.events import EventLog
 from ..tiers.gpu.mover import GpuMover
-from ..tiers.disk.mover import TierManager
+from ..tiers.disk.mover import DiskMover
 from ..store.published_index import PublishedIndex
 from ..tiers.remote.mover import RemoteMover
 from ..store.store import LookupResult, Store
@@ -41,7 +41,7 @@ class Service:
         self.started = time.time()
         self.counters = ServiceCounters()
         self.store: Store  # set at start-up, with the movers below
-        self.manager: TierManager | None = None        # the disk tier's mover
+        self.disk_mover: DiskMover | None = None        # the disk tier's mover
         self.gpu_mover: GpuMover | None = None
         self.gpu_hello: dict[str, Any] | None = None   # the HELLO reply's "gpu" field (exported once)
         self.remote: RemoteMover | None = None
@@ -54,7 +54,7 @@ class Service:
 
     def movers(self) -> list[Any]:
         """The movers of the tiers below DRAM (``store/movers.py``), in start order."""
-        return [m for m in (self.manager, self.remote, self.gpu_mover) if m is not None]
+        return [m for m in (self.disk_mover, self.remote, self.gpu_mover) if m is not None]
 
     # -- lookups --------------------------------------------------------------------------------------------
     def count_lookup_tokens(self, session: Session, asked: int, found: int) -> None:
@@ -63,17 +63,17 @@ class Service:
 
     def promote_after_lookup(self, keys: Sequence[bytes], result: LookupResult) -> None:
         """A lookup that found disk-only chunks starts reading them into DRAM, so the get that follows hits."""
-        if self.manager is not None and "disk" in result.tiers:
-            self.manager.promote(self.manager.ledger.to_promote(keys))
+        if self.disk_mover is not None and "disk" in result.tiers:
+            self.disk_mover.promote(self.disk_mover.ledger.to_promote(keys))
 
     # -- puts -----------------------------------------------------------------------------------------------
     def write_back_behind(self, nbytes: int) -> bool:
         """Whether a put of ``nbytes`` must wait for write-back to catch up (back-pressure)."""
-        return self.manager is not None and self.manager.over_bound(nbytes)
+        return self.disk_mover is not None and self.disk_mover.over_bound(nbytes)
 
     async def wait_for_write_back(self, nbytes: int, seconds: float) -> bool:
-        assert self.manager is not None
-        return await self.manager.wait_for_room(nbytes, seconds)
+        assert self.disk_mover is not None
+        return await self.disk_mover.wait_for_room(nbytes, seconds)
 
     # -- gets -----------------------------------------------------------------------------------------------
     def arrivals(self, keys: Sequence[bytes], gpu_ok: bool, verify: bool, wait: bool) -> list[asyncio.Future]:
@@ -82,10 +82,10 @@ class Service:
         it) and fetches from the remote store. Starts the reads and copies it asks for."""
         waits: list[asyncio.Future] = self.safeguards.integrity.waits(keys) if verify else []
         if wait:
-            if self.manager is not None:
-                on_disk = self.manager.ledger.to_promote(keys)
+            if self.disk_mover is not None:
+                on_disk = self.disk_mover.ledger.to_promote(keys)
                 if on_disk:
-                    waits += self.manager.promote(on_disk)
+                    waits += self.disk_mover.promote(on_disk)
             if self.gpu_mover is not None and not gpu_ok:
                 waits += self.gpu_mover.fetch_down(self.gpu_mover.ledger.only_here(keys))
             if self.remote is not None:
@@ -105,8 +105,8 @@ class Service:
         if self.remote is not None:
             sent = await self.remote.drain(deadline("remote"))
             logs.info("remote_drained", complete=sent)
-        if self.manager is not None:
+        if self.disk_mover is not None:
             started = time.monotonic()
-            queued = self.manager.queued_bytes()
-            flushed = await self.manager.drain(deadline("disk"))
+            queued = self.disk_mover.queued_bytes()
+            flushed = await self.disk_mover.drain(deadline("disk"))
             logs.info("disk_flushed", complete=flushed, bytes=queued, seconds=round(time.monotonic() - started, 3))

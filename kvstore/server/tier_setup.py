@@ -23,7 +23,7 @@ from ..store.after_reply import AfterReply
 from ..tiers.disk.ledger import DiskLedger
 from ..store.events import EventLog
 from ..tiers.gpu.mover import GpuMover
-from ..tiers.disk.mover import TierManager
+from ..tiers.disk.mover import DiskMover
 from ..tiers.remote.mover import RemoteMover
 from ..store.store import Store
 from ..tiers.host.arena import SharedArena, arena_path_for
@@ -90,12 +90,12 @@ def open_tiers(svc: "Service", host: HostTier, disk: DiskTier | None, arena: Sha
         svc.gpu_hello = gpu.hello_info()
     if store.disk_ledger is not None:
         rebuild_index(store.disk_ledger)
-        svc.manager = TierManager(store.disk_ledger, config.disk_io_depth, config.disk_queue_limit)
-        take(svc.manager.close)
+        svc.disk_mover = DiskMover(store.disk_ledger, config.disk_io_depth, config.disk_queue_limit)
+        take(svc.disk_mover.close)
     if config.remote:
         remote = svc.remote = RemoteMover(store.remote_ledger, open_remote(config, arena, claims), config.chunk_limit)
         take(lambda: remote.close(remote_close_wait()))   # its workers use the arena
-    svc.safeguards = Safeguards(store, svc.manager, config.scrub_rate)
+    svc.safeguards = Safeguards(store, svc.disk_mover, config.scrub_rate)
     take(svc.safeguards.close)   # its worker hashes arena slots: before the arena is unmapped
 
 

@@ -7,8 +7,8 @@ daemon's bookkeeping does with a trace, assuming the disk and the GPU copies kee
 the bandwidth one (``bench/disk.py`` answers that).
 
 When they run, as in the daemon: the disk mover writes as soon as the ledger wakes it (inside the commit, as the
-tier manager's writers start) and drops DRAM copies past the host watermark after every write, as the tier
-manager does; a promotion from disk reads at once. The GPU mover is woken by the gets that ask for promotions
+disk mover's writers start) and drops DRAM copies past the host watermark after every write, as the disk
+mover does; a promotion from disk reads at once. The GPU mover is woken by the gets that ask for promotions
 but, like the daemon's task, acts only once the request is answered: ``settle`` runs its round.
 """
 
@@ -23,7 +23,7 @@ from ..tiers.gpu.ledger import GpuLedger
 
 
 class InstantDiskMover:
-    """The tier manager, every write and read complete at once (and never failing)."""
+    """The disk mover, every write and read complete at once (and never failing)."""
 
     def __init__(self, ledger: DiskLedger) -> None:
         self.ledger = ledger
@@ -41,7 +41,7 @@ class InstantDiskMover:
         pass   # payload-less: there is no file
 
     def promote(self, entries: Sequence[Entry]) -> None:
-        """Read disk-only chunks into DRAM (``TierManager.promote``), stopping where DRAM has no room."""
+        """Read disk-only chunks into DRAM (``DiskMover.promote``), stopping where DRAM has no room."""
         for entry in entries:
             if self.ledger.start_promote(entry) is None:
                 break

@@ -17,7 +17,7 @@ to the remote store start when it is known (``Store.checksummed``), and a get th
 for it (``waits``). With a disk tier, summing is the first step of write-back: the slot is held as a slot being
 written is (``Store.begin_check``: not evicted, so a chunk is not lost between its commit and its write), and its
 bytes count as waiting for write-back (``DiskLedger.dirty_bytes``), so puts feel the write-back's back-pressure from
-commit on (``manager.py``). Without one, the slot is not held: puts back to back must be able to evict the
+commit on (``tiers/disk/mover.py``). Without one, the slot is not held: puts back to back must be able to evict the
 previous put's chunks at once. Either way a chunk that left its slot while its sum was taken gets no sum from
 that job: a hash of a reused slot is never kept. Re-checks (``check_host``) always hold the slot: a false alarm
 there would drop a chunk.

@@ -1,9 +1,10 @@
 """The interface between the Store and the tiers below DRAM: the hooks a tier's ledger answers.
 
-A tier below DRAM (disk, GPU, remote) is two objects. Its *ledger* (``disk_ledger.py``, ``gpu_ledger.py``,
-``remote_ledger.py``) is the only code that changes that tier's fields of an ``Entry`` and its queues, and records
-intents (write this chunk, promote that one, send these); its *mover* (``manager.py``, ``gpu_mover.py``,
-``remote_mover.py``; ``sim/movers.py`` in the simulator) does the I/O those intents ask for and reports back to
+A tier below DRAM (disk, GPU, remote) is two objects, side by side in its package under ``tiers/``. Its *ledger*
+(``tiers/disk/ledger.py``, ``tiers/gpu/ledger.py``, ``tiers/remote/ledger.py``) is the only code that changes that
+tier's fields of an ``Entry`` and its queues, and records intents (write this chunk, promote that one, send
+these); its *mover* (``tiers/disk/mover.py``, ``tiers/gpu/mover.py``, ``tiers/remote/mover.py``;
+``sim/movers.py`` in the simulator) does the I/O those intents ask for and reports back to
 the ledger, and to nobody else. The Store (``store.py``) keeps the index, leases, reservations and the DRAM arena,
 and calls every ledger through the hooks below at the moments a lower tier must hear of; it never calls a mover.
 

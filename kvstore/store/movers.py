@@ -1,4 +1,5 @@
-"""The life cycle every mover shares (disk: ``manager.py``, GPU: ``gpu_mover.py``, remote: ``remote_mover.py``).
+"""The life cycle every mover shares (disk: ``tiers/disk/mover.py``, GPU: ``tiers/gpu/mover.py``, remote:
+``tiers/remote/mover.py``).
 
 A mover does the I/O its ledger asks for (``ledger.py``) and nothing else: ``start(loop)`` once the event loop
 runs, ``wake()`` when its ledger recorded new intents (called by the ledger, synchronously, on the loop),

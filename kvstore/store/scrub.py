@@ -1,7 +1,7 @@
 """Scrub: one pass over every tier, checking every copy of every chunk against the chunk's checksum.
 
 A pass takes a snapshot of the index and, chunk by chunk, re-hashes the host slot (on the checksummer's worker,
-the slot held while it reads), reads and checks the disk file (on the tier manager's pool, into a scratch
+the slot held while it reads), reads and checks the disk file (on the disk mover's pool, into a scratch
 buffer: the host copy is not touched) and copies the GPU copy to host memory and hashes it (the copy runs on the
 event loop, so the slot cannot be freed under it; a GPU tier is small next to DRAM). A copy that fails goes to
 the Store's damage path: repaired from an intact copy in another tier, or dropped with its continuations. Chunks
@@ -31,7 +31,7 @@ from .entry import DiskState, Entry
 from .integrity import Integrity, checksum
 
 if TYPE_CHECKING:
-    from ..tiers.disk.mover import TierManager
+    from ..tiers.disk.mover import DiskMover
     from .store import Store
 
 BACKGROUND_PAUSE_S = 1.0   # between two background passes (so an empty store does not spin)
@@ -118,10 +118,10 @@ class Throttle:
 
 
 class Scrubber:
-    def __init__(self, store: "Store", integrity: Integrity, manager: "TierManager | None") -> None:
+    def __init__(self, store: "Store", integrity: Integrity, disk_mover: "DiskMover | None") -> None:
         self.store = store
         self.integrity = integrity
-        self.manager = manager
+        self.disk_mover = disk_mover
         self.passes = 0
         self.running = 0
         self.last: ScrubReport | None = None
@@ -180,8 +180,8 @@ class Scrubber:
         if entry.host_offset is not None and self._live(entry):
             bad = await self.integrity.check_host([entry])
             read += self._tally(report, "host", entry, bool(bad) and self._live(entry))
-        if entry.disk is DiskState.STORED and self.manager is not None and self._live(entry):
-            bad = await self.manager.check_file(entry)
+        if entry.disk is DiskState.STORED and self.disk_mover is not None and self._live(entry):
+            bad = await self.disk_mover.check_file(entry)
             if bad is not None and self._live(entry) and entry.disk is DiskState.STORED:
                 read += self._tally(report, "disk", entry, bad)
         return read

@@ -1,7 +1,7 @@
 """The disk tier's ledger: the only code that changes ``Entry.disk`` and ``Entry.disk_bytes``, and keeps the disk
 LRU, the write-back queue (``dirty``), the disk tier's charge and the "disk full" state.
 
-Its mover is the tier manager (``manager.py``; ``sim/movers.py`` in the simulator): the ledger queues a commit's
+Its mover is the disk mover (``tiers/disk/mover.py``; ``sim/movers.py`` in the simulator): the ledger queues a commit's
 chunks for write-back and wakes the mover, which takes them one by one (``next_write``: disk space is charged
 here, evicting the disk LRU's oldest files), writes them and reports back (``finish_write``); a promotion gets
 its DRAM slot from ``start_promote`` and ends in ``finish_promote``. Files the ledger drops are removed by the
@@ -27,7 +27,7 @@ HOST_HIGH_WATERMARK = 0.95
 HOST_LOW_WATERMARK = 0.85
 
 
-class DiskMover(Protocol):
+class DiskMoverHooks(Protocol):
     """What the ledger asks of its mover: start writing what is queued, and remove files in order with writes."""
 
     def wake(self) -> None: ...
@@ -46,7 +46,7 @@ class DiskLedger(TierLedger):
         self.dirty_bytes = 0                 # bytes queued, being checksummed or being written
         self.full_reason = ""                # set when the filesystem said ENOSPC, until it has room again
         self.full_need = 0                   # free bytes that clear it (checked by the mover)
-        self.mover: DiskMover | None = None
+        self.mover: DiskMoverHooks | None = None
 
     # -- hooks (ledger.py) -------------------------------------------------------------------------------------
     # No refusal: a full filesystem costs chunks their disk copy, never a put (they are served from DRAM).

@@ -1,4 +1,4 @@
-"""The tier manager: write-back to disk, promotion from disk, and back-pressure, around the Store.
+"""The disk mover: write-back to disk, promotion from disk, and back-pressure, around the Store.
 
 Write-back, not write-through. A commit makes a chunk readable from DRAM at once and queues it (``DiskLedger.dirty``,
 commit order, so a chain's prefix reaches disk before its continuations); up to ``io_depth`` workers write
@@ -27,8 +27,8 @@ Demotion. Chunks whose write has completed can leave DRAM for free (the file is 
 free: ``DiskLedger.rebalance`` runs after every completed write and on each sweep and keeps the host tier between its
 watermarks, oldest (continuations first) first.
 
-Shape: the tier manager is the disk tier's mover (``movers.py``: start, wake, drain, close, stats); it talks only
-to the disk ledger (``disk_ledger.py``), which wakes it when a commit queued writes. Back-pressure and the flush
+Shape: the disk mover is the disk tier's mover (``movers.py``: start, wake, drain, close, stats); it talks only
+to the disk ledger (``ledger.py``), which wakes it when a commit queued writes. Back-pressure and the flush
 wait on the mover's condition (``wait_until``), notified by every write that ends.
 
 File removals go to the same worker pool; a later write of the same key waits for an earlier removal, so a
@@ -52,7 +52,7 @@ from ...store.entry import Entry
 from ...store.movers import MoverLife
 
 
-class TierManager(MoverLife):
+class DiskMover(MoverLife):
     def __init__(self, ledger: DiskLedger, io_depth: int, queue_bytes: int) -> None:
         super().__init__()
         self.ledger = ledger

@@ -6,9 +6,9 @@ so no request can name a path. A write goes to ``<name>.tmp.<pid>.<n>`` and is r
 complete: a reader or a restart never sees a half-written chunk, and temporaries left by a crash are removed at
 start.
 
-I/O. Every method here that touches a file is blocking and runs on the tier manager's thread pool, several at
+I/O. Every method here that touches a file is blocking and runs on the disk mover's thread pool, several at
 once so that the device queue stays full; none runs on the event loop. The payload sits block-aligned after a
-4 KiB header (see ``disk_format.py``) and the host arena's slots are page-aligned and page-rounded, so with
+4 KiB header (see ``format.py``) and the host arena's slots are page-aligned and page-rounded, so with
 ``O_DIRECT`` one ``pwritev``/``preadv`` moves a chunk between the device and its arena slot with no staging
 copy and without polluting the page cache. Filesystems that refuse ``O_DIRECT`` (tmpfs on old kernels, some
 FUSE and network filesystems) are detected once at start and served with buffered I/O instead.

@@ -1,7 +1,7 @@
 """The GPU tier's ledger: the only code that changes ``Entry.gpu_offset``, ``Entry.gpu_loading`` and ``Entry.hits``,
 and keeps the GPU LRU and the promotion requests (``wanted``).
 
-Its mover (``gpu_mover.py``; ``sim/movers.py`` in the simulator) runs the copies between ``start_promote`` /
+Its mover (``mover.py``; ``sim/movers.py`` in the simulator) runs the copies between ``start_promote`` /
 ``finish_promote`` and ``start_demote`` / ``finish_demote``. The ledger records intents: the second get that finds
 a chunk in DRAM asks for its promotion (``on_hit``) and wakes the mover; ``promotions`` hands the mover a batch of
 them and ``shed`` runs the watermark round with the mover's demotion. GPU slots are allocated and freed only here.
@@ -29,7 +29,7 @@ class GpuLedger(TierLedger):
 
     def __init__(self, store: StoreCore, gpu: Any) -> None:
         self.store = store
-        self.gpu = gpu                            # kvstore.tiers.gpu.tier.GpuTier, or an allocator in tests and the simulator
+        self.gpu = gpu                            # tier.GpuTier, or an allocator in tests and the simulator
         self.lru = make_queue(store.policy)
         self.wanted: dict[bytes, Entry] = {}      # promotion requests, oldest first (taken by the mover)
         self.mover: Mover | None = None

@@ -1,7 +1,7 @@
 """Checks of ``--gpu-mem`` and ``--gpu-device``: refuse clearly, at start, what cannot work.
 
 Testing switch: with ``KVSTORE_GPU_TIER_DEVICE=cpu`` in its environment the daemon builds the "gpu" tier on a
-CPU tensor instead (a shared-memory pool that clients map like the host arena), so that the tier manager's
+CPU tensor instead (a shared-memory pool that clients map like the host arena), so that the disk mover's
 promotion and demotion, the HELLO export and the client's tensor views run in tests on machines without a GPU,
 through the same code. No other value is accepted, and nothing but that variable turns it on.
 """

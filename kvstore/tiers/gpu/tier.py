@@ -1,9 +1,9 @@
 """The GPU HBM tier: hot chunks in a device pool that engines on the same GPU map by CUDA IPC.
 
 Same small interface as the host tier (``allocate``, ``free``, ``read``, ``write``, ``usage``, ``close``), so
-the tier manager treats it as the top tier; in addition, ``copy_to_host`` and ``copy_from_host`` move one
-chunk to or from a slot of the (page-locked) host arena asynchronously and return a ``Transfer`` that the manager
-polls. Contract with the tier manager:
+the GPU mover treats it as the top tier; in addition, ``copy_to_host`` and ``copy_from_host`` move one
+chunk to or from a slot of the (page-locked) host arena asynchronously and return a ``Transfer`` that the mover
+polls. Contract with the GPU mover:
 
 * demote (gpu → host): allocate the host slot, ``copy_to_host``, and only when the transfer is ``done()``
   point the entry at the host slot and ``free`` the GPU slot. A leased chunk is never demoted.

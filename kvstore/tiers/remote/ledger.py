@@ -1,7 +1,7 @@
 """The remote tier's ledger: the puts a commit asks for (their chunks pinned until the put ends) and the host slots
 of chunks fetched from the remote store (RESERVED until ``finish_fetch`` publishes them).
 
-Its mover (``remote_mover.py``) takes the queued puts (``take_puts``), sends them and reports each one's end
+Its mover (``mover.py``) takes the queued puts (``take_puts``), sends them and reports each one's end
 (``put_done``, which unpins); a fetch gets its slots from ``start_fetch`` and ends in ``finish_fetch``. Chunks
 fetched from the remote store are published without a put back to it (``Store.admit``).
 """
