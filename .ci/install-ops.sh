@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# systemd-analyze, for tests/test_ops.py's check of systemd/kvstore.service. Idempotent; skipped where present.
+# systemd-analyze, for tests/server/test_ops.py's check of systemd/kvstore.service. Idempotent; skipped where present.
 set -euo pipefail
 if command -v systemd-analyze >/dev/null 2>&1; then
     exit 0

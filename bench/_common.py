@@ -22,7 +22,7 @@ import numpy as np
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 sys.path.insert(0, os.path.join(os.path.dirname(BENCH_DIR), "tests"))
-from daemons import DaemonProc, Daemons, short_tempdir  # noqa: E402  (the one way a daemon is started)
+from support.daemons import DaemonProc, Daemons, short_tempdir  # noqa: E402  (the one way a daemon is started)
 
 __all__ = ["BenchDaemon", "DaemonProc", "RESULTS_DIR", "add_output_flag", "native_index", "free_port",
            "machine", "median_seconds",
@@ -42,7 +42,7 @@ def free_port() -> int:
 
 @dataclass
 class BenchDaemon:
-    """A daemon started for a benchmark through the test suite's one helper (``tests/daemons.py``)."""
+    """A daemon started for a benchmark through the test suite's one helper (``tests/support/daemons.py``)."""
 
     daemon: DaemonProc
     owner: Daemons

@@ -1,4 +1,4 @@
-"""A long run of the wire-protocol fuzzer (tests/test_fuzz.py) against a live daemon.
+"""A long run of the wire-protocol fuzzer (tests/protocol/test_fuzz.py) against a live daemon.
 
     python bench/fuzz.py [--examples 5000]
 
@@ -30,7 +30,7 @@ def main() -> int:
     env = {**os.environ, "KVSTORE_FUZZ_EXAMPLES": str(a.examples)}
     t0 = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                          os.path.join(ROOT, "tests", "test_fuzz.py")], cwd=ROOT, env=env,
+                          os.path.join(ROOT, "tests", "protocol", "test_fuzz.py")], cwd=ROOT, env=env,
                          capture_output=True, text=True)
     wall = time.monotonic() - t0
     stats = {}

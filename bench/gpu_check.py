@@ -366,15 +366,16 @@ def check_daemon_tiers(r: dict) -> None:
 
 
 def check_hf_e2e(r: dict, timeout: float) -> None:
-    tests = sorted(f for f in os.listdir(os.path.join(ROOT, "tests"))
+    hf_dir = os.path.join("tests", "connectors", "hf")
+    tests = sorted(os.path.join(hf_dir, f) for f in os.listdir(os.path.join(ROOT, hf_dir))
                    if f.startswith("test_") and re.search(r"(^|_)(hf|huggingface|transformers)", f[5:]))
     r["tests"] = tests
     if not tests:
         r["ok"] = False
-        r["error"] = "no HuggingFace end-to-end test file (tests/test_hf*.py) in this tree"
+        r["error"] = "no HuggingFace end-to-end test file (tests/connectors/hf/test_*hf*.py) in this tree"
         return
     code = ("import sys, pytest\n"
-                   f"sys.exit(pytest.main(['-q', '-x', '-p', 'no:cacheprovider', *{[os.path.join('tests', t) for t in tests]!r}]))\n")
+                   f"sys.exit(pytest.main(['-q', '-x', '-p', 'no:cacheprovider', *{tests!r}]))\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=child_env(KVSTORE_TEST_DEVICE=DEVICE),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     CHILDREN.append(proc)

@@ -3,7 +3,7 @@
     python bench/load.py [--processes 32] [--seconds 180] [--host-mem 256MiB]
 
 Half the processes use ipc:// (shared-memory arena), half tcp:// (bytes in frames). Each behaves like an
-engine serving prompts that share prefixes (see tests/workload.py): every chunk read is checked against the
+engine serving prompts that share prefixes (see tests/support/workload.py): every chunk read is checked against the
 bytes derived from its key. Reports requests/s and MB/s per transport, errors, corrupt chunks and the daemon's
 anonymous (heap) memory over time; writes bench/results/load-<date>.json.
 """
@@ -18,8 +18,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 from _common import free_port, write_result  # noqa: E402
-from daemons import DaemonProc, short_tempdir  # noqa: E402
-from workload import run_load  # noqa: E402
+from support.daemons import DaemonProc, short_tempdir  # noqa: E402
+from support.workload import run_load  # noqa: E402
 
 
 def main() -> int:

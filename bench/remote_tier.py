@@ -3,7 +3,7 @@
     python bench/remote_tier.py [--quick] [--stores redis,mooncake]
 
 For each store (a ``redis-server``, or ``mooncake_master`` plus one ``mooncake_client`` storage node, on loopback,
-started by ``tests/servers.py``), two daemons A and B share it with ``--remote`` and a third daemon C runs without
+started by ``tests/support/servers.py``), two daemons A and B share it with ``--remote`` and a third daemon C runs without
 it. Figures, medians over the repetitions:
 
 * ``lookup_local_hit_us``: a lookup of 16 chunks B holds itself, next to the same lookup on C (no remote tier),
@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from _common import memcpy_seconds, start_daemon, write_result
-from servers import MooncakeCluster, RedisServer, mooncake_binary
+from support.servers import MooncakeCluster, RedisServer, mooncake_binary
 
 import kvstore
 

@@ -2,7 +2,7 @@
 
     python bench/soak.py [--crashes 30] [--workers 4] [--host-mem 32MiB] [--disk-dir DIR]
 
-Workers (tests/workload.py) put chunks whose bytes derive from their keys, read and verify what they find,
+Workers (tests/support/workload.py) put chunks whose bytes derive from their keys, read and verify what they find,
 and log every acknowledged put. Between crashes the daemon is killed with SIGKILL at a random moment and
 restarted on the same socket; right after each restart the chunks acknowledged before the crash are read back
 with a fresh client: each is recovered (exact bytes), lost (missing) or corrupt (wrong bytes: must never
@@ -24,9 +24,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 from _common import write_result  # noqa: E402
-from daemons import DaemonProc, short_tempdir  # noqa: E402
+from support.daemons import DaemonProc, short_tempdir  # noqa: E402
 from test_faults import acked_keys, read_back  # noqa: E402
-from workload import parse_counts, total, worker_command  # noqa: E402
+from support.workload import parse_counts, total, worker_command  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 
 

@@ -66,7 +66,7 @@ def check_daemon_tiers(r: dict, device: str, env: dict[str, str], children: list
     gpu = ["--gpu-mem", "64MiB", "--gpu-device", "0"]
     env = dict(env)
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from daemons import sandbox_dirs  # HOME and XDG dirs in the workdir: defaults never reach the user's
+    from support.daemons import sandbox_dirs  # HOME and XDG dirs in the workdir: defaults never reach the user's
 
     env.update(sandbox_dirs(workdir))
     args = ["--socket", sock, "--host-mem", "128MiB", *gpu, "--log-level", "info", *disk_args(help_text, workdir)]

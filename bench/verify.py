@@ -125,7 +125,7 @@ def bench_engine(address: str, repeat: int) -> dict:
     import torch
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-    from engines.tiny import prefill, prompt, tiny_llama
+    from support.engines.tiny import prefill, prompt, tiny_llama
     from kvstore.connectors.hf import load_prefix, save_prefix
 
     torch.set_num_threads(1)

@@ -43,7 +43,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 from _common import start_daemon, write_result  # noqa: E402
-from engines.vllm_real import POOL, VOCAB, engine_python, prompts, skip_reason  # noqa: E402
+from support.engines.vllm_real import POOL, VOCAB, engine_python, prompts, skip_reason  # noqa: E402
 
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
 ENGINE = dict(max_num_batched_tokens=4096, num_blocks=1024, max_model_len=4096)
@@ -173,7 +173,7 @@ def daemon_client(daemon: Any) -> Any:
 
 def scheduler_cost(daemon: Any, waiting: int = 256, length: int = 2000) -> dict[str, Any]:
     """The connector's share of a scheduling pass over `waiting` requests (the vLLM interface wheel)."""
-    from engines.vllm_env import Engine, request
+    from support.engines.vllm_env import Engine, request
 
     engine = Engine(daemon.ipc, layers=4, kv_heads=2, head_dim=32, chunk_tokens=256)
     reqs = [request(f"w{i}", p) for i, p in enumerate(prompts(waiting, length, seed=3000))]

@@ -38,7 +38,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from engines.vllm_real import POOL, engine_python, prompts, skip_reason
+    from support.engines.vllm_real import POOL, engine_python, prompts, skip_reason
 
     from _common import start_daemon
 

@@ -17,8 +17,8 @@ import pytest
 
 import kvstore
 
-import hygiene
-from daemons import DaemonProc, Daemons, keep_dirs, known_arenas, sandbox_dirs, scratch_root, short_tempdir
+from support import hygiene
+from support.daemons import DaemonProc, Daemons, keep_dirs, known_arenas, sandbox_dirs, scratch_root, short_tempdir
 
 __all__ = ["DaemonProc", "short_tempdir", "wait_for"]
 
@@ -35,7 +35,7 @@ def require_native(kind: str) -> None:
 
     if native.load(kind) is not None:
         return
-    import servers
+    from support import servers
 
     why = (f"the native {kind} library is not built ({native.library_path(kind)}): "
            "`pip install -e .` or `python setup.py build_ext --inplace` builds it")

@@ -8,7 +8,7 @@ checks and the epoch's second read in the same call), a located read also each c
 and size. ``bench/client_throughput.py`` measures it next to the Python walk.
 
 Without the library (no compiler when kvstore was built, or ``KVSTORE_NATIVE=off``) the Python walk answers,
-with the same answers (``tests/test_shared_index.py`` runs both).
+with the same answers (``tests/client/test_shared_index.py`` runs both).
 """
 
 from __future__ import annotations

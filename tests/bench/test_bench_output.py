@@ -1,0 +1,40 @@
+"""A quick or redirected benchmark run never rewrites the committed results under bench/results/."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
+sys.path.insert(0, BENCH)
+import _common  # noqa: E402
+
+
+def results_listing() -> dict[str, float]:
+    return {name: os.stat(os.path.join(_common.RESULTS_DIR, name)).st_mtime for name in os.listdir(_common.RESULTS_DIR)}
+
+
+def test_quick_and_out_results_go_elsewhere(tmp_path):
+    before = results_listing()
+    quick = _common.write_result("selftest", {"x": 1}, quick=True)
+    out = _common.write_result("selftest", {"x": 2}, out=str(tmp_path / "r.json"))
+    try:
+        assert results_listing() == before
+        assert not quick.startswith(_common.RESULTS_DIR) and json.load(open(quick))["quick"] is True
+        assert out == str(tmp_path / "r.json") and json.load(open(out))["x"] == 2
+    finally:
+        os.unlink(quick)
+
+
+def test_every_benchmark_with_quick_passes_it_on():
+    """A script that has --quick must hand it to write_result (or write nothing in --quick)."""
+    for name in sorted(os.listdir(BENCH)):
+        if not name.endswith(".py"):
+            continue
+        source = open(os.path.join(BENCH, name)).read()
+        if '"--quick"' not in source:
+            continue
+        for call in re.findall(r"write_result\([^)]*\)", source):
+            assert "quick" in call or "if not args.quick" in source, f"bench/{name}: {call}"

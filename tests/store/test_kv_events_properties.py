@@ -1,0 +1,74 @@
+"""Property test of the KV cache events: for any sequence of store operations (the Store state machine of
+``test_store_properties.py``: puts, gets, deletes, clears, expiries, write-backs, promotions, GPU copies, every
+completion in any order, successful or not), what a consumer rebuilds from the events alone — each batch packed as
+the publisher packs it and decoded by vLLM's own classes — is exactly what each tier holds, and so is what a late
+joiner rebuilds from a snapshot alone."""
+
+from __future__ import annotations
+
+import msgpack
+import msgspec
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import invariant, precondition, rule
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+from kvstore.protocol.kv_events import Event, batch_body, block_hash
+from kvstore.store.events import MEDIA, EventLog, media_of, snapshot_events
+from support.store_machine import StoreMachine
+
+
+class Rebuilt:
+    """A consumer's view: block hash → media, from vLLM-decoded batches."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, set[str]] = {}
+        self._decode = msgspec.msgpack.Decoder(type=KVEventBatch)
+
+    def take(self, events: list[Event]) -> None:
+        payload = msgpack.packb(batch_body(0.0, events, "map", "0" * 16))
+        for event in self._decode.decode(payload).events:
+            if isinstance(event, AllBlocksCleared):
+                self.held.clear()
+            elif isinstance(event, BlockStored):
+                for h in event.block_hashes:
+                    assert event.medium not in self.held.get(h, set()), "stored twice in one medium"
+                    self.held.setdefault(h, set()).add(event.medium)
+            elif isinstance(event, BlockRemoved):
+                for h in event.block_hashes:
+                    self.held[h].remove(event.medium)   # KeyError: removed from a medium never announced
+                    if not self.held[h]:
+                        del self.held[h]
+
+
+class EventsMachine(StoreMachine):
+    rebuilt: Rebuilt | None = None
+
+    @invariant()
+    def events_describe_every_tier(self) -> None:
+        if self.store is None:
+            return
+        if self.rebuilt is None:   # right after the start rule, before any chunk exists
+            self.rebuilt = Rebuilt()
+            self.store.events = EventLog(self.rebuilt.take)
+            self.store.events.all_cleared()
+            return
+        expected = {}
+        for key, entry in self.store.index.items():
+            mask = media_of(entry)
+            if mask:
+                expected[block_hash(key)] = {name for bit, name in MEDIA if mask & bit}
+        assert self.rebuilt.held == expected
+        fresh = Rebuilt()   # a late joiner: the snapshot alone says the same
+        fresh.take(snapshot_events(self.store.events.snapshot()))
+        assert fresh.held == expected
+
+    @precondition(lambda self: self.store is not None)
+    @rule()
+    def clear(self) -> None:
+        self.store.clear("ns")
+
+
+EventsMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=60, deadline=None,
+                                           suppress_health_check=[HealthCheck.too_slow], derandomize=True,
+                                           database=None)
+TestEventsProperties = EventsMachine.TestCase

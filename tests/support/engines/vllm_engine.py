@@ -1,0 +1,187 @@
+"""A real vLLM engine in its own virtualenv, driven by the test process over JSON lines.
+
+    <engine venv>/bin/python tests/support/engines/vllm_engine.py save-model DIR [FAMILY]   # a random-weight model, once
+    <engine venv>/bin/python tests/support/engines/vllm_engine.py serve CONFIG_JSON   # then one request per line
+
+The CPU build of vLLM and the `vllm` interface wheel the other tests use install the same module, so the engine
+lives in a virtualenv of its own (`.ci/install-vllm-engine.sh`) and the tests talk to it through this script:
+an engine start costs ~15 s, so one process serves every test of a configuration. Requests (stdin) and replies
+(stdout) are one JSON object a line; everything the engine itself prints goes to stderr. Requests:
+
+    {"op": "generate", "prompts": [[ids...], ...], "max_tokens": 8, "abort": {"3": 2}, "pause_after": 2}
+        -> {"outputs": [{"tokens": [...], "logprobs": [...], "ttft": s, "finished": reason}], "wall": s}
+        (`abort`: request index -> abort it after that many engine steps; `pause_after`: after that many
+        steps reply {"paused": n} and wait for a line (any) before going on, so the test can act mid-run)
+    {"op": "reset_prefix_cache"} -> {"ok": true}         (vLLM forgets its own cached blocks)
+    {"op": "stats"} -> {"scheduler": {...}, "worker": {...}}   (the connector's counters, if it has them)
+    {"op": "exit"}
+
+The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless the config says
+`"multiprocess": true`: one process fewer to start and the connector's state is readable for `stats`.
+Prompts are token ids (no tokenizer); sampling is greedy with the sampled token's log-probability.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+
+def save_model(directory: str, family: str = "dense", seed: int = 0, hidden: int = 128, layers: int = 4) -> None:
+    """A small model of one family with random float32 weights (nothing downloaded): `dense` (Llama, head size
+    32, which the CPU attention backend supports), `mla` (DeepSeek-V2-shaped: kv_lora_rank 512,
+    qk_rope_head_dim 64) or `sliding` (Gemma-3-shaped: sliding-window layers of window 64, then a full one)."""
+    import torch
+    import transformers as tf
+
+    common = dict(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, max_position_embeddings=8192,
+                  torch_dtype="float32")
+    if family == "dense":
+        model = tf.LlamaForCausalLM, tf.LlamaConfig(num_hidden_layers=layers, num_attention_heads=4,
+                                                    num_key_value_heads=2, rope_theta=10000.0, **common)
+    elif family == "mla":  # dense MLPs on every layer: the CPU build's MoE router wants expert groups
+        model = tf.DeepseekV2ForCausalLM, tf.DeepseekV2Config(
+            num_hidden_layers=layers - 1, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=512,
+            q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64,
+            moe_intermediate_size=hidden // 2, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+            first_k_dense_replace=layers, **common)
+    elif family == "sliding":
+        model = tf.Gemma3ForCausalLM, tf.Gemma3TextConfig(
+            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=64,
+            layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"], **common)
+    else:
+        raise SystemExit(f"unknown model family {family!r}: dense, mla or sliding")
+    torch.manual_seed(seed)
+    model[0](model[1]).to(torch.float32).save_pretrained(directory)
+
+
+class Engine:
+    def __init__(self, config: dict[str, Any]) -> None:
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(
+            model=config["model"], skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
+            max_model_len=config.get("max_model_len", 8192), seed=0,
+            enable_prefix_caching=config.get("prefix_caching", True),
+            max_num_batched_tokens=config.get("max_num_batched_tokens", 4096),
+            max_num_seqs=config.get("max_num_seqs", 64), disable_log_stats=True,
+        )
+        if config.get("num_blocks"):
+            kwargs["num_gpu_blocks_override"] = int(config["num_blocks"])
+        if config.get("connector") is not None:
+            kwargs["kv_transfer_config"] = config["connector"]
+        self.llm = LLM(**kwargs)
+        self.engine = self.llm.llm_engine
+        self._next_id = 0
+
+    def generate(self, prompts: list[list[int]], max_tokens: int = 8, abort: dict[str, int] | None = None,
+                 ignore_eos: bool = True, pause_after: int | None = None,
+                 pause: Callable[[int], None] | None = None) -> dict[str, Any]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=0, detokenize=False,
+                                ignore_eos=ignore_eos)
+        abort_at = {int(i): int(n) for i, n in (abort or {}).items()}
+        ids, started = [], time.perf_counter()
+        for prompt in prompts:
+            self._next_id += 1
+            rid = f"r{self._next_id}"
+            ids.append(rid)
+            self.engine.add_request(rid, {"prompt_token_ids": list(prompt)}, params)
+        index = {rid: i for i, rid in enumerate(ids)}
+        outputs: list[dict[str, Any]] = [{"tokens": [], "logprobs": [], "ttft": None, "finished": None}
+                                         for _ in prompts]
+        steps = 0
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                slot = outputs[index[out.request_id]]
+                completion = out.outputs[0]
+                if completion.token_ids and slot["ttft"] is None:
+                    slot["ttft"] = time.perf_counter() - started
+                slot["tokens"] = list(completion.token_ids)
+                slot["logprobs"] = [lp[tok].logprob for tok, lp in zip(completion.token_ids, completion.logprobs or [])]
+                if out.finished:
+                    slot["finished"] = completion.finish_reason or "finished"
+            steps += 1
+            if pause_after is not None and steps == pause_after and pause is not None:
+                pause(steps)
+            for i, after in list(abort_at.items()):
+                if steps >= after:
+                    self.engine.abort_request([ids[i]])
+                    outputs[i]["finished"] = outputs[i]["finished"] or "aborted"
+                    del abort_at[i]
+        wall = time.perf_counter() - started  # every request finished; saves may still be on their way
+        self._drain()
+        return {"outputs": outputs, "wall": wall, "drained": time.perf_counter() - started, "steps": steps}
+
+    def _drain(self, timeout: float = 60.0) -> None:
+        """Step until the scheduler holds no request (finished ones whose blocks wait for their saves), as a
+        server's busy loop would."""
+        core = getattr(self.engine.engine_core, "engine_core", None)
+        deadline = time.monotonic() + timeout
+        while core is not None and core.scheduler.has_requests() and time.monotonic() < deadline:
+            self.engine.step()
+            time.sleep(0.002)
+
+    def reset_prefix_cache(self) -> dict[str, Any]:
+        self._drain()
+        return {"ok": bool(self.engine.reset_prefix_cache())}
+
+    def chunk_keys(self, prompts: list[list[int]]) -> dict[str, Any]:
+        """The connector's chunk keys of each prompt (hex), for tests that delete chunks."""
+        store = self.engine.engine_core.engine_core.scheduler.connector.scheduler_side.stores[0]
+        return {"keys": [[k.hex() for k in store.keys(p)] for p in prompts]}
+
+    def stats(self) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        try:
+            scheduler = self.engine.engine_core.engine_core.scheduler
+            found["scheduler"] = dict(getattr(scheduler.connector, "stats", {}) or {})
+        except AttributeError:
+            pass
+        try:
+            from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+            found["worker"] = dict(getattr(get_kv_transfer_group(), "stats", {}) or {})
+        except Exception:  # noqa: BLE001 - no connector, or not in this process
+            pass
+        return found
+
+
+def serve(config: dict[str, Any]) -> None:
+    # Replies go to the original stdout; whatever vLLM and its libraries print goes to stderr.
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    if not config.get("multiprocess"):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    engine = Engine(config)
+    replies.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request.pop("op")
+        if op == "exit":
+            break
+        if op == "generate":
+            request["pause"] = lambda steps: (replies.write(json.dumps({"paused": steps}) + "\n"),
+                                              sys.stdin.readline())
+        try:
+            reply = getattr(engine, op)(**request)
+        except Exception as exc:  # noqa: BLE001 - reported to the test, which fails with it
+            import traceback
+
+            reply = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        replies.write(json.dumps(reply) + "\n")
+    replies.close()
+    os._exit(0)  # the engine's own shutdown can take seconds; the test is done with it
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "save-model":  # DIR [FAMILY [HIDDEN LAYERS]]
+        save_model(sys.argv[2], *sys.argv[3:4], **dict(zip(("hidden", "layers"), map(int, sys.argv[4:6]))))
+    elif sys.argv[1] == "serve":
+        serve(json.loads(sys.argv[2]))
+    else:
+        raise SystemExit(f"unknown command {sys.argv[1]!r}: use save-model DIR or serve CONFIG_JSON")
