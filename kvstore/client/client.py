@@ -204,16 +204,19 @@ class Client(Session):
             raise
         return reservation.commit()
 
-    def reserve(self, keys: Sequence[bytes], sizes: Sequence[int], parent: bytes | None = None) -> Reservation:
+    def reserve(self, keys: Sequence[bytes], sizes: Sequence[int], parent: bytes | None = None,
+                engine: Sequence[EngineBlocks | None] | None = None) -> Reservation:
         """Reserve arena slots of ``sizes`` bytes (positive integers, one per key) for ``keys`` (ipc:// only); see
-        ``Reservation``. Raises UsageError over tcp:// (use ``put``) or for a bad argument."""
+        ``Reservation``; ``engine`` as ``put`` takes it. Raises UsageError over tcp:// (use ``put``) or for a bad
+        argument."""
         keys, packed = arguments.packed_keys("reserve", keys)
         checked = arguments.sizes("reserve", sizes)
         arguments.same_length("reserve", keys, "sizes", checked)
         parent = arguments.optional_key("reserve", "parent", parent)
         if self._arena_view is None:
             raise UsageError("reserve needs the shared arena (an ipc:// client with use_arena); use put over tcp://")
-        return self._reserve(packed, checked, parent)
+        extra = arguments.engine_blocks("reserve", keys, engine)
+        return self._reserve(packed, checked, parent, {"engine": extra} if extra is not None else None)
 
     def _reserve(self, packed: bytes, sizes: list[int], parent: bytes | None,
                  extra: dict[str, Any] | None = None) -> Reservation:
