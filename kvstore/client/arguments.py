@@ -18,6 +18,7 @@ from typing import Any, Callable, TypeVar
 
 from ..errors import UsageError
 from ..keys import KEY_BYTES
+from ..protocol.engine_blocks import EngineBlocks, engine_field
 from ..protocol.messages import check_batch
 
 T = TypeVar("T")
@@ -136,3 +137,19 @@ def text(call: str, name: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise UsageError(f"{call}: {name} must be a non-empty string; got {describe(value)}")
     return value
+
+
+def engine_blocks(call: str, keys: Sequence[Any], engine: Any) -> dict[str, Any] | None:
+    """The put's ``engine`` wire field from one ``EngineBlocks`` (or None) per key; None when none is given."""
+    if engine is None:
+        return None
+    engine = list(engine)
+    same_length(call, keys, "engine entries", engine)
+    sizes = {e.block_size for e in engine if e is not None}
+    if any(e is not None and not isinstance(e, EngineBlocks) for e in engine):
+        raise UsageError(f"{call}: engine must hold an EngineBlocks or None per key")
+    if len(sizes) > 1:
+        raise UsageError(f"{call}: engine blocks of one put must share one block size, got {sorted(sizes)}")
+    if not sizes:
+        return None
+    return engine_field(sizes.pop(), engine)

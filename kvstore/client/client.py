@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 from ..errors import DaemonUnavailable, UsageError, VersionError
 from ..keys import KEY_BYTES
 from ..keys import chunk_keys as _chunk_keys
+from ..protocol.engine_blocks import EngineBlocks
 from ..protocol.wire import Op
 from . import arguments
 from .arena_read import read_into, read_with
@@ -144,7 +145,7 @@ class Client(Session):
         return answer
 
     def put(self, keys: Sequence[bytes], buffers: Sequence[Any], parent: bytes | None = None,
-            wait: bool = True) -> int | None:
+            wait: bool = True, engine: Sequence[EngineBlocks | None] | None = None) -> int | None:
         """Store one buffer (bytes-like or tensor) per key; keys already stored are skipped.
 
         ``parent`` is the key that precedes ``keys[0]`` in its chain, if any. Returns how many chunks were
@@ -154,6 +155,10 @@ class Client(Session):
         without waiting for the daemon to publish them; ``flush`` returns how many chunks such puts wrote and
         raises the first error one met (so does the next ``put``). Any read or request of this client waits for
         the queued commit first, so it sees the chunks.
+
+        ``engine``: per key, the engine's names of the chunk's blocks (``EngineBlocks``: its block hashes, parent
+        hash, token ids, one block size for the put) or None; the daemon's KV cache events then name the chunk's
+        blocks as the engine does. Raises UsageError for a bad argument.
         """
         keys, packed = arguments.packed_keys("put", keys)
         parent = arguments.optional_key("put", "parent", parent)
@@ -162,16 +167,18 @@ class Client(Session):
         converted = arguments.each("put", "buffers", buffers, as_host_bytes if inline else nbytes_of,
                                    arguments.BUFFERS)
         arguments.same_length("put", keys, "buffers", converted)
+        extra = arguments.engine_blocks("put", keys, engine)
+        extra = {"engine": extra} if extra is not None else {}
         if not wait and self._credit.error is not None:
             self.flush()   # raises the queued puts' error
         if not keys:
             return 0 if wait else None
         if inline:
-            return self._not_waited(self._put_inline(packed, converted, parent), wait)
-        committed = self._credit.put(self, packed, buffers, converted, parent, wait)
+            return self._not_waited(self._put_inline(packed, converted, parent, extra), wait)
+        committed = self._credit.put(self, packed, buffers, converted, parent, wait, extra)
         if committed is not None:
             return committed if wait else None
-        return self._not_waited(self._put_reserved(packed, buffers, converted, parent), wait)
+        return self._not_waited(self._put_reserved(packed, buffers, converted, parent, extra), wait)
 
     def flush(self) -> int:
         """Wait for the puts sent with ``wait=False``: how many chunks they wrote since the last flush; raises
@@ -187,8 +194,8 @@ class Client(Session):
         return None
 
     def _put_reserved(self, packed: bytes, buffers: Sequence[Any], sizes: list[int],
-                      parent: bytes | None) -> int:
-        reservation = self._reserve(packed, sizes, parent)
+                      parent: bytes | None, extra: dict[str, Any] | None = None) -> int:
+        reservation = self._reserve(packed, sizes, parent, extra)
         try:
             todo = [(view, buf) for view, buf in zip(reservation.views, buffers) if view is not None]
             copy_batch(copy_into, todo, [view.nbytes for view, _ in todo])
@@ -197,21 +204,25 @@ class Client(Session):
             raise
         return reservation.commit()
 
-    def reserve(self, keys: Sequence[bytes], sizes: Sequence[int], parent: bytes | None = None) -> Reservation:
+    def reserve(self, keys: Sequence[bytes], sizes: Sequence[int], parent: bytes | None = None,
+                engine: Sequence[EngineBlocks | None] | None = None) -> Reservation:
         """Reserve arena slots of ``sizes`` bytes (positive integers, one per key) for ``keys`` (ipc:// only); see
-        ``Reservation``. Raises UsageError over tcp:// (use ``put``) or for a bad argument."""
+        ``Reservation``; ``engine`` as ``put`` takes it. Raises UsageError over tcp:// (use ``put``) or for a bad
+        argument."""
         keys, packed = arguments.packed_keys("reserve", keys)
         checked = arguments.sizes("reserve", sizes)
         arguments.same_length("reserve", keys, "sizes", checked)
         parent = arguments.optional_key("reserve", "parent", parent)
         if self._arena_view is None:
             raise UsageError("reserve needs the shared arena (an ipc:// client with use_arena); use put over tcp://")
-        return self._reserve(packed, checked, parent)
+        extra = arguments.engine_blocks("reserve", keys, engine)
+        return self._reserve(packed, checked, parent, {"engine": extra} if extra is not None else None)
 
-    def _reserve(self, packed: bytes, sizes: list[int], parent: bytes | None) -> Reservation:
+    def _reserve(self, packed: bytes, sizes: list[int], parent: bytes | None,
+                 extra: dict[str, Any] | None = None) -> Reservation:
         offered = self._credit.offer(self)   # the space lent to us may be what is missing: the daemon frees it then
         request = {"op": Op.RESERVE, "keys": packed, "sizes": sizes, "parent": parent,
-                   "credit": offered.id if offered else 0}
+                   "credit": offered.id if offered else 0, **(extra or {})}
         header = None
         try:
             header, _ = self._call(request)
@@ -224,8 +235,9 @@ class Client(Session):
             views.append(None if slot is None else self._arena_view[slot[0]:slot[0] + slot[1]])
         return Reservation(self, int(header["reservation"]), views)
 
-    def _put_inline(self, packed: bytes, payloads: list[Any], parent: bytes | None) -> int:
-        header, _ = self._call({"op": Op.PUT_INLINE, "keys": packed, "parent": parent}, payloads)
+    def _put_inline(self, packed: bytes, payloads: list[Any], parent: bytes | None,
+                    extra: dict[str, Any] | None = None) -> int:
+        header, _ = self._call({"op": Op.PUT_INLINE, "keys": packed, "parent": parent, **(extra or {})}, payloads)
         return int(header["committed"])
 
     def get(self, keys: Sequence[bytes], verify: bool = False) -> Lease:

@@ -79,7 +79,7 @@ class CreditWriter:
         self.held = None
 
     def put(self, client: "Client", packed: bytes, buffers: Sequence[Any], sizes: list[int],
-            parent: bytes | None, wait: bool = True) -> int | None:
+            parent: bytes | None, wait: bool = True, extra: dict[str, Any] | None = None) -> int | None:
         """Chunks committed through the credit (``wait=False``: queued, see ``settle``), or None: put them with
         reserve + commit instead. ``packed``: the keys end to end, one per buffer."""
         align = int(client.server_info.get("align") or 0)
@@ -105,7 +105,7 @@ class CreditWriter:
             self.held = None   # spent: until a reply names the next one (a lost reply must not leave it usable)
             request = {"op": Op.CREDIT_PUT, "credit": credit.id, "keys": packed,
                        "offsets": [credit.offset + s for s in starts], "sizes": sizes, "parent": parent,
-                       "want": GROWTH * need}
+                       "want": GROWTH * need, **(extra or {})}
             try:
                 if not wait:
                     self.queued = (client._send(request), sent)

@@ -17,6 +17,7 @@ import torch
 
 import kvstore
 from kvstore.breaker import Breaker
+from kvstore.protocol.engine_blocks import EngineBlocks
 
 from .layout import KVGeometry, PagedGeometry, chunk_from_buffer, chunks_to_dense
 
@@ -229,13 +230,15 @@ class ChunkStore:
             if held is not None:
                 held.release()
 
-    def reserve(self, keys: Sequence[bytes], first: int, count: int) -> Any:
+    def reserve(self, keys: Sequence[bytes], first: int, count: int,
+                engine: Sequence[EngineBlocks | None] | None = None) -> Any:
         """Arena slots for chunks `first .. first + count` of the chain `keys` (a `kvstore.client.Reservation`
-        whose views are None for chunks already stored), or None when the daemon cannot give them."""
+        whose views are None for chunks already stored), or None when the daemon cannot give them. `engine`: the
+        engine's names of each of those chunks' blocks (for the daemon's KV cache events), if known."""
         parent = keys[first - 1] if first > 0 else None
         try:
             return self._client().reserve(keys[first:first + count], [self.geometry.chunk_nbytes] * count,
-                                          parent=parent)
+                                          parent=parent, engine=engine)
         except Exception as exc:  # noqa: BLE001
             self.warn("reserve", exc)
             return None

@@ -33,6 +33,7 @@ import torch
 
 from ..tiers.gpu.engine import load_async, save_async
 from ..ops import PagedKV
+from ..protocol.engine_blocks import EngineBlocks
 from ._store import ChunkStore, exact_or_tolerance
 
 log = logging.getLogger("kvstore.connectors")
@@ -65,6 +66,7 @@ class SaveJob:
     ready: Any = None          # CUDA event after which the blocks hold the KV (None on CPU)
     saved: int = 0
     verify: bool = False       # compare the computed chunks with the stored ones instead of saving them
+    engine: list[EngineBlocks | None] | None = None   # the engine's names of each chunk's blocks, if known
 
 
 @dataclass
@@ -233,7 +235,7 @@ class Transfers:
         reservation, failed = None, True
         try:
             keys = store.keys(job.token_ids[: end * t], job.salt)
-            reservation = store.reserve(keys, job.first_chunk, job.num_chunks)
+            reservation = store.reserve(keys, job.first_chunk, job.num_chunks, job.engine)
             if reservation is None:
                 return
             events = []

@@ -35,6 +35,11 @@ class SaveSpec:
     num_chunks: int
     salt: str = ""
     verify: bool = False  # compare these computed chunks with the stored ones instead of saving them
+    # The engine's block hashes of these chunks' blocks (vLLM's, as integers), the hash before the first, and
+    # the engine's block size: sent with the chunks so the daemon's KV cache events name the engine's blocks.
+    engine_hashes: list[int] = field(default_factory=list)
+    engine_parent: int | None = None
+    engine_block_size: int = 0
 
 
 @dataclass

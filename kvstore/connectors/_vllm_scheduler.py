@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..protocol.kv_events import block_hash
 from ._store import ChunkStore
 from ._vllm_records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
 from ._vllm_settings import chosen_for_verify, load_mode, verify_fraction
@@ -44,6 +45,10 @@ class SchedulerSide:
         self._async: dict[str, bool] = {}           # req id -> whether its load was offered as asynchronous
         self._verifying: dict[str, int] = {}        # req id -> stored chunks it computes to compare instead
         self._tracked: dict[str, Tracked] = {}
+        self._requests: dict[str, "Request"] = {}   # scheduled requests: their block hashes name saved chunks
+        sizes = {group.block_size for group in g.groups}
+        # vLLM hashes blocks at one block size; with groups of several (hybrid models) no single one names them
+        self._engine_block_size = sizes.pop() if len(sizes) == 1 else 0
         # A local client reads lookups from the daemon's shared index.
         link = settings.link(connector=state_report("vllm", g.family, "on", g.describe()))
         stages = list(zip(g.stages, g.stage_labels)) or [(g.paged, None)]
@@ -117,6 +122,7 @@ class SchedulerSide:
         self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int
     ) -> None:
         rid = request.request_id
+        self._requests[rid] = request
         found = self._lookups.pop(rid, None)
         self._unasked.pop(rid, None)
         if num_external_tokens <= 0 or found is None or found[1] <= 0:
@@ -169,8 +175,10 @@ class SchedulerSide:
             if first > tracked.saved_chunks:
                 self._count("chunks_not_held", first - tracked.saved_chunks)
             if ready > first:
-                meta.saves.append(SaveSpec(req_id, tracked.prompt[: ready * t], tracked.block_ids, first,
-                                           ready - first, tracked.salt))
+                spec = SaveSpec(req_id, tracked.prompt[: ready * t], tracked.block_ids, first, ready - first,
+                                tracked.salt)
+                self._name_engine_blocks(spec)
+                meta.saves.append(spec)
                 tracked.saving = True
                 self._count("save_specs")
             tracked.saved_chunks = ready
@@ -183,8 +191,24 @@ class SchedulerSide:
             tracked.saving = True  # the comparison reads the blocks: they outlive the request until it is done
             self._count("verify_specs")
 
+    def _name_engine_blocks(self, spec: SaveSpec) -> None:
+        """Add vLLM's block hashes of the chunks ``spec`` saves (as integers, vLLM's reduction), when vLLM has
+        hashed every one of their blocks."""
+        size, request = self._engine_block_size, self._requests.get(spec.req_id)
+        if request is None or size <= 0 or self._chunk_tokens % size:
+            return
+        per = self._chunk_tokens // size
+        start, end = spec.first_chunk * per, (spec.first_chunk + spec.num_chunks) * per
+        hashes = getattr(request, "block_hashes", None) or ()
+        if len(hashes) < end:
+            return
+        spec.engine_hashes = [_as_int(h) for h in hashes[start:end]]
+        spec.engine_parent = _as_int(hashes[start - 1]) if start else None
+        spec.engine_block_size = size
+
     def request_finished(self, request: "Request") -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
+        self._requests.pop(rid, None)
         tracked = self._tracked.pop(rid, None)
         for state in (self._lookups, self._unasked, self._salts, self._loads, self._loaded, self._async,
                       self._verifying):
@@ -193,3 +217,8 @@ class SchedulerSide:
         if delay:
             self._count("delayed_frees")
         return delay, None
+
+
+def _as_int(h: Any) -> int:
+    """A vLLM block hash as the integer its KV cache events carry (the last 8 bytes, big-endian)."""
+    return h & ((1 << 64) - 1) if isinstance(h, int) else block_hash(bytes(h))

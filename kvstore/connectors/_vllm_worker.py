@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from ..ops import PagedKV
+from ..protocol.engine_blocks import EngineBlocks
 from ._transfers import LoadJob, SaveJob, Transfers
-from ._vllm_records import KVStoreConnectorMetadata, LoadSpec
+from ._vllm_records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from ._vllm_settings import tp_rank
 from ._vllm_shared import ConnectorSettings
 
@@ -107,7 +108,7 @@ class WorkerSide:
         for spec in meta.saves:
             job = SaveJob(spec.req_id, spec.token_ids, spec.salt, spec.first_chunk, spec.num_chunks,
                           self._chunk_blocks(spec.block_ids), spec.num_chunks * self._geometry.paged.chunk_nbytes,
-                          ready, verify=spec.verify)
+                          ready, verify=spec.verify, engine=engine_blocks_of(spec, self._settings.chunk_tokens))
             if self._settings.save_async:
                 self._saving.add(spec.req_id)  # reported sent once done (at once by a rank that does not save)
                 if self._saves_here:
@@ -141,3 +142,22 @@ class WorkerSide:
     def close(self) -> None:
         if self.transfers is not None:
             self.transfers.close()
+
+
+def engine_blocks_of(spec: SaveSpec, chunk_tokens: int) -> list[EngineBlocks | None] | None:
+    """The engine's names of the blocks of each chunk ``spec`` saves (None when the scheduler sent none, or
+    they do not cover every block of those chunks)."""
+    size = spec.engine_block_size
+    if spec.verify or size <= 0 or chunk_tokens % size:
+        return None
+    per = chunk_tokens // size
+    if len(spec.engine_hashes) != per * spec.num_chunks:
+        return None
+    out: list[EngineBlocks | None] = []
+    parent = spec.engine_parent
+    for i in range(spec.num_chunks):
+        hashes = tuple(spec.engine_hashes[i * per:(i + 1) * per])
+        start = (spec.first_chunk + i) * chunk_tokens
+        out.append(EngineBlocks(size, hashes, parent, tuple(spec.token_ids[start:start + chunk_tokens])))
+        parent = hashes[-1]
+    return out

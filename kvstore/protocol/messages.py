@@ -14,6 +14,7 @@ import math
 
 from ..errors import BadRequestError, LimitError
 from ..keys import KEY_BYTES, KEY_SCHEME
+from .engine_blocks import EngineBlocks, read_engine
 from .wire import MAX_BATCH
 
 MAX_NAMESPACE_CHARS = 512
@@ -211,6 +212,7 @@ class Reserve:
     sizes: list[int]
     parent: bytes | None
     credit: int = 0     # a put credit the writer offers to free should the room be short (0: none)
+    engine: list[EngineBlocks | None] | None = None   # the engine's names of each chunk's blocks, if sent
 
     @classmethod
     def parse(cls, h: dict[str, Any], max_size: int) -> "Reserve":
@@ -218,7 +220,7 @@ class Reserve:
         if len(set(keys)) != len(keys):
             raise BadRequestError("field 'keys' holds the same key twice")
         return cls(keys=keys, sizes=read_sizes(h, len(keys), max_size), parent=read_optional_key(h, "parent"),
-                   credit=read_int(h, "credit", 0, (1 << 64) - 1, default=0))
+                   credit=read_int(h, "credit", 0, (1 << 64) - 1, default=0), engine=read_engine(h, len(keys)))
 
 
 MAX_CREDIT_BYTES = 1 << 48
@@ -234,6 +236,7 @@ class CreditPut:
     sizes: list[int]
     parent: bytes | None
     want: int                # bytes the writer wants lent for its next put (0: give the credit back)
+    engine: list[EngineBlocks | None] | None = None   # the engine's names of each chunk's blocks, if sent
 
     @classmethod
     def parse(cls, h: dict[str, Any], max_size: int) -> "CreditPut":
@@ -242,7 +245,8 @@ class CreditPut:
             raise BadRequestError("field 'keys' holds the same key twice")
         return cls(credit=read_int(h, "credit", 0, (1 << 64) - 1), keys=keys,
                    offsets=read_offsets(h, len(keys)), sizes=read_sizes(h, len(keys), max_size) if keys else [],
-                   parent=read_optional_key(h, "parent"), want=read_int(h, "want", 0, MAX_CREDIT_BYTES))
+                   parent=read_optional_key(h, "parent"), want=read_int(h, "want", 0, MAX_CREDIT_BYTES),
+                   engine=read_engine(h, len(keys)) if keys else None)
 
 
 def read_offsets(h: dict[str, Any], count: int) -> list[int]:

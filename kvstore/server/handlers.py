@@ -16,6 +16,7 @@ from typing import Any, Callable
 from .._version import __version__
 from ..errors import BadRequestError, LimitError, PermissionDeniedError, StoreFullError, VersionError
 from ..protocol import messages as m
+from ..protocol.engine_blocks import EngineBlocks, read_engine
 from ..protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
 from .integrity_handlers import INTEGRITY_HANDLERS
 from .service import Service
@@ -87,7 +88,8 @@ def handle_reserve(svc: Service, s: Session, h: dict, frames: list) -> Any:
 
 
 def _reserve_now(svc: Service, s: Session, h: dict, req: m.Reserve) -> Frames:
-    handle, slots = svc.store.reserve(s.owner, s.namespace, req.keys, req.sizes, req.parent, req.credit)
+    handle, slots = svc.store.reserve(s.owner, s.namespace, req.keys, req.sizes, req.parent, req.credit,
+                                      req.engine)
     wire_slots = [None if slot is None else [slot.offset, slot.size] for slot in slots]
     kept = req.credit if req.credit and svc.store.credits.holds(s.owner, req.credit) else 0
     return [ok_reply(h["id"], reservation=handle.id, slots=wire_slots, credit=kept)]
@@ -115,7 +117,7 @@ def handle_credit_put(svc: Service, s: Session, h: dict, frames: list) -> Any:
 
 def _credit_put_now(svc: Service, s: Session, h: dict, req: m.CreditPut) -> Frames:
     committed, grant = svc.store.credits.put(s.owner, s.namespace, req.credit, req.keys, req.offsets, req.sizes,
-                                             req.parent, req.want)
+                                             req.parent, req.want, req.engine)
     return [ok_reply(h["id"], committed=committed, **grant.wire())]
 
 
@@ -131,12 +133,15 @@ def handle_put_inline(svc: Service, s: Session, h: dict, frames: list) -> Frames
             raise BadRequestError(f"payload frame {i} is empty")
         if size > svc.config.chunk_limit:
             raise LimitError(f"payload frame {i} is {size} bytes; the largest chunk accepted is {svc.config.chunk_limit}")
+    engine = read_engine(h, len(keys))
     svc.safeguards.params.stored(s.namespace, s.key_params)
-    return _throttled(svc, sum(sizes), lambda: _put_inline_now(svc, s, h, frames, keys, sizes))
+    return _throttled(svc, sum(sizes), lambda: _put_inline_now(svc, s, h, frames, keys, sizes, engine))
 
 
-def _put_inline_now(svc: Service, s: Session, h: dict, frames: list, keys: list, sizes: list) -> Frames:
-    handle, slots = svc.store.reserve(s.owner, s.namespace, keys, sizes, m.read_optional_key(h, "parent"))
+def _put_inline_now(svc: Service, s: Session, h: dict, frames: list, keys: list, sizes: list,
+                    engine: list[EngineBlocks | None] | None) -> Frames:
+    handle, slots = svc.store.reserve(s.owner, s.namespace, keys, sizes, m.read_optional_key(h, "parent"),
+                                      engine=engine)
     try:
         for slot, frame in zip(slots, frames):
             if slot is not None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from ..errors import BadRequestError, ReservationError, StoreFullError
+from ..protocol.engine_blocks import EngineBlocks
 from .entry import Entry, State
 from .handles import Handle, HandleTable
 
@@ -104,7 +105,8 @@ class CreditBook:
         return self.store.host.capacity_bytes // ONE_CREDIT_SHARE
 
     def put(self, owner: bytes, namespace: str, credit_id: int, keys: Sequence[bytes], offsets: Sequence[int],
-            sizes: Sequence[int], parent: bytes | None, want: int) -> tuple[int, Grant]:
+            sizes: Sequence[int], parent: bytes | None, want: int,
+            engine: Sequence[EngineBlocks | None] | None = None) -> tuple[int, Grant]:
         """Publish the chunks written into the owner's credit ``credit_id`` and lend ``want`` bytes again.
         ``credit_id`` 0 with no keys asks for a first credit. Returns (chunks committed, the credit now held).
         Nothing changes when the request is refused."""
@@ -122,7 +124,7 @@ class CreditBook:
         committed, rest = 0, None
         if handle is not None:
             self.lent_bytes -= handle.payload.size
-            committed, rest = self._carve(handle.payload, namespace, keys, offsets, sizes, parent)
+            committed, rest = self._carve(handle.payload, namespace, keys, offsets, sizes, parent, engine)
         return committed, self._lend(owner, handle, rest, want)
 
     def give_back(self, owner: bytes, credit_id: int) -> bool:
@@ -172,7 +174,8 @@ class CreditBook:
             floor = end
 
     def _carve(self, credit: Credit, namespace: str, keys: Sequence[bytes], offsets: Sequence[int],
-               sizes: Sequence[int], parent: bytes | None) -> tuple[int, Credit | None]:
+               sizes: Sequence[int], parent: bytes | None,
+               engine: Sequence[EngineBlocks | None] | None) -> tuple[int, Credit | None]:
         """Cut each chunk's slot out of the credit's extent and publish the chunks; the gaps between them go
         back to the free space. Returns (chunks committed, what is left of the extent past the last one)."""
         store, host = self.store, self.store.host
@@ -181,7 +184,7 @@ class CreditBook:
         entries: list[Entry] = []
         present: list[Entry] = []
         prev = parent
-        for key, offset, size in zip(keys, offsets, sizes):
+        for i, (key, offset, size) in enumerate(zip(keys, offsets, sizes)):
             if offset > cursor:
                 host.split(cursor, offset)
                 host.free(cursor)
@@ -190,7 +193,8 @@ class CreditBook:
                 host.split(offset, cursor)
             existing = store.index.get(key)
             if existing is None:
-                entry = Entry(key, size, namespace, prev, State.RESERVED, host_offset=offset)
+                entry = Entry(key, size, namespace, prev, State.RESERVED, host_offset=offset,
+                              engine=engine[i] if engine is not None else None)
                 store.index[key] = entry
                 entries.append(entry)
             else:   # stored already, or being written by another: skipped, as reserve skips it

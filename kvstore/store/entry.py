@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol.engine_blocks import EngineBlocks
+
 
 class State(enum.IntEnum):
     RESERVED = 1    # space allocated, writer copying bytes in; invisible to readers
@@ -37,6 +39,7 @@ class Entry:
     hits: int = 0          # gets that found it; the second one in DRAM asks for promotion to the GPU tier
     checksum: int | None = None   # xxh3-64 of the bytes as committed (None until computed, see integrity.py)
     checking: int = 0      # checks reading its host slot now (the slot must not be freed or reused meanwhile)
+    engine: EngineBlocks | None = None   # the engine's block hashes and token ids, for the KV cache events
 
     @property
     def readable(self) -> bool:

@@ -10,6 +10,11 @@ Media (vLLM's vocabulary): the GPU tier is ``GPU`` (the bytes sit in HBM on this
 DRAM is ``CPU``, a stored disk file is ``STORAGE``. The remote store is not announced: it is shared by many
 daemons and evicts on its own, so this daemon cannot say when a chunk leaves it.
 
+Engine names: a chunk put with the engine's block hashes (``Entry.engine``, ``protocol/engine_blocks.py``) is
+published as the engine's blocks: its ``BlockStored`` carries the engine's hashes, parent hash, token ids and
+block size, its ``BlockRemoved`` the engine's hashes, so a router keys it as it keys the engine's own blocks. A
+chunk without them (the transformers connector, the raw client) is one block named by its chunk key.
+
 Cost per change on the event loop: a dict lookup, a few integer operations and, when something changed, one
 small record handed to the publisher's queue (``server/kv_events.py``), which never blocks.
 """
@@ -21,10 +26,12 @@ from typing import Callable, Sequence
 from ..protocol.kv_events import (
     MEDIUM_CPU, MEDIUM_GPU, MEDIUM_STORAGE, Cleared, Event, Removed, Stored, block_hash,
 )
+from ..protocol.engine_blocks import EngineBlocks
 from .entry import DiskState, Entry
 
 GPU, CPU, STORAGE = 1, 2, 4
-Holding = tuple[int, "int | None", int]   # media mask, parent block hash, block size
+# media mask, parent block hash, block size, the engine's names of its blocks (None: named by the chunk key)
+Holding = tuple[int, "int | None", int, "EngineBlocks | None"]
 MEDIA = ((GPU, MEDIUM_GPU), (CPU, MEDIUM_CPU), (STORAGE, MEDIUM_STORAGE))
 
 
@@ -84,34 +91,51 @@ class EventLog:
         if now == before:
             return
         if now and entry is not None:
-            parent = block_hash(entry.parent) if entry.parent is not None else None
-            self._held[key] = (now, parent, self._block_size.get(entry.namespace, 0))
+            self._held[key] = self._holding(now, entry)
         else:
             del self._held[key]
         gained, lost = now & ~before, before & ~now
         for bit, medium in MEDIA:
-            if lost & bit:
-                _append_removed(events, block_hash(key), medium)
-            if gained & bit and entry is not None:
-                self._append_stored(events, entry, medium)
+            if lost & bit and held is not None:   # removed under the names it was stored under
+                _append_removed(events, _hashes_of(key, held), medium)
+            if gained & bit:
+                _append_stored(events, key, self._held[key], medium)
 
-    def _append_stored(self, events: list[Event], entry: Entry, medium: str) -> None:
-        """A ``BlockStored``, merged into the previous event when it continues the same chain in the same tier."""
-        h = block_hash(entry.key)
+    def _holding(self, mask: int, entry: Entry) -> Holding:
+        engine = entry.engine
+        if engine is not None:
+            return (mask, engine.parent, engine.block_size, engine)
         parent = block_hash(entry.parent) if entry.parent is not None else None
-        last = events[-1] if events else None
-        if isinstance(last, Stored) and last.medium == medium and last.hashes[-1] == parent:
-            last.hashes.append(h)
-            return
-        events.append(Stored([h], parent, medium, self._block_size.get(entry.namespace, 0)))
+        return (mask, parent, self._block_size.get(entry.namespace, 0), None)
 
 
-def _append_removed(events: list[Event], h: int, medium: str) -> None:
+def _hashes_of(key: bytes, holding: Holding) -> list[int]:
+    """The block hashes a held chunk is published under: the engine's, else its chunk key's."""
+    engine = holding[3]
+    return list(engine.hashes) if engine is not None else [block_hash(key)]
+
+
+def _append_stored(events: list[Event], key: bytes, holding: Holding, medium: str) -> None:
+    """A ``BlockStored``, merged into the previous event when it continues the same chain in the same tier at the
+    same block size."""
+    _, parent, size, engine = holding
+    hashes = _hashes_of(key, holding)
+    tokens = list(engine.token_ids) if engine is not None else []
+    last = events[-1] if events else None
+    if (isinstance(last, Stored) and last.medium == medium and last.hashes[-1] == parent
+            and last.block_size == size and bool(last.token_ids) == bool(tokens)):
+        last.hashes.extend(hashes)
+        last.token_ids.extend(tokens)
+        return
+    events.append(Stored(hashes, parent, medium, size, tokens))
+
+
+def _append_removed(events: list[Event], hashes: list[int], medium: str) -> None:
     last = events[-1] if events else None
     if isinstance(last, Removed) and last.medium == medium:
-        last.hashes.append(h)
+        last.hashes.extend(hashes)
         return
-    events.append(Removed([h], medium))
+    events.append(Removed(hashes, medium))
 
 
 def snapshot_events(rows: list[tuple[bytes, Holding]]) -> list[Event]:
@@ -120,14 +144,9 @@ def snapshot_events(rows: list[tuple[bytes, Holding]]) -> list[Event]:
     announced (a chunk's parent before it, as it was published)."""
     events: list[Event] = [Cleared()]
     for bit, medium in MEDIA:
-        last: Stored | None = None
-        for key, (mask, parent, size) in rows:
-            if not mask & bit:
-                continue
-            h = block_hash(key)
-            if last is not None and last.hashes[-1] == parent and last.block_size == size:
-                last.hashes.append(h)
-                continue
-            last = Stored([h], parent, medium, size)
-            events.append(last)
+        run: list[Event] = []   # this medium's events: a run is merged only within them
+        for key, holding in rows:
+            if holding[0] & bit:
+                _append_stored(run, key, holding, medium)
+        events.extend(run)
     return events

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..errors import StoreFullError
+from ..protocol.engine_blocks import EngineBlocks
 from .entry import Entry, State
 from .handles import Handle
 from .ledger import TierLedger
@@ -45,36 +46,39 @@ class PutMixin:
         return ""
 
     def reserve(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
-                parent: bytes | None, credit: int = 0) -> tuple[Handle[Reservation], list[Slot | None]]:
+                parent: bytes | None, credit: int = 0, engine: Sequence[EngineBlocks | None] | None = None,
+                ) -> tuple[Handle[Reservation], list[Slot | None]]:
         """Allocate space for the keys not stored yet. Slot None means "already stored or being written".
 
         ``credit``: a put credit the writer holds and offers (``credits.py``): when the room is short it is freed
         and the reserve tried once more, here, so that a writer whose own credit held the room needs no second
-        request (and no error it would not see). Raises StoreFullError when there is no room."""
+        request (and no error it would not see). ``engine``: per key, the engine's names of its blocks (kept on
+        the new entries for the KV cache events). Raises StoreFullError when there is no room."""
         refusal = self.put_refusal()
         if refusal:
             self.counters.full_errors += 1
             raise StoreFullError(refusal)
         try:
-            return self._reserve_slots(owner, namespace, keys, sizes, parent)
+            return self._reserve_slots(owner, namespace, keys, sizes, parent, engine)
         except StoreFullError:
             if not (credit and self.credits.give_back(owner, credit)):
                 self.counters.full_errors += 1
                 raise
         try:
-            return self._reserve_slots(owner, namespace, keys, sizes, parent)
+            return self._reserve_slots(owner, namespace, keys, sizes, parent, engine)
         except StoreFullError:
             self.counters.full_errors += 1
             raise
 
     def _reserve_slots(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
-                       parent: bytes | None) -> tuple[Handle[Reservation], list[Slot | None]]:
+                       parent: bytes | None, engine: Sequence[EngineBlocks | None] | None = None,
+                       ) -> tuple[Handle[Reservation], list[Slot | None]]:
         """``reserve``'s allocations: all of them, or none (what was taken goes back) and StoreFullError."""
         res = Reservation(namespace, [])
         slots: list[Slot | None] = []
         prev = parent
         try:
-            for key, size in zip(keys, sizes):
+            for i, (key, size) in enumerate(zip(keys, sizes)):
                 existing = self.index.get(key)
                 if existing is not None:
                     if existing.readable:
@@ -82,6 +86,8 @@ class PutMixin:
                     slots.append(None)
                 else:
                     entry = Entry(key, size, namespace, prev, State.RESERVED)
+                    if engine is not None:
+                        entry.engine = engine[i]
                     entry.host_offset = self.allocate_host(size, owner, res.entries)
                     self.index[key] = entry
                     res.entries.append(entry)

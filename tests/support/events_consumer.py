@@ -28,6 +28,8 @@ class Consumer:
     gaps: int = 0               # gaps replay could not fill (batches dropped by the publisher)
     incarnations: list[str] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)   # every event's type, in order
+    # per block hash stored: (parent block hash, its token ids, block size), as llm-d keeps them to rehash
+    blocks: dict[int, tuple[int | None, list[int], int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._ctx = zmq.Context()
@@ -133,8 +135,13 @@ class Consumer:
             self.held.clear()
         elif isinstance(event, BlockStored):
             assert event.medium in ("GPU", "CPU", "STORAGE")
-            for h in event.block_hashes:
+            size, tokens = event.block_size, list(event.token_ids)
+            assert not tokens or len(tokens) == size * len(event.block_hashes)
+            parent = event.parent_block_hash
+            for i, h in enumerate(event.block_hashes):
                 self.held.setdefault(h, set()).add(event.medium)
+                self.blocks[h] = (parent, tokens[i * size:(i + 1) * size], size)
+                parent = h
         elif isinstance(event, BlockRemoved):
             for h in event.block_hashes:
                 media = self.held.get(h, set())
