@@ -23,6 +23,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+# Tables of the file that are not settings, each read by its own module (kvstore/tenants/table.py).
+SECTIONS = ("tenants",)
+
+
 def flag_of(name: str) -> str:
     """The command-line flag of setting ``name`` (``host_mem`` -> ``--host-mem``)."""
     return "--" + name.replace("_", "-")
@@ -74,6 +78,8 @@ def read_config_file(path: str, origins: Origins, known: Collection[str], paths:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     values = {}
     for key, value in data.items():
+        if key in SECTIONS:
+            continue
         name = key.replace("-", "_")
         if name not in known:
             raise ConfigError(f"config file {path}: unknown key {key!r}; known keys: {', '.join(sorted(known))}")
