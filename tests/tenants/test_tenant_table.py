@@ -6,7 +6,13 @@ import pytest
 
 from kvstore.config import build_config
 from kvstore.errors import ConfigError
-from kvstore.tenants import DEFAULT_TENANT, Budget, check_capacities, load_tenants, parse_tenants
+from kvstore.tenants import (
+    DEFAULT_TENANT,
+    Budget,
+    check_capacities,
+    load_tenants,
+    parse_tenants,
+)
 from kvstore.tenants.table import patterns_overlap
 
 KEY = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
