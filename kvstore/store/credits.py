@@ -191,6 +191,7 @@ class CreditBook:
             existing = store.index.get(key)
             if existing is None:
                 entry = Entry(key, size, namespace, prev, State.RESERVED, host_offset=offset)
+                store.charge_host(entry)
                 store.index[key] = entry
                 entries.append(entry)
             else:   # stored already, or being written by another: skipped, as reserve skips it

@@ -37,6 +37,8 @@ class Entry:
     hits: int = 0          # gets that found it; the second one in DRAM asks for promotion to the GPU tier
     checksum: int | None = None   # xxh3-64 of the bytes as committed (None until computed, see integrity.py)
     checking: int = 0      # checks reading its host slot now (the slot must not be freed or reused meanwhile)
+    tenant: str = "default"   # the tenant its DRAM bytes are charged to (tenant_budgets.py)
+    dram_charge: int = 0      # bytes charged to that tenant while it holds a DRAM slot
 
     @property
     def readable(self) -> bool:

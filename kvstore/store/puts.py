@@ -82,7 +82,8 @@ class PutMixin:
                     slots.append(None)
                 else:
                     entry = Entry(key, size, namespace, prev, State.RESERVED)
-                    entry.host_offset = self.allocate_host(size, owner, res.entries)
+                    entry.host_offset = self.allocate_host(size, owner, res.entries, namespace)
+                    self.charge_host(entry)
                     self.index[key] = entry
                     res.entries.append(entry)
                     slots.append(Slot(entry.host_offset, size))
