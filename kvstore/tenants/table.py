@@ -54,7 +54,7 @@ BUDGET_KEYS = ("guaranteed", "ceiling")
 MAX_TENANTS = 64          # the tenant label of /metrics stays bounded
 MAX_PATTERNS = 256
 MAX_PATTERN_CHARS = 256
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")   # no '.': names are parts of dotted stats paths
 _Z85_RE = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 
 
@@ -249,7 +249,7 @@ def parse_tenants(raw: Any, source: str = "config") -> TenantTable:
 def _parse_tenant(name: Any, body: Any, source: str) -> Tenant:
     where = f"{source}: tenants.{name}"
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ConfigError(f"{where}: a tenant name is 1-63 letters, digits, '_', '.' or '-', starting with a letter "
+        raise ConfigError(f"{where}: a tenant name is 1-63 letters, digits, '_' or '-', starting with a letter "
                           f"or digit")
     if not isinstance(body, dict):
         raise ConfigError(f"{where}: expected a table ([tenants.{name}]), got {body!r}")
