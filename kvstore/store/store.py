@@ -295,11 +295,19 @@ class Store(PutMixin, DamageMixin):
             if tenant is not None:
                 self._keep_under_ceiling(tenant, size)
             name = tenant.name if tenant is not None else None
-            may_leave = lambda e: self._may_leave_dram(e) and not self.budgets.protected(e, name)  # noqa: E731
             leave = lambda e: self._leave_for(e, name)  # noqa: E731
+            shared = lambda e: self._may_leave_dram(e) and not self.budgets.protected(e, None)  # noqa: E731
+            offset = make_room(lambda: self.host.allocate(size), self.lru, shared, leave)
+            if offset is not None or name is None:
+                return self._allocated(offset, size, owner, taken)
+            may_leave = lambda e: self._may_leave_dram(e) and not self.budgets.protected(e, name)  # noqa: E731
         else:
             leave = self.drop_host_copy
         offset = make_room(lambda: self.host.allocate(size), self.lru, may_leave, leave)
+        return self._allocated(offset, size, owner, taken)
+
+    def _allocated(self, offset: int | None, size: int, owner: bytes | None, taken: Sequence[Entry]) -> int:
+        """``offset``, or the StoreFullError that says what holds the room."""
         if offset is None:
             held = count_holders(self, owner, taken, self._may_leave_dram)
             raise StoreFullError(host_full_message(self.host.capacity_bytes, size, held))

@@ -6,8 +6,10 @@ tenant T then evicts, in order:
 
 1. T's own chunks, oldest first, while T would pass its ceiling (or the put is refused with StoreFullError naming
    T and its budget when T's own chunks cannot make the room);
-2. the shared pool in the tier's policy order, skipping any chunk whose loss would take another tenant below its
-   guarantee (those keep their place in the queue).
+2. the shared pool in the tier's policy order: every chunk but those whose loss would take their tenant below
+   its guarantee (those keep their place in the queue);
+3. only then T's own guaranteed chunks, in policy order: a tenant's guarantee is kept from others, not from
+   itself, but its own puts take the shared room first.
 
 Cost: step 1 walks the queue for T's chunks, and step 2 sets protected chunks aside one by one, so an
 allocation pays for the protected chunks older than its victim; with no tenants table neither runs.
@@ -59,8 +61,8 @@ class TenantBudgets:
         return ceiling is not None and self.use[tenant.name] + extra > ceiling
 
     def protected(self, victim: Entry, for_tenant: str | None) -> bool:
-        """Whether evicting ``victim`` for ``for_tenant``'s allocation would take another tenant below its
-        guarantee."""
+        """Whether evicting ``victim`` would take its tenant below its guarantee (``for_tenant``: the tenant the
+        room is for, whose own chunks are not protected from it; None protects every tenant's)."""
         if victim.tenant == for_tenant or not victim.dram_charge:
             return False
         owner = self.table.get(victim.tenant)
