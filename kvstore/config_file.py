@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, Collection
+from typing import Any
 
 from .errors import ConfigError
 
@@ -21,6 +22,10 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+
+# Tables of the file that are not settings, each read by its own module (kvstore/tenants/table.py).
+SECTIONS = ("tenants",)
 
 
 def flag_of(name: str) -> str:
@@ -74,6 +79,8 @@ def read_config_file(path: str, origins: Origins, known: Collection[str], paths:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     values = {}
     for key, value in data.items():
+        if key in SECTIONS:
+            continue
         name = key.replace("-", "_")
         if name not in known:
             raise ConfigError(f"config file {path}: unknown key {key!r}; known keys: {', '.join(sorted(known))}")

@@ -23,7 +23,9 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     from ..server.daemon import run_daemon  # imported here so that `kvstore stats` starts fast
 
-    status = run_daemon(config)
+    from ..tenants.table import load_tenants
+
+    status = run_daemon(config, load_tenants(args.config))
     end_process(status)
     return status   # not reached
 

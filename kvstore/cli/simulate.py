@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default=DEFAULT_POLICY, choices=[*POLICIES, "all"],
                    help="eviction policy (default: %(default)s); all: one row (and curve) per policy")
     p.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="replay the first N requests")
+    p.add_argument("--tenants", default=None, metavar="TOML",
+                   help="a config file whose [tenants.NAME] tables give budgets; the trace's tenant field names "
+                        "each request's tenant, and each tenant's hit rate is reported")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--sweep", action="store_true", help="also replay at 0.5 %%..100 %% of the distinct blocks "
                                                         "and draw hit rate against capacity")
@@ -66,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     requests = read_trace(args.trace, args.limit, args.block_tokens)
     blocks = distinct_blocks(requests)
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
-    results = [replay(requests, capacity, p, args.block_tokens) for p in policies]
+    tenants = _tenants(args, capacity)
+    results = [replay(requests, capacity, p, args.block_tokens, tenants) for p in policies]
     ceiling = unbounded(requests, capacity.chunk_bytes, args.block_tokens)
     report: dict[str, Any] = {
         "trace": args.trace, "requests": len(requests), "input_tokens": ceiling.input_tokens,
@@ -108,6 +112,16 @@ def _capacity(args: argparse.Namespace) -> Any:
         raise ConfigError(f"--disk-size: {format_size(disk)} cannot hold one {format_size(chunk)} chunk file; "
                           f"raise it or give 0 for no disk tier")
     return capacity
+
+
+def _tenants(args: argparse.Namespace, capacity: Any) -> Any:
+    """The --tenants file's table, its guarantees checked against the simulated tiers (None without it)."""
+    if args.tenants is None:
+        return None
+    from ..tenants.table import load_tenants
+
+    return load_tenants(args.tenants, {"dram": capacity.host_bytes, "disk": capacity.disk_bytes or None,
+                                       "gpu": capacity.gpu_bytes or None})
 
 
 def _check_sweep_output(out: str) -> None:
@@ -170,6 +184,11 @@ def _print_table(report: dict[str, Any], results: list) -> None:
         share = r.hit_rate() / ceiling if ceiling else 0.0
         print(f"{r.policy:<10} " + " ".join(f"{100 * r.hit_rate(t):6.2f}%" for t in tiers)
               + f" {100 * r.hit_rate():6.2f}% {100 * share:10.1f}% {r.seconds:8.1f}")
+        for name, row in r.tenants.items():
+            rate = row["hit_tokens"] / row["input_tokens"] if row["input_tokens"] else 0.0
+            print(f"  tenant {name:<12} {row['requests']:>8,} requests {100 * rate:6.2f}% hit, "
+                  f"{row.get('evicted_by_others', 0):,} chunks evicted by others, "
+                  f"{row.get('ceiling_refusals', 0):,} puts refused at its ceiling")
         if r.put_failures:
             print(f"  {r.put_failures:,} puts did not fit in the host tier (a request larger than it)")
     print(f"{'unbounded':<10} " + " ".join(f"{'':>7}" for _ in tiers) + f" {100 * ceiling:6.2f}%")

@@ -19,6 +19,7 @@ from . import queries as q
 HIT_RATE_MIN = 0.30
 TIER_FILL_MAX = 0.95
 GET_P99_MAX_S = 0.25
+TENANT_CEILING_FILL = 0.98
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,11 @@ def alert_rules() -> list[AlertRule]:
                   "from the KV they computed for the same tokens in 5 minutes (the chains were dropped). A "
                   "layout or kernel change, or wrong bytes written at put: see the verify_mismatch log line "
                   "for the namespace."),
+        AlertRule("KVStoreTenantAtCeiling", f"{q.tenant_ceiling_fill()} > {TENANT_CEILING_FILL}", "10m", "warning",
+                  "kvstore tenant {{ $labels.tenant }} held at its DRAM ceiling",
+                  "{{ $labels.instance }}: tenant {{ $labels.tenant }} has used {{ $value | humanizePercentage }} "
+                  "of its DRAM ceiling for 10 minutes: its own oldest chunks are evicted for its puts, or its "
+                  "puts refused. Raise its ceiling in the [tenants] table if its hit rate matters."),
         AlertRule("KVStoreDiskIOErrors", f"{q.increase('io_errors')} > 0", "0m", "critical",
                   "kvstore disk I/O errors",
                   "{{ $labels.instance }}: {{ $value }} disk I/O errors in 5 minutes. Check the disk tier's "

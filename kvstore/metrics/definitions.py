@@ -23,6 +23,8 @@ from typing import Iterator
 
 PREFIX = "kvstore_"
 TIER_LABEL = r"[a-z0-9]+"
+# The tenant label's values are the names of the config file's tenants (tenants/table.py), never the wire's.
+LABEL_PATTERNS = {"tenant": r"[A-Za-z0-9][A-Za-z0-9_-]*"}
 
 # Request latency buckets (seconds): a request is an index update of microseconds, a disk read can take
 # milliseconds, a stalled tier seconds.
@@ -40,7 +42,7 @@ class Source:
     @property
     def pattern(self) -> re.Pattern[str]:
         parts = re.split(r"\{(\w+)\}", self.template)
-        regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>{TIER_LABEL})" for i, p in enumerate(parts))
+        regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>{LABEL_PATTERNS.get(p, TIER_LABEL)})" for i, p in enumerate(parts))
         return re.compile(regex)
 
     def labels(self) -> tuple[str, ...]:
@@ -241,6 +243,16 @@ METRICS: tuple[MetricDef, ...] = (
     _m("events_snapshots", "counter", "KV cache event snapshot requests answered.", "events.snapshots"),
     _m("events_buffered", "gauge", "KV cache event batches kept for replay.", "events.buffered"),
     _m("uptime_seconds", "gauge", "Seconds since the daemon started.", "uptime_s"),
+    # tenants (only with a [tenants] table; the label's values come from the config file)
+    _m("tenant_dram_bytes", "gauge", "DRAM bytes each tenant's chunks hold.", "tenants.{tenant}.dram_bytes"),
+    _m("tenant_dram_guaranteed_bytes", "gauge", "Each tenant's guaranteed DRAM share.",
+       "tenants.{tenant}.dram_guaranteed"),
+    _m("tenant_dram_ceiling_bytes", "gauge", "Each tenant's DRAM ceiling (absent: none).",
+       "tenants.{tenant}.dram_ceiling"),
+    _m("tenant_evicted_by_others", "counter", "Chunks of each tenant evicted for another tenant's put.",
+       "tenants.{tenant}.evicted_by_others"),
+    _m("tenant_ceiling_refusals", "counter", "Puts refused because the tenant was at its DRAM ceiling.",
+       "tenants.{tenant}.ceiling_refusals"),
     # latency, observed by the dispatcher
     _m("request_duration_seconds", "histogram",
        "Time the daemon spent on a request, by operation (lookup, reserve, commit, put_inline, get, ...).",

@@ -31,6 +31,11 @@ def tier_fill() -> str:
     return f"{series('tier_used_bytes')} / {series('tier_capacity_bytes')}"
 
 
+def tenant_ceiling_fill() -> str:
+    """Fraction of each tenant's DRAM ceiling in use (tenants without a ceiling have no series)."""
+    return f"{series('tenant_dram_bytes')} / {series('tenant_dram_ceiling_bytes')}"
+
+
 def latency_quantile(q: float, op: str | None = None, window: str = "5m", by: str = "instance") -> str:
     name = metric("request_duration_seconds").name + "_bucket"
     selector = f'{name}{{op="{op}"}}' if op else name

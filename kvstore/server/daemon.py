@@ -41,7 +41,7 @@ import contextlib
 import os
 import signal
 import time
-from typing import Any, Awaitable
+from typing import TYPE_CHECKING, Any, Awaitable
 
 import zmq
 from prometheus_client import CollectorRegistry
@@ -68,6 +68,9 @@ from .startup import (Claims, bind_failure, check_socket_dir, check_socket_path,
 from .stopping import StopPlan, arm_forced_exit
 from .local_access import open_stream
 from .stream import StreamServer
+
+if TYPE_CHECKING:
+    from ..tenants.table import TenantTable
 from .tier_setup import open_disk, open_tiers
 
 SWEEP_INTERVAL = 0.25
@@ -435,13 +438,14 @@ def _drop_late_reply(task: asyncio.Future) -> None:
         logs.debug("late_request_failed", error=repr(task.exception()))
 
 
-def run_daemon(config: ServerConfig) -> int:
-    """Run until SIGTERM/SIGINT. Returns the process exit code."""
+def run_daemon(config: ServerConfig, tenants: "TenantTable | None" = None) -> int:
+    """Run until SIGTERM/SIGINT (``tenants``: the config file's tenants table). Returns the process exit code."""
     try:
         from uvloop import run as run_loop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         run_loop = asyncio.run
     daemon = Daemon(config)
+    daemon.svc.tenants = tenants
     try:
         daemon.open()
         run_loop(daemon.serve())

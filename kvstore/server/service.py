@@ -51,6 +51,7 @@ class Service:
         self.event_log: EventLog | None = None
         self.stream_path: Callable[[], str | None] = lambda: None   # the listening stream socket, if any
         self.stats: Callable[[], dict[str, Any]] = dict   # the daemon's ``stats`` reply (set by the daemon)
+        self.tenants: Any = None   # tenants.table.TenantTable of the config file, or None (one shared tenant)
 
     def movers(self) -> list[Any]:
         """The movers of the tiers below DRAM (``store/movers.py``), in start order."""

@@ -79,8 +79,13 @@ def open_tiers(svc: "Service", host: HostTier, disk: DiskTier | None, arena: Sha
     remote backend to close)."""
     config, take = svc.config, claims.take
     gpu = open_gpu(config, arena, claims)
+    if svc.tenants is not None:
+        from ..tenants.table import check_capacities
+
+        check_capacities(svc.tenants, {"dram": host.capacity_bytes, "disk": disk.capacity_bytes if disk else 0,
+                                       "gpu": config.gpu_mem})
     svc.store = store = Store(host, config.lease_ttl, config.reserve_ttl, disk=disk, gpu=gpu,
-                              policy=config.eviction_policy)
+                              policy=config.eviction_policy, tenants=svc.tenants)
     store.after_reply = AfterReply()   # a put's reply goes out before the work no reader sees
     svc.index = open_index(config, store, claims)
     open_events(svc, claims)   # before the disk index is rebuilt: what survived is announced after the clear

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 from ..errors import StoreFullError
 from ..store.policies import DEFAULT_POLICY
 from ..store.store import Store
+from ..tenants.table import TenantTable
 from ..tiers.host.tier import HostTier
 from ..tiers.virtual import VirtualArena, VirtualDisk
 from .movers import InstantDiskMover, InstantGpuMover
@@ -59,6 +60,7 @@ class ReplayResult:
     demotions: int = 0          # host → disk
     promotions: int = 0         # disk → host
     seconds: float = 0.0
+    tenants: dict[str, dict[str, int]] = field(default_factory=dict)   # name -> input_tokens, hit_tokens, ...
 
     def hit_rate(self, tier: str | None = None) -> float:
         hit = sum(self.hit_tokens.values()) if tier is None else self.hit_tokens.get(tier, 0)
@@ -69,6 +71,9 @@ class ReplayResult:
         data["hit_rate"] = {tier: round(self.hit_rate(tier), 5) for tier in self.hit_tokens}
         data["hit_rate"]["total"] = round(self.hit_rate(), 5)
         data["seconds"] = round(self.seconds, 2)
+        for tenant in data["tenants"].values():
+            tenant["hit_rate"] = round(tenant["hit_tokens"] / tenant["input_tokens"], 5) if tenant["input_tokens"] \
+                else 0.0
         return data
 
 
@@ -79,13 +84,13 @@ def block_key(block_id: int) -> bytes:
 class SimulatedStore:
     """A Store over payload-less tiers, its ledgers driven by movers that finish every transfer at once."""
 
-    def __init__(self, capacity: Capacity, policy: str = DEFAULT_POLICY) -> None:
+    def __init__(self, capacity: Capacity, policy: str = DEFAULT_POLICY, tenants: TenantTable | None = None) -> None:
         self.chunk_bytes = capacity.chunk_bytes
         disk = VirtualDisk(capacity.disk_bytes) if capacity.disk_bytes else None
         # The GPU tier's accounting is an extent allocator with a capacity, like the host tier's.
         gpu = HostTier(VirtualArena(capacity.gpu_bytes)) if capacity.gpu_bytes else None
         self.store = Store(HostTier(VirtualArena(capacity.host_bytes)), TTL, TTL, clock=lambda: 0.0, disk=disk,
-                           gpu=gpu, policy=policy)
+                           gpu=gpu, policy=policy, tenants=by_name(tenants) if tenants is not None else None)
         store = self.store
         self.disk = InstantDiskMover(store.disk_ledger) if store.disk_ledger is not None else None
         self.gpu = InstantGpuMover(store.gpu_ledger) if store.gpu_ledger is not None else None
@@ -96,7 +101,7 @@ class SimulatedStore:
         """Leading keys held in any tier, touching nothing (what a router asks)."""
         return len(self.store.leading(keys))
 
-    def serve(self, keys: Sequence[bytes]) -> list[str]:
+    def serve(self, keys: Sequence[bytes], namespace: str = NAMESPACE) -> list[str]:
         """Look up, load and then store one request's chain; returns the tier each leading hit came from."""
         store = self.store
         found = store.lookup(keys)
@@ -110,7 +115,7 @@ class SimulatedStore:
         if rest:
             parent = keys[found.count - 1] if found.count else None
             try:
-                handle, _ = store.reserve(OWNER, NAMESPACE, rest, [self.chunk_bytes] * len(rest), parent)
+                handle, _ = store.reserve(OWNER, namespace, rest, [self.chunk_bytes] * len(rest), parent)
             except StoreFullError:
                 self.put_failures += 1
             else:
@@ -131,17 +136,38 @@ def hit_tokens_by_tier(tiers: list[str], input_length: int, block_tokens: int = 
     return counts
 
 
+def by_name(table: TenantTable) -> TenantTable:
+    """The table with each tenant owning the namespace ``NAME:`` (a trace names the tenant of each request)."""
+    return TenantTable(tuple(replace(t, namespaces=(t.name + ":",)) for t in table.tenants), table.default,
+                       table.source)
+
+
+def tenant_namespace(request: Request, table: TenantTable | None) -> str:
+    if not request.tenant:
+        return NAMESPACE
+    known = table is not None and any(t.name == request.tenant for t in table.tenants)
+    return request.tenant + ":" if known else f"{NAMESPACE}/{request.tenant}"
+
+
 def replay(requests: Sequence[Request], capacity: Capacity, policy: str = DEFAULT_POLICY,
-           block_tokens: int = BLOCK_TOKENS) -> ReplayResult:
-    """Serve every request in order through one simulated daemon."""
+           block_tokens: int = BLOCK_TOKENS, tenants: TenantTable | None = None) -> ReplayResult:
+    """Serve every request in order through one simulated daemon; with ``tenants``, each request's tenant (the
+    trace's ``tenant`` field) is held to its budgets and its hit rate reported apart."""
     started = time.perf_counter()
-    sim = SimulatedStore(capacity, policy)
+    sim = SimulatedStore(capacity, policy, tenants)
     result = ReplayResult(policy, capacity)
     hits: Counter = Counter()
     for request in requests:
-        keys = [block_key(b) for b in request.hash_ids]
-        hits.update(hit_tokens_by_tier(sim.serve(keys), request.input_length, block_tokens))
+        namespace = tenant_namespace(request, tenants)
+        prefix = namespace.encode()
+        keys = [prefix + block_key(b) for b in request.hash_ids] if request.tenant else \
+            [block_key(b) for b in request.hash_ids]
+        served = hit_tokens_by_tier(sim.serve(keys, namespace), request.input_length, block_tokens)
+        hits.update(served)
         result.input_tokens += request.input_length
+        if tenants is not None or request.tenant:
+            owner = sim.store.budgets.tenant_of(namespace).name
+            _count_tenant(result, request.tenant if tenants is None else owner, request, sum(served.values()))
     result.requests = len(requests)
     result.hit_tokens = {"host": hits["host"], "disk": hits["disk"]}
     if capacity.gpu_bytes:
@@ -151,7 +177,18 @@ def replay(requests: Sequence[Request], capacity: Capacity, policy: str = DEFAUL
     result.demotions = sim.store.tier_counters.demotions_host_disk
     result.promotions = sim.store.tier_counters.promotions_disk_host
     result.seconds = time.perf_counter() - started
+    for name, row in sim.store.budgets.stats().items():
+        if name in result.tenants:
+            result.tenants[name]["evicted_by_others"] = int(row["evicted_by_others"] or 0)
+            result.tenants[name]["ceiling_refusals"] = int(row["ceiling_refusals"] or 0)
     return result
+
+
+def _count_tenant(result: ReplayResult, tenant: str, request: Request, hit: int) -> None:
+    row = result.tenants.setdefault(tenant, {"requests": 0, "input_tokens": 0, "hit_tokens": 0})
+    row["requests"] += 1
+    row["input_tokens"] += request.input_length
+    row["hit_tokens"] += hit
 
 
 def unbounded(requests: Sequence[Request], chunk_bytes: int, block_tokens: int = BLOCK_TOKENS) -> ReplayResult:

@@ -1,7 +1,8 @@
 """Reading request traces in Mooncake's FAST'25 format.
 
 One JSON object per line: ``timestamp`` (ms), ``input_length`` and ``output_length`` (tokens) and ``hash_ids``,
-the ids of the request's 512-token blocks. The ids are already chained: an id stands for its block *and* every
+the ids of the request's 512-token blocks, and optionally ``tenant``, the name of the tenant that sent it (as
+``kvstore simulate --tenants`` names them; block ids of two tenants are two tenants' chunks). The ids are already chained: an id stands for its block *and* every
 block before it, so two requests share a block id only if they share the whole prefix up to it. The last block
 may be partial (``input_length`` need not be a multiple of the block size). Requests are kept in file order.
 Every line is checked, and a bad one is reported with its line number and what to fix.
@@ -23,6 +24,7 @@ class Request:
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    tenant: str = ""   # the tenant that sent it (optional "tenant" field; "" is the shared default tenant)
 
 
 def read_trace(path: str, limit: int | None = None, block_tokens: int = BLOCK_TOKENS) -> list[Request]:
@@ -64,7 +66,11 @@ def parse_line(line: str, where: str, block_tokens: int = BLOCK_TOKENS) -> Reque
     if len(ids) * block_tokens < input_length:
         raise ConfigError(f"{where}: {len(ids)} blocks of {block_tokens} tokens cannot hold input_length "
                           f"{input_length}; is the block size {block_tokens}?")
-    return Request(timestamp, input_length, output_length, tuple(ids))
+    tenant = row.get("tenant", "")
+    if not isinstance(tenant, str) or len(tenant) > 63:
+        raise ConfigError(f"{where}: tenant must be a tenant's name (a string of at most 63 characters), "
+                          f"got {tenant!r}")
+    return Request(timestamp, input_length, output_length, tuple(ids), tenant)
 
 
 def _number(row: dict, name: str, where: str, default: float | None = None) -> float:

@@ -195,6 +195,7 @@ class CreditBook:
             if existing is None:
                 entry = Entry(key, size, namespace, prev, State.RESERVED, host_offset=offset,
                               engine=engine[i] if engine is not None else None)
+                store.charge_host(entry)
                 store.index[key] = entry
                 entries.append(entry)
             else:   # stored already, or being written by another: skipped, as reserve skips it

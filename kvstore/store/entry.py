@@ -40,6 +40,8 @@ class Entry:
     checksum: int | None = None   # xxh3-64 of the bytes as committed (None until computed, see integrity.py)
     checking: int = 0      # checks reading its host slot now (the slot must not be freed or reused meanwhile)
     engine: EngineBlocks | None = None   # the engine's block hashes and token ids, for the KV cache events
+    tenant: str = "default"   # the tenant its DRAM bytes are charged to (tenant_budgets.py)
+    dram_charge: int = 0      # bytes charged to that tenant while it holds a DRAM slot
 
     @property
     def readable(self) -> bool:

@@ -88,7 +88,8 @@ class PutMixin:
                     entry = Entry(key, size, namespace, prev, State.RESERVED)
                     if engine is not None:
                         entry.engine = engine[i]
-                    entry.host_offset = self.allocate_host(size, owner, res.entries)
+                    entry.host_offset = self.allocate_host(size, owner, res.entries, namespace)
+                    self.charge_host(entry)
                     self.index[key] = entry
                     res.entries.append(entry)
                     slots.append(Slot(entry.host_offset, size))

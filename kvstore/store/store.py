@@ -49,9 +49,11 @@ from ..tiers.remote.ledger import RemoteLedger
 from .room import make_room
 from .s3fifo import MAX_FREQ
 from .sinks import EventSink, IndexSink, SumSink
+from .tenant_budgets import TenantBudgets
 
 if TYPE_CHECKING:
     from ..tiers.gpu.tier import GpuTier
+    from ..tenants.table import Tenant, TenantTable
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,8 @@ class LookupResult:
 class Store(PutMixin, DamageMixin):
     def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float,
                  clock: Callable[[], float] = time.monotonic, disk: DiskTier | None = None,
-                 gpu: "GpuTier | None" = None, policy: str = DEFAULT_POLICY) -> None:
+                 gpu: "GpuTier | None" = None, policy: str = DEFAULT_POLICY,
+                 tenants: "TenantTable | None" = None) -> None:
         self.host = host
         self.disk = disk                     # the tiers themselves; their bookkeeping is in the ledgers
         self.gpu = gpu
@@ -89,6 +92,15 @@ class Store(PutMixin, DamageMixin):
         self.ledgers: list[TierLedger] = [t for t in (self.disk_ledger, self.gpu_ledger) if t is not None]
         self.ledgers.append(self.remote_ledger)
         self.credits = CreditBook(self)   # free arena space lent to writers, so a put needs no RESERVE
+        self.budgets = TenantBudgets(tenants)   # each tenant's DRAM bytes; inactive without a tenants table
+
+    def set_tenants(self, table: "TenantTable") -> None:
+        """Apply a (re)loaded tenants table at once; chunks are charged again to the tenants it names."""
+        self.budgets.replace(table, list(self.index.values()))
+
+    def charge_host(self, entry: Entry) -> None:
+        """``entry`` now holds a DRAM slot: its bytes count against its tenant's budget."""
+        self.budgets.charge(entry)
 
     # -- lookup -------------------------------------------------------------------------------------------
     def leading(self, keys: Sequence[bytes]) -> list[Entry]:
@@ -270,15 +282,54 @@ class Store(PutMixin, DamageMixin):
                 self.published.remove(key)
         self.published.set_many(listed)
 
-    def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = ()) -> int:
+    def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = (),
+                      namespace: str | None = None) -> int:
         """A DRAM slot, evicting (or demoting) the oldest unpinned chunks until one fits. A chunk whose slot a
         lower tier's I/O uses, or a check reads, keeps its slot (and its place in the queue). ``owner`` and
-        ``taken`` (what its request reserved so far) let a StoreFullError say who holds the room."""
-        offset = make_room(lambda: self.host.allocate(size), self.lru, self._may_leave_dram, self.drop_host_copy)
+        ``taken`` (what its request reserved so far) let a StoreFullError say who holds the room. With tenants,
+        ``namespace`` names the tenant the slot is for: it is held to its ceiling, and no other tenant's
+        guaranteed bytes leave for it (``tenant_budgets.py``)."""
+        may_leave = self._may_leave_dram
+        if self.budgets.active:
+            tenant = self.budgets.tenant_of(namespace) if namespace is not None else None
+            if tenant is not None:
+                self._keep_under_ceiling(tenant, size)
+            name = tenant.name if tenant is not None else None
+            leave = lambda e: self._leave_for(e, name)  # noqa: E731
+            shared = lambda e: self._may_leave_dram(e) and not self.budgets.protected(e, None)  # noqa: E731
+            offset = make_room(lambda: self.host.allocate(size), self.lru, shared, leave)
+            if offset is not None or name is None:
+                return self._allocated(offset, size, owner, taken)
+            may_leave = lambda e: self._may_leave_dram(e) and not self.budgets.protected(e, name)  # noqa: E731
+        else:
+            leave = self.drop_host_copy
+        offset = make_room(lambda: self.host.allocate(size), self.lru, may_leave, leave)
+        return self._allocated(offset, size, owner, taken)
+
+    def _allocated(self, offset: int | None, size: int, owner: bytes | None, taken: Sequence[Entry]) -> int:
+        """``offset``, or the StoreFullError that says what holds the room."""
         if offset is None:
             held = count_holders(self, owner, taken, self._may_leave_dram)
             raise StoreFullError(host_full_message(self.host.capacity_bytes, size, held))
         return offset
+
+    def _keep_under_ceiling(self, tenant: "Tenant", size: int) -> None:
+        """Evict ``tenant``'s own oldest chunks until ``size`` more bytes fit under its DRAM ceiling; else refuse."""
+        if not self.budgets.over_ceiling(tenant, size):
+            return
+        for entry in self.lru:   # oldest first
+            if entry.tenant == tenant.name and entry.dram_charge and self._may_leave_dram(entry):
+                self.lru.remove(entry)
+                self.drop_host_copy(entry)
+                if not self.budgets.over_ceiling(tenant, size):
+                    return
+        self.budgets.refusals[tenant.name] += 1
+        raise StoreFullError(self.budgets.ceiling_message(tenant, size))
+
+    def _leave_for(self, entry: Entry, tenant: str | None) -> None:
+        if entry.tenant != tenant and entry.dram_charge:
+            self.budgets.evicted_by_others[entry.tenant] += 1
+        self.drop_host_copy(entry)
 
     def _may_leave_dram(self, entry: Entry) -> bool:
         """Whether nothing but the index uses the chunk's DRAM slot (a lower tier's I/O or a check reads it)."""
@@ -287,6 +338,7 @@ class Store(PutMixin, DamageMixin):
     def fill_host(self, entry: Entry, offset: int, evictable: bool = True) -> None:
         """A lower tier filled a DRAM slot with ``entry``'s bytes (a promotion, a copy down): publish it."""
         entry.host_offset = offset
+        self.charge_host(entry)
         self.sync(entry.key)
         if evictable:
             self.lru.add_chain([entry])
@@ -338,6 +390,7 @@ class Store(PutMixin, DamageMixin):
         if entry.host_offset is not None:
             self.host.free(entry.host_offset)
             entry.host_offset = None
+            self.budgets.discharge(entry)
             self.sync(entry.key)
 
     def drop_reserved(self, entries: list[Entry]) -> None:

@@ -259,3 +259,21 @@ def test_daemon_refuses_an_unknown_policy(start_daemon):
 def test_help():
     result = run_cli("simulate", "--help")
     assert result.returncode == 0 and "--chunk-bytes" in result.stdout
+
+
+def test_a_trace_with_tenants_reports_each_tenants_hit_rate(tmp_path):
+    from kvstore.sim.replay import Capacity, replay
+    from kvstore.sim.trace import Request
+    from kvstore.tenants import parse_tenants
+
+    chunk = 4096
+    table = parse_tenants({"a": {"namespaces": ["x"], "dram": {"guaranteed": 4 * chunk}}}, "t.toml")
+    requests = []
+    for i in range(40):   # a repeats one 4-block prompt; b sends a new 4-block prompt each time
+        requests.append(Request(0, 2048, 1, (1, 2, 3, 4), "a"))
+        requests.append(Request(0, 2048, 1, tuple(range(100 + 4 * i, 104 + 4 * i)), "b"))
+    guarded = replay(requests, Capacity(6 * chunk, 0, chunk), tenants=table).to_json()["tenants"]
+    shared = replay(requests, Capacity(6 * chunk, 0, chunk)).to_json()["tenants"]
+    assert guarded["a"]["hit_rate"] == pytest.approx(39 / 40)
+    assert shared["a"]["hit_rate"] < guarded["a"]["hit_rate"]
+    assert guarded["default"]["hit_rate"] == 0 and guarded["a"]["evicted_by_others"] == 0   # b: not in the table

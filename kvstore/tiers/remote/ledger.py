@@ -70,6 +70,7 @@ class RemoteLedger(TierLedger):
             except StoreFullError:
                 break
             entry = Entry(key, size, namespace, prev, State.RESERVED, host_offset=offset)
+            store.charge_host(entry)
             store.index[key] = entry
             entries.append(entry)
             prev = key

@@ -1,0 +1,46 @@
+"""A real daemon reads the config file's tenants table: ceilings hold, refusals name the tenant, bad tables stop
+the start in one line."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import kvstore
+from daemons import run_cli
+
+CHUNK = 1_000_000
+TABLE = """
+[tenants.small]
+namespaces = ["small:"]
+[tenants.small.dram]
+ceiling = "3MiB"
+"""
+
+
+def _keys(n: int) -> list[bytes]:
+    return [os.urandom(16) for _ in range(n)]
+
+
+def test_a_tenant_is_held_to_its_ceiling_and_its_full_put_names_it(start_daemon, tmp_path):
+    config = tmp_path / "kvstore.toml"
+    config.write_text(TABLE)
+    daemon = start_daemon("--config", str(config), "--host-mem", "16MiB", "--disk-size", "0")
+    with daemon.client(namespace="small:a") as small, daemon.client(namespace="other") as other:
+        for _ in range(6):   # its own oldest chunks go to keep it under 3 MiB
+            small.put(_keys(1), [b"s" * CHUNK])
+        other.put(_keys(8), [b"o" * CHUNK] * 8)
+        tenants = small.stats()["tenants"]
+        assert tenants["small"]["dram_bytes"] <= 3 << 20 and tenants["default"]["dram_bytes"] == 8 * CHUNK
+        with pytest.raises(kvstore.StoreFullError, match="tenant small is at its dram ceiling"):
+            small.put(_keys(4), [b"s" * CHUNK] * 4)   # more than its whole ceiling in one put
+
+
+def test_a_bad_tenants_table_stops_the_start_naming_file_and_key(tmp_path):
+    config = tmp_path / "kvstore.toml"
+    config.write_text(TABLE.replace('ceiling = "3MiB"', 'ceiling = "3MiB"\nguaranteed = "4MiB"'))
+    done = run_cli("serve", "--config", str(config), "--socket", str(tmp_path / "s.sock"), "--host-mem", "16MiB",
+                   "--disk-size", "0", timeout=60)
+    assert done.returncode != 0
+    assert f"{config}: tenants.small.dram: guaranteed 4.0 MiB is above the ceiling 3.0 MiB" in done.stderr
