@@ -9,11 +9,11 @@ import os
 import pytest
 
 from conftest import wait_for
-from engines.vllm_real import (
+from support.engines.vllm_real import (
     CHUNK, full_chunks, prompts, stored,
     engine_venv, pool,  # noqa: F401 - fixtures
 )
-from events_consumer import Consumer
+from support.events_consumer import Consumer
 from kvstore.protocol.kv_events import block_hash
 
 ENGINE_BLOCK = 128   # the CPU engine's block size in these tests (two blocks a chunk)

@@ -8,7 +8,7 @@ import os
 import pytest
 
 import kvstore
-from daemons import run_cli
+from support.daemons import run_cli
 
 CHUNK = 1_000_000
 TABLE = """

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from conftest import wait_for
-from daemons import short_tempdir
-from events_consumer import Consumer
+from support.daemons import short_tempdir
+from support.events_consumer import Consumer
 from kvstore.errors import BadRequestError
 from kvstore.protocol.engine_blocks import EngineBlocks
 from kvstore.protocol.kv_events import block_hash
