@@ -365,7 +365,7 @@ def test_public_surface():
 
     assert set(remote.__all__) == {"Health", "RemoteBackend", "RemoteError", "open_backend"}
     defined_here = {name for name, value in vars(remote).items()
-                    if not name.startswith("_") and getattr(value, "__module__", "").startswith("kvstore.remote")}
+                    if not name.startswith("_") and getattr(value, "__module__", "").startswith("kvstore.tiers.remote")}
     assert defined_here | {"RemoteError"} == set(remote.__all__), "every public name of the package is exported"
     assert remote.RemoteError is TreeError   # re-exported from the one error tree, not a second class
 
