@@ -200,7 +200,7 @@ class Session(Mappings):
         every later call raises ClientClosedError."""
         self._credit.settle(self)   # a queued put is published before the stream closes (call flush for errors)
         note = self._seen.take()
-        if note is not None or getattr(self._transport, "holding", False):
+        if note is not None or self._transport.holding:
             try:   # awaited: closing the socket would drop a note still queued (or held) in it
                 self._transport.call({"op": Op.LOOKUP_SEEN, **(note or {"asked": [], "found": []})}, timeout=1.0)
             except KVStoreError:
