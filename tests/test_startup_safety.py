@@ -21,7 +21,7 @@ import pytest
 from daemons import run_cli, sandbox_env, short_tempdir
 
 import kvstore
-from kvstore.config import default_socket
+from kvstore.defaults import default_socket
 from kvstore.tiers.host.arena import arena_path_for
 
 SMALL = ("--host-mem", "16MiB")

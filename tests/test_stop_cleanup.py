@@ -61,6 +61,6 @@ def test_the_process_ends_right_after_it_logs_stopped(start_daemon):
 
 def large_host_mem() -> str:
     """Half the memory available now, at most 8 GiB: a size whose pages cost time to reserve and free."""
-    from kvstore.config import available_memory
+    from kvstore.defaults import available_memory
 
     return f"{min(8 << 10, available_memory() // 2 >> 20)}MiB"

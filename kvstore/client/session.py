@@ -15,7 +15,7 @@ import os
 import uuid
 from typing import Any
 
-from ..config import default_socket
+from ..defaults import default_socket
 from ..errors import DaemonUnavailable, KVStoreError, UsageError, VersionError
 from ..keys import KEY_SCHEME
 from ..procinfo import self_identity
