@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..config import default_runtime_dir
+from ..defaults import default_runtime_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ..config import default_socket
+from ..defaults import default_socket
 from ..errors import ConfigError, DaemonUnavailable
 from ..units import format_size
 

@@ -22,30 +22,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 from ..errors import KVStoreError, ReservationError, VersionError
-from ..keys import KEY_BYTES
 from ..protocol.wire import Op
 from .buffers import copy_into
 from .copies import copy_batch
+from .port import SessionPort
 
-
-class Client(Protocol):
-    """What a credit writer uses of the Client (a protocol rather than an import: client.py imports this module)."""
-
-    _arena: Any
-    _arena_view: memoryview | None
-    _pages: Any
-    _index: Any
-    server_info: dict[str, Any]
-
-    def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
-              retry: bool = True) -> tuple[dict[str, Any], list[Any]]: ...
-
-    def _send(self, header: dict[str, Any]) -> int: ...
-
-    def _reply(self, rid: int) -> dict[str, Any]: ...
 
 RENEW_AT = 0.5          # share of the TTL after which a credit is renewed before use
 REFUSED_BACKOFF_S = 1.0
@@ -78,7 +62,7 @@ class CreditWriter:
         """A new session (the daemon restarted, or the client said hello again): the daemon holds no credit."""
         self.held = None
 
-    def put(self, client: "Client", packed: bytes, buffers: Sequence[Any], sizes: list[int],
+    def put(self, client: SessionPort, packed: bytes, buffers: Sequence[Any], sizes: list[int],
             parent: bytes | None, wait: bool = True, extra: dict[str, Any] | None = None) -> int | None:
         """Chunks committed through the credit (``wait=False``: queued, see ``settle``), or None: put them with
         reserve + commit instead. ``packed``: the keys end to end, one per buffer."""
@@ -95,7 +79,8 @@ class CreditWriter:
             credit = self._usable(client, need)
             if credit is None:
                 return None
-            view, pages = client._arena_view, client._pages
+            view, pages = client.arena_view, client.pages
+            assert view is not None   # a usable credit is one lent in the arena mapped now
             if pages is not None:
                 pages.touch(credit.offset, need)
             at = credit.offset
@@ -108,9 +93,9 @@ class CreditWriter:
                        "want": GROWTH * need, **(extra or {})}
             try:
                 if not wait:
-                    self.queued = (client._send(request), sent)
+                    self.queued = (client.send_request(request), sent)
                     return len(sizes)
-                header, _ = client._call(request, retry=False)
+                header, _ = client.request(request, retry=False)
             except (ReservationError, VersionError):
                 self.held = None   # taken back, or a restarted daemon never lent it: put the other way
                 return None
@@ -119,7 +104,7 @@ class CreditWriter:
         finally:
             self._lock.release()
 
-    def settle(self, client: "Client") -> None:
+    def settle(self, client: SessionPort) -> None:
         """Read the reply of the put queued last (``wait=False``), if any, and keep the credit it names. What it
         committed is added to ``committed``; an error is kept in ``error`` (``Client.flush`` raises it)."""
         with self._lock:
@@ -128,7 +113,7 @@ class CreditWriter:
                 return
             rid, sent = queued
             try:
-                header = client._reply(rid)
+                header = client.wait_reply(rid)
             except KVStoreError as exc:
                 self.held = None   # whatever the daemon did with the credit, the reply naming it is gone
                 self.error = self.error or exc
@@ -143,33 +128,33 @@ class CreditWriter:
             raise error
         return committed
 
-    def offer(self, client: "Client") -> HeldCredit | None:
+    def offer(self, client: SessionPort) -> HeldCredit | None:
         """The held credit, for a reserve to name (the daemon frees it should the room be short, and tries again):
         forgotten until ``offer_done`` hears it was kept, and no other thread of the client uses the credit
         meanwhile (its lock stays held). None when none is held or another thread is writing into it."""
         if self.held is None or not self._lock.acquire(blocking=False):
             return None
         held, self.held = self.held, None
-        if held is None or held.arena is not client._arena:
+        if held is None or held.arena is not client.arena:
             self._lock.release()
             return None
         return held
 
-    def offer_done(self, client: "Client", offered: HeldCredit | None, reply: dict[str, Any] | None) -> None:
+    def offer_done(self, client: SessionPort, offered: HeldCredit | None, reply: dict[str, Any] | None) -> None:
         """The reserve that named ``offered`` is over: keep the credit when its reply says the daemon kept it
         (after an error it may be gone: the daemon frees a credit its writer no longer names)."""
         if offered is None:
             return
         try:
-            if reply is not None and reply.get("credit") == offered.id and offered.arena is client._arena:
+            if reply is not None and reply.get("credit") == offered.id and offered.arena is client.arena:
                 self.held = offered
         finally:
             self._lock.release()
 
-    def _usable(self, client: "Client", need: int) -> HeldCredit | None:
+    def _usable(self, client: SessionPort, need: int) -> HeldCredit | None:
         """The held credit when it takes ``need`` bytes and is fresh, else one asked for now (or None)."""
         held = self.held
-        if held is not None and held.arena is not client._arena:
+        if held is not None and held.arena is not client.arena:
             held = self.held = None
         if held is not None and held.size >= need and time.monotonic() < held.valid_until:
             return held
@@ -178,7 +163,7 @@ class CreditWriter:
             return None
         self.held = None   # the daemon may move it: until the reply says where it is
         try:
-            header, _ = client._call({"op": Op.CREDIT_PUT, "credit": held.id if held else 0, "keys": b"",
+            header, _ = client.request({"op": Op.CREDIT_PUT, "credit": held.id if held else 0, "keys": b"",
                                       "want": GROWTH * need})
         except ReservationError:
             self.held = None
@@ -189,20 +174,16 @@ class CreditWriter:
             return None
         return self.held
 
-    def _keep(self, header: dict[str, Any], sent: float, client: "Client") -> None:
+    def _keep(self, header: dict[str, Any], sent: float, client: SessionPort) -> None:
         cid = int(header.get("credit") or 0)
         self.held = None if not cid else HeldCredit(
-            cid, int(header["offset"]), int(header["size"]), sent + RENEW_AT * float(header["ttl"]), client._arena)
+            cid, int(header["offset"]), int(header["size"]), sent + RENEW_AT * float(header["ttl"]), client.arena)
 
 
-def _all_stored(client: "Client", packed: bytes) -> bool:
+def _all_stored(client: SessionPort, packed: bytes) -> bool:
     """Whether the daemon's shared index lists every key (a put of them all would copy for nothing)."""
-    index = client._index
-    if index is None:
-        return False
-    n = len(packed) // KEY_BYTES
-    walk = index._walk(packed, n, False)   # one try, uncounted: a table that moved just means "copy them"
-    return isinstance(walk, tuple) and walk[0] == n
+    index = client.shared_index
+    return index is not None and index.lists_all(packed)
 
 
 def _layout(sizes: Sequence[int], align: int) -> tuple[list[int], int]:

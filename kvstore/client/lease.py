@@ -10,21 +10,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import ClientClosedError, DaemonUnavailable, LeaseError, VersionError
 from ..protocol.wire import Op
-
-
-class Client(Protocol):
-    """What a lease and a reservation use of the Client (a protocol rather than an import: client.py imports
-    this module)."""
-
-    _arena: Any
-    _transport: Any
-
-    def _call(self, header: dict[str, Any], payloads: list[Any] | None = None,
-              retry: bool = True) -> tuple[dict[str, Any], list[Any]]: ...
+from .port import SessionPort
 
 
 @dataclass(frozen=True)
@@ -47,14 +37,14 @@ class Lease:
     whatever was computed from the views must then be thrown away.
     """
 
-    def __init__(self, client: "Client", lease_id: int, views: list[Any], tiers: list[str] | None = None,
+    def __init__(self, client: SessionPort, lease_id: int, views: list[Any], tiers: list[str] | None = None,
                  valid_until: float = math.inf) -> None:
         self._client = client
         self.id = lease_id
         self.views = views
         self.tiers = tiers if tiers is not None else ["host"] * len(views)
         self._valid_until = valid_until   # time.monotonic() before which the daemon cannot have expired it
-        self._arena = client._arena       # a daemon restarted since maps another arena: these views were left alone
+        self._arena = client.arena       # a daemon restarted since maps another arena: these views were left alone
 
     def __enter__(self) -> list[Any]:
         return self.views
@@ -72,7 +62,7 @@ class Lease:
     def extend(self) -> float:
         """Push the lease's deadline out by its TTL; returns the seconds left."""
         sent = time.monotonic()
-        header, _ = self._client._call({"op": Op.EXTEND, "lease": self.id})
+        header, _ = self._client.request({"op": Op.EXTEND, "lease": self.id})
         ttl = float(header["ttl"])
         self._valid_until = max(self._valid_until, sent + ttl)
         return ttl
@@ -91,14 +81,14 @@ class Lease:
         if time.monotonic() < self._valid_until:
             try:
                 # Nothing to wait for: the lease is held, and a restarted daemon pins nothing anyway.
-                self._client._transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
+                self._client.transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
             except (DaemonUnavailable, ClientClosedError):
                 pass  # the daemon is gone (nothing is pinned, nothing wrote under the views), or we closed
             return
-        if self._client._arena is not self._arena:
+        if self._client.arena is not self._arena:
             return   # the daemon restarted: nothing wrote into the old arena under these views
         try:
-            self._client._transport.call({"op": Op.RELEASE, "lease": lease_id})   # past the TTL: was it held?
+            self._client.transport.call({"op": Op.RELEASE, "lease": lease_id})   # past the TTL: was it held?
         except (DaemonUnavailable, VersionError, ClientClosedError):
             pass   # the daemon is gone or restarted (it wrote into a new arena, not under these views), or we closed
         except LeaseError:
@@ -112,7 +102,7 @@ class Reservation:
     The two halves of ``put`` for callers that write the bytes themselves, e.g. an engine gathering KV
     straight into the slots. Uncommitted slots are freed by ``abort`` (or when the reservation's TTL passes)."""
 
-    def __init__(self, client: "Client", reservation_id: int, views: list[memoryview | None]) -> None:
+    def __init__(self, client: SessionPort, reservation_id: int, views: list[memoryview | None]) -> None:
         self._client = client
         self.id = reservation_id
         self.views = views
@@ -121,14 +111,14 @@ class Reservation:
         """Publish the filled chunks; returns how many were written."""
         rid, self.id = self.id, 0
         self._release_views()
-        header, _ = self._client._call({"op": Op.COMMIT, "reservation": rid}, retry=False)
+        header, _ = self._client.request({"op": Op.COMMIT, "reservation": rid}, retry=False)
         return int(header["committed"])
 
     def abort(self) -> None:
         rid, self.id = self.id, 0
         self._release_views()
         if rid:
-            self._client._call({"op": Op.ABORT, "reservation": rid}, retry=False)
+            self._client.request({"op": Op.ABORT, "reservation": rid}, retry=False)
 
     def _release_views(self) -> None:
         for view in self.views:

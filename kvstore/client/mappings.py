@@ -130,6 +130,26 @@ class Mappings:
         return self._arena.size
 
     @property
+    def arena(self) -> SharedArena | None:
+        """The mapped arena, or None; another object once a restarted daemon's arena is mapped."""
+        return self._arena
+
+    @property
+    def arena_view(self) -> memoryview | None:
+        """The read-write view of the arena, or None."""
+        return self._arena_view
+
+    @property
+    def pages(self) -> PagePopulator | None:
+        """The arena's page populator, or None."""
+        return self._pages
+
+    @property
+    def shared_index(self) -> SharedIndexView | None:
+        """The mapped shared index of the daemon, or None."""
+        return self._index
+
+    @property
     def gpu_pool(self) -> Any:
         """The mapped GPU pool (``kvstore.tiers.gpu.engine.MappedPool``), or None."""
         return self._gpu_pool

@@ -15,7 +15,7 @@ import os
 import uuid
 from typing import Any
 
-from ..config import default_socket
+from ..defaults import default_socket
 from ..errors import DaemonUnavailable, KVStoreError, UsageError, VersionError
 from ..keys import KEY_SCHEME
 from ..procinfo import self_identity
@@ -163,6 +163,26 @@ class Session(Mappings):
             self._hello()
             raise VersionError(f"the daemon restarted before it answered ({exc})") from exc
 
+    # The session's interface to the client's helpers (``port.py``).
+
+    @property
+    def transport(self) -> Transport | StreamTransport:
+        """Where requests go now (the stream socket, else ZeroMQ)."""
+        return self._transport
+
+    def request(self, header: dict[str, Any], payloads: list[Any] | None = None,
+                retry: bool = True) -> tuple[dict[str, Any], list[Any]]:
+        """One request and its reply (``_call``)."""
+        return self._call(header, payloads, retry)
+
+    def send_request(self, header: dict[str, Any]) -> int:
+        """One request of a pipelined batch, not waited for (``_send``)."""
+        return self._send(header)
+
+    def wait_reply(self, rid: int) -> dict[str, Any]:
+        """The reply header to ``rid`` (``_reply``)."""
+        return self._reply(rid)
+
     def _send_seen(self, hold: bool = False) -> None:
         """Tell the daemon about the lookups answered from the shared index (no reply awaited; dropped when the
         daemon is not there, like the lookups' effect on a daemon that restarted). ``hold``: a request follows
@@ -180,7 +200,7 @@ class Session(Mappings):
         every later call raises ClientClosedError."""
         self._credit.settle(self)   # a queued put is published before the stream closes (call flush for errors)
         note = self._seen.take()
-        if note is not None or getattr(self._transport, "holding", False):
+        if note is not None or self._transport.holding:
             try:   # awaited: closing the socket would drop a note still queued (or held) in it
                 self._transport.call({"op": Op.LOOKUP_SEEN, **(note or {"asked": [], "found": []})}, timeout=1.0)
             except KVStoreError:

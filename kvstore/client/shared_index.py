@@ -107,7 +107,7 @@ class SharedIndexView:
     def _tries(self, packed: bytes, n: int, promote: bool) -> tuple[int, list[int]] | None:
         """Up to ``_RETRIES`` walks while the table moves under them: the answer, or None (ask the socket)."""
         for _ in range(_RETRIES):
-            answer = self._walk(packed, n, promote)
+            answer = self.try_lookup(packed, n, promote)
             if answer is not False:
                 return answer
         return None
@@ -168,9 +168,25 @@ class SharedIndexView:
                 return None             # not listed within MAX_PROBE slots
         return False, len(seqs), counts, offsets, seqs, hosts, sizes
 
-    def _walk(self, packed: bytes, n: int, promote: bool) -> tuple[int, list[int]] | None | bool:
-        """One try for the ``n`` keys in ``packed``: (leading keys listed, count per state), None (the socket must
-        answer), or False (the table moved: try again)."""
+    def lists_all(self, packed: bytes) -> bool:
+        """Whether one try finds every key in ``packed`` (end to end) listed; a table that moved under the try
+        counts as "no". Counts no lookup (``answer`` does)."""
+        n = len(packed) // _KEY_BYTES
+        walk = self.try_lookup(packed, n, False)
+        return isinstance(walk, tuple) and walk[0] == n
+
+    def try_lookup(self, packed: bytes, n: int, promote: bool) -> tuple[int, list[int]] | None | bool:
+        """One try for the ``n`` keys in ``packed``, uncounted.
+
+        Args:
+            packed: the keys end to end.
+            n: how many keys ``packed`` holds.
+            promote: the lookup asks for promotions, so a disk copy (or a miss with a remote tier) needs the socket.
+
+        Returns:
+            (leading keys listed, count per state), None (the socket must answer), or False (the table moved:
+            try again).
+        """
         if self._native is not None:   # the same try in one C call
             return self._native.lookup(packed, n, promote)
         read = self._read(packed, n, detail=False)

@@ -10,16 +10,15 @@ then says hello again — on ZeroMQ, which also hands out the new stream — and
 
 from __future__ import annotations
 
-import itertools
 import select
 import socket
-import threading
 import time
 from typing import Any
 
-from ..errors import DaemonUnavailable, UsageError, error_from_code
+from ..errors import DaemonUnavailable, UsageError
 from ..protocol.stream import request_bytes, reply_frames
 from ..protocol.wire import decode_header, encode
+from .transport_base import RequestTransport
 
 
 # A lookup answered from the shared index first asks whether the daemon is still there: a read of the socket, a
@@ -35,10 +34,9 @@ class StreamLost(DaemonUnavailable):
     """The stream socket closed under a request."""
 
 
-class StreamTransport:
+class StreamTransport(RequestTransport):
     def __init__(self, path: str, timeout: float) -> None:
-        self.address = path
-        self.timeout = timeout
+        super().__init__(path, timeout)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
         try:
@@ -47,12 +45,8 @@ class StreamTransport:
             self._sock.close()
             raise
         self._sock.setblocking(False)   # sends and receives never block; waits are select() with a deadline
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
         self._buf = bytearray()
         self._held = bytearray()   # requests without a reply that go out with the next request
-        self._pending: dict[int, list[Any]] = {}
-        self._outstanding: set[int] = set()
         self.lost = False
         self._alive_at = 0.0   # time.monotonic() of the last read that found the daemon's end open
 
@@ -116,14 +110,7 @@ class StreamTransport:
                 if reply is not None:
                     self._outstanding.discard(rid)
                     break
-        header, payload = reply[0], reply[1:]
-        if not header.get("ok"):
-            raise error_from_code(int(header.get("code", 0)), str(header.get("msg", "")))
-        return header, payload
-
-    def call(self, header: dict[str, Any], payloads: list[Any] | None = None,
-             timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
-        return self.wait(self.send(header, payloads, timeout), timeout)
+        return self._answer(reply)
 
     @property
     def holding(self) -> bool:

@@ -12,24 +12,22 @@ but the CURVE handshake failed (``handshake.py``).
 
 from __future__ import annotations
 
-import itertools
 import os
-import threading
 import time
 from typing import Any
 
 import zmq
 
-from ..errors import ClientClosedError, DaemonUnavailable, UsageError, error_from_code
+from ..errors import ClientClosedError, DaemonUnavailable, UsageError
 from ..protocol.wire import decode_header, encode
 from ..security.curve import ClientCurve
 from .handshake import HandshakeWatch
+from .transport_base import RequestTransport
 
 
-class Transport:
+class Transport(RequestTransport):
     def __init__(self, address: str, timeout: float, curve: ClientCurve | None = None) -> None:
-        self.address = address
-        self.timeout = timeout
+        super().__init__(address, timeout)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         # CURVE keys for tcp://: given, else from the KVSTORE_CURVE_* variables (see security/curve.py)
@@ -49,10 +47,6 @@ class Transport:
             raise UsageError(f"{address!r} is not a valid address (expected ipc:///path/to/kvstore.sock or "
                              f"tcp://HOST:PORT): {exc.strerror}") from exc
         self._ipc_path = address[len("ipc://"):] if address.startswith("ipc://") else None
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._pending: dict[int, list[Any]] = {}   # replies received for an id someone still waits on
-        self._outstanding: set[int] = set()         # ids sent and not yet given up on
 
     def send(self, header: dict[str, Any], payloads: list[Any] | None = None, timeout: float | None = None,
              want_reply: bool = True, hold: bool = False) -> int:
@@ -107,10 +101,7 @@ class Transport:
                         self._receive_one()
                 except zmq.ZMQError as exc:
                     raise self._error(exc) from exc
-        header, payload = reply[0], reply[1:]
-        if not header.get("ok"):
-            raise error_from_code(int(header.get("code", 0)), str(header.get("msg", "")))
-        return header, payload
+        return self._answer(reply)
 
     def _receive_one(self) -> None:
         frames = self._sock.recv_multipart(copy=False)
@@ -118,10 +109,6 @@ class Transport:
         got = header.get("id")
         if got in self._outstanding:
             self._pending[got] = [header] + frames[1:]
-
-    def call(self, header: dict[str, Any], payloads: list[Any] | None = None,
-             timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
-        return self.wait(self.send(header, payloads, timeout), timeout)
 
     def _check_open(self) -> None:
         if self.closed:

@@ -104,6 +104,14 @@ class StreamServer:
     def next_owner(self) -> bytes:
         return b"s" + next(self._ids).to_bytes(8, "little")
 
+    def opened(self, conn: "StreamConnection") -> None:
+        """A connection is open: it is closed with the server."""
+        self._connections.add(conn)
+
+    def closed(self, conn: "StreamConnection") -> None:
+        """A connection closed."""
+        self._connections.discard(conn)
+
 
 class StreamConnection(asyncio.Protocol):
     def __init__(self, server: StreamServer) -> None:
@@ -116,10 +124,10 @@ class StreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        self.server._connections.add(self)
+        self.server.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.server._connections.discard(self)
+        self.server.closed(self)
         self.daemon.drop_session(self.owner, "connection_closed")
 
     def data_received(self, data: bytes) -> None:

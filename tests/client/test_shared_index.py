@@ -236,7 +236,7 @@ def test_the_c_lookup_answers_every_header_state_as_the_python_one(index_path):
     chains = [[host], [host, disk], [host, absent], [disk], [absent]]
 
     def answers() -> list:
-        return [[r._walk(packed_keys(chain), len(chain), promote) for chain in chains for promote in (False, True)]
+        return [[r.try_lookup(packed_keys(chain), len(chain), promote) for chain in chains for promote in (False, True)]
                 for r in readers.values()]
 
     try:

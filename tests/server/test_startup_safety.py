@@ -22,7 +22,7 @@ from support.daemons import run_cli, sandbox_env, short_tempdir
 from support.paths import ROOT
 
 import kvstore
-from kvstore.config import default_socket
+from kvstore.defaults import default_socket
 from kvstore.tiers.host.arena import arena_path_for
 
 SMALL = ("--host-mem", "16MiB")
