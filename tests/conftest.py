@@ -1,16 +1,21 @@
 """Fixtures: real daemon processes on temporary sockets, clients to talk to them, and the session's guard.
 
-Every daemon and CLI run goes through ``daemons.py`` (its own socket, disk dir and sandboxed HOME/XDG dirs).
+Every daemon and CLI run goes through ``support/daemons.py`` (its own socket, disk dir and sandboxed HOME/XDG dirs).
 The session itself also points ``XDG_RUNTIME_DIR``, ``XDG_CACHE_HOME`` and the native-kernel cache into its
 scratch root, so that even a default path reached in-process or by a child started by hand stays there; and
 ``machine_left_as_found`` fails the session, naming the paths, if the user's kvstore directories changed or an
-arena, a ``/tmp/kvs-*`` directory or a daemon was left behind (see ``hygiene.py``).
+arena, a ``/tmp/kvs-*`` directory or a daemon was left behind (see ``support/hygiene.py``).
+
+Every test gets one of the markers ``unit`` (no daemon or server process) or ``integration`` (real daemons,
+servers or engine processes), and ``engine`` where it runs a real vLLM engine (``pytest_collection_modifyitems``
+below; docs/development/testing.md says how to run the parts).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -102,3 +107,41 @@ def client(daemon) -> Iterator[kvstore.Client]:
     c = daemon.client(namespace="test")
     yield c
     c.close()
+
+
+# Modules whose tests start daemons, servers or CLI processes in their own bodies (not through the fixtures
+# below, which the markers see on their own), relative to tests/.
+PROCESS_MODULES = frozenset({
+    "cli/test_cli.py", "client/test_request_limits.py", "connectors/test_connector_report.py",
+    "connectors/vllm/test_connector_vllm.py", "gpu/test_gpu_tier.py", "gpu/test_gpu_wiring.py",
+    "metrics/test_metrics.py", "native/test_native.py", "project/test_hygiene.py", "project/test_packaging.py",
+    "remote/test_remote_backends.py", "remote/test_remote_tier.py", "routing/test_routing.py",
+    "security/test_redaction.py", "security/test_security.py", "server/test_kv_events.py", "server/test_ops.py",
+    "server/test_startup_safety.py", "server/test_stop_cleanup.py", "server/test_stop_safety.py",
+    "sim/test_simulate.py", "store/test_integrity.py",
+})
+# Modules that run real vLLM engine processes (the CPU build in KVSTORE_VLLM_VENV): minutes each.
+ENGINE_MODULES = frozenset({
+    "connectors/vllm/test_vllm_engine.py", "connectors/vllm/test_vllm_engine_roles.py",
+    "connectors/vllm/test_vllm_families.py", "connectors/vllm/test_vllm_verify.py",
+})
+# Modules that need a CUDA device when KVSTORE_TEST_DEVICE=cuda asks them to run on one.
+GPU_MODULES = frozenset({"connectors/hf/test_connector_hf.py"})
+DAEMON_FIXTURES = frozenset({"start_daemon", "start_module_daemon"})
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test ``unit`` or ``integration`` (and ``engine``, ``gpu``) from its module and fixtures."""
+    on_gpu = os.environ.get("KVSTORE_TEST_DEVICE", "cpu") == "cuda"
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        module = path.relative_to(TESTS_DIR).as_posix() if path.is_relative_to(TESTS_DIR) else path.name
+        if module in ENGINE_MODULES:
+            item.add_marker(pytest.mark.engine)
+        if on_gpu and module in GPU_MODULES:
+            item.add_marker(pytest.mark.gpu)
+        runs_processes = (module in ENGINE_MODULES or module in PROCESS_MODULES
+                          or not DAEMON_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())))
+        item.add_marker(pytest.mark.integration if runs_processes else pytest.mark.unit)

@@ -68,11 +68,14 @@ def test_kill9_during_heavy_puts_never_serves_wrong_bytes(start_daemon, tmp_path
         d.stop()
         d.args += persist
         d.start()
+    # The workers run until the crash loop below is done (the stop file), not for a fixed time: on a loaded
+    # machine the loop's waits for acknowledged puts can outlast any fixed run. 240 s is only the cap.
+    stop = tmp_path / "stop"
     workers, acked = [], []
     for i in range(3):
         acked.append(str(tmp_path / f"acked{i}"))
-        cmd = worker_command(d.address, 14, seed=i, tolerate_outage=True, acked_path=acked[-1], timeout=1,
-                             max_chunks=12)
+        cmd = worker_command(d.address, 240, seed=i, tolerate_outage=True, acked_path=acked[-1], timeout=1,
+                             max_chunks=12, stop_path=str(stop))
         workers.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     crashes = []
     for _ in range(4):
@@ -89,6 +92,10 @@ def test_kill9_during_heavy_puts_never_serves_wrong_bytes(start_daemon, tmp_path
         assert corrupt == 0, crashes
         if persist:
             assert correct > 0, f"a persistent daemon recovered nothing: {crashes}"
+    # The workers carry on after the last restart: new puts are acknowledged before they are told to stop.
+    seen = len(acked_keys(acked))
+    assert wait_for(lambda: len(acked_keys(acked)) > seen, timeout=60), "no put was acknowledged after the last restart"
+    stop.touch()
     results = []
     for w in workers:
         out, err = w.communicate(timeout=60)

@@ -110,7 +110,10 @@ def one_request(client, rng: random.Random, counts: Counts, prefixes: int, max_c
 
 
 def run_worker(address: str, seconds: float, seed: int, prefixes: int = 64, max_chunks: int = 8,
-               tolerate_outage: bool = False, acked_path: str | None = None, timeout: float = 5.0) -> Counts:
+               tolerate_outage: bool = False, acked_path: str | None = None, timeout: float = 5.0,
+               stop_path: str | None = None) -> Counts:
+    """Loop like an engine for ``seconds``, or until a file appears at ``stop_path`` if one is given first (so
+    that a test's own loop, however slow the machine, decides how long the workers run)."""
     import kvstore
 
     rng = random.Random(seed)
@@ -118,7 +121,7 @@ def run_worker(address: str, seconds: float, seed: int, prefixes: int = 64, max_
     acked = open(acked_path, "a") if acked_path else None
     start = time.monotonic()
     client = None
-    while time.monotonic() - start < seconds:
+    while time.monotonic() - start < seconds and not (stop_path and os.path.exists(stop_path)):
         try:
             if client is None:
                 client = kvstore.connect(address, namespace=NAMESPACE, chunk_tokens=CHUNK_TOKENS, timeout=timeout)
@@ -217,9 +220,10 @@ def main() -> None:
     p.add_argument("--tolerate-outage", action="store_true")
     p.add_argument("--acked-path", default=None)
     p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--stop-path", default=None, help="stop as soon as this file exists (--seconds is the cap)")
     a = p.parse_args()
     counts = run_worker(a.address, a.seconds, a.seed, a.prefixes, a.max_chunks, a.tolerate_outage,
-                        a.acked_path, a.timeout)
+                        a.acked_path, a.timeout, a.stop_path)
     print(json.dumps(asdict(counts)), flush=True)
 
 
