@@ -5,6 +5,7 @@ chunk-key event; bad engine metadata is refused with one line. Decoded by vLLM's
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -130,3 +131,32 @@ def test_bad_engine_metadata_is_refused_in_one_line(daemon, bad, words):
         assert c.stats()["chunks"] == 0   # nothing stored
     finally:
         c.close()
+
+
+def test_engine_blocks_survive_a_restart_with_the_disk_tier(start_daemon):
+    d, pub, replay = start(start_daemon)
+    c = d.client(namespace="events")
+    keys = [os.urandom(16) for _ in range(3)]
+    engine = engine_chain(3, seed=9)
+    consumer = Consumer(pub, replay, topic="kv@")
+    try:
+        c.put(keys, [os.urandom(CHUNK) for _ in keys], engine=engine)
+        pumped(consumer, c)   # written back: on disk with their names
+        assert all("STORAGE" in consumer.held[h] for e in engine for h in e.hashes)
+    finally:
+        consumer.close()
+        c.close()
+    d.stop(signal.SIGKILL)
+    d.remove_leftovers()
+    d.start()
+    fresh = Consumer(pub, replay, topic="kv@")
+    try:
+        fresh.take_snapshot()   # what the restarted daemon re-announced from its disk tier
+        for e in engine:
+            for i, h in enumerate(e.hashes):
+                assert fresh.held[h] == {"STORAGE"}
+                assert fresh.blocks[h] == (e.hashes[i - 1] if i else e.parent,
+                                           list(e.token_ids[i * BLOCK:(i + 1) * BLOCK]), BLOCK)
+        assert not any(block_hash(k) in fresh.held for k in keys)
+    finally:
+        fresh.close()

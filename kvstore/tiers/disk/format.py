@@ -3,18 +3,21 @@
 Layout (little-endian)::
 
     0   8  magic        b"KVSCHUNK"
-    8   2  version      FORMAT_VERSION
+    8   2  version      1, or 2 when the header carries the engine's block names (bit 3)
     10  2  flags        bit 0: payload is lz4-compressed (block format, raw length known);
                         bit 1: payload_sum covers the raw chunk (after decompression), not the stored bytes;
                         bit 2: the 16-byte key of the chunk's parent follows the namespace
+                        bit 3 (version 2): the engine's block names follow (``EngineBlocks``): block_size u32,
+                        block count n u32, has_parent u8, 3 zero bytes, parent u64, n hashes u64, then
+                        n × block_size token ids u32
     12  2  ns_len       bytes of the UTF-8 namespace stored at offset 64
     14  2  reserved     0
     16 16  key          the chunk's 16-byte chained key
     32  8  raw_len      length of the chunk as put
     40  8  stored_len   length of the payload on disk (== raw_len unless compressed)
     48  8  payload_sum  xxh3-64 of the chunk (of the stored payload in lz4 files without bit 1)
-    56  8  header_sum   xxh3-64 of bytes 0..56, the namespace and the parent key
-    64  …  namespace, then the parent key (with flag bit 2)
+    56  8  header_sum   xxh3-64 of bytes 0..56 and of everything after byte 64 (namespace, parent, engine names)
+    64  …  namespace, then the parent key (with flag bit 2), then the engine names (with flag bit 3)
     4096   payload (stored_len bytes); the file is exactly HEADER_BYTES + stored_len long
 
 The header fills one 4 KiB block so that the payload starts block-aligned: O_DIRECT reads and writes move the
@@ -25,7 +28,12 @@ every read, where a failure is a miss, never data. xxh3-64 runs at memory bandwi
 
 The payload sum is the chunk's own checksum, the one it carries in DRAM from commit on (``store/integrity.py``):
 a write checks the slot against it and stores it, a read returns it, so the sum is computed once per chunk and
-never again for the disk. For an uncompressed payload it is the sum of the stored bytes as well; lz4 files
+never again for the disk.
+
+Versions: a file is written as version 1 unless it carries engine names (they must survive a restart so the
+chunk's KV cache events keep naming the engine's blocks); those that do not fit the header block are left out,
+and the file is version 1. This daemon reads both; a daemon that reads version 1 only quarantines a version-2
+file (moved aside, never removed), so a downgrade loses those chunks' cache hits, not data. For an uncompressed payload it is the sum of the stored bytes as well; lz4 files
 written before the flag existed sum their compressed bytes, and are read as before.
 """
 
@@ -36,19 +44,24 @@ from dataclasses import dataclass
 
 import xxhash
 
-from ...errors import FormatError
+from ...errors import BadRequestError, FormatError, LimitError
+from ...protocol.engine_blocks import EngineBlocks, read_engine_chunk
 
 MAGIC = b"KVSCHUNK"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1          # what a file without engine names is written as
+ENGINE_FORMAT_VERSION = 2   # ... and one with them
+READ_VERSIONS = (FORMAT_VERSION, ENGINE_FORMAT_VERSION)
 HEADER_BYTES = 4096
 FLAG_LZ4 = 1
 FLAG_RAW_SUM = 2
 FLAG_PARENT = 4
+FLAG_ENGINE = 8
 KEY_BYTES = 16
 MAX_NAMESPACE_BYTES = HEADER_BYTES - 64 - KEY_BYTES
 
 _FIXED = struct.Struct("<8sHHHH16sQQQ")
 _SUM = struct.Struct("<Q")
+_ENGINE_HEAD = struct.Struct("<IIB3xQ")
 assert _FIXED.size == 56
 
 
@@ -61,6 +74,7 @@ class ChunkHeader:
     payload_sum: int
     flags: int = 0
     parent: bytes | None = None   # the previous chunk of its chain: continuations are found again after a restart
+    engine: EngineBlocks | None = None   # the engine's names of its blocks (for the KV cache events)
 
     @property
     def compressed(self) -> bool:
@@ -86,9 +100,14 @@ def pack_header(header: ChunkHeader, into: memoryview | bytearray | None = None)
     if len(ns) > MAX_NAMESPACE_BYTES:
         raise ValueError(f"namespace of {len(ns)} bytes does not fit the header ({MAX_NAMESPACE_BYTES} max)")
     flags = header.flags | (FLAG_PARENT if header.parent is not None else 0)
-    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, flags, len(ns), 0, header.key,
-                        header.raw_len, header.stored_len, header.payload_sum)
     tail = ns + (header.parent or b"")
+    names = _pack_engine(header.engine) if header.engine is not None else b""
+    if names and 64 + len(tail) + len(names) <= HEADER_BYTES:
+        flags |= FLAG_ENGINE
+        tail += names
+    version = ENGINE_FORMAT_VERSION if flags & FLAG_ENGINE else FORMAT_VERSION
+    fixed = _FIXED.pack(MAGIC, version, flags, len(ns), 0, header.key,
+                        header.raw_len, header.stored_len, header.payload_sum)
     block = into if into is not None else bytearray(HEADER_BYTES)
     block[:HEADER_BYTES] = bytes(HEADER_BYTES)
     block[0:56] = fixed
@@ -105,21 +124,50 @@ def unpack_header(block: bytes | memoryview, file_len: int | None = None) -> Chu
     magic, version, flags, ns_len, _, key, raw_len, stored_len, payload_sum = _FIXED.unpack(fixed)
     if magic != MAGIC:
         raise FormatError("bad magic: not a kvstore chunk file")
-    if version != FORMAT_VERSION:
-        raise FormatError(f"format version {version}, this daemon reads {FORMAT_VERSION}")
+    if version not in READ_VERSIONS:
+        raise FormatError(f"format version {version}, this daemon reads {' and '.join(map(str, READ_VERSIONS))}")
+    if flags & FLAG_ENGINE and version < ENGINE_FORMAT_VERSION:
+        raise FormatError(f"engine names (flag {FLAG_ENGINE}) in a version {version} header")
     if ns_len > MAX_NAMESPACE_BYTES or 64 + ns_len > len(block):
         raise FormatError(f"namespace length {ns_len} out of range")
     ns = bytes(block[64:64 + ns_len])
     parent = bytes(block[64 + ns_len:64 + ns_len + KEY_BYTES]) if flags & FLAG_PARENT else None
+    at = 64 + ns_len + (KEY_BYTES if parent is not None else 0)
+    engine, names = _unpack_engine(block, at) if flags & FLAG_ENGINE else (None, b"")
     (header_sum,) = _SUM.unpack(bytes(block[56:64]))
-    if checksum(fixed + ns + (parent or b"")) != header_sum:
+    if checksum(fixed + ns + (parent or b"") + names) != header_sum:
         raise FormatError("header checksum mismatch")
-    if flags & ~(FLAG_LZ4 | FLAG_RAW_SUM | FLAG_PARENT):
+    if flags & ~(FLAG_LZ4 | FLAG_RAW_SUM | FLAG_PARENT | FLAG_ENGINE):
         raise FormatError(f"unknown flags {flags:#x}")
     if stored_len == 0 or raw_len == 0 or (not flags & FLAG_LZ4 and stored_len != raw_len):
         raise FormatError(f"inconsistent lengths raw={raw_len} stored={stored_len}")
     header = ChunkHeader(key, ns.decode(errors="replace"), raw_len, stored_len, payload_sum,
-                         flags & ~FLAG_PARENT, parent)
+                         flags & ~(FLAG_PARENT | FLAG_ENGINE), parent, engine)
     if file_len is not None and file_len != header.file_len:
         raise FormatError(f"file is {file_len} bytes, header says {header.file_len}")
     return header
+
+
+def _pack_engine(engine: EngineBlocks) -> bytes:
+    n = len(engine.hashes)
+    head = _ENGINE_HEAD.pack(engine.block_size, n, engine.parent is not None, engine.parent or 0)
+    return head + struct.pack(f"<{n}Q", *engine.hashes) + struct.pack(f"<{len(engine.token_ids)}I", *engine.token_ids)
+
+
+def _unpack_engine(block: bytes | memoryview, at: int) -> tuple[EngineBlocks, bytes]:
+    """The engine names at ``at`` and their bytes (for the header sum). Raises FormatError."""
+    if at + _ENGINE_HEAD.size > min(len(block), HEADER_BYTES):
+        raise FormatError("engine names run past the header block")
+    size, n, has_parent, parent = _ENGINE_HEAD.unpack(bytes(block[at:at + _ENGINE_HEAD.size]))
+    end = at + _ENGINE_HEAD.size + 8 * n + 4 * n * size
+    if n == 0 or size == 0 or end > min(len(block), HEADER_BYTES):
+        raise FormatError(f"engine names of {n} blocks of {size} tokens do not fit the header block")
+    names = bytes(block[at:end])
+    hashes = struct.unpack_from(f"<{n}Q", names, _ENGINE_HEAD.size)
+    tokens = struct.unpack_from(f"<{n * size}I", names, _ENGINE_HEAD.size + 8 * n)
+    try:   # the same checks as on the wire
+        engine = read_engine_chunk([list(hashes), parent if has_parent else None, list(tokens)], size, "disk")
+    except (BadRequestError, LimitError) as exc:
+        raise FormatError(f"bad engine names: {exc}") from None
+    assert engine is not None
+    return engine, names

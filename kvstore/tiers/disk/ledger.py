@@ -17,6 +17,7 @@ from collections import deque
 from typing import Protocol, Sequence
 
 from ...errors import ChecksumError, DamagedSource, FormatError, StoreFullError
+from ...protocol.engine_blocks import EngineBlocks
 from .tier import DiskTier
 from ...store.entry import DiskState, Entry, State
 from ...store.ledger import StoreCore, TierLedger
@@ -103,13 +104,13 @@ class DiskLedger(TierLedger):
 
     # -- start-up ------------------------------------------------------------------------------------------------
     def adopt(self, key: bytes, size: int, namespace: str, footprint: int, checksum: int | None = None,
-              parent: bytes | None = None) -> bool:
+              parent: bytes | None = None, engine: EngineBlocks | None = None) -> bool:
         """Index a chunk found on disk at start (call oldest first). False when it does not fit the cap."""
         store = self.store
         if key in store.index or not self._charge(footprint):
             return False
         entry = Entry(key, size, namespace, parent, State.COMMITTED, disk=DiskState.STORED, disk_bytes=footprint,
-                      checksum=checksum)
+                      checksum=checksum, engine=engine)
         store.index[key] = entry
         self.lru.add_newest(entry)
         store.sync(key)

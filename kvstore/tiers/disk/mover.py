@@ -86,7 +86,8 @@ class DiskMover(MoverLife):
     def _write_job(self, entry: Entry, slot: memoryview, before: concurrent.futures.Future | None) -> int:
         if before is not None:
             before.result()
-        return self.disk.write(entry.key, entry.namespace, slot, entry.size, entry.checksum, entry.parent)
+        return self.disk.write(entry.key, entry.namespace, slot, entry.size, entry.checksum, entry.parent,
+                               entry.engine)
 
     def _write_done(self, entry: Entry, fut: asyncio.Future) -> None:
         self.writing -= 1
