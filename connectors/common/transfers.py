@@ -31,9 +31,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..gpu.engine import load_async, save_async
-from ..ops import PagedKV
-from ._store import ChunkStore, exact_or_tolerance
+from kvstore.gpu.engine import load_async, save_async
+from kvstore.ops import PagedKV
+
+from .store import ChunkStore, exact_or_tolerance
 
 log = logging.getLogger("kvstore.connectors")
 
