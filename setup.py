@@ -12,11 +12,17 @@ from __future__ import annotations
 import os
 import shutil
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 CUDA_SOURCE = os.path.join("native", "kvstore_copy.cu")
+
+# The engine side lives in the top-level connectors/ and is installed as kvstore.connectors.<engine>, the import
+# path users' engine configs name (see kvstore/connectors/__init__.py for the checkout's side of the mapping).
+ENGINE_PACKAGES = {f"kvstore.connectors.{name}": os.path.join("connectors", *name.split("."))
+                   for name in find_packages("connectors")}
+PACKAGES = find_packages(include=["kvstore", "kvstore.*"]) + sorted(ENGINE_PACKAGES)
 
 LIBRARIES = [
     # the lookup index's walk and placement: plain C, no dependency
@@ -49,4 +55,5 @@ class BuildWithKernelSource(build_py):
             shutil.copy(CUDA_SOURCE, target)
 
 
-setup(ext_modules=LIBRARIES, cmdclass={"build_ext": BuildSharedLibraries, "build_py": BuildWithKernelSource})
+setup(packages=PACKAGES, package_dir=ENGINE_PACKAGES, ext_modules=LIBRARIES,
+      cmdclass={"build_ext": BuildSharedLibraries, "build_py": BuildWithKernelSource})

@@ -1,7 +1,7 @@
 """The vLLM connector's worker path on a GPU: how long saves block the step, and load bandwidth.
 
 A sub-check of ``bench/gpu_check.py`` (``vllm_worker``); vLLM itself is not installed there, so this drives the
-connector's worker half (``kvstore.connectors._transfers.Transfers``, what ``KVStoreConnector`` runs on a
+connector's worker half (``kvstore.connectors.common.transfers.Transfers``, what ``KVStoreConnector`` runs on a
 worker) over CUDA caches in vLLM 0.32+'s per-layer layout (logical ``[blocks, kv_heads, block_size, 2 * head]``
 over a ``[blocks, block_size, kv_heads, 2 * head]`` buffer), bf16, a real daemon with a GPU tier:
 
@@ -72,9 +72,9 @@ def check_vllm_worker(r: dict, device: str, env: dict[str, str], children: list,
                       time_ms: Callable[[Callable[[], Any]], float]) -> None:
     import torch
 
-    from kvstore.connectors._store import ChunkStore, DaemonLink
-    from kvstore.connectors._transfers import LoadJob, SaveJob, Transfers
-    from kvstore.connectors.layout import PagedGeometry
+    from kvstore.connectors.common.store import ChunkStore, DaemonLink
+    from kvstore.connectors.common.transfers import LoadJob, SaveJob, Transfers
+    from kvstore.connectors.common.layout import PagedGeometry
     from kvstore.ops import PagedKV, gather
 
     layers, heads, head, block, chunk_tokens = (32, 8, 128, 16, 256) if device == "cuda" else (4, 2, 32, 16, 256)

@@ -1,5 +1,6 @@
 """One circuit breaker for every peer kvstore talks to and may lose: the remote store (``tiers/remote/base.py``), the
-daemon as a connector sees it (``connectors/_store.py``) and each daemon of a router's fleet (``routing/fleet.py``).
+daemon as a connector sees it (``connectors/common/store.py``) and each daemon of a router's fleet
+(``routing/fleet.py``).
 
     closed ──failure──> open ──retry_s later, one probe──> closed (success) | open again (failure)
 

@@ -7,9 +7,9 @@ import itertools
 import pytest
 import torch
 
-from kvstore.connectors._store import ChunkStore
-from kvstore.connectors.families import ChunkLayout, Family, StageRange, Unsupported, attention_kind, mla_layout
-from kvstore.connectors.layout import KVGeometry, namespace
+from kvstore.connectors.common.store import ChunkStore
+from kvstore.connectors.common.families import ChunkLayout, Family, StageRange, Unsupported, attention_kind, mla_layout
+from kvstore.connectors.common.layout import KVGeometry, namespace
 
 T = 16
 MODEL = "hf:tiny@abc#0123"

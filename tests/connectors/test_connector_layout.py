@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvstore.connectors import layout
-from kvstore.connectors.layout import KVGeometry
+from kvstore.connectors.common import layout
+from kvstore.connectors.common.layout import KVGeometry
 
 GEOM = KVGeometry(num_layers=3, num_kv_heads=2, head_dim=4, dtype=torch.float32, chunk_tokens=8)
 

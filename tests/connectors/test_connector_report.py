@@ -14,8 +14,8 @@ from support.scrape import free_port, scrape, value
 
 ENGINE = """
 import sys
-from kvstore.connectors.families import Unsupported
-from kvstore.connectors.report import hold_off_report
+from kvstore.connectors.common.families import Unsupported
+from kvstore.connectors.common.report import hold_off_report
 refusal = Unsupported("jamba", "Mamba / linear-attention layers keep a recurrent state, not a per-token KV cache")
 held = hold_off_report(sys.argv[1], "vllm", refusal)
 print("held" if held is not None else "none", flush=True)

@@ -13,12 +13,15 @@ from support.paths import ROOT
 
 def _module_name(path: str) -> str:
     rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    if rel.startswith("connectors."):   # the top-level connectors/ is imported as kvstore.connectors
+        rel = "kvstore." + rel
     return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
 
 
 def import_graph() -> dict[str, set[str]]:
     raw: dict[str, set[tuple[str, str]]] = {}
-    for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, "kvstore")):
+    walks = [os.walk(os.path.join(ROOT, top)) for top in ("kvstore", "connectors")]
+    for dirpath, dirnames, filenames in (entry for walk in walks for entry in walk):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
         for filename in filenames:
             if not filename.endswith(".py"):

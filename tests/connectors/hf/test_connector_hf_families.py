@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 from support.engines.tiny import greedy, prefill, prompt, tiny_deepseek, tiny_gemma3, tiny_llama, tiny_mistral  # noqa: E402
 
-from kvstore.connectors.families import Family  # noqa: E402
+from kvstore.connectors.common.families import Family  # noqa: E402
 from kvstore.connectors.hf import (  # noqa: E402
     load_prefix, model_layout, model_namespace, new_cache, save_prefix,
 )

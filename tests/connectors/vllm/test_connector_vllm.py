@@ -329,7 +329,7 @@ def test_auto_loads_in_the_step_when_idle_and_off_it_when_busy(daemon, model):
 
 
 def test_verify_fraction_is_checked_in_one_line_and_chooses_by_request_id(daemon, model):
-    from kvstore.connectors._vllm_settings import chosen_for_verify, verify_fraction
+    from kvstore.connectors.vllm.settings import chosen_for_verify, verify_fraction
     from kvstore.errors import ConfigError
 
     for bad in (-0.1, 1.5, "often", None, True, float("nan")):

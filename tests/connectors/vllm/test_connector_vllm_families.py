@@ -23,11 +23,11 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     MLAAttentionSpec, SlidingWindowSpec,
 )
 
-from kvstore.connectors._transfers import Transfers  # noqa: E402
-from kvstore.connectors.families import Unsupported  # noqa: E402
-from kvstore.connectors.layout import paged_namespace  # noqa: E402
+from kvstore.connectors.common.transfers import Transfers  # noqa: E402
+from kvstore.connectors.common.families import Unsupported  # noqa: E402
+from kvstore.connectors.common.layout import paged_namespace  # noqa: E402
 from kvstore.connectors.vllm import KVStoreConnector  # noqa: E402
-from kvstore.connectors.vllm_geometry import KEEP, NULL_BLOCK, engine_geometry  # noqa: E402
+from kvstore.connectors.vllm.geometry import KEEP, NULL_BLOCK, engine_geometry  # noqa: E402
 from kvstore.ops import PagedKV  # noqa: E402
 
 BLOCK, CHUNK = 16, 64

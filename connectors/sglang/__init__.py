@@ -9,7 +9,7 @@
 SGLang moves KV between its host pool and storage one page (`page_size`
 tokens, all layers) at a time, named by its own chained page hashes. Each page
 is stored as one kvstore chunk in the common chunk layout
-(`kvstore.connectors.layout`): SGLang's hash is re-keyed under a namespace
+(`kvstore.connectors.common.layout`): SGLang's hash is re-keyed under a namespace
 derived from the model and the host pool's geometry (dtype, layers, kv heads,
 head dim, page size, tensor-parallel rank and size), so pages of another model
 or shard never match.
@@ -23,7 +23,7 @@ down or erroring means misses and dropped writes, never an error in SGLang.
 Extra config: `address`, `timeout` (default 2 s), `retry_s` (default 5 s),
 `model_id` (default: SGLang's model name), `cache_salt`.
 
-Families (`kvstore.connectors.families`):
+Families (`kvstore.connectors.common.families`):
 
 * MHA host pools (`layer_first`, `page_first`, `page_first_direct`,
   `page_head` layouts) with equal K and V head dims: a page is a dense chunk,
@@ -51,18 +51,24 @@ from typing import Any, List, Optional
 import torch
 import xxhash
 
+import kvstore
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
 )
 
-import kvstore
-
-from ._store import ChunkStore, DaemonLink
-from .families import ChunkLayout, Family, Unsupported, mla_layout
-from .layout import MLA_PAGE_LAYOUTS, PAGE_LAYOUTS, KVGeometry, chunk_into_page, page_shape, page_to_chunk
-from .report import on_report, refuse
+from ..common.families import ChunkLayout, Family, Unsupported, mla_layout
+from ..common.layout import (
+    MLA_PAGE_LAYOUTS,
+    PAGE_LAYOUTS,
+    KVGeometry,
+    chunk_into_page,
+    page_shape,
+    page_to_chunk,
+)
+from ..common.report import on_report, refuse
+from ..common.store import ChunkStore, DaemonLink
 
 log = logging.getLogger("kvstore.connectors.sglang")
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import logging
 
 import kvstore
-from kvstore.protocol.messages import MAX_CONNECTOR_FAMILY_CHARS, MAX_CONNECTOR_REASON_CHARS
+from kvstore.protocol.messages import (
+    MAX_CONNECTOR_FAMILY_CHARS,
+    MAX_CONNECTOR_REASON_CHARS,
+)
 
 from .families import ChunkLayout, Unsupported
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..protocol.kv_events import block_hash
-from ._store import ChunkStore
-from ._vllm_records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
-from ._vllm_settings import chosen_for_verify, load_mode, verify_fraction
-from ._vllm_shared import ConnectorSettings
-from .report import state_report
-from .vllm_geometry import NULL_BLOCK
+from kvstore.protocol.kv_events import block_hash
+
+from ..common.report import state_report
+from ..common.store import ChunkStore
+from .geometry import NULL_BLOCK
+from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
+from .settings import chosen_for_verify, load_mode, verify_fraction
+from .shared import ConnectorSettings
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks

@@ -60,20 +60,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import vllm
+from kvstore.errors import ConfigError
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, SupportsHMA,
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from ..errors import ConfigError
-from ._vllm_records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
-from ._vllm_scheduler import SchedulerSide
-from ._vllm_settings import SUPPORTED_VLLM, check_vllm_version, model_id
-from ._vllm_shared import ConnectorSettings
-from ._vllm_worker import WorkerSide
-from .families import Unsupported
-from .report import refuse
-from .vllm_geometry import EngineGeometry, engine_geometry
+from ..common.families import Unsupported
+from ..common.report import refuse
+from .geometry import EngineGeometry, engine_geometry
+from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
+from .scheduler import SchedulerSide
+from .settings import SUPPORTED_VLLM, check_vllm_version, model_id
+from .shared import ConnectorSettings
+from .worker import WorkerSide
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -31,10 +31,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..tiers.gpu.engine import load_async, save_async
-from ..ops import PagedKV
-from ..protocol.engine_blocks import EngineBlocks
-from ._store import ChunkStore, exact_or_tolerance
+from kvstore.ops import PagedKV
+from kvstore.protocol.engine_blocks import EngineBlocks
+from kvstore.tiers.gpu.engine import load_async, save_async
+
+from .store import ChunkStore, exact_or_tolerance
 
 log = logging.getLogger("kvstore.connectors")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._store import ChunkStore, DaemonLink
-from .layout import PagedGeometry, paged_namespace
-from .vllm_geometry import EngineGeometry
+from ..common.layout import PagedGeometry, paged_namespace
+from ..common.store import ChunkStore, DaemonLink
+from .geometry import EngineGeometry
 
 
 @dataclass

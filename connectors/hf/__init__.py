@@ -15,7 +15,7 @@ The chunk size is the client's
 chunks. `load_prefix` leaves at least the last token of `input_ids` to compute,
 so the caller always has logits for the next token.
 
-Families (what a chunk holds: `kvstore.connectors.families`):
+Families (what a chunk holds: `kvstore.connectors.common.families`):
 
 * dense decoders (Llama, Qwen2, Mistral, ...; grouped-query attention included):
   K and V per layer;
@@ -66,9 +66,15 @@ import xxhash
 
 import kvstore
 
-from ._store import ChunkStore, VerifyResult
-from .families import ChunkLayout, Family, Unsupported, attention_kind, mla_layout
-from .layout import KVGeometry, dense_to_chunks
+from ..common.families import (
+    ChunkLayout,
+    Family,
+    Unsupported,
+    attention_kind,
+    mla_layout,
+)
+from ..common.layout import KVGeometry, dense_to_chunks
+from ..common.store import ChunkStore, VerifyResult
 
 log = logging.getLogger("kvstore.connectors.hf")
 

@@ -8,7 +8,7 @@ as one contiguous tensor of shape
     [layers, planes, chunk_tokens, kv_heads, head_dim]
 
 (`planes` 2 for K and V, 1 for a single per-token plane such as MLA's
-latent-plus-rope vector; see `kvstore.connectors.families`) in the dtype the
+latent-plus-rope vector; see `kvstore.connectors.common.families`) in the dtype the
 engine holds it in (fp8 caches as their raw bytes), and stored as the raw bytes of that tensor. Keeping tokens
 before heads makes any run of tokens within a layer one contiguous slab, which
 is what paged engines address (a block is a run of tokens). The transformers

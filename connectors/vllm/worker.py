@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ..ops import PagedKV
-from ..protocol.engine_blocks import EngineBlocks
-from ._transfers import LoadJob, SaveJob, Transfers
-from ._vllm_records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
-from ._vllm_settings import tp_rank
-from ._vllm_shared import ConnectorSettings
+from kvstore.ops import PagedKV
+from kvstore.protocol.engine_blocks import EngineBlocks
+
+from ..common.transfers import LoadJob, SaveJob, Transfers
+from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
+from .settings import tp_rank
+from .shared import ConnectorSettings
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -10,7 +10,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from kvstore.errors import ConfigError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

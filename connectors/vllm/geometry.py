@@ -34,8 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .families import Unsupported, attention_kind
-from .layout import PagedGeometry, dtype_name
+from ..common.families import Unsupported, attention_kind
+from ..common.layout import PagedGeometry, dtype_name
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -170,8 +170,13 @@ def _describe(layer_names: Sequence[str], spec: Any, family: str, vllm_config: "
               ) -> tuple[GroupGeometry, str, bool]:
     """(the group, its format for the namespace, whether it is MLA) of one spec; raises `Unsupported`."""
     from vllm.v1.kv_cache_interface import (
-        ChunkedLocalAttentionSpec, CrossAttentionSpec, FullAttentionSpec, MambaSpec, MLAAttentionSpec,
-        SlidingWindowSpec, UniformTypeKVCacheSpecs,
+        ChunkedLocalAttentionSpec,
+        CrossAttentionSpec,
+        FullAttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+        UniformTypeKVCacheSpecs,
     )
 
     if isinstance(spec, UniformTypeKVCacheSpecs):

@@ -1,0 +1,1 @@
+"""What the engine connectors share: chunk layout, model families, the store client, transfers, reports."""
