@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 from _common import write_result  # noqa: E402
 from support.daemons import DaemonProc, short_tempdir  # noqa: E402
-from test_faults import acked_keys, read_back  # noqa: E402
+from support.crashes import acked_keys, read_back  # noqa: E402
 from support.workload import parse_counts, total, worker_command  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 

@@ -34,6 +34,7 @@ SECTIONS = {
     "deployment": "Deployment",
     "design": "Design",
     "benchmarks": "Benchmarks",
+    "development": "Development",
     "reference": "Reference",
 }
 

@@ -23,7 +23,8 @@ from conftest import wait_for
 import kvstore
 from kvstore.protocol.wire import Op
 
-from support.workload import CHUNK_TOKENS, NAMESPACE, parse_counts, payload_for, payload_ok, total, worker_command
+from support.crashes import acked_keys, read_back
+from support.workload import parse_counts, payload_for, total, worker_command
 
 
 
@@ -34,30 +35,6 @@ def persistence_args(workdir: str) -> list[str]:
     if not any(s.name == "disk_dir" for s in SETTINGS):
         return []
     return ["--disk-dir", os.path.join(workdir, "disk")]
-
-
-def read_back(address: str, keys: list[bytes]) -> tuple[int, int, int]:
-    """(correct, corrupt, missing) over ``keys``, read one by one with a fresh client."""
-    correct = corrupt = missing = 0
-    with kvstore.connect(address, namespace=NAMESPACE, chunk_tokens=CHUNK_TOKENS, timeout=10) as c:
-        for key in keys:
-            with c.get([key]) as views:
-                if not views:
-                    missing += 1
-                elif payload_ok(key, views[0]):
-                    correct += 1
-                else:
-                    corrupt += 1
-    return correct, corrupt, missing
-
-
-def acked_keys(paths: list[str]) -> list[bytes]:
-    keys: list[bytes] = []
-    for path in paths:
-        if os.path.exists(path):
-            with open(path) as f:
-                keys += [bytes.fromhex(line) for line in f.read().split() if len(line) == 32]
-    return list(dict.fromkeys(keys))
 
 
 def test_kill9_during_heavy_puts_never_serves_wrong_bytes(start_daemon, tmp_path):
