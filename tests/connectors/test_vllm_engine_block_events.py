@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from conftest import wait_for
 from support.engines.vllm_real import (
     CHUNK, full_chunks, prompts, stored,

@@ -28,13 +28,13 @@ every read, where a failure is a miss, never data. xxh3-64 runs at memory bandwi
 
 The payload sum is the chunk's own checksum, the one it carries in DRAM from commit on (``store/integrity.py``):
 a write checks the slot against it and stores it, a read returns it, so the sum is computed once per chunk and
-never again for the disk.
+never again for the disk. For an uncompressed payload it is the sum of the stored bytes as well; lz4 files
+written before the flag existed sum their compressed bytes, and are read as before.
 
 Versions: a file is written as version 1 unless it carries engine names (they must survive a restart so the
 chunk's KV cache events keep naming the engine's blocks); those that do not fit the header block are left out,
 and the file is version 1. This daemon reads both; a daemon that reads version 1 only quarantines a version-2
-file (moved aside, never removed), so a downgrade loses those chunks' cache hits, not data. For an uncompressed payload it is the sum of the stored bytes as well; lz4 files
-written before the flag existed sum their compressed bytes, and are read as before.
+file (moved aside, never removed), so a downgrade loses those chunks' cache hits, not data.
 """
 
 from __future__ import annotations
