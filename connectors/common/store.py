@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, TypeVar, Union
 
 import torch
 
@@ -24,6 +24,7 @@ from .layout import KVGeometry, PagedGeometry, chunk_from_buffer, chunks_to_dens
 Geometry = Union[KVGeometry, PagedGeometry]
 
 log = logging.getLogger("kvstore.connectors")
+T = TypeVar("T")
 
 
 class DaemonLink:
@@ -150,32 +151,23 @@ class ChunkStore:
         """Leading `keys` stored, 0 when the daemon cannot say. Pins nothing."""
         if not keys:
             return 0
-        try:
-            return self._client().lookup(keys)
-        except Exception as exc:  # noqa: BLE001 - any failure is a miss
-            self.warn("lookup", exc)
-            return 0
+        return self._attempt("lookup", 0, lambda: self._client().lookup(keys))
 
     def lookup_many(self, chains: Sequence[Sequence[bytes]]) -> list[int]:
         """``lookup`` of several chains in one round trip; all 0 when the daemon cannot say."""
         if not any(chains):
             return [0] * len(chains)
-        try:
-            return self._client().lookup_many(chains)
-        except Exception as exc:  # noqa: BLE001 - any failure is a miss
-            self.warn("lookup", exc)
-            return [0] * len(chains)
+        return self._attempt("lookup", [0] * len(chains), lambda: self._client().lookup_many(chains))
 
     def lookup_tiers(self, keys: Sequence[bytes]) -> tuple[int, dict[str, int]]:
         """Like `lookup`, with how many of the hits each tier holds."""
         if not keys:
             return 0, {}
-        try:
+        def counted() -> tuple[int, dict[str, int]]:
             found = self._client().lookup_tiers(keys)
             return found.count, dict(found.tiers)
-        except Exception as exc:  # noqa: BLE001
-            self.warn("lookup", exc)
-            return 0, {}
+
+        return self._attempt("lookup", (0, {}), counted)
 
     def load(self, keys: Sequence[bytes], device: torch.device | str = "cpu") -> torch.Tensor:
         """The longest loadable prefix of `keys` as `[n, *chunk_shape]` on `device`.
@@ -183,40 +175,35 @@ class ChunkStore:
         Bytes are copied out of the leased views before the lease ends. A chunk
         of the wrong size ends the prefix there.
         """
-        out = self.geometry.empty_chunks(0, device)
         if not keys:
-            return out
-        try:
-            with self._client().get(keys) as views:
-                chunks = []
-                for view in views:
-                    try:
-                        chunks.append(chunk_from_buffer(view, self.geometry))
-                    except ValueError as exc:
-                        self.warn("chunk size", exc)
-                        break
-                if chunks:
-                    out = self.geometry.empty_chunks(len(chunks), device)
-                    for i, chunk in enumerate(chunks):
-                        # Asynchronous from a page-locked arena mapping; the sync below ends before the lease does.
-                        out[i].copy_(chunk, non_blocking=out.is_cuda)
-                    if out.is_cuda:
-                        torch.cuda.current_stream(out.device).synchronize()
-            return out
-        except Exception as exc:  # noqa: BLE001
-            self.warn("get", exc)
             return self.geometry.empty_chunks(0, device)
+        return self._attempt("get", self.geometry.empty_chunks(0, device), lambda: self._copied_out(keys, device))
+
+    def _copied_out(self, keys: Sequence[bytes], device: torch.device | str) -> torch.Tensor:
+        """`load`'s copy out of the leased views (raises what the daemon or a chunk raises)."""
+        out = self.geometry.empty_chunks(0, device)
+        with self._client().get(keys) as views:
+            chunks = []
+            for view in views:
+                try:
+                    chunks.append(chunk_from_buffer(view, self.geometry))
+                except ValueError as exc:
+                    self.warn("chunk size", exc)
+                    break
+            if chunks:
+                out = self.geometry.empty_chunks(len(chunks), device)
+                for i, chunk in enumerate(chunks):
+                    # Asynchronous from a page-locked arena mapping; the sync below ends before the lease does.
+                    out[i].copy_(chunk, non_blocking=out.is_cuda)
+                if out.is_cuda:
+                    torch.cuda.current_stream(out.device).synchronize()
+        return out
 
     @contextlib.contextmanager
     def lease(self, keys: Sequence[bytes]) -> Iterator[list[Any]]:
         """Zero-copy views of the longest leasable prefix of `keys` whose sizes fit the geometry, valid
         inside the `with`; an empty list when the daemon cannot give any. The lease ends on exit."""
-        held = None
-        if keys:
-            try:
-                held = self._client().get(keys)
-            except Exception as exc:  # noqa: BLE001
-                self.warn("get", exc)
+        held = self._attempt("get", None, lambda: self._client().get(keys)) if keys else None
         try:
             views = list(held.views) if held is not None else []
             for i, view in enumerate(views):
@@ -236,25 +223,14 @@ class ChunkStore:
         whose views are None for chunks already stored), or None when the daemon cannot give them. `engine`: the
         engine's names of each of those chunks' blocks (for the daemon's KV cache events), if known."""
         parent = keys[first - 1] if first > 0 else None
-        try:
-            return self._client().reserve(keys[first:first + count], [self.geometry.chunk_nbytes] * count,
-                                          parent=parent, engine=engine)
-        except Exception as exc:  # noqa: BLE001
-            self.warn("reserve", exc)
-            return None
+        return self._attempt("reserve", None, lambda: self._client().reserve(
+            keys[first:first + count], [self.geometry.chunk_nbytes] * count, parent=parent, engine=engine))
 
     def commit(self, reservation: Any) -> int:
-        try:
-            return reservation.commit()
-        except Exception as exc:  # noqa: BLE001
-            self.warn("commit", exc)
-            return 0
+        return self._attempt("commit", 0, reservation.commit)
 
     def abort(self, reservation: Any) -> None:
-        try:
-            reservation.abort()
-        except Exception as exc:  # noqa: BLE001 - the reservation's TTL frees it anyway
-            log.debug("kvstore abort failed: %s", exc)
+        self._attempt("abort", None, reservation.abort, quiet=True)   # the reservation's TTL frees it anyway
 
     def load_dense(self, keys: Sequence[bytes], device: torch.device | str = "cpu"
                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -283,12 +259,11 @@ class ChunkStore:
                 dense[:, :, 0, :, i * t:(i + 1) * t].copy_(chunk.permute(0, 1, 3, 2, 4))
             loaded[:] = [dense] if chunks else []
 
-        try:
+        def read() -> bool:
             self._client().read(keys, copy)
-        except Exception as exc:  # noqa: BLE001
-            self.warn("get", exc)
-            return [], []
-        if not loaded:
+            return True
+
+        if not self._attempt("get", False, read) or not loaded:
             return [], []
         dense = loaded[0]
         values = [dense[layer, 1] for layer in range(g.num_layers)] if g.planes == 2 else []
@@ -320,11 +295,9 @@ class ChunkStore:
         bad, max_diff = compare_chunks(stored, computed[:len(stored)], atol, rtol)
         first_bad = bad.index(True) if any(bad) else None
         result = VerifyResult(len(stored), sum(bad), max_diff, first_bad)
-        try:
-            dropped = self._client().report_verify(self.namespace, keys, result.checks, result.mismatches,
-                                                   max_diff, first_bad)
-        except Exception as exc:  # noqa: BLE001
-            self.warn("verify", exc)
+        dropped = self._attempt("verify", None, lambda: self._client().report_verify(
+            self.namespace, keys, result.checks, result.mismatches, max_diff, first_bad))
+        if dropped is None:
             return result
         if result.mismatches:
             log.error("kvstore chunks of %s differ from the computed KV (%d of %d, max difference %g); the "
@@ -341,11 +314,21 @@ class ChunkStore:
             return 0
         new_keys = list(keys[first:first + len(chunks)])
         parent = keys[first - 1] if first > 0 else None
+        return self._attempt("put", 0, lambda: self._client().put(new_keys, list(chunks), parent=parent))
+
+    def _attempt(self, what: str, fallback: T, call: Callable[[], T], quiet: bool = False) -> T:
+        """``call()``, or ``fallback`` when it raises anything: the one place a connector's store call turns an
+        unexpected failure (daemon gone, a reply or chunk it cannot use) into its fallback path, a miss or
+        nothing saved, so the engine prefills as if no cache were there; logged through `warn` (``quiet``: at
+        debug level only, for clean-up whose failure changes nothing)."""
         try:
-            return self._client().put(new_keys, list(chunks), parent=parent)
-        except Exception as exc:  # noqa: BLE001
-            self.warn("put", exc)
-            return 0
+            return call()
+        except Exception as exc:  # noqa: BLE001 - any failure falls back to prefill, never to the engine
+            if quiet:
+                log.debug("kvstore %s failed: %s", what, exc)
+            else:
+                self.warn(what, exc)
+            return fallback
 
     def warn(self, what: str, exc: BaseException) -> None:
         """Note a failure of `what` (once per kind at warning level) and let the link decide on reconnecting."""
