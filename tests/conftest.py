@@ -112,7 +112,7 @@ def client(daemon) -> Iterator[kvstore.Client]:
 # Modules whose tests start daemons, servers or CLI processes in their own bodies (not through the fixtures
 # below, which the markers see on their own), relative to tests/.
 PROCESS_MODULES = frozenset({
-    "cli/test_cli.py", "client/test_request_limits.py", "connectors/test_connector_report.py",
+    "cli/test_cli.py", "client/test_request_limits.py", "connectors/test_import_paths.py", "connectors/test_connector_report.py",
     "connectors/vllm/test_connector_vllm.py", "gpu/test_gpu_tier.py", "gpu/test_gpu_wiring.py",
     "metrics/test_metrics.py", "native/test_native.py", "project/test_hygiene.py", "project/test_packaging.py",
     "remote/test_remote_backends.py", "remote/test_remote_tier.py", "routing/test_routing.py",
@@ -124,6 +124,7 @@ PROCESS_MODULES = frozenset({
 ENGINE_MODULES = frozenset({
     "connectors/vllm/test_vllm_engine.py", "connectors/vllm/test_vllm_engine_roles.py",
     "connectors/vllm/test_vllm_families.py", "connectors/vllm/test_vllm_verify.py",
+    "connectors/vllm/test_vllm_engine_block_events.py",
 })
 # Modules that need a CUDA device when KVSTORE_TEST_DEVICE=cuda asks them to run on one.
 GPU_MODULES = frozenset({"connectors/hf/test_connector_hf.py"})
