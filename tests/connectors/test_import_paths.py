@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -42,9 +43,15 @@ def test_checkout_on_pythonpath_loads_the_top_level_folder(tmp_path: pathlib.Pat
 
 @pytest.mark.timeout(600)
 def test_wheel_installs_the_connectors_under_kvstore(tmp_path: pathlib.Path) -> None:
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    wheels, site, src = tmp_path / "wheels", tmp_path / "site", tmp_path / "src"
+    # built from a copy, so that no build/ or egg-info lands in the checkout
+    for top in ("kvstore", "connectors", "native"):
+        shutil.copytree(CHECKOUT / top, src / top, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
+        shutil.copy(CHECKOUT / name, src)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(wheels), str(CHECKOUT)], check=True, cwd=tmp_path, timeout=300)
+                    "-w", str(wheels), str(src)], check=True, cwd=tmp_path, timeout=300,
+                   env={**os.environ, "CC": "false"})
     (wheel,) = wheels.glob("kvstore-*.whl")
     # a scratch install location ahead of this interpreter's own (which holds the dependencies)
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site),
