@@ -71,6 +71,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from ..common.families import Unsupported
 from ..common.report import refuse
+from .config import VllmConnectorConfig
 from .geometry import EngineGeometry, engine_geometry
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .scheduler import SchedulerSide
@@ -118,10 +119,10 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _read_settings(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                        kv_cache_config: "KVCacheConfig") -> ConnectorSettings:
-        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        config = VllmConnectorConfig.from_extra(self._kv_transfer_config.kv_connector_extra_config)
         block_size = vllm_config.cache_config.block_size
-        chunk_tokens = int(extra.get("chunk_tokens", 256))
-        if chunk_tokens <= 0 or chunk_tokens % block_size:
+        chunk_tokens = config.chunk_tokens
+        if chunk_tokens % block_size:
             raise ConfigError(f"kvstore chunk_tokens {chunk_tokens} must be a positive multiple of vLLM's "
                               f"block size {block_size}")
         geometry: EngineGeometry | None = None
@@ -129,13 +130,13 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
             geometry = engine_geometry(kv_cache_config, chunk_tokens, vllm_config)
         except Unsupported as exc:
             if role == KVConnectorRole.SCHEDULER:  # one line per engine; its workers stay quiet
-                self._off_report = refuse(extra.get("address"), "vllm", exc, float(extra.get("timeout", 2.0)))
+                self._off_report = refuse(config.address, "vllm", exc, config.timeout)
         # A sliding-window group's blocks behind the window are freed at the next schedule: save in the step.
-        save_async = bool(extra.get("save_async", True)) and not (geometry is not None and geometry.frees_blocks)
+        save_async = config.save_async and not (geometry is not None and geometry.frees_blocks)
         return ConnectorSettings(
-            geometry, chunk_tokens, str(extra.get("model_id") or model_id(vllm_config)),
-            str(extra.get("cache_salt", "")), vllm_config.parallel_config.tensor_parallel_size,
-            self._kv_transfer_config.is_kv_consumer, self._kv_transfer_config.is_kv_producer, save_async, extra,
+            geometry, chunk_tokens, config.model_id or model_id(vllm_config), config.cache_salt,
+            vllm_config.parallel_config.tensor_parallel_size,
+            self._kv_transfer_config.is_kv_consumer, self._kv_transfer_config.is_kv_producer, save_async, config,
         )
 
     # -- scheduler side ----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from ..common.report import state_report
 from ..common.store import ChunkStore
 from .geometry import NULL_BLOCK
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
-from .settings import chosen_for_verify, load_mode, verify_fraction
+from .settings import chosen_for_verify
 from .shared import ConnectorSettings
 
 if TYPE_CHECKING:
@@ -33,10 +33,9 @@ class SchedulerSide:
         self._settings = settings
         self._geometry = g
         self._chunk_tokens = settings.chunk_tokens
-        extra = settings.extra
-        self._load_mode = load_mode(extra.get("load_async", "auto"))
-        self._lookup_batch = max(1, int(extra.get("lookup_batch", 64)))
-        self._verify_fraction = verify_fraction(extra.get("verify_fraction", 0.0))
+        self._load_mode = settings.config.load_async
+        self._lookup_batch = settings.config.lookup_batch
+        self._verify_fraction = settings.config.verify_fraction
         self._stats: dict[str, int] = {}
         self._unasked: dict[str, "Request"] = {}   # waiting requests not looked up yet
         self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (tokens when asked, chunks found)

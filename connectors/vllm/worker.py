@@ -67,9 +67,9 @@ class WorkerSide:
         rank = tp_rank(self._vllm_config)
         self._saves_here = s.save_enabled and not (g.mla and rank != 0)  # MLA: rank 0 saves for every rank
         gpu = first.device.type == "cuda"
-        connect = {"pin_arena": True, "gpu": bool(s.extra.get("gpu_tier", True))} if gpu else {}
+        connect = {"pin_arena": True, "gpu": s.config.gpu_tier} if gpu else {}
         self.transfers = Transfers(kvs, s.chunk_store(rank, s.link(**connect)), s.chunk_store(rank, s.link(**connect)),
-                                   int(s.extra.get("max_save_bytes", 1 << 30)), dtype=first.dtype)
+                                   s.config.max_save_bytes, dtype=first.dtype)
 
     def _disable(self, why: str) -> None:
         log.warning("kvstore connector disabled: %s", why)
