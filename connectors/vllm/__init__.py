@@ -77,6 +77,7 @@ from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .scheduler import SchedulerSide
 from .settings import SUPPORTED_VLLM, check_vllm_version, model_id
 from .shared import ConnectorSettings
+from .stats import KVStoreConnectorStats
 from .worker import WorkerSide
 
 if TYPE_CHECKING:
@@ -213,8 +214,18 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         return self.worker_side.take_load_errors() if self.worker_side is not None else set()
 
     # -- both --------------------------------------------------------------------------------------------
+    def get_kv_connector_stats(self) -> KVStoreConnectorStats | None:
+        """kvstore's counts since vLLM last asked (the scheduler's hits, a worker's loads and saves)."""
+        side = self.scheduler_side or self.worker_side
+        return side.take_stats() if side is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVStoreConnectorStats:
+        """The stats `to_dict()` sent from a worker or the scheduler, rebuilt in vLLM's logger."""
+        return KVStoreConnectorStats(data=dict(data or {}))
+
     @property
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         """What this side has done: lookups and plans (scheduler), chunks moved and dropped (worker)."""
         if self.scheduler_side is not None:
             return self.scheduler_side.stats

@@ -19,6 +19,7 @@ from ..common.transfers import LoadJob, SaveJob, Transfers
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .settings import tp_rank
 from .shared import ConnectorSettings
+from .stats import Interval, KVStoreConnectorStats
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -42,10 +43,22 @@ class WorkerSide:
         self._finishing: set[str] = set()            # ... that finished, waiting for their saves
         self._load_errors: set[int] = set()
         self._saves_here = False                     # this worker saves (MLA under TP: rank 0 only)
+        self._interval = Interval()
 
     @property
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         return self.transfers.counters.as_dict() if self.transfers is not None else {}
+
+    def take_stats(self) -> KVStoreConnectorStats:
+        """What this worker moved since the last call (chunks, bytes, failures, seconds)."""
+        grown = self._interval.take(self.stats)
+        nbytes = self._geometry.paged.chunk_nbytes
+        return KVStoreConnectorStats(data={
+            "loaded_chunks": grown.get("chunks_loaded", 0), "loaded_bytes": grown.get("chunks_loaded", 0) * nbytes,
+            "load_failures": grown.get("load_failures", 0), "saved_chunks": grown.get("chunks_saved", 0),
+            "saved_bytes": grown.get("chunks_saved", 0) * nbytes, "saves_dropped": grown.get("saves_dropped", 0),
+            "save_failures": grown.get("save_failures", 0), "load_seconds": grown.get("load_seconds", 0.0),
+            "save_seconds": grown.get("save_seconds", 0.0)})
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Find every group's block planes; on a cache that does not match the geometry, log one line and stay off."""
