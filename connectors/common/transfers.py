@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -79,8 +80,10 @@ class Counters:
     save_failures: int = 0
     chunks_verified: int = 0
     verify_mismatches: int = 0
+    load_seconds: float = 0.0  # wall time the loader spent on loads
+    save_seconds: float = 0.0  # ... and the saver on saves
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | float]:
         return dict(self.__dict__)
 
 
@@ -186,6 +189,7 @@ class Transfers:
             self._loads.task_done()
 
     def _load(self, job: LoadJob) -> None:
+        started = time.perf_counter()
         try:
             keys = self._load_store.keys(job.token_ids[: job.num_chunks * self._load_store.geometry.chunk_tokens],
                                          job.salt)[job.first_chunk: job.num_chunks]
@@ -201,6 +205,7 @@ class Transfers:
         except Exception as exc:  # noqa: BLE001 - a failed load is a recompute, never a failed step
             log.warning("kvstore load of request %s failed: %s", job.req_id, exc)
         with self._lock:
+            self.counters.load_seconds += time.perf_counter() - started
             self.counters.chunks_loaded += job.loaded
             if job.first_chunk + job.loaded < job.num_chunks:
                 self.counters.load_failures += 1
@@ -234,6 +239,7 @@ class Transfers:
         t = store.geometry.chunk_tokens
         end = job.first_chunk + job.num_chunks
         reservation, failed = None, True
+        started = time.perf_counter()
         try:
             keys = store.keys(job.token_ids[: end * t], job.salt)
             reservation = store.reserve(keys, job.first_chunk, job.num_chunks, job.engine)
@@ -254,6 +260,7 @@ class Transfers:
             if reservation is not None:
                 store.abort(reservation)
             with self._lock:
+                self.counters.save_seconds += time.perf_counter() - started
                 self.counters.chunks_saved += job.saved
                 self.counters.save_failures += int(failed)
 

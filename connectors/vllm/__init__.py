@@ -71,11 +71,13 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from ..common.families import Unsupported
 from ..common.report import refuse
+from .config import VllmConnectorConfig
 from .geometry import EngineGeometry, engine_geometry
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .scheduler import SchedulerSide
 from .settings import SUPPORTED_VLLM, check_vllm_version, model_id
 from .shared import ConnectorSettings
+from .stats import KVStoreConnectorStats
 from .worker import WorkerSide
 
 if TYPE_CHECKING:
@@ -118,10 +120,10 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _read_settings(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                        kv_cache_config: "KVCacheConfig") -> ConnectorSettings:
-        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        config = VllmConnectorConfig.from_extra(self._kv_transfer_config.kv_connector_extra_config)
         block_size = vllm_config.cache_config.block_size
-        chunk_tokens = int(extra.get("chunk_tokens", 256))
-        if chunk_tokens <= 0 or chunk_tokens % block_size:
+        chunk_tokens = config.chunk_tokens
+        if chunk_tokens % block_size:
             raise ConfigError(f"kvstore chunk_tokens {chunk_tokens} must be a positive multiple of vLLM's "
                               f"block size {block_size}")
         geometry: EngineGeometry | None = None
@@ -129,13 +131,13 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
             geometry = engine_geometry(kv_cache_config, chunk_tokens, vllm_config)
         except Unsupported as exc:
             if role == KVConnectorRole.SCHEDULER:  # one line per engine; its workers stay quiet
-                self._off_report = refuse(extra.get("address"), "vllm", exc, float(extra.get("timeout", 2.0)))
+                self._off_report = refuse(config.address, "vllm", exc, config.timeout)
         # A sliding-window group's blocks behind the window are freed at the next schedule: save in the step.
-        save_async = bool(extra.get("save_async", True)) and not (geometry is not None and geometry.frees_blocks)
+        save_async = config.save_async and not (geometry is not None and geometry.frees_blocks)
         return ConnectorSettings(
-            geometry, chunk_tokens, str(extra.get("model_id") or model_id(vllm_config)),
-            str(extra.get("cache_salt", "")), vllm_config.parallel_config.tensor_parallel_size,
-            self._kv_transfer_config.is_kv_consumer, self._kv_transfer_config.is_kv_producer, save_async, extra,
+            geometry, chunk_tokens, config.model_id or model_id(vllm_config), config.cache_salt,
+            vllm_config.parallel_config.tensor_parallel_size,
+            self._kv_transfer_config.is_kv_consumer, self._kv_transfer_config.is_kv_producer, save_async, config,
         )
 
     # -- scheduler side ----------------------------------------------------------------------------------
@@ -212,8 +214,18 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         return self.worker_side.take_load_errors() if self.worker_side is not None else set()
 
     # -- both --------------------------------------------------------------------------------------------
+    def get_kv_connector_stats(self) -> KVStoreConnectorStats | None:
+        """kvstore's counts since vLLM last asked (the scheduler's hits, a worker's loads and saves)."""
+        side = self.scheduler_side or self.worker_side
+        return side.take_stats() if side is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVStoreConnectorStats:
+        """The stats `to_dict()` sent from a worker or the scheduler, rebuilt in vLLM's logger."""
+        return KVStoreConnectorStats(data=dict(data or {}))
+
     @property
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         """What this side has done: lookups and plans (scheduler), chunks moved and dropped (worker)."""
         if self.scheduler_side is not None:
             return self.scheduler_side.stats

@@ -15,8 +15,9 @@ from ..common.report import state_report
 from ..common.store import ChunkStore
 from .geometry import NULL_BLOCK
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
-from .settings import chosen_for_verify, load_mode, verify_fraction
+from .settings import chosen_for_verify
 from .shared import ConnectorSettings
+from .stats import Interval, KVStoreConnectorStats
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -33,11 +34,11 @@ class SchedulerSide:
         self._settings = settings
         self._geometry = g
         self._chunk_tokens = settings.chunk_tokens
-        extra = settings.extra
-        self._load_mode = load_mode(extra.get("load_async", "auto"))
-        self._lookup_batch = max(1, int(extra.get("lookup_batch", 64)))
-        self._verify_fraction = verify_fraction(extra.get("verify_fraction", 0.0))
+        self._load_mode = settings.config.load_async
+        self._lookup_batch = settings.config.lookup_batch
+        self._verify_fraction = settings.config.verify_fraction
         self._stats: dict[str, int] = {}
+        self._interval = Interval()
         self._unasked: dict[str, "Request"] = {}   # waiting requests not looked up yet
         self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (tokens when asked, chunks found)
         self._salts: dict[str, str] = {}
@@ -65,6 +66,12 @@ class SchedulerSide:
     def looked_up(self, req_id: str) -> bool:
         """Whether a lookup answer for `req_id` is still kept (until it is scheduled or finished)."""
         return req_id in self._lookups
+
+    def take_stats(self) -> KVStoreConnectorStats:
+        """What the scheduler did since the last call: prompt tokens to load from the store, lookups."""
+        grown = self._interval.take(self._stats)
+        return KVStoreConnectorStats(data={"hit_tokens": grown.get("hit_tokens", 0),
+                                           "lookups": grown.get("lookups", 0)})
 
     def _count(self, name: str, n: int = 1) -> None:
         self._stats[name] = self._stats.get(name, 0) + n
@@ -135,6 +142,7 @@ class SchedulerSide:
                                     end - num_external_tokens, self._salts.get(rid, ""), self._async.pop(rid, True))
         self._loaded[rid] = chunks
         self._count("load_specs")
+        self._count("hit_tokens", num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVStoreConnectorMetadata:
         meta = KVStoreConnectorMetadata()

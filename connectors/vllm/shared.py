@@ -12,6 +12,7 @@ from typing import Any
 
 from ..common.layout import PagedGeometry, paged_namespace
 from ..common.store import ChunkStore, DaemonLink
+from .config import VllmConnectorConfig
 from .geometry import EngineGeometry
 
 
@@ -27,17 +28,17 @@ class ConnectorSettings:
     load_enabled: bool                   # kv_role kv_both or kv_consumer
     save_enabled: bool                   # kv_role kv_both or kv_producer
     save_async: bool
-    extra: dict[str, Any]
+    config: VllmConnectorConfig          # kv_connector_extra_config, checked
     links: list[DaemonLink] = field(default_factory=list)
 
     @property
     def timeout(self) -> float:
-        return float(self.extra.get("timeout", 2.0))
+        return self.config.timeout
 
     def link(self, **connect: Any) -> DaemonLink:
         """A new link to the daemon (a client is not thread-safe: one per thread that calls it)."""
-        link = DaemonLink.to(self.extra.get("address"), self.chunk_tokens, timeout=self.timeout,
-                             retry_s=float(self.extra.get("retry_s", 5.0)), connect=connect)
+        link = DaemonLink.to(self.config.address, self.chunk_tokens, timeout=self.timeout,
+                             retry_s=self.config.retry_s, connect=connect)
         self.links.append(link)
         return link
 

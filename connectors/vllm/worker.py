@@ -19,6 +19,7 @@ from ..common.transfers import LoadJob, SaveJob, Transfers
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .settings import tp_rank
 from .shared import ConnectorSettings
+from .stats import Interval, KVStoreConnectorStats
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -42,10 +43,22 @@ class WorkerSide:
         self._finishing: set[str] = set()            # ... that finished, waiting for their saves
         self._load_errors: set[int] = set()
         self._saves_here = False                     # this worker saves (MLA under TP: rank 0 only)
+        self._interval = Interval()
 
     @property
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         return self.transfers.counters.as_dict() if self.transfers is not None else {}
+
+    def take_stats(self) -> KVStoreConnectorStats:
+        """What this worker moved since the last call (chunks, bytes, failures, seconds)."""
+        grown = self._interval.take(self.stats)
+        nbytes = self._geometry.paged.chunk_nbytes
+        return KVStoreConnectorStats(data={
+            "loaded_chunks": grown.get("chunks_loaded", 0), "loaded_bytes": grown.get("chunks_loaded", 0) * nbytes,
+            "load_failures": grown.get("load_failures", 0), "saved_chunks": grown.get("chunks_saved", 0),
+            "saved_bytes": grown.get("chunks_saved", 0) * nbytes, "saves_dropped": grown.get("saves_dropped", 0),
+            "save_failures": grown.get("save_failures", 0), "load_seconds": grown.get("load_seconds", 0.0),
+            "save_seconds": grown.get("save_seconds", 0.0)})
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Find every group's block planes; on a cache that does not match the geometry, log one line and stay off."""
@@ -67,9 +80,9 @@ class WorkerSide:
         rank = tp_rank(self._vllm_config)
         self._saves_here = s.save_enabled and not (g.mla and rank != 0)  # MLA: rank 0 saves for every rank
         gpu = first.device.type == "cuda"
-        connect = {"pin_arena": True, "gpu": bool(s.extra.get("gpu_tier", True))} if gpu else {}
+        connect = {"pin_arena": True, "gpu": s.config.gpu_tier} if gpu else {}
         self.transfers = Transfers(kvs, s.chunk_store(rank, s.link(**connect)), s.chunk_store(rank, s.link(**connect)),
-                                   int(s.extra.get("max_save_bytes", 1 << 30)), dtype=first.dtype)
+                                   s.config.max_save_bytes, dtype=first.dtype)
 
     def _disable(self, why: str) -> None:
         log.warning("kvstore connector disabled: %s", why)

@@ -348,3 +348,30 @@ def test_verify_fraction_is_checked_in_one_line_and_chooses_by_request_id(daemon
     assert verifying.lookup(request("v", tokens[0].tolist())) == 0   # a would-be hit, computed to compare
     with pytest.raises(ConfigError, match="verify_fraction"):
         engine(daemon, model, extra={"verify_fraction": 2})
+
+
+def test_vllm_connector_stats_report_each_interval_once(daemon, model):
+    """`get_kv_connector_stats` (vLLM's KVConnectorStats) gives the hits, loads and misses since it last asked."""
+    from kvstore.connectors.vllm import KVStoreConnector
+
+    ids = torch.cat([prompt(1024, seed=31), prompt(5, seed=32)], dim=1)
+    one = engine(daemon, model, seed=1)
+    save_whole_prompt(one, model, "a", ids)
+    saved = one.worker.get_kv_connector_stats().data
+    assert saved["saved_chunks"] == 4 and saved["saved_bytes"] > 0 and saved["loaded_chunks"] == 0
+    two = engine(daemon, model, seed=2)
+    req = request("b", ids[0].tolist())
+    assert two.lookup(req) == 1024
+    meta = two.admit(req, 0, 1024)
+    store = two.scheduler.scheduler_side.stores[0]
+    with daemon.client() as c:
+        assert c.delete(store.keys(ids[0].tolist())[2:]) == 2
+    two.run_step(meta)
+    two.wait_loaded("b")
+    scheduler, worker = two.scheduler.get_kv_connector_stats(), two.worker.get_kv_connector_stats()
+    assert scheduler.data["hit_tokens"] == 1024 and scheduler.data["lookups"] == 1
+    assert worker.data["loaded_chunks"] == 2 and worker.data["load_failures"] == 1 and worker.data["load_seconds"] > 0
+    assert worker.data["loaded_bytes"] * 2 == saved["saved_bytes"]
+    total = KVStoreConnector.build_kv_connector_stats(worker.to_dict()).aggregate(scheduler)
+    assert total.reduce()["hit_tokens"] == 1024 and total.reduce()["loaded_chunks"] == 2
+    assert two.worker.get_kv_connector_stats().is_empty() and two.scheduler.get_kv_connector_stats().is_empty()

@@ -1,0 +1,104 @@
+"""The vLLM connector's typed config: `kv_connector_extra_config` read once, every key checked.
+
+`VllmConnectorConfig.from_extra` is the only reader of the raw dict: each key's type, default and range are
+declared here, an unknown key is refused in one line naming it and the known keys, and every other part of the
+connector reads the frozen record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from kvstore.errors import ConfigError
+
+from .settings import load_mode, verify_fraction
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ConfigError(f"kvstore {key} must be true or false, not {value!r}")
+
+
+def _int(key: str, value: Any, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ConfigError(f"kvstore {key} must be a whole number of at least {least}, not {value!r}")
+    if value < least:
+        raise ConfigError(f"kvstore {key} must be at least {least}, not {value!r}")
+    return int(value)
+
+
+def _seconds(key: str, value: Any, positive: bool) -> float:
+    bound = "above 0" if positive else "0 or more"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"kvstore {key} must be a number of seconds {bound}, not {value!r}")
+    if value < 0 or (positive and value == 0) or value != value:
+        raise ConfigError(f"kvstore {key} must be a number of seconds {bound}, not {value!r}")
+    return float(value)
+
+
+def _text(key: str, value: Any, optional: bool) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"kvstore {key} must be a string, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class VllmConnectorConfig:
+    """The keys of `kv_connector_extra_config` (the table in docs/connectors/vllm.md)."""
+
+    address: str | None = None          # None: the default socket
+    chunk_tokens: int = 256             # a multiple of vLLM's block size (checked where the block size is known)
+    load_async: str = "auto"            # "auto", "async" or "sync" (`settings.load_mode`)
+    save_async: bool = True
+    max_save_bytes: int = 1 << 30
+    lookup_batch: int = 64
+    timeout: float = 2.0
+    retry_s: float = 5.0
+    model_id: str | None = None         # None: the served model and revision
+    cache_salt: str = ""
+    gpu_tier: bool = True
+    verify_fraction: float = 0.0
+
+    @classmethod
+    def known_keys(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any] | None) -> "VllmConnectorConfig":
+        """Check and type `kv_connector_extra_config`.
+
+        Args:
+            extra: the dict vLLM was given (None or empty: every default).
+        Returns:
+            The frozen config.
+        Raises:
+            ConfigError: an unknown key, or a value of the wrong type or out of range (one line naming it).
+        """
+        raw = dict(extra or {})
+        known = cls.known_keys()
+        for key in raw:
+            if key not in known:
+                raise ConfigError(f"kvstore: unknown kv_connector_extra_config key {key!r}; "
+                                  f"known keys: {', '.join(known)}")
+        d = cls()
+        model = _text("model_id", raw.get("model_id", d.model_id), optional=True)
+        return cls(
+            address=_text("address", raw.get("address", d.address), optional=True),
+            chunk_tokens=_int("chunk_tokens", raw.get("chunk_tokens", d.chunk_tokens), 1),
+            load_async=load_mode(raw.get("load_async", d.load_async)),
+            save_async=_bool("save_async", raw.get("save_async", d.save_async)),
+            max_save_bytes=_int("max_save_bytes", raw.get("max_save_bytes", d.max_save_bytes), 1),
+            lookup_batch=_int("lookup_batch", raw.get("lookup_batch", d.lookup_batch), 1),
+            timeout=_seconds("timeout", raw.get("timeout", d.timeout), positive=True),
+            retry_s=_seconds("retry_s", raw.get("retry_s", d.retry_s), positive=False),
+            model_id=model or None,
+            cache_salt=str(_text("cache_salt", raw.get("cache_salt", d.cache_salt), optional=False)),
+            gpu_tier=_bool("gpu_tier", raw.get("gpu_tier", d.gpu_tier)),
+            verify_fraction=verify_fraction(raw.get("verify_fraction", d.verify_fraction)),
+        )
