@@ -8,6 +8,7 @@ import os
 import pytest
 
 import kvstore
+from support.servers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -47,3 +48,19 @@ def test_a_tenant_that_lists_our_uid_works(start_daemon, tmp_path):
         assert ours.lookup(keys) == 2
         assert ours.delete(keys) == 2
         assert ours.lookup(keys) == 0
+
+
+def test_a_client_whose_principal_is_unknown_is_refused_a_restricted_namespace(start_daemon, tmp_path):
+    """Over tcp:// the daemon cannot tell who the client is: a restricted tenant fails closed, even ours."""
+    port = free_port()
+    config = tmp_path / "kvstore.toml"
+    config.write_text(TABLE)
+    start_daemon("--config", str(config), "--host-mem", "16MiB", "--disk-size", "0", "--tcp", f"127.0.0.1:{port}")
+    keys = [os.urandom(16)]
+    with kvstore.connect(f"tcp://127.0.0.1:{port}", namespace="ours:a", timeout=10.0) as remote:
+        with pytest.raises(kvstore.PermissionDeniedError, match="tenant ours"):
+            remote.put(keys, [b"z" * 4096])
+        assert remote.lookup(keys) == 0
+    with kvstore.connect(f"tcp://127.0.0.1:{port}", namespace="open", timeout=10.0) as anyone:
+        anyone.put(keys, [b"z" * 4096])   # namespaces no restricted tenant owns stay open
+        assert anyone.lookup(keys) == 1
