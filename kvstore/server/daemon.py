@@ -56,6 +56,7 @@ from ..protocol.wire import Op, decode_header, error_reply, header_hints, op_of,
 from ..security.curve import ServerCurve
 from ..tiers.host.arena import SharedArena, arena_path_for
 from ..tiers.host.tier import HostTier
+from ..tenants.access import Principal
 from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor
@@ -335,7 +336,8 @@ class Daemon:
             if self.stopping and op not in FINISHING_OPS:
                 raise UnavailableError("the daemon is shutting down; retry once it is back")
             if op is Op.HELLO:
-                session, reply = hello_reply(self.svc, owner, transport, header)
+                principal = self.stream.principal_of(owner) if self.stream is not None else Principal()
+                session, reply = hello_reply(self.svc, owner, transport, header, principal)
                 self._add_session(session)
             else:
                 session = self.sessions.get(owner)
@@ -448,6 +450,8 @@ def run_daemon(config: ServerConfig, tenants: "TenantTable | None" = None) -> in
     daemon.svc.tenants = tenants
     try:
         daemon.open()
+        if tenants is not None:
+            daemon.svc.store.private = lambda namespace: tenants.tenant_for(namespace).restricted
         run_loop(daemon.serve())
     finally:
         daemon.close()

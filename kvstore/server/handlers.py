@@ -18,6 +18,7 @@ from ..errors import BadRequestError, LimitError, PermissionDeniedError, StoreFu
 from ..protocol import messages as m
 from ..protocol.engine_blocks import EngineBlocks, read_engine
 from ..protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
+from ..tenants.access import Principal, may_access
 from .integrity_handlers import INTEGRITY_HANDLERS
 from .service import Service
 from .session import Session
@@ -28,19 +29,47 @@ Handler = Callable[[Service, Session, dict, list], Any]  # Frames, or a coroutin
 PUT_WAIT_S = 2.0  # how long a put waits for write-back to catch up before failing (see tiers/disk/mover.py)
 
 
+def _may_touch(svc: Service, s: Session, namespace: str) -> bool:
+    """Whether the session's principal may read or change ``namespace`` (``tenants/access.py``)."""
+    return svc.tenants is None or may_access(svc.tenants, s.principal, namespace)
+
+
+def _require_access(svc: Service, s: Session) -> None:
+    """Refuse a write, delete or clear of a namespace the session's principal is not listed for."""
+    if not _may_touch(svc, s, s.namespace):
+        tenant = svc.tenants.tenant_for(s.namespace).name
+        raise PermissionDeniedError(f"namespace {s.namespace!r} belongs to tenant {tenant}, which does not list "
+                                    f"this client's identity; connect as a listed uid/gid or CURVE key")
+
+
+def _readable(svc: Service, s: Session, keys: list) -> list:
+    """The leading ``keys`` the session may read: a chunk of a namespace it may not touch, and every key after it,
+    is a miss, as if it were absent."""
+    if svc.tenants is None:
+        return keys
+    if not _may_touch(svc, s, s.namespace):
+        return []
+    for i, key in enumerate(keys):
+        namespace = svc.store.namespace_of(key)
+        if namespace is not None and not _may_touch(svc, s, namespace):
+            return keys[:i]
+    return keys
+
+
 def handle_ping(svc: Service, s: Session, h: dict, frames: list) -> Frames:
     return [ok_reply(h["id"])]
 
 
 def handle_lookup(svc: Service, s: Session, h: dict, frames: list) -> Any:
     req = m.Lookup.parse(h)
-    result = svc.store.lookup(req.keys)
+    keys = _readable(svc, s, req.keys)
+    result = svc.store.lookup(keys)
     if req.promote:
-        svc.promote_after_lookup(req.keys, result)
+        svc.promote_after_lookup(keys, result)
     tiers: dict[str, int] = {}
     for name in result.tiers:
         tiers[name] = tiers.get(name, 0) + 1
-    if svc.remote is None or not req.promote or result.count == len(req.keys):
+    if svc.remote is None or not req.promote or result.count == len(req.keys) or len(keys) < len(req.keys):
         svc.count_lookup_tokens(s, len(req.keys), result.count)
         return [ok_reply(h["id"], count=result.count, tiers=tiers)]
 
@@ -80,6 +109,7 @@ def _throttled(svc: Service, nbytes: int, then: Callable[[], Frames]) -> Any:
 
 
 def handle_reserve(svc: Service, s: Session, h: dict, frames: list) -> Any:
+    _require_access(svc, s)
     if not s.arena:
         raise PermissionDeniedError("reserve needs the shared arena; clients over tcp:// put with PUT_INLINE")
     req = m.Reserve.parse(h, svc.config.chunk_limit)
@@ -107,6 +137,7 @@ def handle_abort(svc: Service, s: Session, h: dict, frames: list) -> Frames:
 
 def handle_credit_put(svc: Service, s: Session, h: dict, frames: list) -> Any:
     """A put in one round trip: chunks the client copied into its credit, and the credit for its next put."""
+    _require_access(svc, s)
     if not s.arena:
         raise PermissionDeniedError("put credits need the shared arena; clients over tcp:// put with PUT_INLINE")
     req = m.CreditPut.parse(h, svc.config.chunk_limit)
@@ -122,6 +153,7 @@ def _credit_put_now(svc: Service, s: Session, h: dict, req: m.CreditPut) -> Fram
 
 
 def handle_put_inline(svc: Service, s: Session, h: dict, frames: list) -> Frames:
+    _require_access(svc, s)
     keys = m.read_keys(h)
     if len(frames) != len(keys):
         raise BadRequestError(f"PUT_INLINE carries {len(frames)} payload frames for {len(keys)} keys")
@@ -166,7 +198,7 @@ def handle_get(svc: Service, s: Session, h: dict, frames: list) -> Any:
 
 
 def _get_now(svc: Service, s: Session, h: dict, req: m.Get, gpu_ok: bool) -> Frames:
-    handle, entries = svc.store.get(s.owner, req.keys, gpu_ok)
+    handle, entries = svc.store.get(s.owner, _readable(svc, s, req.keys), gpu_ok)
     if handle is None:
         return [ok_reply(h["id"], lease=0, slots=[], tiers=[])]
     if req.inline or not s.arena:
@@ -199,11 +231,14 @@ def handle_extend(svc: Service, s: Session, h: dict, frames: list) -> Frames:
 
 
 def handle_delete(svc: Service, s: Session, h: dict, frames: list) -> Frames:
+    _require_access(svc, s)
     req = m.Keys.parse(h)
-    return [ok_reply(h["id"], deleted=svc.store.delete(req.keys))]
+    mine = [k for k in req.keys if (ns := svc.store.namespace_of(k)) is None or _may_touch(svc, s, ns)]
+    return [ok_reply(h["id"], deleted=svc.store.delete(mine))]
 
 
 def handle_clear(svc: Service, s: Session, h: dict, frames: list) -> Frames:
+    _require_access(svc, s)
     return [ok_reply(h["id"], cleared=svc.store.clear(s.namespace))]   # the caller's namespace only
 
 
@@ -232,24 +267,27 @@ HANDLERS: dict[Op, Handler] = {
 assert set(HANDLERS) | {Op.HELLO} == set(Op), "every operation needs a handler"
 
 
-def hello_reply(svc: Service, owner: bytes, transport: str, h: dict) -> tuple[Session, Frames]:
+def hello_reply(svc: Service, owner: bytes, transport: str, h: dict,
+                principal: Principal | None = None) -> tuple[Session, Frames]:
     req = m.Hello.parse(h)
     if req.version != PROTOCOL_VERSION:
         raise VersionError(f"client speaks protocol {req.version}, this daemon speaks {PROTOCOL_VERSION}; "
                            f"upgrade the older side")
     arena = req.want_arena and transport == "ipc"
     session = Session(owner, transport, req.namespace, req.client_id, req.chunk_tokens, arena,
-                      key_scheme=req.key_scheme, hash_seed=req.hash_seed)
+                      key_scheme=req.key_scheme, hash_seed=req.hash_seed, principal=principal or Principal())
     svc.safeguards.params.check(session.namespace, session.key_params)
     session.track_process(req.pid, req.pid_start)
     session.connector = req.connector
     if svc.event_log is not None:
         svc.event_log.note_block_size(session.namespace, session.chunk_tokens)
+    private = svc.tenants is not None and svc.tenants.tenant_for(session.namespace).restricted
     reply = {
         "version": PROTOCOL_VERSION,
         "server_version": __version__,
         "arena": dict(zip(("path", "size"), svc.store.arena())) if arena else None,
-        "index": svc.index.path if arena and svc.index is not None else None,
+        # A restricted tenant's chunks are not in the shared index (store.py: private): its clients ask us.
+        "index": svc.index.path if arena and svc.index is not None and not private else None,
         "stream": svc.stream_path() if arena else None,
         "gpu": svc.gpu_hello if arena and req.want_gpu else None,
         "lease_ttl": svc.store.lease_ttl,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..keys import KEY_SCHEME
 from ..procinfo import process_start_time
 from ..protocol.messages import ConnectorReport
+from ..tenants.access import Principal
 from .compat import KeyParams
 
 
@@ -23,6 +24,8 @@ class Session:
     key_scheme: str = KEY_SCHEME
     hash_seed: int = 0
     connector: ConnectorReport | None = None  # what an engine connector said of itself at hello
+    # Who the client is: known for stream connections (SO_PEERCRED), unknown (all None) on ZeroMQ.
+    principal: Principal = field(default_factory=Principal)
 
     @property
     def key_params(self) -> KeyParams:

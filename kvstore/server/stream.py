@@ -26,6 +26,7 @@ from .. import logs
 from ..errors import LimitError
 from ..protocol.stream import LENGTH, SUFFIX, reply_bytes, request_too_long
 from ..protocol.wire import HINT_BYTES, MAX_HEADER_BYTES
+from ..tenants.access import Principal, peer_principal
 
 
 
@@ -101,6 +102,13 @@ class StreamServer:
         except FileNotFoundError:
             pass
 
+    def principal_of(self, owner: bytes) -> Principal:
+        """Who is at the other end of ``owner``'s connection (unknown: not one of this server's)."""
+        for conn in self._connections:
+            if conn.owner == owner:
+                return conn.principal
+        return Principal()
+
     def next_owner(self) -> bytes:
         return b"s" + next(self._ids).to_bytes(8, "little")
 
@@ -119,11 +127,17 @@ class StreamConnection(asyncio.Protocol):
         self.daemon = server.daemon
         self.owner = server.next_owner()
         self.transport: Any = None
+        self.principal = Principal()
         self._buf = bytearray()
         self._oversized: Oversized | None = None   # a request too long to keep, being read past
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        try:
+            self.principal = peer_principal(sock) if sock is not None else Principal()
+        except OSError:
+            self.principal = Principal()   # unknown: a restricted tenant's namespaces stay closed to it
         self.server.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:

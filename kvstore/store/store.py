@@ -84,6 +84,8 @@ class Store(PutMixin, DamageMixin):
         self.sums: SumSink | None = None        # set by the checksummer: commits go through it first
         self.published: IndexSink | None = None   # the shared lookup index, when the daemon publishes one
         self.events: EventSink | None = None      # KV cache events, when the daemon publishes them
+        # Namespaces kept out of the shared index (a restricted tenant's: any local reader could map it).
+        self.private: Callable[[str], bool] | None = None
         self.after_reply: AfterReply | None = None   # set by the daemon: a put's unseen work waits for its reply
         self.disk_ledger = DiskLedger(self, disk) if disk is not None else None
         self.gpu_ledger = GpuLedger(self, gpu) if gpu is not None else None
@@ -262,7 +264,7 @@ class Store(PutMixin, DamageMixin):
             self.events.changed(key, readable)
         if self.published is None:
             return
-        if readable is not None:
+        if readable is not None and not self._private(readable):
             self.published.set(key, STATE_OF_TIER[top_tier(readable)], readable.host_offset, readable.size)
         else:
             self.published.remove(key)
@@ -276,11 +278,19 @@ class Store(PutMixin, DamageMixin):
         listed = []
         for key in keys:
             entry = self.index.get(key)
-            if entry is not None and entry.readable:
+            if entry is not None and entry.readable and not self._private(entry):
                 listed.append((key, STATE_OF_TIER[top_tier(entry)], entry.host_offset, entry.size))
             else:
                 self.published.remove(key)
         self.published.set_many(listed)
+
+    def _private(self, entry: Entry) -> bool:
+        return self.private is not None and self.private(entry.namespace)
+
+    def namespace_of(self, key: bytes) -> str | None:
+        """The namespace of the chunk held under ``key`` (None: none is held)."""
+        entry = self.index.get(key)
+        return entry.namespace if entry is not None else None
 
     def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = (),
                       namespace: str | None = None) -> int:
