@@ -56,6 +56,19 @@ class Origins:
         return exc
 
 
+def read_toml(path: str) -> dict[str, Any]:
+    """The TOML file ``path`` as a dict. Raises ConfigError (one line) when missing, unreadable or not TOML."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+
+
 def read_config_file(path: str, origins: Origins, known: Collection[str], paths: Collection[str]) -> dict[str, Any]:
     """The values of the config file ``path`` by setting name; notes in ``origins`` the key of each.
 
@@ -68,15 +81,7 @@ def read_config_file(path: str, origins: Origins, known: Collection[str], paths:
     Raises:
         ConfigError: the file is missing, unreadable or not TOML, or a key names no setting.
     """
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    data = read_toml(path)
     values = {}
     for key, value in data.items():
         if key in SECTIONS:

@@ -33,19 +33,14 @@ Example::
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from ..config_file import read_toml
 from ..errors import ConfigError
 from ..units import format_size, parse_size
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 TIERS = ("gpu", "dram", "disk", "remote")
 DEFAULT_TENANT = "default"
@@ -194,19 +189,6 @@ def _overlap(p: str, q: str) -> bool:
 
 
 # -- reading ---------------------------------------------------------------------------------------------------
-def read_toml(path: str) -> dict[str, Any]:
-    """The TOML file ``path`` as a dict. Raises ConfigError (one line) when missing, unreadable or not TOML."""
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-
-
 def load_tenants(path: str | None, capacities: Mapping[str, int | None] | None = None) -> TenantTable:
     """The tenants table of the config file ``path`` (an empty table when ``path`` is None or has no
     ``[tenants]``), checked against the tiers' ``capacities`` when given.
