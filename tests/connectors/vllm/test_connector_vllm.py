@@ -137,9 +137,10 @@ def test_chunked_prefill_saves_chunks_as_they_complete(daemon, model):
     assert torch.equal(two.read_kv("b", 512)[1][3], values[3][:, :, :512])
 
 
-def test_chunk_evicted_between_lookup_and_load_is_reported(daemon, model):
-    ids = torch.cat([prompt(1024, seed=7), prompt(5, seed=8)], dim=1)
-    save_whole_prompt(engine(daemon, model, seed=1), model, "a", ids)
+def load_after_deleting_two_chunks(daemon, model, ids):
+    """A second engine that finds all 1,024 tokens of ``ids``, then loads them after chunks 2 and 3 were deleted
+    from the daemon: the engine, its load of request "b" finished (a failed load is still a finished one, with
+    its unwritten blocks reported)."""
     two = engine(daemon, model, seed=2)
     req = request("b", ids[0].tolist())
     assert two.lookup(req) == 1024
@@ -148,7 +149,14 @@ def test_chunk_evicted_between_lookup_and_load_is_reported(daemon, model):
     with daemon.client() as c:
         assert c.delete(store.keys(ids[0].tolist())[2:]) == 2
     two.run_step(meta)
-    two.wait_loaded("b")  # a failed load is still a finished one, with its unwritten blocks reported
+    two.wait_loaded("b")
+    return two
+
+
+def test_chunk_evicted_between_lookup_and_load_is_reported(daemon, model):
+    ids = torch.cat([prompt(1024, seed=7), prompt(5, seed=8)], dim=1)
+    save_whole_prompt(engine(daemon, model, seed=1), model, "a", ids)
+    two = load_after_deleting_two_chunks(daemon, model, ids)
     assert two.load_errors == set(two.blocks["b"][512 // 16:1024 // 16])
     assert two.worker.get_block_ids_with_load_errors() == set()
 
@@ -359,15 +367,7 @@ def test_vllm_connector_stats_report_each_interval_once(daemon, model):
     save_whole_prompt(one, model, "a", ids)
     saved = one.worker.get_kv_connector_stats().data
     assert saved["saved_chunks"] == 4 and saved["saved_bytes"] > 0 and saved["loaded_chunks"] == 0
-    two = engine(daemon, model, seed=2)
-    req = request("b", ids[0].tolist())
-    assert two.lookup(req) == 1024
-    meta = two.admit(req, 0, 1024)
-    store = two.scheduler.scheduler_side.stores[0]
-    with daemon.client() as c:
-        assert c.delete(store.keys(ids[0].tolist())[2:]) == 2
-    two.run_step(meta)
-    two.wait_loaded("b")
+    two = load_after_deleting_two_chunks(daemon, model, ids)
     scheduler, worker = two.scheduler.get_kv_connector_stats(), two.worker.get_kv_connector_stats()
     assert scheduler.data["hit_tokens"] == 1024 and scheduler.data["lookups"] == 1
     assert worker.data["loaded_chunks"] == 2 and worker.data["load_failures"] == 1 and worker.data["load_seconds"] > 0
