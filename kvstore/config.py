@@ -184,6 +184,12 @@ def _read_count(value: Any, name: str) -> int:
 
 
 
+def _read_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -192,6 +198,7 @@ class Setting:
     help: str
     metavar: str = "VALUE"
     path: bool = False   # a file or directory: relative in a config file means relative to the file
+    switch: bool = False  # true/false: a flag pair (--NAME / --no-NAME) on the command line
 
     @property
     def flag(self) -> str:
@@ -204,6 +211,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("host_mem", lambda v, n: parse_size(v, n), default_host_mem,
             "most memory the host DRAM tier takes in /dev/shm, as chunks arrive (default: a quarter of "
             "available memory)", "SIZE"),
+    Setting("adopt", _read_bool, lambda: True,
+            "at start, adopt the DRAM tier a cleanly stopped daemon on this socket kept in /dev/shm (each chunk "
+            "verified against its checksum before it is served); --no-adopt starts empty and frees it",
+            "", switch=True),
     Setting("max_chunk", lambda v, n: parse_size(v, n), lambda: 0,
             "largest chunk accepted (0: as large as the host tier)", "SIZE"),
     Setting("lease_ttl", lambda v, n: parse_seconds(v, n), lambda: 30.0,
@@ -270,6 +281,7 @@ class ServerConfig:
     socket: str
     tcp: str | None
     host_mem: int
+    adopt: bool
     max_chunk: int
     lease_ttl: float
     reserve_ttl: float
@@ -329,7 +341,12 @@ assert {f.name for f in fields(ServerConfig)} == set(_BY_NAME), "every setting n
 def add_setting_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML file of settings (flags override it)")
     for s in SETTINGS:
-        parser.add_argument("--" + s.name.replace("_", "-"), dest=s.name, default=None, metavar=s.metavar, help=s.help.replace("%", "%%"))
+        if s.switch:
+            parser.add_argument(s.flag, dest=s.name, default=None, action=argparse.BooleanOptionalAction,
+                                help=s.help.replace("%", "%%"))
+        else:
+            parser.add_argument(s.flag, dest=s.name, default=None, metavar=s.metavar,
+                                help=s.help.replace("%", "%%"))
 
 
 def load_toml(path: str) -> dict[str, Any]:

@@ -85,7 +85,8 @@ def configuration_page() -> str:
              "| flag | TOML key | default | meaning |",
              "| --- | --- | --- | --- |"]
     for s in SETTINGS:
-        lines.append(f"| `{flag_name(s.name)} {s.metavar}` | `{s.name}` | {shown_default(s)} | {cell(s.help)} |")
+        flag = f"{flag_name(s.name)}` / `--no-{s.name.replace('_', '-')}" if s.switch else f"{flag_name(s.name)} {s.metavar}"
+        lines.append(f"| `{flag}` | `{s.name}` | {shown_default(s)} | {cell(s.help)} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -54,7 +54,7 @@ from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, header_hints, op_of, request_id_of
 from ..security.curve import ServerCurve
-from ..tiers.host.arena import SharedArena, arena_path_for
+from ..tiers.host.adoption import keep_arena, open_host_arena, take_kept_slots
 from ..tiers.host.tier import HostTier
 from ..tenants.access import Principal
 from .handlers import HANDLERS, hello_reply
@@ -104,6 +104,7 @@ class Daemon:
         self._tasks: set[asyncio.Task] = set()
         self.stream: StreamServer | None = None        # the local stream socket (server/stream.py)
         self.refusals = RefusalLog()                   # requests refused for their size: logged, rate-bounded
+        self._clean_stop = False   # the stop drained everything: the arena may be kept for the next start
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -128,11 +129,14 @@ class Daemon:
                                    f"stop it first or choose another --socket", "--socket"))
         remove_stale_socket(path)
         disk = open_disk(self.config, claims)   # before the arena: a directory in use costs no memory to refuse
-        arena = SharedArena.create(arena_path_for(path), self.config.host_mem, reserve_all=bool(self.config.gpu_mem))
+        kept = open_host_arena(path, self.config.host_mem, self.config.chunk_limit, self.config.adopt,
+                               reserve_all=bool(self.config.gpu_mem))
+        arena = kept.arena
         host = HostTier(arena)
-        take(host.close)
+        take_kept_slots(host, kept)   # before anything allocates: the kept chunks' slots are theirs
+        take(self._close_host, host)
         claims.leftovers.append(arena.path)
-        open_tiers(self.svc, host, disk, arena, claims, lambda: self._remote_close_wait)
+        open_tiers(self.svc, host, disk, arena, claims, lambda: self._remote_close_wait, kept)
         take(self._remove_socket_file)   # after the ipc socket is closed (registered below)
         self._bind("ipc", "ipc://" + path)
         claims.leftovers.append(path)
@@ -143,6 +147,19 @@ class Daemon:
                 take(self._curve.stop)
             self._bind("tcp", "tcp://" + self.config.tcp)
         self._start_metrics()   # a port in use is a start-up failure like any other
+
+    def _close_host(self, host: HostTier) -> None:
+        """The last step of a stop: after a clean one (and unless ``--no-adopt``) the arena stays in /dev/shm with
+        its description, for the next daemon on this socket to adopt (``tiers/host/adoption.py``)."""
+        keep = self._clean_stop and self.config.adopt
+        if keep:
+            try:
+                keep_arena(self.svc.store, self.svc.adoption.waiting if self.svc.adoption else [],
+                           self.config.socket)
+            except OSError as exc:
+                logs.error("arena_not_kept", error=exc.strerror or repr(exc))
+                keep = False
+        host.close(keep=keep)
 
     def _bind(self, transport: str, address: str) -> None:
         sock = self._ctx.socket(zmq.ROUTER)
@@ -185,6 +202,8 @@ class Daemon:
             loop.add_signal_handler(sig, stop.set)
         for mover in self.svc.movers():
             mover.start(loop)
+        if self.svc.adoption is not None:
+            self.svc.adoption.start(loop)   # kept chunks are published as their checksums match
         if self.svc.events is not None:
             self.svc.events.start(loop)   # snapshots are taken on the loop from here on
         self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks, self.after_reply)
@@ -198,6 +217,7 @@ class Daemon:
         if interval is not None:
             background.append(asyncio.create_task(self._watchdog_loop(interval)))
         logs.info("ready", pid=os.getpid(), **self.svc.store.host.memory_fields(), native=native.describe(),
+                  **self._adoption_fields(),
                   config=self.config.describe(**self._sizes_in_force()))
         self.on_ready()
         await stop.wait()
@@ -205,6 +225,17 @@ class Daemon:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+
+    def _adoption_fields(self) -> dict[str, Any]:
+        """What the ``ready`` line says of the kept arena: what is being verified, or why nothing was adopted."""
+        adoption = self.svc.adoption
+        if adoption is None:
+            return {}
+        r = adoption.report
+        if r.state in ("verifying", "done"):
+            return {"adoption": r.state, "kept_chunks": r.listed_chunks - r.unfit_chunks,
+                    "kept_bytes": r.listed_bytes, "unfit_chunks": r.unfit_chunks}
+        return {"adoption": r.state, "adoption_reason": r.reason}
 
     def _sizes_in_force(self) -> dict[str, int]:
         """Settings whose configured value means "derive it" (0, auto), as the daemon derived them."""
@@ -258,6 +289,7 @@ class Daemon:
         if self.stream is not None:
             self.stream.close()
         self._remote_close_wait = left("close")
+        self._clean_stop = left("close") > 0
         logs.info("drained", answered=answered, unfinished_reservations=unfinished,
                   took_s=round(loop.time() - began, 3))
 

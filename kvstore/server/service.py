@@ -22,6 +22,7 @@ from ..tiers.disk.mover import DiskMover
 from ..store.published_index import PublishedIndex
 from ..tiers.remote.mover import RemoteMover
 from ..store.store import LookupResult, Store
+from ..tiers.host.adoption import Adoption
 from .kv_events import EventPublisher
 from .safeguards import Safeguards
 from .session import Session
@@ -51,6 +52,7 @@ class Service:
         self.event_log: EventLog | None = None
         self.stream_path: Callable[[], str | None] = lambda: None   # the listening stream socket, if any
         self.stats: Callable[[], dict[str, Any]] = dict   # the daemon's ``stats`` reply (set by the daemon)
+        self.adoption: Adoption | None = None   # the kept arena's verification (tiers/host/adoption.py)
         self.tenants: Any = None   # tenants.table.TenantTable of the config file, or None (one shared tenant)
 
     def movers(self) -> list[Any]:

@@ -36,6 +36,7 @@ def daemon_stats(d: "Service", sessions: int, auth_rejected: int,
         "gpu": d.gpu_mover.stats() if d.gpu_mover is not None else None,
         "remote": d.remote.stats() if d.remote is not None else None,
         "events": d.events.stats() if d.events is not None else None,
+        "adoption": d.adoption.report.fields() if d.adoption is not None else None,
         **d.safeguards.stats(),   # integrity, scrub, verify
         "leases": len(store.leases),
         "leases_overdue": store.leases.overdue,

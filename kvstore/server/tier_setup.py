@@ -29,6 +29,7 @@ from ..store.store import Store
 from ..tiers.host.arena import SharedArena, arena_path_for
 from ..tiers.disk.tier import DiskTier, disk_room
 from ..tiers.host.tier import HostTier
+from ..tiers.host.adoption import Adoption, KeptArena
 from .kv_events import EventPublisher, EventSettings
 from .local_access import open_index
 from .safeguards import Safeguards
@@ -73,10 +74,11 @@ def disk_capacity(requested: int, directory: str) -> int:
 
 
 def open_tiers(svc: "Service", host: HostTier, disk: DiskTier | None, arena: SharedArena, claims: Claims,
-               remote_close_wait: Callable[[], float]) -> None:
+               remote_close_wait: Callable[[], float], kept: KeptArena | None = None) -> None:
     """The Store over the host arena and the tiers below it, each tier's mover on its ledger, and the safeguards:
     all onto ``svc``, each closer onto ``claims`` (``remote_close_wait()``: the seconds the stop leaves the
-    remote backend to close)."""
+    remote backend to close; ``kept``: what the arena kept from the last daemon, adopted once the disk index
+    is rebuilt, so that a kept chunk with a disk copy becomes that copy's DRAM copy)."""
     config, take = svc.config, claims.take
     gpu = open_gpu(config, arena, claims)
     if svc.tenants is not None:
@@ -102,6 +104,13 @@ def open_tiers(svc: "Service", host: HostTier, disk: DiskTier | None, arena: Sha
         take(lambda: remote.close(remote_close_wait()))   # its workers use the arena
     svc.safeguards = Safeguards(store, svc.disk_mover, config.scrub_rate)
     take(svc.safeguards.close)   # its worker hashes arena slots: before the arena is unmapped
+    if kept is not None:
+        svc.adoption = Adoption(store, kept, config.lease_ttl)
+        take(svc.adoption.close)   # its worker hashes kept slots: before the arena is unmapped
+        logs.info("arena_adoption", **({"state": kept.report.state, "reason": kept.report.reason}
+                                       if kept.report.reason else
+                                       {"state": kept.report.state, "chunks": len(kept.chunks),
+                                        "unfit_chunks": kept.report.unfit_chunks}))
 
 
 def open_events(svc: "Service", claims: Claims) -> None:

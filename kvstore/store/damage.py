@@ -116,6 +116,25 @@ class DamageMixin:
                 dropped += self.drop_chain(entry)
         return dropped
 
+    def drop_continuations(self, keys: set[bytes]) -> int:
+        """Drop every committed chunk whose chain passes through one of ``keys`` (which need not be indexed: a
+        link that never made it into the index). One pass over the index. Returns how many."""
+        if not keys:
+            return 0
+        children: dict[bytes, list[Entry]] = {}
+        for entry in self.index.values():
+            if entry.parent is not None:
+                children.setdefault(entry.parent, []).append(entry)
+        dropped, frontier = 0, list(keys)
+        while frontier:
+            for child in children.get(frontier.pop(), ()):
+                frontier.append(child.key)
+                if self.index.get(child.key) is child and child.state is State.COMMITTED:
+                    self._remove_committed(child)
+                    dropped += 1
+        self.integrity.dropped += dropped
+        return dropped
+
     def continuations(self, key: bytes) -> list[Entry]:
         """Every indexed chunk whose chain passes through ``key`` (one pass over the index)."""
         children: dict[bytes, list[Entry]] = {}

@@ -53,7 +53,11 @@ from .tenant_budgets import TenantBudgets
 
 if TYPE_CHECKING:
     from ..tiers.gpu.tier import GpuTier
+    from ..tiers.host.description import KeptChunk
     from ..tenants.table import Tenant, TenantTable
+
+
+KEPT_READERS = b"\0kept-readers"   # the owner of the leases that shield chunks read across a restart
 
 
 @dataclass(frozen=True)
@@ -252,6 +256,50 @@ class Store(PutMixin, DamageMixin):
 
     def committed_chunks(self) -> int:
         return sum(1 for e in self.index.values() if e.state is State.COMMITTED)
+
+    # -- warm restart ------------------------------------------------------------------------------------------
+    def adopt_host_copies(self, chunks: "Sequence[KeptChunk]", hold_for: float = 0.0) -> tuple[list[Entry], int]:
+        """Publish chunks of a kept arena whose bytes were just verified (their slots taken already:
+        ``HostTier.adopt``), oldest first. A key the disk tier holds gets the slot as its DRAM copy; a key held
+        in DRAM already (put again meanwhile) keeps its own, and the kept slot is freed. Chunks a reader leased
+        at the stop stay pinned for ``hold_for`` seconds (a lease of no client), so that a reader from before the
+        restart never sees their slot reused within a lease's life. Returns (the entries published, how many kept
+        slots were freed as duplicates)."""
+        published: list[Entry] = []
+        held: list[Entry] = []
+        duplicates = 0
+        for chunk in chunks:
+            entry = self.index.get(chunk.key)
+            if entry is None:
+                entry = Entry(chunk.key, chunk.size, chunk.namespace, chunk.parent, State.COMMITTED,
+                              host_offset=chunk.offset, checksum=chunk.checksum, engine=chunk.engine)
+                self.index[chunk.key] = entry
+            elif entry.readable and entry.host_offset is None and entry.loading is None and entry.size == chunk.size:
+                entry.host_offset = chunk.offset
+                entry.checksum = chunk.checksum if entry.checksum is None else entry.checksum
+            else:
+                self.host.free(chunk.offset)
+                duplicates += 1
+                continue
+            self.charge_host(entry)
+            published.append(entry)
+            if chunk.leased and hold_for > 0:
+                held.append(entry)
+        self.sync_many([e.key for e in published])
+        shielded = {id(e) for e in held}
+        self.lru.add_chain([e for e in published if id(e) not in shielded])
+        if held:
+            for entry in held:
+                self.pin(entry)
+            self.leases.issue(KEPT_READERS, held, hold_for, self.clock())
+        return published, duplicates
+
+    def drop_unverified(self, chunks: "Sequence[KeptChunk]") -> int:
+        """Free the kept slots of chunks that failed verification and drop every published chunk that continues
+        one of them (a chain is unreachable past a missing link). Returns how many published chunks went."""
+        for chunk in chunks:
+            self.host.free(chunk.offset)
+        return self.drop_continuations({c.key for c in chunks})
 
     # -- the one place each resource is taken and given back (ledgers call these too) ---------------------------
     def sync(self, key: bytes) -> None:

@@ -108,6 +108,41 @@ class ExtentAllocator:
         self._allocated[start] = cut - start
         self._allocated[cut] = start + units - cut
 
+    def adopt(self, extents: list[tuple[int, int]]) -> list[int]:
+        """Mark ``extents`` (byte offset, bytes) allocated in a fresh allocator, the rest free: the slots of a
+        kept arena's chunks (``tiers/host/adoption.py``). Extents that are misaligned, reach past the capacity
+        or overlap one at a lower offset are skipped. Returns the offsets taken.
+        Raises ValueError when anything is allocated already."""
+        if self._allocated:
+            raise ValueError("adopt needs an allocator with nothing allocated")
+        taken: dict[int, int] = {}
+        busy: list[tuple[int, int]] = []
+        for offset, nbytes in extents:
+            start, units = offset // self.align, self.units_for(nbytes)
+            if offset % self.align or offset < 0 or start + units > self.total_units:
+                continue
+            busy.append((start, units))
+        busy.sort()
+        end_of_last = 0
+        for start, units in busy:
+            if start >= end_of_last:
+                taken[start] = units
+                end_of_last = start + units
+        self._free_start.clear()
+        self._free_end.clear()
+        self._bins.clear()
+        self._nonempty = 0
+        at = 0
+        for start, units in sorted(taken.items()):
+            if start > at:
+                self._insert_free(at, start - at)
+            at = start + units
+        if at < self.total_units:
+            self._insert_free(at, self.total_units - at)
+        self._allocated = taken
+        self.used_units = sum(taken.values())
+        return [start * self.align for start in taken]
+
     def size_of(self, offset: int) -> int:
         return self._allocated[offset // self.align] * self.align
 

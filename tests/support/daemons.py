@@ -12,7 +12,8 @@ each test to pass the right flags, everything goes through this module:
 - ``DaemonProc``: one ``kvstore serve`` on a socket, disk dir and log in its own directory, in its sandbox.
 - ``Daemons``: the one owner of the daemons a fixture or benchmark starts; ``close()`` stops them (SIGTERM,
   SIGKILL after a timeout), removes the arena a killed daemon leaves in ``/dev/shm`` (named from its socket
-  and read from its memory maps while it ran) and the directories it made.
+  and read from its memory maps while it ran), or a stopped one kept with its description for a warm restart,
+  and the directories it made. Daemons start with ``--no-adopt`` unless a test asks for ``--adopt``.
 - ``run_cli(*args)``: ``python -m kvstore ARGS`` in a fresh sandbox, for tests of the command line.
 
 ``KVSTORE_KEEP_TEST_DIRS=1`` keeps the directories (to read a failed test's daemon log).
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 import kvstore
 from support.hygiene import holders, mapped_arenas
 from kvstore.tiers.host.arena import arena_path_for
+from kvstore.tiers.host.description import description_path_for
 
 SCRATCH_PREFIX = "kvs-"
 OWNER_FILE = "owner.pid"     # in a scratch root: the pid of the process it belongs to (see hygiene.py)
@@ -185,11 +187,12 @@ class DaemonProc:
     def remove_leftovers(self) -> list[str]:
         """After the process is gone: unlink the arenas it left (a SIGKILL leaves one); returns them."""
         removed = []
-        for path in sorted(self.arenas):
-            if os.path.exists(path) and not holders(path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                    removed.append(path)
+        for arena in sorted(self.arenas):
+            for path in (arena, description_path_for(arena)):   # a clean stop keeps both (warm restart)
+                if os.path.exists(path) and not holders(path):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                        removed.append(path)
         return removed
 
 
@@ -235,6 +238,8 @@ def with_defaults(args: list[str], workdir: str, test_sizes: bool = True) -> lis
 
     if not given("--disk-dir"):
         args += ["--disk-dir", os.path.join(workdir, "disk")]
+    if not given("--adopt") and not given("--no-adopt"):
+        args += ["--no-adopt"]   # a test that restarts a daemon asks for a warm restart by name
     if test_sizes and not given("--host-mem"):
         args += ["--host-mem", "64MiB"]
     if test_sizes and not given("--disk-size"):

@@ -19,8 +19,8 @@ mapping cannot change the stored bytes by any route: a Python write raises, nump
 and a tensor made from it (torch ignores the flag) faults on its first write instead of changing the chunk every
 other reader sees.
 
-The file name is derived from the socket path, so a daemon restarted on the same socket finds and removes the
-segment a crashed predecessor left behind.
+The file name is derived from the socket path, so a daemon restarted on the same socket finds the segment its
+predecessor left behind: it adopts it (``open_kept``: a warm restart, ``adoption.py``) or removes it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import stat
 from dataclasses import dataclass, field
 
 import xxhash
@@ -89,6 +90,40 @@ class SharedArena:
                               f"lower --host-mem or enlarge {SHM_DIR}")
         return arena
 
+    @classmethod
+    def open_kept(cls, path: str, size: int, reserve_all: bool = False) -> "SharedArena | None":
+        """Map the segment a stopped daemon kept (``close(keep=True)``), as ``size`` bytes: a larger size
+        grows the file, a smaller one frees the pages past it but keeps the file's length, so that a client still
+        mapping it from before reads zeros there rather than faulting; None when there is none. The granules that hold pages count as reserved.
+        Raises ConfigError when the file is not one this user's daemon made (then it is left alone)."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ConfigError(f"cannot open the kept arena {path}: {exc.strerror}; remove it with kvstore clean") \
+                from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise ConfigError(f"{path} is not an arena this user's daemon kept (owner {st.st_uid}, mode "
+                                  f"{stat.S_IMODE(st.st_mode):o}); remove it or choose another --socket")
+            if st.st_size > size:
+                _free_past(fd, size, st.st_size)
+            else:
+                os.ftruncate(fd, size)
+            arena = cls(path=path, size=size, buf=mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                                                            prot=mmap.PROT_READ | mmap.PROT_WRITE),
+                        owner=True, fd=fd, reserved=_granules_with_pages(fd, size))
+        except BaseException:
+            os.close(fd)
+            raise
+        if reserve_all and not arena.reserve(0, size):
+            arena.close()
+            raise ConfigError(f"host tier of {size} bytes does not fit in {SHM_DIR} ({shm_free()} bytes free); "
+                              f"lower --host-mem or enlarge {SHM_DIR}")
+        return arena
+
     def reserve(self, offset: int, nbytes: int) -> bool:
         """Back ``[offset, offset + nbytes)`` with pages (the granules around it not reserved yet); False when
         the file system has no room for them (nothing may be written there then)."""
@@ -140,7 +175,8 @@ class SharedArena:
         """A read-only view of the read-only mapping (a client's); of the read-write one where there is none."""
         return memoryview(self.read_buf if self.read_buf is not None else self.buf).toreadonly()
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
+        """Unmap; the daemon also removes the file, unless ``keep`` (a warm restart adopts it)."""
         for buf in (self.buf, self.read_buf):
             try:
                 if buf is not None:
@@ -150,8 +186,37 @@ class SharedArena:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        if self.owner:
+        if self.owner and not keep:
             try:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+
+
+def _granules_with_pages(fd: int, size: int) -> bytearray:
+    """One byte per GRANULE of the file: 1 where tmpfs holds pages (found with SEEK_DATA / SEEK_HOLE)."""
+    marks = bytearray(-(-size // GRANULE))
+    at = 0
+    while at < size:
+        try:
+            data = os.lseek(fd, at, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                break   # no data past ``at``
+            raise
+        hole = min(os.lseek(fd, data, os.SEEK_HOLE), size)
+        marks[data // GRANULE: -(-hole // GRANULE)] = b"\x01" * (-(-hole // GRANULE) - data // GRANULE)
+        at = hole
+    return marks
+
+
+def _free_past(fd: int, size: int, file_size: int) -> None:
+    """Give back the pages of ``[size, file_size)`` (rounded up to a page) without shortening the file."""
+    start = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+    if start >= file_size:
+        return
+    whole = mmap.mmap(fd, file_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    try:
+        whole.madvise(mmap.MADV_REMOVE, start, file_size - start)
+    finally:
+        whole.close()

@@ -36,6 +36,12 @@ class HostTier(ExtentSpace):
         self.last_backing_refused = True
         return None
 
+    def adopt(self, extents: list[tuple[int, int]]) -> list[int]:
+        """Take the slots (offset, bytes) of a kept arena's chunks before anything else is allocated; returns the
+        offsets taken (one that overlaps another or reaches past the tier is left out: see ``ExtentAllocator
+        .adopt``)."""
+        return self.allocator.adopt(extents)
+
     def memory_fields(self) -> dict[str, str]:
         """What the ``ready`` line says of memory: the most the tier may take, and what it holds now."""
         return {"host_mem_max": format_size(self.capacity_bytes).replace(" ", ""),
@@ -53,6 +59,7 @@ class HostTier(ExtentSpace):
     def write(self, offset: int, data: bytes | memoryview) -> None:
         self._view[offset:offset + len(data)] = data
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
+        """Unmap the arena; ``keep`` leaves its file for the next daemon to adopt."""
         self._view.release()
-        self.arena.close()
+        self.arena.close(keep=keep)

@@ -1,0 +1,227 @@
+"""Warm restart: the next daemon on a socket adopts the DRAM tier its predecessor kept, verified before served.
+
+A clean stop (SIGTERM, SIGINT, ``systemctl restart``, an upgrade) leaves the arena in ``/dev/shm`` and writes a
+description beside it (``description.py``: which slot holds which chunk, with its namespace, parent, checksum and
+engine names) after the Store's last change. The next daemon with the same socket:
+
+1. reads and removes the description (``open_host_arena``); without one (a first start, a crash, ``--no-adopt``,
+   a description of another format version or of another socket) the old arena is freed and a fresh one made,
+   and the ``arena_adoption`` log line says why;
+2. maps the kept file at the configured ``--host-mem`` (a larger size grows it, a smaller one frees the pages
+   past it), and takes the slots of the chunks that still fit (inside the tier, under ``--max-chunk``, not
+   overlapping) before anything else is allocated (``HostTier.adopt``);
+3. serves at once, while ``Adoption`` hashes the kept slots on a worker thread, a batch at a time, in the
+   stopped daemon's eviction order: a chunk whose bytes match the checksum it was committed with is published
+   (a disk copy of it gets the slot as its DRAM copy); one that does not is freed with every chunk that
+   continues it, and counted as a scrub would count it. Until its batch is verified a chunk is a miss (or is
+   served from its disk copy): nothing unverified is ever read by a client.
+
+What never survives: reservations and half-written puts (never listed), put credits (a restarted daemon lends
+anew, and clients forget theirs when they say hello again), leases (a chunk a reader held at the stop is kept
+pinned for ``--lease-ttl`` after the restart, so its slot is not reused under a reader that has not noticed;
+the reader's release then fails with LeaseError). A crash leaves no description: its arena is freed at the next
+start (or by ``kvstore clean``), and only what the disk tier holds comes back.
+
+Cost: one read of every kept byte by xxh3 (``bench/warm_restart.py`` measures it) on one thread, off the event
+loop; the start itself only reads the description and builds the free list (O(chunks)).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import xxhash
+
+from ... import logs
+from .arena import SharedArena, arena_path_for
+from .description import (ArenaDescription, DescriptionError, KeptChunk, description_path_for,
+                          read_description, remove_description, write_description)
+from .tier import HostTier
+
+if TYPE_CHECKING:
+    from ...store.store import Store
+
+BATCH_BYTES = 64 << 20   # hashed per worker job: a batch is published as soon as it is verified
+
+
+@dataclass
+class AdoptionReport:
+    """What the start made of the arena its predecessor kept (the ``ready`` line, stats and /metrics)."""
+
+    state: str = "none"        # none | off | refused | verifying | done
+    reason: str = ""           # why nothing was adopted (state none, off or refused)
+    listed_chunks: int = 0     # chunks the description names
+    listed_bytes: int = 0
+    unfit_chunks: int = 0      # past the tier's size, over --max-chunk, or overlapping another
+    verified_chunks: int = 0   # hashed and matched
+    verified_bytes: int = 0
+    adopted_chunks: int = 0    # published (verified, not a duplicate)
+    adopted_bytes: int = 0
+    corrupt_chunks: int = 0    # hashed and did not match: freed
+    dropped_chunks: int = 0    # continuations of corrupt chunks, and duplicates of chunks put meanwhile
+    seconds: float = 0.0       # from the start of verification to its end
+
+    def fields(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class KeptArena:
+    """The arena a start opened, and what it found in it (``chunks``: those whose slots it may take)."""
+
+    arena: SharedArena
+    chunks: list[KeptChunk]
+    report: AdoptionReport
+
+
+def open_host_arena(socket: str, size: int, chunk_limit: int, adopt: bool, reserve_all: bool) -> KeptArena:
+    """The host tier's arena for the daemon on ``socket``: the kept one when its description allows, else a fresh
+    one (the old file, if any, freed). Raises ConfigError as ``SharedArena.create`` / ``open_kept`` do."""
+    path = arena_path_for(socket)
+    desc_path = description_path_for(path)
+    report = AdoptionReport()
+    desc: ArenaDescription | None = None
+    if not adopt:
+        report.state, report.reason = "off", "--no-adopt"
+    else:
+        try:
+            desc = read_description(desc_path)
+        except DescriptionError as exc:
+            report.state, report.reason = "refused", str(exc)
+    remove_description(desc_path)   # it describes the arena only until someone serves from it again
+    if desc is not None and (desc.socket != socket or desc.uid != os.getuid()):
+        report.state, report.reason = "refused", f"the kept arena belongs to {desc.socket} (uid {desc.uid})"
+        desc = None
+    if desc is None:
+        if report.state == "none":
+            report.reason = ("the last daemon did not stop cleanly (no description of its arena)"
+                             if os.path.exists(path) else "no kept arena")
+        return KeptArena(SharedArena.create(path, size, reserve_all), [], report)
+    arena = SharedArena.open_kept(path, size, reserve_all)
+    if arena is None:
+        report.state, report.reason = "refused", "the description names an arena that is gone"
+        return KeptArena(SharedArena.create(path, size, reserve_all), [], report)
+    report.state = "verifying"
+    report.listed_chunks, report.listed_bytes = len(desc.chunks), sum(c.size for c in desc.chunks)
+    fit = [c for c in desc.chunks if c.size <= chunk_limit]
+    report.unfit_chunks = len(desc.chunks) - len(fit)
+    return KeptArena(arena, fit, report)
+
+
+def take_kept_slots(host: HostTier, kept: KeptArena) -> None:
+    """Take the slots of the kept chunks in ``host`` before anything else is allocated; those that do not fit
+    are dropped from ``kept.chunks`` and counted."""
+    taken = set(host.adopt([(c.offset, c.size) for c in kept.chunks]))
+    fit = [c for c in kept.chunks if c.offset in taken]
+    kept.report.unfit_chunks += len(kept.chunks) - len(fit)
+    kept.chunks = fit
+    if kept.report.state == "verifying" and not fit:
+        kept.report.state = "done"
+
+
+class Adoption:
+    """Verifies a kept arena's chunks in the background and publishes those that match (see the module doc)."""
+
+    def __init__(self, store: "Store", kept: KeptArena, hold_for: float) -> None:
+        self.store = store
+        self.report = kept.report
+        self._waiting = list(kept.chunks)   # listed, slot taken, not verified yet (oldest first)
+        self._hold_for = hold_for
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Begin verifying on a worker thread (nothing to do when nothing was kept)."""
+        if not self._waiting:
+            return
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-adopt")
+        self._task = loop.create_task(self._verify_all(loop))
+
+    @property
+    def waiting(self) -> list[KeptChunk]:
+        """Kept chunks not verified yet: their slots are still taken, and a stop lists them again."""
+        return list(self._waiting)
+
+    async def _verify_all(self, loop: asyncio.AbstractEventLoop) -> None:
+        began = time.monotonic()
+        assert self._pool is not None
+        while self._waiting:
+            batch = _next_batch(self._waiting)
+            views = [self.store.host.read(c.offset, c.size) for c in batch]
+            sums = await loop.run_in_executor(self._pool, _hashes, views)
+            del self._waiting[:len(batch)]
+            self._settle(batch, sums)
+        self.report.seconds = round(time.monotonic() - began, 3)
+        self.report.state = "done"
+        logs.info("arena_adopted", **_summary(self.report))
+
+    def _settle(self, batch: Sequence[KeptChunk], sums: Sequence[int]) -> None:
+        good = [c for c, s in zip(batch, sums) if s == c.checksum]
+        bad = [c for c, s in zip(batch, sums) if s != c.checksum]
+        r = self.report
+        r.verified_chunks += len(good)
+        r.verified_bytes += sum(c.size for c in good)
+        published, duplicates = self.store.adopt_host_copies(good, self._hold_for)
+        r.adopted_chunks += len(published)
+        r.adopted_bytes += sum(e.size for e in published)
+        r.dropped_chunks += duplicates
+        if bad:
+            r.corrupt_chunks += len(bad)
+            self.store.integrity.corrupt_host += len(bad)
+            r.dropped_chunks += self.store.drop_unverified(bad)
+            logs.warning("kept_chunk_corrupt", chunks=len(bad), first=bad[0].key.hex(), namespace=bad[0].namespace)
+
+    def close(self) -> None:
+        """Stop verifying (at stop: what is left stays listed in ``waiting``)."""
+        if self._task is not None:
+            self._task.cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def describe(store: "Store", waiting: Sequence[KeptChunk], socket: str) -> ArenaDescription:
+    """The description of ``store``'s DRAM chunks as they are now (plus kept chunks not verified yet), oldest in
+    the eviction order first. A chunk whose checksum is not taken yet is hashed now."""
+    queued = list(store.lru)
+    seen = {id(e) for e in queued}
+    others = [e for e in store.index.values() if id(e) not in seen]
+    chunks = list(waiting)
+    for entry in queued + others:
+        if not entry.readable or entry.host_offset is None or entry.loading is not None:
+            continue
+        checksum = entry.checksum
+        if checksum is None:
+            checksum = xxhash.xxh3_64_intdigest(store.host.read(entry.host_offset, entry.size))
+        chunks.append(KeptChunk(entry.key, entry.host_offset, entry.size, entry.namespace, entry.parent,
+                                checksum, entry.pins > 0, entry.engine))
+    return ArenaDescription(socket, os.getuid(), store.host.arena.size, chunks)
+
+
+def keep_arena(store: "Store", waiting: Sequence[KeptChunk], socket: str) -> int:
+    """Write the description of the arena for the next daemon; returns the chunks listed."""
+    desc = describe(store, waiting, socket)
+    write_description(description_path_for(store.host.arena.path), desc)
+    logs.info("arena_kept", chunks=len(desc.chunks), bytes=sum(c.size for c in desc.chunks),
+              path=store.host.arena.path)
+    return len(desc.chunks)
+
+
+def _next_batch(waiting: list[KeptChunk]) -> list[KeptChunk]:
+    total, end = 0, 0
+    while end < len(waiting) and (end == 0 or total + waiting[end].size <= BATCH_BYTES):
+        total += waiting[end].size
+        end += 1
+    return waiting[:end]
+
+
+def _hashes(views: Sequence[memoryview]) -> list[int]:
+    return [xxhash.xxh3_64_intdigest(v) for v in views]
+
+
+def _summary(report: AdoptionReport) -> dict[str, Any]:
+    return {k: v for k, v in report.fields().items() if k != "reason" or v}

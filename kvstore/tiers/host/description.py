@@ -1,0 +1,147 @@
+"""What a stopped daemon leaves beside the arena it keeps: which slot holds which chunk (the warm restart's record).
+
+A clean stop writes it (``adoption.describe``) after the last change to the Store and before the arena is
+unmapped; the next daemon on the same socket reads it, removes it (it describes the arena only until someone
+serves from it again) and adopts what it lists (``adoption.py``). It lives in ``/dev/shm`` next to the arena, so
+both go together at a reboot: the record never outlives the memory it describes.
+
+Layout: a fixed header, then one msgpack map::
+
+    offset size field
+    0      8    magic        b"KVSKEPT\\0"
+    8      4    version      FORMAT_VERSION (u32, little endian)
+    12     4    reserved     0
+    16     8    length       bytes of the payload that follows
+    24     8    payload_sum  xxh3-64 of the payload
+    32     …    payload      {"socket", "uid", "arena_size", "written", "chunks": [[key, offset, size, namespace,
+                              parent, checksum, leased, engine], ...]} (oldest in the eviction order first;
+                              engine: [block_size, block_hashes, parent_block_hash, token_ids] or null)
+
+Every chunk listed was committed and carries the checksum its bytes had at commit: nothing listed is served
+before its bytes are hashed again and match (``adoption.py``). Versions: a reader refuses a version it does not
+know in one line, and the arena is then freed, never guessed at.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import xxhash
+
+from ...protocol.engine_blocks import EngineBlocks
+
+MAGIC = b"KVSKEPT\0"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sIIQQ")
+SUFFIX = ".kept"
+
+
+class DescriptionError(Exception):
+    """The record beside a kept arena cannot be used (its message says why, in one line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeptChunk:
+    """One chunk in a kept arena: where it is, what it is, and the checksum it must still have."""
+
+    key: bytes
+    offset: int
+    size: int
+    namespace: str
+    parent: bytes | None
+    checksum: int
+    leased: bool = False               # a reader held it at the stop (kept from reuse for a lease's TTL)
+    engine: EngineBlocks | None = None
+
+
+@dataclass(frozen=True)
+class ArenaDescription:
+    socket: str
+    uid: int
+    arena_size: int
+    chunks: list[KeptChunk]
+    written: float = 0.0               # time.time() of the stop that wrote it
+
+
+def description_path_for(arena_path: str) -> str:
+    return arena_path + SUFFIX
+
+
+def write_description(path: str, desc: ArenaDescription) -> None:
+    """Write ``desc`` whole or not at all (a temporary file renamed over ``path``), owner-only."""
+    payload = msgpack.packb({
+        "socket": desc.socket, "uid": desc.uid, "arena_size": desc.arena_size, "written": time.time(),
+        "chunks": [_pack_chunk(c) for c in desc.chunks]}, use_bin_type=True)
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(payload), xxhash.xxh3_64_intdigest(payload))
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header)
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def read_description(path: str) -> ArenaDescription | None:
+    """The description at ``path`` (None: there is none). Raises DescriptionError naming what is wrong."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise DescriptionError(f"cannot read {path}: {exc.strerror}") from None
+    if len(data) < _HEADER.size:
+        raise DescriptionError(f"{path} is {len(data)} bytes, shorter than its header")
+    magic, version, _, length, payload_sum = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise DescriptionError(f"{path} is not a kept-arena description (magic {magic!r})")
+    if version != FORMAT_VERSION:
+        raise DescriptionError(f"{path} is format version {version}; this kvstore reads version {FORMAT_VERSION}")
+    payload = data[_HEADER.size:]
+    if len(payload) != length or xxhash.xxh3_64_intdigest(payload) != payload_sum:
+        raise DescriptionError(f"{path} is damaged (its checksum does not match)")
+    try:
+        return _unpack(msgpack.unpackb(payload, raw=False))
+    except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException) as exc:
+        raise DescriptionError(f"{path} does not decode: {exc}") from None
+
+
+def remove_description(path: str) -> None:
+    _unlink(path)
+
+
+def _pack_chunk(c: KeptChunk) -> list[Any]:
+    engine = None if c.engine is None else [c.engine.block_size, list(c.engine.hashes), c.engine.parent,
+                                            list(c.engine.token_ids)]
+    return [c.key, c.offset, c.size, c.namespace, c.parent, c.checksum, c.leased, engine]
+
+
+def _unpack(body: dict[str, Any]) -> ArenaDescription:
+    chunks = []
+    for item in body["chunks"]:
+        key, offset, size, namespace, parent, checksum, leased, engine = item
+        if not (isinstance(key, bytes) and type(offset) is int and type(size) is int and size > 0 and offset >= 0
+                and isinstance(namespace, str) and (parent is None or isinstance(parent, bytes))
+                and type(checksum) is int):
+            raise ValueError(f"chunk record {item!r:.80} is malformed")
+        blocks = None if engine is None else EngineBlocks(int(engine[0]), tuple(engine[1]), engine[2],
+                                                          tuple(engine[3]))
+        chunks.append(KeptChunk(key, offset, size, namespace, parent, checksum, bool(leased), blocks))
+    return ArenaDescription(str(body["socket"]), int(body["uid"]), int(body["arena_size"]), chunks,
+                            float(body.get("written", 0.0)))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
