@@ -23,7 +23,8 @@ import pytest
 import kvstore
 
 from support import hygiene
-from support.daemons import DaemonProc, Daemons, keep_dirs, known_arenas, sandbox_dirs, scratch_root, short_tempdir
+from support.daemons import (DaemonProc, Daemons, free_kept_arenas, keep_dirs, known_arenas, sandbox_dirs, scratch_root,
+                             short_tempdir)
 
 __all__ = ["DaemonProc", "short_tempdir", "wait_for"]
 
@@ -69,6 +70,13 @@ def machine_left_as_found(request) -> Iterator[None]:
     if failures:
         pytest.fail("the test session did not leave the machine as it found it:\n  " + "\n  ".join(failures),
                     pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def kept_arenas_freed() -> Iterator[None]:
+    """A daemon a test stopped cleanly keeps its arena for a warm restart: free it when the test ends."""
+    yield
+    free_kept_arenas()
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:

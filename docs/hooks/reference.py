@@ -85,7 +85,7 @@ def configuration_page() -> str:
              "| flag | TOML key | default | meaning |",
              "| --- | --- | --- | --- |"]
     for s in SETTINGS:
-        flag = f"{flag_name(s.name)}` / `--no-{s.name.replace('_', '-')}" if s.switch else f"{flag_name(s.name)} {s.metavar}"
+        flag = f"{flag_name(s.name)} / --no-{s.name.replace('_', '-')}" if s.switch else f"{flag_name(s.name)} {s.metavar}"
         lines.append(f"| `{flag}` | `{s.name}` | {shown_default(s)} | {cell(s.help)} |")
     lines.append("")
     return "\n".join(lines)
@@ -122,7 +122,7 @@ def option_rows(parser: argparse.ArgumentParser) -> list[str]:
                                                                    argparse._HelpAction)):
             continue
         if action.option_strings:
-            name = ", ".join(action.option_strings)
+            name = "`, `".join(action.option_strings)
             if action.nargs != 0:
                 name += f" {action.metavar or action.dest.upper()}"
         else:

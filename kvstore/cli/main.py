@@ -9,9 +9,9 @@ from typing import Sequence
 
 from .._version import __version__
 from ..errors import ConfigError, KVStoreError
-from . import alerts, events, keygen, route, scrub, serve, simulate, stats
+from . import alerts, clean, events, keygen, route, scrub, serve, simulate, stats
 
-SUBCOMMANDS = (serve, stats, scrub, alerts, keygen, simulate, route, events)
+SUBCOMMANDS = (serve, stats, scrub, alerts, keygen, simulate, route, events, clean)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -87,7 +87,7 @@ def test_every_flag_of_every_command_is_on_the_cli_page(pages):
             for option in action.option_strings:
                 assert f"`{option}" in text, f"{name} {option} missing from reference/cli.md"
     serve = by_command["kvstore serve"]
-    assert all(f"`--{s.name.replace('_', '-')} " in serve for s in SETTINGS)
+    assert all(f"`--{s.name.replace('_', '-')}{'`' if s.switch else ' '}" in serve for s in SETTINGS)
 
 
 def test_every_metric_series_and_alert_is_on_the_metrics_page(pages):

@@ -17,8 +17,9 @@ import uuid
 
 import kvstore
 from kvstore.tiers.host.arena import arena_path_for
+from kvstore.tiers.host.description import description_path_for
 
-from support.daemons import Daemons, sandbox_env, short_tempdir
+from support.daemons import Daemons, run_cli, sandbox_env, short_tempdir
 from support.paths import ROOT, TESTS
 
 
@@ -59,8 +60,13 @@ def test_default_paths_of_a_bare_serve_stay_in_the_sandbox():
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
-        shutil.rmtree(workdir)
-    assert not os.path.exists(arena)
+    # a clean stop keeps the arena and its description for a warm restart; kvstore clean frees both
+    kept = [arena, description_path_for(arena)]
+    assert all(os.path.exists(p) for p in kept)
+    cleaned = run_cli("clean", "--socket", socket_path)
+    shutil.rmtree(workdir)
+    assert cleaned.returncode == 0 and all(p in cleaned.stdout for p in kept), cleaned.stdout
+    assert not any(os.path.exists(p) for p in kept)
 
 
 def test_cleanup_removes_the_arena_of_a_killed_daemon():

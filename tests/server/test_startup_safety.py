@@ -196,7 +196,7 @@ def test_default_socket_and_keys_live_in_the_runtime_dir(workdir, monkeypatch):
 def test_daemon_with_no_socket_flag_listens_in_the_runtime_dir(workdir):
     env = {"XDG_RUNTIME_DIR": workdir}
     expected = os.path.join(workdir, "kvstore", "kvstore.sock")
-    daemon = Started(["--disk-size", "0", *SMALL], expected, workdir, env)
+    daemon = Started(["--disk-size", "0", "--no-adopt", *SMALL], expected, workdir, env)
     try:
         assert f"socket={expected} " in daemon.log()
     finally:

@@ -36,6 +36,7 @@ import kvstore
 from support.hygiene import holders, mapped_arenas
 from kvstore.tiers.host.arena import arena_path_for
 from kvstore.tiers.host.description import description_path_for
+from kvstore.tiers.host.leftovers import find_leftovers, remove
 
 SCRATCH_PREFIX = "kvs-"
 OWNER_FILE = "owner.pid"     # in a scratch root: the pid of the process it belongs to (see hygiene.py)
@@ -61,8 +62,19 @@ def scratch_root() -> str:
 
 
 def remove_scratch_root() -> None:
+    if _scratch:
+        free_kept_arenas(_scratch[0])
     if _scratch and not keep_dirs():
         shutil.rmtree(_scratch[0], ignore_errors=True)
+
+
+def free_kept_arenas(under: str | None = None) -> list[str]:
+    """Free the arenas (and descriptions) that daemons on sockets under ``under`` (default: this process's
+    scratch root) kept at a clean stop, as ``kvstore clean`` would; returns the paths removed."""
+    root = (under or (_scratch[0] if _scratch else "")).rstrip("/") + "/"
+    if root == "/":
+        return []
+    return [f.path for f in find_leftovers() if f.socket.startswith(root) and remove(f)]
 
 
 def keep_dirs() -> bool:
