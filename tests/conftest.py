@@ -126,7 +126,7 @@ PROCESS_MODULES = frozenset({
     "remote/test_remote_backends.py", "remote/test_remote_tier.py", "routing/test_routing.py",
     "security/test_redaction.py", "security/test_security.py", "server/test_kv_events.py", "server/test_ops.py",
     "server/test_startup_safety.py", "server/test_stop_cleanup.py", "server/test_stop_safety.py",
-    "sim/test_simulate.py", "store/test_integrity.py",
+    "sim/test_simulate.py", "store/test_integrity.py", "tiers/test_warm_restart.py",
 })
 # Modules that run real vLLM engine processes (the CPU build in KVSTORE_VLLM_VENV): minutes each.
 ENGINE_MODULES = frozenset({
