@@ -12,6 +12,9 @@ refused credit is not asked for again for a second, so a full store does not cos
 A request about the credit forgets it until its reply names the next one: after a timeout the client never
 writes into space the daemon may have published meanwhile (the daemon frees the credit the client forgot).
 
+A credit is written only while its daemon still serves (``daemon_still_serving``, checked before the copy): a
+restarted daemon may adopt the same arena (a warm restart) and lend that space to someone else.
+
 The credit's deadline is the daemon's reservation TTL counted from before the request that lent it; a credit
 past half of it is renewed before any byte is copied in, so bytes are never written into space the daemon may
 already have taken back (it spares the credits of local clients whose process it follows anyway).
@@ -78,6 +81,9 @@ class CreditWriter:
                 return None   # reserve + commit copies nothing for stored keys (and touches them)
             credit = self._usable(client, need)
             if credit is None:
+                return None
+            if not daemon_still_serving(client):
+                self.held = None   # its lender is gone: the next daemon may adopt the arena and lend this space
                 return None
             view, pages = client.arena_view, client.pages
             assert view is not None   # a usable credit is one lent in the arena mapped now
@@ -178,6 +184,19 @@ class CreditWriter:
         cid = int(header.get("credit") or 0)
         self.held = None if not cid else HeldCredit(
             cid, int(header["offset"]), int(header["size"]), sent + RENEW_AT * float(header["ttl"]), client.arena)
+
+
+def daemon_still_serving(client: SessionPort) -> bool:
+    """Whether the daemon that lent the credit still serves, checked right before bytes are copied into it. A
+    restarted daemon may adopt the same arena file (a warm restart) and lend the space again, so a credit from
+    before the restart must never be written. Its shared index says so (a stopping daemon marks it CLOSED, and
+    the next one marks a killed predecessor's CLOSED before it serves); without one, the stream socket does (a
+    dead daemon's end reads as closed); with neither the credit is not used."""
+    index = client.shared_index
+    if index is not None:
+        return not index.stale()
+    alive = getattr(client.transport, "alive", None)
+    return bool(alive is not None and alive())
 
 
 def _all_stored(client: SessionPort, packed: bytes) -> bool:

@@ -52,15 +52,37 @@ def slots_for(expected_keys: int) -> int:
     return min(MAX_SLOTS, max(MIN_SLOTS, _pow2_at_least(int(expected_keys / TARGET_LOAD))))
 
 
+def close_predecessor(path: str) -> None:
+    """Mark the index file a killed daemon left CLOSED, then remove it. A client that still maps it then knows
+    its daemon is gone before it writes into space that daemon lent it (``client/credit.py``): with a warm
+    restart the arena under that space lives on and is lent again by the next daemon."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError:
+        fd = -1
+    if fd >= 0:
+        try:
+            if os.fstat(fd).st_uid == os.getuid() and os.fstat(fd).st_size >= HEADER_BYTES:
+                with mmap.mmap(fd, HEADER_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE) as m:
+                    words = memoryview(m).cast("Q")
+                    words[H_FLAGS] |= CLOSED
+                    words.release()
+        finally:
+            os.close(fd)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class PublishedIndex:
     """The one writer of a shared lookup index file (owner-only, in /dev/shm next to the arena)."""
 
     def __init__(self, path: str, expected_keys: int) -> None:
         self.path = path
-        try:
-            os.unlink(path)   # a crashed predecessor's file (the caller holds the daemon lock)
-        except FileNotFoundError:
-            pass
+        close_predecessor(path)   # a killed predecessor's file (the caller holds the daemon lock)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.fchmod(fd, 0o600)

@@ -157,3 +157,22 @@ def test_a_chunk_with_a_disk_copy_gets_its_dram_copy_back(start_daemon):
 def test_the_ready_line_says_what_was_adopted(start_daemon, flag):
     d = start_daemon(flag, "--disk-size", "0")
     assert "adoption=" in next(line for line in d.log().splitlines() if "event=ready" in line)
+
+
+def test_a_credit_lent_before_the_restart_is_never_written_into_the_adopted_arena(start_daemon):
+    d = start_daemon(*NO_DISK)
+    writer = d.client()
+    try:
+        old_keys, old_payloads = fill(writer, prompts=2, chunks=4)   # the writer now holds a credit
+        assert writer._credit.held is not None
+        assert d.stop() == 0
+        d.start()
+        adoption_done(d)
+        with d.client() as other:   # takes the free space after the adopted chunks: where the old credit lay
+            new_keys, new_payloads = fill(other, prompts=4, chunks=4, seed=7)
+        late_keys, late_payloads = fill(writer, prompts=1, chunks=4, seed=9)   # says hello again, puts anew
+        with d.client() as reader:
+            for k, p in zip(old_keys + new_keys + late_keys, old_payloads + new_payloads + late_payloads):
+                assert served(reader, k) == p
+    finally:
+        writer.close()
