@@ -200,7 +200,8 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("socket", _read_socket, default_socket, "path of the ipc:// socket", "PATH", path=True),
-    Setting("tcp", _read_tcp, lambda: None, "also listen on tcp://HOST:PORT (loopback unless you mean it)", "HOST:PORT"),
+    Setting("tcp", _read_tcp, lambda: None, "also listen on tcp://HOST:PORT (loopback unless you mean it)",
+            "HOST:PORT"),
     Setting("host_mem", lambda v, n: parse_size(v, n), default_host_mem,
             "most memory the host DRAM tier takes in /dev/shm, as chunks arrive (default: a quarter of "
             "available memory)", "SIZE"),
@@ -329,7 +330,8 @@ assert {f.name for f in fields(ServerConfig)} == set(_BY_NAME), "every setting n
 def add_setting_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML file of settings (flags override it)")
     for s in SETTINGS:
-        parser.add_argument("--" + s.name.replace("_", "-"), dest=s.name, default=None, metavar=s.metavar, help=s.help.replace("%", "%%"))
+        parser.add_argument("--" + s.name.replace("_", "-"), dest=s.name, default=None, metavar=s.metavar,
+                            help=s.help.replace("%", "%%"))
 
 
 def load_toml(path: str) -> dict[str, Any]:
