@@ -28,9 +28,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import kvstore  # noqa: E402
-from kvstore.protocol.index_layout import H_SLOTS  # noqa: E402
-from _common import (add_output_flag, native_index, start_daemon, timed_put_get,  # noqa: E402
+import kvstore
+from kvstore.protocol.index_layout import H_SLOTS
+from _common import (add_output_flag, native_index, start_daemon, timed_put_get,
                      write_result)
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
@@ -192,13 +192,14 @@ def measure_concurrent_lookups(address: str, clients: int, calls: int, pause_s: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (writes a temporary file, not bench/results/)")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer repetitions (writes a temporary file, not bench/results/)")
     add_output_flag(ap)
     args = ap.parse_args()
     repeat = 3 if args.quick else 9
     built = native_index()
     print(f"index walk in C: {built or 'not built (python setup.py build_ext --inplace): Python'}")
-    d = start_daemon("--host-mem", "1536MiB", "--disk-size", "0") if _has_disk_flag() else start_daemon("--host-mem", "1536MiB")
+    d = start_daemon("--host-mem", "1536MiB", *(["--disk-size", "0"] if _has_disk_flag() else []))
     rows = []
     try:
         for label, size in SIZES.items():

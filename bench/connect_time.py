@@ -22,9 +22,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import kvstore  # noqa: E402
-from _common import add_output_flag, start_daemon, timed_put_get, write_result  # noqa: E402
-from kvstore.units import format_size, parse_size  # noqa: E402
+import kvstore
+from _common import add_output_flag, start_daemon, timed_put_get, write_result
+from kvstore.units import format_size, parse_size
 
 BATCH, CHUNK = 16, 2 << 20
 
@@ -80,7 +80,8 @@ def main() -> None:
     rows = [measure(size, 3 if args.quick else args.repeat) for size in sizes]
     path = write_result("connect-time", {"batch": BATCH, "chunk_bytes": CHUNK, "rows": rows},
                         quick=args.quick, out=args.out)
-    print("| arena | connect ms (median, max) | first put GB/s (×memcpy) | first get GB/s | again put GB/s (×memcpy) | again get GB/s |")
+    print("| arena | connect ms (median, max) | first put GB/s (×memcpy) | first get GB/s "
+          "| again put GB/s (×memcpy) | again get GB/s |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {format_size(r['arena_bytes'])} | {r['connect_ms']:.1f}, {r['connect_ms_max']:.1f} "

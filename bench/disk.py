@@ -26,8 +26,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import kvstore  # noqa: E402
-from _common import DaemonProc, short_tempdir, write_result  # noqa: E402
+import kvstore
+from _common import DaemonProc, short_tempdir, write_result
 
 MiB = 1 << 20
 

@@ -25,12 +25,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import msgpack  # noqa: E402
-import zmq  # noqa: E402
-from _common import add_output_flag, short_tempdir, start_daemon, write_result  # noqa: E402
+import msgpack
+import zmq
+from _common import add_output_flag, short_tempdir, start_daemon, write_result
 
-import kvstore  # noqa: E402
-from kvstore.protocol.kv_events import block_hash  # noqa: E402
+import kvstore
+from kvstore.protocol.kv_events import block_hash
 
 CHUNK = 64 << 10   # small chunks: the events' share of a put is at its largest
 LARGE = 1 << 20    # still small next to a real model's chunk (Llama-3-8B, 256 tokens: 32 MiB)
@@ -66,7 +66,8 @@ def event_latency(c: kvstore.Client, sub: zmq.Socket, n: int) -> dict[str, float
         t0 = time.perf_counter()
         c.delete([key])
         removed.append(wait_for_event(sub, "BlockRemoved", block_hash(key)) - t0)
-    return {"put_to_stored_p50_ms": percentile(stored, 0.5) * 1e3, "put_to_stored_p99_ms": percentile(stored, 0.99) * 1e3,
+    return {"put_to_stored_p50_ms": percentile(stored, 0.5) * 1e3,
+            "put_to_stored_p99_ms": percentile(stored, 0.99) * 1e3,
             "delete_to_removed_p50_ms": percentile(removed, 0.5) * 1e3,
             "delete_to_removed_p99_ms": percentile(removed, 0.99) * 1e3, "samples": n}
 

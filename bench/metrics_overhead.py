@@ -19,12 +19,12 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import kvstore  # noqa: E402
-from _common import free_port, median_seconds, start_daemon, write_result  # noqa: E402
-from prometheus_client import CollectorRegistry  # noqa: E402
+import kvstore
+from _common import free_port, median_seconds, start_daemon, write_result
+from prometheus_client import CollectorRegistry
 
-from kvstore.metrics.latency import RequestLatency  # noqa: E402
-from kvstore.protocol.wire import Op  # noqa: E402
+from kvstore.metrics.latency import RequestLatency
+from kvstore.protocol.wire import Op
 
 
 def observe_ns(n: int) -> float:

@@ -19,11 +19,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine  # noqa: E402
+from _common import machine
 
-from kvstore.sim.replay import Capacity, replay  # noqa: E402
-from kvstore.sim.trace import Request, distinct_blocks, read_trace  # noqa: E402
-from kvstore.tenants import parse_tenants  # noqa: E402
+from kvstore.sim.replay import Capacity, replay
+from kvstore.sim.trace import Request, distinct_blocks, read_trace
+from kvstore.tenants import parse_tenants
 
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
 CHUNK = 64 << 20   # 512 tokens of Llama-3-8B in bf16

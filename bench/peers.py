@@ -7,8 +7,9 @@ Peers, each started by this script on loopback and stopped afterwards:
 * ``kvstore-ipc`` / ``kvstore-tcp``: a ``kvstore serve`` daemon through the kvstore client (put; ``get_into``
   destination buffers, as an engine copies into its KV cache: straight from the arena where the shared index
   answers, else a lease and a copy of each view; lookup, which a local client answers from the daemon's shared
-  index), its mapping of the arena populated at set-up as Mooncake registers its buffer. ``kvstore-ipc-zmq``: the same daemon through the local path before
-  the stream socket and the shared index (every request through ZeroMQ), for a before/after ratio in one run.
+  index), its mapping of the arena populated at set-up as Mooncake registers its buffer. ``kvstore-ipc-zmq``: the same
+  daemon through the local path before the stream socket and the shared index (every request through ZeroMQ), for a
+  before/after ratio in one run.
 * ``mooncake``: ``mooncake_master`` (built-in HTTP metadata server) plus one ``mooncake_client`` storage node,
   driven through the Python client over TCP: ``batch_put_from`` / ``batch_get_into`` on registered buffers,
   ``batch_is_exist``.
@@ -16,10 +17,10 @@ Peers, each started by this script on loopback and stopped afterwards:
   copied into its destination buffer), and one ``EXISTS k1 .. k16``.
 * ``lmcache``: LMCache's multiprocess server (``lmcache server``, L1 in DRAM) from its own virtualenv
   (``$LMCACHE_VENV``, default ``~/.cache/kvstore-bench/lmcache-venv``; ``--install-lmcache`` creates it with
-  ``lmcache`` installed ``--no-deps`` plus its dependencies that need no CUDA, over the system's CPU torch), driven by a small worker run in that
-  virtualenv through LMCache's engine-driven CPU path: register a KV layout, prepare/commit store into the
-  server's shared-memory slots, lookup + prefetch, prepare/commit retrieve. Without a GPU this is the path an
-  engine worker would use. Reported as unavailable, with the reason, when it is not installed or does not start;
+  ``lmcache`` installed ``--no-deps`` plus its dependencies that need no CUDA, over the system's CPU torch), driven by a
+  small worker run in that virtualenv through LMCache's engine-driven CPU path: register a KV layout, prepare/commit
+  store into the server's shared-memory slots, lookup + prefetch, prepare/commit retrieve. Without a GPU this is the
+  path an engine worker would use. Reported as unavailable, with the reason, when it is not installed or does not start;
   skipped by ``--quick`` (a cold start of its server alone takes ~45 s here).
 
 For each chunk size (256 KiB, 2 MiB, 32 MiB) a batch of 16 chunks is put under fresh keys (then removed) and a
@@ -85,7 +86,8 @@ class Payloads:
 
 def latency(fn, calls: int) -> dict:
     lat = sorted(sample_seconds(fn, calls))
-    return {"exists_p50_us": lat[len(lat) // 2] * 1e6, "exists_p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6}
+    return {"exists_p50_us": lat[len(lat) // 2] * 1e6,
+            "exists_p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6}
 
 
 def timed_puts(put, remove, repeat: int, warmup: int) -> float:
@@ -314,7 +316,8 @@ def run(peers: list[str], quick: bool) -> dict:
                     "peer": peer, "chunk": label, "chunk_bytes": size, "batch": BATCH, "repeat": reps, "warmup": warmup,
                     "put_GBps": round(put_gbps, 3), "get_GBps": round(get_gbps, 3),
                     "memcpy_GBps": round(memcpy_gbps, 3),
-                    "put_vs_memcpy": round(put_gbps / memcpy_gbps, 3), "get_vs_memcpy": round(get_gbps / memcpy_gbps, 3),
+                    "put_vs_memcpy": round(put_gbps / memcpy_gbps, 3),
+                    "get_vs_memcpy": round(get_gbps / memcpy_gbps, 3),
                     "exists_p50_us": round(m["exists_p50_us"], 1), "exists_p99_us": round(m["exists_p99_us"], 1),
                 })
             del data

@@ -3,8 +3,8 @@
     python bench/remote_tier.py [--quick] [--stores redis,mooncake]
 
 For each store (a ``redis-server``, or ``mooncake_master`` plus one ``mooncake_client`` storage node, on loopback,
-started by ``tests/support/servers.py``), two daemons A and B share it with ``--remote`` and a third daemon C runs without
-it. Figures, medians over the repetitions:
+started by ``tests/support/servers.py``), two daemons A and B share it with ``--remote`` and a third daemon C runs
+without it. Figures, medians over the repetitions:
 
 * ``lookup_local_hit_us``: a lookup of 16 chunks B holds itself, next to the same lookup on C (no remote tier),
   and again while the store is frozen (SIGSTOP): a local hit never asks the store, so the three should match.
@@ -32,10 +32,10 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from _common import memcpy_seconds, start_daemon, write_result
-from support.servers import MooncakeCluster, RedisServer, mooncake_binary
+from _common import memcpy_seconds, start_daemon, write_result  # noqa: E402
+from support.servers import MooncakeCluster, RedisServer, mooncake_binary  # noqa: E402
 
-import kvstore
+import kvstore  # noqa: E402
 
 BATCH = 16
 CHUNK = 2 << 20

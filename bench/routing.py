@@ -13,7 +13,8 @@ are routed in trace order by:
 
 Load for the bound is requests in flight, modelled as the last ``--in-flight`` requests routed. Reports the token
 hit rate (Σ min(512 × leading cached blocks, input_length) / Σ input_length, over the whole fleet) and each
-instance's share of requests, and as a reference the hit rate of one cache as large as the whole fleet's. Writes bench/results/routing-<date>.json.
+instance's share of requests, and as a reference the hit rate of one cache as large as the whole fleet's. Writes
+bench/results/routing-<date>.json.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ import time
 from collections import Counter, deque
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import write_result  # noqa: E402
+from _common import write_result
 
-from kvstore.routing import Router  # noqa: E402
-from kvstore.sim.replay import Capacity, SimulatedStore, block_key, hit_tokens_by_tier  # noqa: E402
-from kvstore.sim.trace import distinct_blocks, read_trace  # noqa: E402
-from kvstore.tiers.disk.tier import DiskTier  # noqa: E402
+from kvstore.routing import Router
+from kvstore.sim.replay import Capacity, SimulatedStore, block_key, hit_tokens_by_tier
+from kvstore.sim.trace import distinct_blocks, read_trace
+from kvstore.tiers.disk.tier import DiskTier
 
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
 CHUNK = 64 << 20

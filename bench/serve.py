@@ -34,9 +34,9 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _common import short_tempdir, write_result
-from serve_engine import REPO, find_venv
-from serve_harness import FULL, QUICK, Bench, Profile
+from _common import short_tempdir, write_result  # noqa: E402
+from serve_engine import REPO, find_venv  # noqa: E402
+from serve_harness import FULL, QUICK, Bench, Profile  # noqa: E402
 
 SCENARIOS = ("restart", "all_miss", "slice", "replicas", "working_set")  # the default order: engines reused
 TRACE = "/work/shared/traces/conversation_trace.jsonl"

@@ -121,9 +121,9 @@ class EngineFailed(RuntimeError):
 def error_line(log: str) -> str:
     """The most telling line of a failed start: the last exception line that is not a wrapper pointing at
     the root cause ("See root cause above"), else the last ERROR line."""
-    lines = [l.strip() for l in log.splitlines() if l.strip()]
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
     for pattern in (r"^(\(\w+ pid=\d+\) )?[A-Za-z_.]*(Error|Exception): ", r"ERROR"):
-        found = [l for l in lines if re.search(pattern, l) and "root cause above" not in l]
+        found = [line for line in lines if re.search(pattern, line) and "root cause above" not in line]
         if found:
             return re.sub(r"^\(\w+ pid=\d+\) ", "", found[-1])
     return lines[-1] if lines else "(empty log)"
@@ -136,8 +136,8 @@ def peer_broken(log: str) -> str | None:
     for i, line in enumerate(lines):
         m = re.search(r"LMCache ERROR:\S*\s*(.*?)(:? Traceback.*)?$", line)
         if m:
-            cause = next((l.strip() for l in lines[i + 1:i + 40] if re.match(r"^[A-Za-z_.]*(Error|Exception): ",
-                                                                            l.strip())), "")
+            cause = next((later.strip() for later in lines[i + 1:i + 40]
+                          if re.match(r"^[A-Za-z_.]*(Error|Exception): ", later.strip())), "")
             return f"{m.group(1).rstrip(':')}: {cause}" if cause else m.group(1)
     return None
 
@@ -166,7 +166,7 @@ class Server:
 
     def start(self, timeout: float = 600.0) -> Server:
         """Start and wait until /health answers; raises EngineFailed (with the log's error) otherwise."""
-        log = open(self.log_path, "ab")  # noqa: SIM115 (the child keeps its own descriptor)
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=os.path.dirname(self.log_path), start_new_session=True)
         log.close()

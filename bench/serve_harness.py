@@ -17,9 +17,9 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _common import free_port, start_daemon
-from serve_engine import EngineFailed, Server, Venv, bench_serve, engine_env, make_shim
-from serve_traces import Conversations
+from _common import free_port, start_daemon  # noqa: E402
+from serve_engine import EngineFailed, Server, Venv, bench_serve, engine_env, make_shim  # noqa: E402
+from serve_traces import Conversations  # noqa: E402
 
 LOGPROB_TOL = 1e-3
 
@@ -241,7 +241,9 @@ class Bench:
         client = bench_serve(self.venv, self.env, url, self.model, trace, self.profile.conversations.block_tokens,
                              num, concurrency or self.profile.concurrency, self.workdir, f"bench-{self.counter}")
         after = [s.metrics() for s in servers]
-        total = lambda ms: {k: sum(m[k] for m in ms) for k in ms[0]}
+        def total(ms: list[dict]) -> dict:
+            return {k: sum(m[k] for m in ms) for k in ms[0]}
+
         return summarize(client, total(before), total(after), dbefore, self.daemon_stats() if connector else None)
 
     def close(self) -> None:

@@ -143,7 +143,7 @@ class Proxy:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         here = os.path.dirname(os.path.abspath(__file__))
-        self.log = open(os.path.join(bench.workdir, f"proxy-{self.port}.log"), "ab")  # noqa: SIM115
+        self.log = open(os.path.join(bench.workdir, f"proxy-{self.port}.log"), "ab")
         self.proc = subprocess.Popen([bench.venv.python, os.path.join(here, "serve_proxy.py"), str(self.port),
                                       *[b.url for b in backends]], stdout=self.log, stderr=subprocess.STDOUT,
                                      env=bench.env)

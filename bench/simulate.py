@@ -19,12 +19,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import write_result  # noqa: E402
+from _common import write_result
 
-from kvstore.sim.replay import Capacity, replay, unbounded  # noqa: E402
-from kvstore.sim.trace import distinct_blocks, read_trace  # noqa: E402
-from kvstore.store.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
-from kvstore.tiers.disk.tier import DiskTier  # noqa: E402
+from kvstore.sim.replay import Capacity, replay, unbounded
+from kvstore.sim.trace import distinct_blocks, read_trace
+from kvstore.store.policies import DEFAULT_POLICY, POLICIES
+from kvstore.tiers.disk.tier import DiskTier
 
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
 CHUNK = 64 << 20          # 512 tokens of Llama-3-8B in bf16 (128 KiB a token)

@@ -21,8 +21,8 @@ import time
 import xxhash
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import kvstore  # noqa: E402
-from _common import start_daemon, write_result  # noqa: E402
+import kvstore
+from _common import start_daemon, write_result
 
 BLOCK_TOKENS = 512
 TRACE = "/work/shared/traces/conversation_trace.jsonl"

@@ -34,10 +34,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import kvstore  # noqa: E402
-from kvstore.connectors.hf import new_cache, load_prefix, model_namespace, save_prefix  # noqa: E402
+import kvstore
+from kvstore.connectors.hf import new_cache, load_prefix, model_namespace, save_prefix
 
-from _common import DaemonProc, short_tempdir, write_result  # noqa: E402
+from _common import DaemonProc, short_tempdir, write_result
 
 
 def build_model(args: argparse.Namespace):

@@ -71,7 +71,8 @@ def measure(model: str, family: str, args: argparse.Namespace) -> dict[str, Any]
         before = engine.stats()
         a = engine.generate([prompt], 1)[0]
         b = engine.generate([prompt], 1)[0]
-        loaded = engine.stats().get("worker", {}).get("chunks_loaded", 0) - before.get("worker", {}).get("chunks_loaded", 0)
+        loaded = (engine.stats().get("worker", {}).get("chunks_loaded", 0)
+                  - before.get("worker", {}).get("chunks_loaded", 0))
         assert a["tokens"] == b["tokens"], f"{family}: a hit gave another first token"
         assert loaded == args.prompt_chunks, f"{family}: the hit loaded {loaded} chunks"
         miss.append(a["ttft"])

@@ -32,8 +32,8 @@ import xxhash
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import kvstore  # noqa: E402
-from _common import memcpy_seconds, start_daemon, write_result  # noqa: E402
+import kvstore
+from _common import memcpy_seconds, start_daemon, write_result
 
 
 def interleaved(fns: dict, repeat: int) -> dict[str, float]:
@@ -115,7 +115,8 @@ def bench_commit(client: kvstore.Client, chunk: int, n: int, repeat: int) -> dic
     t = interleaved({"put": put, "put_and_sum": put_and_sum}, repeat)
     w = interleaved({"copy": copy, "copy_and_hash": copy_and_hash}, repeat * 4)
     nbytes = STREAM * n * chunk
-    return {"bytes": nbytes, "put_gbps": nbytes / t["put"] / 1e9, "put_until_summed_gbps": nbytes / t["put_and_sum"] / 1e9,
+    return {"bytes": nbytes, "put_gbps": nbytes / t["put"] / 1e9,
+            "put_until_summed_gbps": nbytes / t["put_and_sum"] / 1e9,
             "summed_over_put": t["put"] / t["put_and_sum"],
             "writer_copy_gbps": chunk / w["copy"] / 1e9, "writer_copy_and_hash_gbps": chunk / w["copy_and_hash"] / 1e9,
             "writer_hash_adds": w["copy_and_hash"] / w["copy"] - 1}

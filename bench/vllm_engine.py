@@ -246,7 +246,8 @@ def main() -> int:
     finally:
         POOL.close()
         daemon.stop()
-    name = "vllm-engine" if parts >= {"scheduler", "misses", "hits", "replay"} else "vllm-engine-" + "-".join(sorted(parts))
+    full = parts >= {"scheduler", "misses", "hits", "replay"}
+    name = "vllm-engine" if full else "vllm-engine-" + "-".join(sorted(parts))
     path = write_result(name, result, quick=args.quick)
     print(path)
     return 0

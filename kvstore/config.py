@@ -207,7 +207,8 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("socket", _read_socket, default_socket, "path of the ipc:// socket", "PATH", path=True),
-    Setting("tcp", _read_tcp, lambda: None, "also listen on tcp://HOST:PORT (loopback unless you mean it)", "HOST:PORT"),
+    Setting("tcp", _read_tcp, lambda: None, "also listen on tcp://HOST:PORT (loopback unless you mean it)",
+            "HOST:PORT"),
     Setting("host_mem", lambda v, n: parse_size(v, n), default_host_mem,
             "most memory the host DRAM tier takes in /dev/shm, as chunks arrive (default: a quarter of "
             "available memory)", "SIZE"),

@@ -120,7 +120,8 @@ def client(daemon) -> Iterator[kvstore.Client]:
 # Modules whose tests start daemons, servers or CLI processes in their own bodies (not through the fixtures
 # below, which the markers see on their own), relative to tests/.
 PROCESS_MODULES = frozenset({
-    "cli/test_cli.py", "client/test_request_limits.py", "connectors/test_import_paths.py", "connectors/test_connector_report.py",
+    "cli/test_cli.py", "client/test_request_limits.py", "connectors/test_import_paths.py",
+    "connectors/test_connector_report.py",
     "connectors/vllm/test_connector_vllm.py", "gpu/test_gpu_tier.py", "gpu/test_gpu_wiring.py",
     "metrics/test_metrics.py", "native/test_native.py", "project/test_hygiene.py", "project/test_packaging.py",
     "remote/test_remote_backends.py", "remote/test_remote_tier.py", "routing/test_routing.py",

@@ -24,7 +24,8 @@ log = logging.getLogger("kvstore.connectors")
 
 
 def _report(engine: str, family: str, state: str, reason: str) -> dict[str, str]:
-    return {"engine": engine, "family": family[:MAX_CONNECTOR_FAMILY_CHARS], "state": state, "reason": reason[:MAX_CONNECTOR_REASON_CHARS]}
+    return {"engine": engine, "family": family[:MAX_CONNECTOR_FAMILY_CHARS], "state": state,
+            "reason": reason[:MAX_CONNECTOR_REASON_CHARS]}
 
 
 def on_report(engine: str, layout: ChunkLayout) -> dict[str, str]:

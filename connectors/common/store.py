@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 
@@ -21,7 +21,7 @@ from kvstore.protocol.engine_blocks import EngineBlocks
 
 from .layout import KVGeometry, PagedGeometry, chunk_from_buffer, chunks_to_dense
 
-Geometry = Union[KVGeometry, PagedGeometry]
+Geometry = KVGeometry | PagedGeometry
 
 log = logging.getLogger("kvstore.connectors")
 T = TypeVar("T")

@@ -46,7 +46,7 @@ shows it off in `kvstore stats`: every lookup misses.
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional
+from typing import Any
 
 import torch
 import xxhash
@@ -78,7 +78,7 @@ __all__ = ["KVStoreHiCacheStorage"]
 class KVStoreHiCacheStorage(HiCacheStorage):
     """HiCache pages in a kvstore daemon."""
 
-    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None) -> None:
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict | None = None) -> None:
         self.config = storage_config
         extra = storage_config.extra_config or {}
         self._address = extra.get("address")
@@ -113,16 +113,16 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self._planes = geometry.planes
         self._root = kvstore.keys.namespace_root(ns)
 
-    def _keys(self, keys: List[str]) -> list[bytes]:
+    def _keys(self, keys: list[str]) -> list[bytes]:
         """SGLang's page hashes (already chained over the prefix) re-keyed under our namespace."""
         return [xxhash.xxh3_128_digest(self._root + k.encode()) for k in keys]
 
-    def _parent(self, extra_info: Optional[HiCacheStorageExtraInfo]) -> list[bytes]:
+    def _parent(self, extra_info: HiCacheStorageExtraInfo | None) -> list[bytes]:
         prefix = extra_info.prefix_keys if extra_info is not None else None
         return self._keys(prefix[-1:]) if prefix else []
 
     # -- lookups -----------------------------------------------------------------------------------------
-    def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         if self._store is None or not keys:
             return 0
         return self._store.lookup(self._keys(keys))
@@ -132,9 +132,9 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
     # -- generic path: flat pages ------------------------------------------------------------------------
     def batch_get(
-        self, keys: List[str], target_locations: Optional[Any] = None, target_sizes: Optional[Any] = None
-    ) -> List[torch.Tensor | None]:
-        out: List[torch.Tensor | None] = [None] * len(keys)
+        self, keys: list[str], target_locations: Any | None = None, target_sizes: Any | None = None
+    ) -> list[torch.Tensor | None]:
+        out: list[torch.Tensor | None] = [None] * len(keys)
         if self._store is None or not keys:
             return out
         chunks = self._store.load(self._keys(keys))
@@ -147,15 +147,15 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             out[i] = target
         return out
 
-    def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
+    def get(self, key: str, target_location: Any | None = None, target_sizes: Any | None = None):
         return self.batch_get([key], [target_location] if target_location is not None else None)[0]
 
     def batch_set(
         self,
-        keys: List[str],
-        values: Optional[Any] = None,
-        target_locations: Optional[Any] = None,
-        target_sizes: Optional[Any] = None,
+        keys: list[str],
+        values: Any | None = None,
+        target_locations: Any | None = None,
+        target_sizes: Any | None = None,
     ) -> bool:
         if self._store is None or not keys or values is None:
             return False
@@ -163,14 +163,14 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         chunks = torch.stack([page_to_chunk(v.view(shape), self._layout, self._planes) for v in values])
         return self._put(self._keys(keys), chunks, []) == len(keys)
 
-    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
-            target_sizes: Optional[Any] = None) -> bool:
+    def set(self, key: str, value: Any | None = None, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> bool:
         return self.batch_set([key], [value])
 
     # -- v1: in place, by host index ---------------------------------------------------------------------
     def batch_get_v1(
-        self, keys: List[str], host_indices: torch.Tensor, extra_info: Optional[HiCacheStorageExtraInfo] = None
-    ) -> List[bool]:
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> list[bool]:
         done = [False] * len(keys)
         if self._store is None or not keys:
             return done
@@ -181,8 +181,8 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         return done
 
     def batch_set_v1(
-        self, keys: List[str], host_indices: torch.Tensor, extra_info: Optional[HiCacheStorageExtraInfo] = None
-    ) -> List[bool]:
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> list[bool]:
         if self._store is None or not keys:
             return [False] * len(keys)
         chunks = torch.stack([page_to_chunk(self._host_page(host_indices, i), self._layout, self._planes)

@@ -13,30 +13,29 @@ daemon after it failed, default 5), `load_async` (true: loads off the engine's s
 the step), `max_save_bytes` (saves in flight, default 1 GiB; more is dropped), `lookup_batch` (waiting
 requests looked up in one daemon round trip, default 64), `gpu_tier` (CUDA engines: map the daemon's GPU
 pool, default true), `verify_fraction` (the share of would-be hits computed and compared with the store instead
-of loaded, from 0 to 1; default 0: see "Online verification"). `kv_role`: `kv_both`, `kv_producer` (saves, never loads) or `kv_consumer` (loads, never
-saves).
+of loaded, from 0 to 1; default 0: see "Online verification"). `kv_role`: `kv_both`, `kv_producer` (saves, never loads)
+or `kv_consumer` (loads, never saves).
 
 How a request flows
 -------------------
-Scheduler (`_vllm_scheduler.SchedulerSide`). `get_num_new_matched_tokens` asks the daemon once per request: the first time a request is
-considered, it and the other waiting requests not asked about yet (`on_new_request`) are looked up in one
-round trip; the answer (leading chunks stored, for every tensor-parallel rank's namespace) is kept until the
-request is scheduled or finished. It offers those chunks less what vLLM already holds, never the prompt's last
-token, and says the load is asynchronous when other requests are running: vLLM parks the request in
-WAITING_FOR_REMOTE_KVS, gives it blocks, and keeps running the rest of the batch. (On an idle engine nothing
-would overlap the load, so it runs in the step before the forward, sparing the request the steps an
-asynchronous load waits to be reported.) `build_connector_meta` sends the workers each step's loads and saves
-(every full prompt chunk that becomes computed in the step and is not known stored) and the preempted requests.
-A request with saves in flight keeps its blocks after it finishes (`request_finished` returns True) until the
-workers report the saves done.
+Scheduler (`_vllm_scheduler.SchedulerSide`). `get_num_new_matched_tokens` asks the daemon once per request: the first
+time a request is considered, it and the other waiting requests not asked about yet (`on_new_request`) are looked up in
+one round trip; the answer (leading chunks stored, for every tensor-parallel rank's namespace) is kept until the request
+is scheduled or finished. It offers those chunks less what vLLM already holds, never the prompt's last token, and says
+the load is asynchronous when other requests are running: vLLM parks the request in WAITING_FOR_REMOTE_KVS, gives it
+blocks, and keeps running the rest of the batch. (On an idle engine nothing would overlap the load, so it runs in the
+step before the forward, sparing the request the steps an asynchronous load waits to be reported.)
+`build_connector_meta` sends the workers each step's loads and saves (every full prompt chunk that becomes computed in
+the step and is not known stored) and the preempted requests. A request with saves in flight keeps its blocks after it
+finishes (`request_finished` returns True) until the workers report the saves done.
 
-Worker (`_vllm_worker.WorkerSide`, over `_transfers.Transfers`). `start_load_kv` queues the loads on a background thread, which leases the
-chunks and scatters the leased views straight into the request's blocks; `get_finished` reports finished loads
-(and, through `get_block_ids_with_load_errors`, the blocks a missing chunk left unwritten, which vLLM
-recomputes under `kv_load_failure_policy: recompute`). `wait_for_save` queues the step's saves on a second
-thread, which reserves arena slots, gathers the blocks straight into them and commits; `get_finished` reports
-a finished request once its saves are done. `handle_preemptions` settles a preempted request's saves before
-its blocks are reused. With `load_async`/`save_async` false the same work runs inside the step.
+Worker (`_vllm_worker.WorkerSide`, over `_transfers.Transfers`). `start_load_kv` queues the loads on a background
+thread, which leases the chunks and scatters the leased views straight into the request's blocks; `get_finished` reports
+finished loads (and, through `get_block_ids_with_load_errors`, the blocks a missing chunk left unwritten, which vLLM
+recomputes under `kv_load_failure_policy: recompute`). `wait_for_save` queues the step's saves on a second thread, which
+reserves arena slots, gathers the blocks straight into them and commits; `get_finished` reports a finished request once
+its saves are done. `handle_preemptions` settles a preempted request's saves before its blocks are reused. With
+`load_async`/`save_async` false the same work runs inside the step.
 
 Online verification. A request chosen by `verify_fraction` (a hash of its id: the same answer each time, all
 at 1.0) is offered no external tokens though its chunks are stored, so vLLM computes its prefix; once those

@@ -92,7 +92,8 @@ class EngineGeometry:
         """One line for the connector report: family, groups and their kinds, stage, cache format."""
         kinds = ",".join(dict.fromkeys(g.kind for g in self.groups))
         stage = f", stage layers {self.stage}" if self.stage else ""
-        return f"{'mla' if self.mla else 'dense'}, {len(self.groups)} group(s) {kinds}{stage}; {self.paged.cache_format}"
+        mla = "mla" if self.mla else "dense"
+        return f"{mla}, {len(self.groups)} group(s) {kinds}{stage}; {self.paged.cache_format}"
 
     def valid_chunks(self, block_ids: Sequence[Sequence[int]], first: int, end: int, computed_before: int) -> int:
         """The first chunk of `first .. end` from which on every group still holds every block (a save takes
@@ -103,7 +104,7 @@ class EngineGeometry:
                 per = t // group.block_size
                 mine = ids[chunk * per:(chunk + 1) * per]
                 freed = group.skipped_tokens(computed_before) // group.block_size
-                if len(mine) < per or group.frees_blocks and (NULL_BLOCK in mine or chunk * per < freed):
+                if len(mine) < per or (group.frees_blocks and (NULL_BLOCK in mine or chunk * per < freed)):
                     return chunk + 1
         return first
 

@@ -1,4 +1,5 @@
-"""``kvstore`` — the command line: ``serve``, ``stats``, ``scrub``, ``alerts``, ``dashboard``, ``simulate``, ``route`` and the subcommands each module registers."""
+"""``kvstore`` — the command line: ``serve``, ``stats``, ``scrub``, ``alerts``, ``dashboard``, ``simulate``,
+``route`` and the subcommands each module registers."""
 
 from __future__ import annotations
 

@@ -97,7 +97,8 @@ def render(stats: dict[str, Any], prev: Sample | None, cur: Sample, address: str
         live.add_row(label, shown, total)
     live.add_row("leases / reservations / clients", "",
                  f"{stats['leases']} / {stats['reservations']} / {stats['sessions']}")
-    live.add_row("bytes scrubbed/s", format_size(int(r["scrubbed"])) if r else "-", format_size(int(quantity(cur, "scrubbed"))))
+    live.add_row("bytes scrubbed/s", format_size(int(r["scrubbed"])) if r else "-",
+                 format_size(int(quantity(cur, "scrubbed"))))
     for label, text, bad in integrity_rows(cur):
         live.add_row(f"[red]{label}[/red]" if bad else label, "", f"[red]{text}[/red]" if bad else text)
     return Group(tiers, live)

@@ -50,7 +50,7 @@ def sequence(call: str, name: str, value: Any, of: str) -> Sequence[Any]:
     hint = ""
     if isinstance(value, (bytes, bytearray, memoryview)):
         hint = f" (one {name[:-1] if name.endswith('s') else name}?): wrap it in a list"
-    elif hasattr(value, "__next__") or hasattr(value, "__iter__") and not isinstance(value, str):
+    elif hasattr(value, "__next__") or (hasattr(value, "__iter__") and not isinstance(value, str)):
         hint = ": pass list(...) of it"
     raise UsageError(f"{call}: {name} must be a list or tuple of {of}; got {describe(value)}{hint}")
 

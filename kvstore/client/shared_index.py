@@ -112,7 +112,7 @@ class SharedIndexView:
                 return answer
         return None
 
-    def _header(self) -> tuple[int, int, int] | None | bool:
+    def _header(self) -> tuple[int, int, int] | bool | None:
         """A walk's start: (epoch, flags, slot mask); None when the view cannot answer (stale, stopping); False
         while the table is rebuilt."""
         w = self._words
@@ -124,7 +124,7 @@ class SharedIndexView:
             return None
         return epoch, flags, w[H_SLOTS] - 1
 
-    def _read(self, packed: bytes, n: int, detail: bool) -> tuple[int, int, WalkRead] | None | bool:
+    def _read(self, packed: bytes, n: int, detail: bool) -> tuple[int, int, WalkRead] | bool | None:
         """One try at the listed keys heading the ``n`` keys in ``packed``: (epoch, flags, what the walk read, with
         each key's slot when ``detail``); None or False as ``_header`` and the walk say."""
         header = self._header()
@@ -175,7 +175,7 @@ class SharedIndexView:
         walk = self.try_lookup(packed, n, False)
         return isinstance(walk, tuple) and walk[0] == n
 
-    def try_lookup(self, packed: bytes, n: int, promote: bool) -> tuple[int, list[int]] | None | bool:
+    def try_lookup(self, packed: bytes, n: int, promote: bool) -> tuple[int, list[int]] | bool | None:
         """One try for the ``n`` keys in ``packed``, uncounted.
 
         Args:
@@ -197,12 +197,12 @@ class SharedIndexView:
             return None
         return count, counts
 
-    def locate(self, packed: bytes) -> tuple[int, list[tuple[int, int, int, int]]] | None | bool:
-        """Where the leading keys' (``packed`` end to end) DRAM copies are, for a reader copying them out of the arena: (epoch, one
-        ``(slot offset, seq, arena offset, size)`` per chunk of the prefix held in DRAM); None when only the
-        socket can answer (the view is stale, or the prefix stops at a chunk held elsewhere, not listed, or — with
-        a remote tier below — missing); False when the table moved (try again). Check the copies with
-        ``unchanged`` afterwards."""
+    def locate(self, packed: bytes) -> tuple[int, list[tuple[int, int, int, int]]] | bool | None:
+        """Where the leading keys' (``packed`` end to end) DRAM copies are, for a reader copying them out of the arena:
+        (epoch, one ``(slot offset, seq, arena offset, size)`` per chunk of the prefix held in DRAM); None when only the
+        socket can answer (the view is stale, or the prefix stops at a chunk held elsewhere, not listed, or — with a
+        remote tier below — missing); False when the table moved (try again). Check the copies with ``unchanged``
+        afterwards."""
         read = self._read(packed, len(packed) // _KEY_BYTES, detail=True)
         if not isinstance(read, tuple):
             return read

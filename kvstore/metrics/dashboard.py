@@ -61,7 +61,8 @@ def panels() -> list[dict[str, Any]]:
                                      (q.increase("verify_mismatches"), "mismatches"),
                                      (q.series("verify_max_difference"), "max difference")], "short"),
     ]
-    return [_panel(title, targets, unit, x=12 * (i % 2), y=8 * (i // 2)) for i, (title, targets, unit) in enumerate(rows)]
+    return [_panel(title, targets, unit, x=12 * (i % 2), y=8 * (i // 2))
+            for i, (title, targets, unit) in enumerate(rows)]
 
 
 def dashboard() -> dict[str, Any]:

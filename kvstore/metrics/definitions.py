@@ -42,7 +42,8 @@ class Source:
     @property
     def pattern(self) -> re.Pattern[str]:
         parts = re.split(r"\{(\w+)\}", self.template)
-        regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>{LABEL_PATTERNS.get(p, TIER_LABEL)})" for i, p in enumerate(parts))
+        regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>{LABEL_PATTERNS.get(p, TIER_LABEL)})"
+                        for i, p in enumerate(parts))
         return re.compile(regex)
 
     def labels(self) -> tuple[str, ...]:

@@ -77,8 +77,8 @@ class CudaKernels:
             try:
                 found = {name: self._module.get_function(name) for name in KERNELS}
                 for kernel in found.values():
-                    kernel.kernel   # compiles (or reads cupy's cache) for this device now, in kvstore's cache dir
-            except Exception as exc:  # noqa: BLE001 - cupy's compile errors share no base class
+                    _ = kernel.kernel   # compiles (or reads cupy's cache) for this device now, in kvstore's cache dir
+            except Exception as exc:
                 raise RuntimeError(f"the CUDA gather/scatter kernel did not compile: {exc}") from exc
             self._functions[device] = found
         return found
@@ -100,7 +100,7 @@ class CudaKernels:
         try:
             with self._cupy.cuda.Device(device):
                 fn(launch.grid, (launch.threads,), packed, stream=self._cupy.cuda.ExternalStream(stream))
-        except Exception as exc:  # noqa: BLE001 - cupy's driver errors
+        except Exception as exc:
             raise RuntimeError(f"native CUDA gather/scatter failed to launch: {exc}") from exc
 
 

@@ -7,8 +7,8 @@ made by other ZeroMQ tools work too:
     NAME.key_secret   the public and the secret key: never leaves this machine
 
 Both are written owner-only (0600) from their first moment (created with ``O_EXCL`` under a 077 umask, then
-``fchmod``), inside a directory whose every level is made 0700 when we create it (``paths.py``). A secret key file that other users can
-read is refused when loading: CURVE is only as strong as the secrecy of that file.
+``fchmod``), inside a directory whose every level is made 0700 when we create it (``paths.py``). A secret key file that
+other users can read is refused when loading: CURVE is only as strong as the secrecy of that file.
 
 The daemon's allow-list of clients is a directory of public key files (``*.key``) or one file: either one
 certificate or one Z85 public key per line (``#`` comments allowed). It is re-read when it changes, so adding

@@ -5,10 +5,10 @@ an exclusive lock next to the socket (a second daemon on the same socket refuses
 lock dies with it, so its stale socket and arena are removed) and one in the disk directory, create the shared
 arena, bind a ZeroMQ ROUTER on ipc:// (and optionally tcp://), then serve. Every step puts what it took on one
 exit stack, so a failure at any step gives back everything taken before it, newest first (the arena in
-/dev/shm, the locks, the socket, and the directories start-up created), and a normal stop closes the same stack. Requests are handled one at a time on the event
-loop: every operation is an in-memory index update of a few microseconds, and bytes never pass through the
-daemon on the ipc:// path (clients copy them straight into or out of the arena). A sweeper expires leases and
-reservations and reclaims the pins of local clients whose process died.
+/dev/shm, the locks, the socket, and the directories start-up created), and a normal stop closes the same stack.
+Requests are handled one at a time on the event loop: every operation is an in-memory index update of a few
+microseconds, and bytes never pass through the daemon on the ipc:// path (clients copy them straight into or out of the
+arena). A sweeper expires leases and reservations and reclaims the pins of local clients whose process died.
 
 Stop (SIGTERM or SIGINT), every step bounded by its share of ``shutdown_timeout`` (``stopping.py``): tell the
 service manager (``STOPPING=1``), remove the socket file so that no new local client can connect, answer every
@@ -309,7 +309,7 @@ class Daemon:
         """Await a handler that had to wait (disk reads, write-back back-pressure, the remote store)."""
         try:
             reply = await self._unless_stopping(pending)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - answered with an error reply, the daemon keeps serving
             reply = self._failure_reply(rid, exc)
         self.latency.observe(op, time.perf_counter() - started)
         return reply
@@ -378,7 +378,7 @@ class Daemon:
                 reply = HANDLERS[op](self.svc, session, header, payload)
                 if type(reply) is not list:   # a coroutine: the handler has to wait
                     return self._finish(rid, op, started, reply)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - answered with an error reply, the daemon keeps serving
             reply = self._error_reply(transport, owner, raw_header, len(raw_header), rid, op, exc)
         if op is not None:
             self.latency.observe(op, time.perf_counter() - started)

@@ -164,7 +164,8 @@ def handle_put_inline(svc: Service, s: Session, h: dict, frames: list) -> Frames
         if size == 0:
             raise BadRequestError(f"payload frame {i} is empty")
         if size > svc.config.chunk_limit:
-            raise LimitError(f"payload frame {i} is {size} bytes; the largest chunk accepted is {svc.config.chunk_limit}")
+            raise LimitError(f"payload frame {i} is {size} bytes; "
+                             f"the largest chunk accepted is {svc.config.chunk_limit}")
     engine = read_engine(h, len(keys))
     svc.safeguards.params.stored(s.namespace, s.key_params)
     return _throttled(svc, sum(sizes), lambda: _put_inline_now(svc, s, h, frames, keys, sizes, engine))

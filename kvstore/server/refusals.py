@@ -36,8 +36,8 @@ class RefusalLog:
             return
         self._lines += 1
         unlogged, self._unlogged = self._unlogged, 0
-        logs.warning("request_refused", transport=transport, client=getattr(session, "client_id", "") or "-", op=_op_name(op),
-                     header_bytes=header_bytes, reason=exc.message or str(exc), unlogged=unlogged)
+        logs.warning("request_refused", transport=transport, client=getattr(session, "client_id", "") or "-",
+                     op=_op_name(op), header_bytes=header_bytes, reason=exc.message or str(exc), unlogged=unlogged)
 
 
 def _op_name(op: int | None) -> str:

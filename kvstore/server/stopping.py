@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import astuple, dataclass
+from itertools import pairwise
 from typing import Callable
 
 from .. import logs
@@ -50,7 +51,7 @@ class StopPlan:
 
     def check(self) -> None:
         steps = astuple(self)
-        if not all(0 < a < b for a, b in zip(steps, steps[1:])):
+        if not all(0 < a < b for a, b in pairwise(steps)):
             raise ConfigError(f"stop deadlines out of order: {self}; each step must end before the next")
 
     def remaining(self, step: str, elapsed: float) -> float:

@@ -2,10 +2,10 @@
 
 One JSON object per line: ``timestamp`` (ms), ``input_length`` and ``output_length`` (tokens) and ``hash_ids``,
 the ids of the request's 512-token blocks, and optionally ``tenant``, the name of the tenant that sent it (as
-``kvstore simulate --tenants`` names them; block ids of two tenants are two tenants' chunks). The ids are already chained: an id stands for its block *and* every
-block before it, so two requests share a block id only if they share the whole prefix up to it. The last block
-may be partial (``input_length`` need not be a multiple of the block size). Requests are kept in file order.
-Every line is checked, and a bad one is reported with its line number and what to fix.
+``kvstore simulate --tenants`` names them; block ids of two tenants are two tenants' chunks). The ids are already
+chained: an id stands for its block *and* every block before it, so two requests share a block id only if they share the
+whole prefix up to it. The last block may be partial (``input_length`` need not be a multiple of the block size).
+Requests are kept in file order. Every line is checked, and a bad one is reported with its line number and what to fix.
 """
 
 from __future__ import annotations

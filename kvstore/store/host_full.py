@@ -79,7 +79,8 @@ def host_full_message(capacity: int, size: int, held: HostHolders) -> str:
               "commit or abort this client's open reservations before reserving more"),
              (held.reserved_others, "by other writers' open reservations", "retry once the other writers commit"),
              (held.busy, "by chunks being written to a lower tier or checked", "retry once the writes are done"),
-             (held.credits_own + held.credits_others, "lent as put credits", "retry: credits come back as puts use them"),
+             (held.credits_own + held.credits_others, "lent as put credits",
+              "retry: credits come back as puts use them"),
              (held.free, "free but in pieces smaller than the chunk", "store smaller chunks")]
     named = ", ".join(f"{nbytes} {what}" for nbytes, what, _ in parts if nbytes)
     fix = max(parts[1:], key=lambda p: p[0])[2] if any(p[0] for p in parts[1:]) else parts[0][2]

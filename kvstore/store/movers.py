@@ -72,7 +72,7 @@ class MoverLife:
         if predicate():
             return True
         remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0 or self._cond is None:
+        if (remaining is not None and remaining <= 0) or self._cond is None:
             return predicate()
         self._waiting += 1
         try:

@@ -219,7 +219,7 @@ class PublishedIndex:
         slot = int.from_bytes(key[:8], "little") & mask
         for _ in range(MAX_PROBE):
             here = self._state_at(slot)
-            if here == EMPTY or here == TOMBSTONE:
+            if here in (EMPTY, TOMBSTONE):
                 if here == TOMBSTONE:
                     self.tombstones -= 1
                 self._write_slot(slot, key, listing)

@@ -18,12 +18,12 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-import serve
-import serve_report
-from serve_engine import engine_env, error_line, make_shim, parse_metrics, peer_broken
-from serve_harness import FULL, QUICK, interleaved, median_of, summarize
-from serve_scenarios import CPU_BLOCK, working_set_trace
-from serve_traces import (
+import serve  # noqa: E402
+import serve_report  # noqa: E402
+from serve_engine import engine_env, error_line, make_shim, parse_metrics, peer_broken  # noqa: E402
+from serve_harness import FULL, QUICK, interleaved, median_of, summarize  # noqa: E402
+from serve_scenarios import CPU_BLOCK, working_set_trace  # noqa: E402
+from serve_traces import (  # noqa: E402
     Conversations,
     compress_time,
     conversation_slice,

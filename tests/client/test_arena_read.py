@@ -190,6 +190,6 @@ def test_read_leases_the_chunks_where_the_index_cannot_answer(daemon):
             keys = c.chunk_keys([8 + len(kwargs)] * 256 * 3)
             c.put(keys, [_content(k) for k in keys])
             seen: list[list[bytes]] = []
-            assert c.read(keys, lambda views: seen.append([bytes(v) for v in views])) == 3
+            assert c.read(keys, lambda views: seen.append([bytes(v) for v in views])) == 3  # noqa: B023 - called here
             assert seen == [[_content(k) for k in keys]]
             assert c.stats()["leases"] == 0   # released after the copy

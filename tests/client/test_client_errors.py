@@ -24,7 +24,7 @@ def test_calls_after_close_raise_client_closed(daemon, use_arena):
     c.close()
     c.close()   # idempotent
     lease.release()   # nothing to unpin from a closed client: no error
-    for name, call in every_call(c, keys).items():
+    for _name, call in every_call(c, keys).items():
         with pytest.raises(kvstore.ClientClosedError, match="closed; connect again"):
             call()
     with daemon.client(namespace="closed") as other:   # the daemon is fine

@@ -4,8 +4,8 @@ The client refuses them before anything is sent or copied; the daemon, asked by 
 (raw requests on its ZeroMQ socket and its stream socket here), answers the request's own id — even when the
 header is too large to decode or to keep — keeps the connection, and logs one ``request_refused`` line.
 
-"At once" is shown without timing: the clients wait at most ``SHORT`` seconds (more than a loaded machine needs), so a request left unanswered
-would surface as DaemonUnavailable, not LimitError.
+"At once" is shown without timing: the clients wait at most ``SHORT`` seconds (more than a loaded machine needs), so a
+request left unanswered would surface as DaemonUnavailable, not LimitError.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def test_the_daemon_answers_an_oversized_request_to_its_id_and_keeps_the_connect
         transport = Transport(daemon.address if socket_kind == "zmq-ipc" else daemon.tcp, SHORT)
     try:
         _hello(transport)
-        for name, request in _raw_requests():
+        for _name, request in _raw_requests():
             with pytest.raises(kvstore.LimitError):
                 transport.call(request)
             transport.call({"op": Op.PING})   # the same connection, still served

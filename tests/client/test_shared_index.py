@@ -372,7 +372,7 @@ def test_disk_only_chunks_are_looked_up_over_the_socket_which_promotes_them(star
 
 def test_keys_the_table_cannot_list_are_answered_by_the_socket(start_daemon):
     d = start_daemon("--disk-size", "0")
-    with both(d) as (shm, sock):
+    with both(d) as (shm, _sock):
         keys = colliding_keys(MAX_PROBE + 6)
         for key in keys:
             shm.put([key], [b"k" * 4096])

@@ -85,8 +85,9 @@ def test_non_loopback_tcp_refused_without_curve(keys, extra, needle):
 def test_readable_secret_key_refused(keys):
     os.chmod(keys["server_secret"], 0o644)
     sock = os.path.join(short_tempdir(), "kv.sock")
-    result = kvstore_cli("serve", "--socket", sock, "--host-mem", "8MiB", "--disk-size", "0", "--tcp", f"127.0.0.1:{free_port()}",
-                         "--curve-server-key", keys["server_secret"], "--curve-client-keys", keys["clients"])
+    result = kvstore_cli("serve", "--socket", sock, "--host-mem", "8MiB", "--disk-size", "0",
+                         "--tcp", f"127.0.0.1:{free_port()}", "--curve-server-key", keys["server_secret"],
+                         "--curve-client-keys", keys["clients"])
     assert result.returncode == 2 and "chmod 600" in result.stderr
 
 

@@ -60,7 +60,7 @@ def test_kill9_during_heavy_puts_never_serves_wrong_bytes(start_daemon, tmp_path
         # On a loaded machine the workers may not have been acknowledged yet: a crash with nothing at stake
         # tests nothing, so each kill waits for new acknowledged chunks first.
         seen = len(acked_keys(acked))
-        assert wait_for(lambda: len(acked_keys(acked)) > seen, timeout=60), "no put was acknowledged"
+        assert wait_for(lambda: len(acked_keys(acked)) > seen, timeout=60), "no put was acknowledged"  # noqa: B023
         before = acked_keys(acked)
         d.stop(signal.SIGKILL)
         d.start()

@@ -218,7 +218,7 @@ def test_sigterm_under_load_exits_zero_and_cleans_up(start_daemon):
                     n, done[i] = n + 1, done[i] + 1
         except (kvstore.errors.UnavailableError, kvstore.DaemonUnavailable):
             pass  # the daemon is going away: what a connector falls back on
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - collected, asserted on below
             unexpected.append(exc)
 
     threads = [threading.Thread(target=load, args=(i,)) for i in range(3)]
@@ -235,7 +235,7 @@ def test_sigterm_under_load_exits_zero_and_cleans_up(start_daemon):
     assert not unexpected, unexpected
     assert not os.path.exists(d.socket_path) and not os.path.exists(arena)
     lines = [line for line in d.log().splitlines() if "event=" in line]
-    assert all(re.match(r"ts=\S+ \S+ level=\w+ event=\w+( \w+=(\"[^\"]*\"|\S+))*$", l) for l in lines), lines
+    assert all(re.match(r"ts=\S+ \S+ level=\w+ event=\w+( \w+=(\"[^\"]*\"|\S+))*$", line) for line in lines), lines
     assert any("event=drained" in line for line in lines)
 
 

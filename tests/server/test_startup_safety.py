@@ -35,7 +35,8 @@ def workdir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def serve(*args: str, cwd: str | None = None, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def serve(*args: str, cwd: str | None = None, env: dict | None = None,
+          timeout: float = 60) -> subprocess.CompletedProcess:
     return run_cli("serve", *args, cwd=cwd, env=env, timeout=timeout)
 
 

@@ -95,7 +95,7 @@ def test_what_follows_a_put_sees_it_counted_verified_and_queued_for_eviction(sta
 def test_chunks_put_with_a_disk_tier_are_all_written_back(start_daemon, settings):
     daemon = start_daemon("--host-mem", "8MiB")
     with kvstore.connect(daemon.address, namespace="after-reply", chunk_tokens=4, **settings) as c:
-        first, last = _rounds(c, 40)
+        first, _last = _rounds(c, 40)
         assert wait_for(lambda: c.stats()["disk"]["write_queue_chunks"] == 0)
         result = c.lookup_tiers(first, promote=False)
         assert result.count == 8 and result.tiers == {"disk": 8}   # summed, then written back before eviction

@@ -128,7 +128,7 @@ def test_verified_get_waits_for_the_sum_of_a_fresh_commit(host_only):
 def test_damaged_dram_copy_is_repaired_from_its_disk_copy(daemon):
     c, keys, payloads = on_disk(daemon, "repair", 5)
     damage(arena_of(c), [payloads[1]])
-    code, report = scrub_cli(daemon)
+    _code, report = scrub_cli(daemon)
     assert report["tiers"]["host"]["corrupt"] == 1 and report["dropped"] == 0
     assert report["tiers"]["disk"]["checked"] == 4 and report["tiers"]["disk"]["corrupt"] == 0
     assert c.lookup_tiers(keys).tiers == {"host": 3, "disk": 1}
@@ -151,11 +151,11 @@ def test_damaged_disk_copy_of_a_chunk_in_dram_is_rewritten_never_served(daemon):
     name = keys[2].hex()
     path = os.path.join(daemon.workdir, "disk", name[:2], name + ".kv")
     damage_file(path, 4096 + 100)
-    code, report = scrub_cli(daemon)
+    _code, report = scrub_cli(daemon)
     assert report["tiers"]["disk"]["corrupt"] == 1 and report["dropped"] == 0
     assert os.path.exists(os.path.join(daemon.workdir, "disk", "quarantine", name + ".kv"))
     assert wait_for(lambda: c.stats()["counters"]["disk_writes"] >= 5)   # written again from DRAM
-    code, report = scrub_cli(daemon)
+    _code, report = scrub_cli(daemon)
     assert report["corrupt"] == 0 and report["tiers"]["disk"]["checked"] == 4
     c.close()
     daemon.restart()   # DRAM is gone: every chunk now comes from its file, checked on read
@@ -225,7 +225,7 @@ def test_damaged_gpu_copy_is_found_by_scrub_and_the_dram_copy_served(start_daemo
             pass
     assert wait_for(lambda: c.lookup_tiers(keys).tiers == {"gpu": 4})
     damage(arena_path_for(d.socket_path + "#gpu"), [payloads[1]])   # the CPU-backed GPU pool's own file
-    code, report = scrub_cli(d)
+    _code, report = scrub_cli(d)
     assert report["tiers"]["gpu"]["corrupt"] == 1 and report["tiers"]["host"]["corrupt"] == 0
     assert report["dropped"] == 0 and c.stats()["integrity"]["repaired"] == 1   # the DRAM copy stays
     assert c.lookup_tiers(keys).tiers == {"gpu": 3, "host": 1}

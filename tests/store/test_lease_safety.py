@@ -75,7 +75,8 @@ READER = textwrap.dedent("""
 def unshare_prefix() -> list[str]:
     """A command prefix that runs a process in a new pid namespace (with its own /proc), or skips the test."""
     tool = shutil.which("unshare")
-    for prefix in (["--pid", "--fork", "--mount-proc"], ["--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]):
+    for prefix in (["--pid", "--fork", "--mount-proc"],
+                   ["--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]):
         if tool and subprocess.run([tool, *prefix, "true"], capture_output=True, timeout=10).returncode == 0:
             return [tool, *prefix]
     pytest.skip("cannot start a process in a new pid namespace here (unshare --pid refused)")

@@ -4,7 +4,6 @@ if each had been told in turn, under every policy; a real daemon counts every lo
 
 from __future__ import annotations
 
-import copy
 import os
 
 import pytest

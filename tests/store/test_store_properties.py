@@ -10,8 +10,8 @@ completions is tried.
 Checked after every step: every extent of every allocator belongs to exactly one entry field (``host_offset``,
 ``loading``, ``gpu_offset``, ``gpu_loading``); the disk tier's charge is the sum of the entries' footprints; the
 write-back byte count matches its queue; every promotion request names an indexed chunk, every queued remote
-put was handed to its mover, and the Store holds no mover; every eviction queue holds only entries it may evict (indexed,
-readable, unleased, holding a copy in its tier); a leased chunk keeps the copy its get returned; the published
+put was handed to its mover, and the Store holds no mover; every eviction queue holds only entries it may evict
+(indexed, readable, unleased, holding a copy in its tier); a leased chunk keeps the copy its get returned; the published
 index says exactly what the index says.
 """
 

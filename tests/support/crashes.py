@@ -1,4 +1,5 @@
-"""Reading back what workers had acknowledged before a daemon was killed (tests/server/test_faults.py, bench/soak.py)."""
+"""Reading back what workers had acknowledged before a daemon was killed
+(tests/server/test_faults.py, bench/soak.py)."""
 
 from __future__ import annotations
 

@@ -158,7 +158,7 @@ class ServerProcess:
             log.close()
         try:
             wait_port(self.port, timeout, self.proc)
-        except Exception:
+        except Exception:  # noqa: BLE001 - stopped, then raised as one error with the log
             self.stop()
             raise RuntimeError(f"{self.argv[0]} did not start; log:\n{self.tail()}") from None
 

@@ -387,7 +387,8 @@ class StoreMachine(RuleBasedStateMachine):
         store = self.store
         for name, queue, holds in (("host", store.lru, lambda e: e.host_offset is not None),
                                    ("gpu", self.gpu.lru if self.gpu else [], lambda e: e.gpu_offset is not None),
-                                   ("disk", self.disk.lru if self.disk else [], lambda e: e.disk is not DiskState.NONE)):
+                                   ("disk", self.disk.lru if self.disk else [],
+                                    lambda e: e.disk is not DiskState.NONE)):
             for entry in queue:
                 assert store.index.get(entry.key) is entry, f"{name} queue holds an unindexed chunk"
                 assert entry.readable, f"{name} queue holds an unreadable chunk"
@@ -397,7 +398,7 @@ class StoreMachine(RuleBasedStateMachine):
         for entry in store.index.values():
             if entry.readable and entry.pins == 0 and entry.host_offset is not None:
                 assert entry in store.lru, "an evictable DRAM chunk is missing from the host queue"
-            if entry.disk is DiskState.STORED and entry.loading is None or entry.disk is DiskState.QUEUED:
+            if (entry.disk is DiskState.STORED and entry.loading is None) or entry.disk is DiskState.QUEUED:
                 assert entry in self.disk.lru, f"a chunk on disk is missing from the disk queue {entry}"
 
     def check_leases(self) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import socket
 
-import pytest
 
 from kvstore.tenants.access import Principal, may_access, peer_principal
 from kvstore.tenants.table import parse_tenants

@@ -58,7 +58,7 @@ def test_sizes_are_read_with_units_and_no_table_is_todays_behaviour():
     ({"bad name": {"namespaces": ["x"]}}, "a tenant name is"),
 ])
 def test_bad_tables_are_refused_naming_file_and_key(raw, message):
-    with pytest.raises(ConfigError, match="^f.toml: ") as caught:
+    with pytest.raises(ConfigError, match=r"^f\.toml: ") as caught:
         parse_tenants(raw, "f.toml")
     assert message in str(caught.value) and "\n" not in str(caught.value)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 
 import pytest
 
@@ -24,7 +25,7 @@ def test_mixed_sizes_never_overlap_and_coalesce_fully():
             if off is not None:
                 live[off] = alloc.size_of(off)
     spans = sorted(live.items())
-    for (a, la), (b, _) in zip(spans, spans[1:]):
+    for (a, la), (b, _) in pairwise(spans):
         assert a + la <= b
     assert alloc.used_bytes == sum(live.values())
     for off in list(live):

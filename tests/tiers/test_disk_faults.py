@@ -86,7 +86,7 @@ def test_disk_dir_removed_while_running(disk_daemon):
         while os.path.exists(disk_dir):   # the daemon may still be writing a file into it: remove until gone
             shutil.rmtree(disk_dir, ignore_errors=True)
         more = put_chain(c, 2, 24)  # write-backs into a directory that is gone
-        correct, corrupt, missing = read_each(c, keys + more)
+        correct, corrupt, _missing = read_each(c, keys + more)
         assert corrupt == 0 and correct > 0
         assert wait_for(lambda: disk_errors(c) > 0), c.stats()["counters"]
         c.ping()
@@ -103,7 +103,7 @@ def test_truncated_files_are_misses_not_wrong_bytes(disk_daemon):
             with open(path, "r+b") as f:
                 f.truncate(os.path.getsize(path) // 2)
         put_chain(c, 4, 24)  # push the originals out of DRAM so reads must come from disk
-        correct, corrupt, missing = read_each(c, keys)
+        _correct, corrupt, missing = read_each(c, keys)
         assert corrupt == 0
         if missing:
             assert disk_errors(c) > 0, c.stats()["counters"]
@@ -126,7 +126,7 @@ def test_disk_dir_made_read_only(disk_daemon):
             assert corrupt == 0 and correct > 0
             assert wait_for(lambda: disk_errors(c) > 0), c.stats()["counters"]
         finally:
-            for root, dirs, _ in os.walk(disk_dir):
+            for root, _dirs, _ in os.walk(disk_dir):
                 os.chmod(root, 0o700)
 
 

@@ -5,7 +5,8 @@ commit order, so a chain's prefix reaches disk before its continuations); up to 
 queued chunks straight from their host slots. A put therefore costs DRAM bandwidth, not disk bandwidth, and a
 chunk that is deleted or evicted before its turn is never written at all. The price is the window between
 commit and the end of the write: ``kill -9`` (or a crash) loses the chunks still queued, which is acceptable for
-a cache — a lost chunk is a miss, never wrong data. SIGTERM flushes the queue (``drain``, bounded by the stop budget's disk step, ``server/stopping.py``).
+a cache — a lost chunk is a miss, never wrong data. SIGTERM flushes the queue (``drain``, bounded by the stop budget's
+disk step, ``server/stopping.py``).
 
 Back-pressure. The queue holds references, never copies: a queued chunk's bytes are its DRAM slot. So memory
 cannot grow past the host tier, but a put faster than the disk would fill DRAM with chunks that cannot yet be
@@ -209,9 +210,8 @@ class DiskMover(MoverLife):
     # -- upkeep ---------------------------------------------------------------------------------------------
     def check_space(self) -> None:
         """Clear the 'disk full' state once the filesystem has room again."""
-        if self.ledger.full_reason:
-            if self.ledger.space_back(shutil.disk_usage(self.disk.directory).free):
-                logs.info("disk_space_back", directory=self.disk.directory)
+        if self.ledger.full_reason and self.ledger.space_back(shutil.disk_usage(self.disk.directory).free):
+            logs.info("disk_space_back", directory=self.disk.directory)
 
     def stats(self) -> dict[str, int]:
         """The queues, and the measured fetch cost: nanoseconds per KiB read back (0 before the first read),

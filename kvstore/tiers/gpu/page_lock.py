@@ -1,4 +1,5 @@
-"""Page-locking the shared host arena (``cudaHostRegister``; "pin" in kvstore means a lease, never this) with CUDA, so host↔GPU copies are asynchronous DMA at PCIe speed.
+"""Page-locking the shared host arena (``cudaHostRegister``; "pin" in kvstore means a lease, never this) with CUDA,
+so host↔GPU copies are asynchronous DMA at PCIe speed.
 
 ``cudaHostRegister`` pins existing pages (our arena is an mmap of a /dev/shm file, so it cannot come from
 ``cudaHostAlloc``) and makes them visible to every CUDA context (``cudaHostRegisterPortable``). The daemon

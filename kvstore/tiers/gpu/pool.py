@@ -4,8 +4,8 @@ The pool is one ``uint8`` tensor allocated once at start (``torch.empty`` on ``c
 ``cpu`` in tests: the bookkeeping is the same code). One allocation means one CUDA IPC handle for the whole
 tier, so an engine maps it once at connect time and every chunk afterwards is an (offset, size) into that
 mapping. In tests the pool may instead lie in a caller's shared-memory buffer on ``cpu`` (``backing``), so that
-another process maps it the way an engine maps the CUDA pool. Slots are aligned to ``ALIGN`` bytes (4 KiB), which keeps every slot 16-byte aligned for vectorised
-copies; allocation and free are O(1) (``kvstore.tiers.allocator``).
+another process maps it the way an engine maps the CUDA pool. Slots are aligned to ``ALIGN`` bytes (4 KiB), which keeps
+every slot 16-byte aligned for vectorised copies; allocation and free are O(1) (``kvstore.tiers.allocator``).
 """
 
 from __future__ import annotations

@@ -254,7 +254,7 @@ class RemoteBackend(GuardedCalls):
                 return
         try:
             self._close()
-        except Exception:   # noqa: BLE001 - closing a dead connection may fail
+        except Exception:
             log.debug("closing %s failed", self.url, exc_info=True)
 
     def __enter__(self):

@@ -12,11 +12,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-from support.engines.tiny import cache_kwarg, greedy, prefill  # noqa: E402
-from support.engines.tiny import prompt as _prompt  # noqa: E402
-from support.engines.tiny import tiny_llama as _tiny_llama  # noqa: E402
+from support.engines.tiny import cache_kwarg, greedy, prefill
+from support.engines.tiny import prompt as _prompt
+from support.engines.tiny import tiny_llama as _tiny_llama
 
-from kvstore.connectors.hf import load_prefix, model_namespace, save_prefix  # noqa: E402
+from kvstore.connectors.hf import load_prefix, model_namespace, save_prefix
 
 CHUNK = 256
 DEVICE = os.environ.get("KVSTORE_TEST_DEVICE", "cpu")  # bench/gpu_check.py runs this file with cuda

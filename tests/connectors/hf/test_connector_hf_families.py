@@ -13,10 +13,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from support.engines.tiny import greedy, prefill, prompt, tiny_deepseek, tiny_gemma3, tiny_llama, tiny_mistral  # noqa: E402
+from support.engines.tiny import greedy, prefill, prompt, tiny_deepseek, tiny_gemma3, tiny_llama, tiny_mistral
 
-from kvstore.connectors.common.families import Family  # noqa: E402
-from kvstore.connectors.hf import (  # noqa: E402
+from kvstore.connectors.common.families import Family
+from kvstore.connectors.hf import (
     load_prefix, model_layout, model_namespace, new_cache, save_prefix,
 )
 

@@ -10,10 +10,10 @@ import torch
 
 pytest.importorskip("sglang")
 
-from support.engines.sglang_env import HostPool, MLAHostPool, host_indices, slots_of, storage_config  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageExtraInfo  # noqa: E402
-from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
-from sglang.srt.mem_cache.utils import get_hash_str  # noqa: E402
+from support.engines.sglang_env import HostPool, MLAHostPool, host_indices, slots_of, storage_config
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageExtraInfo
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+from sglang.srt.mem_cache.utils import get_hash_str
 
 LAYERS, RANK, ROPE, PAGE = 3, 512, 64, 16  # DeepSeek's latent and rope widths
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]

@@ -30,7 +30,8 @@ def with_store(pool, name: str = "a", **config):
 
 
 def small(pool):
-    """A token budget of 512 (longer prompts prefill in chunks) and 24 blocks of KV cache (3,072 tokens, one of them vLLM's null block)."""
+    """A token budget of 512 (longer prompts prefill in chunks) and 24 blocks of KV cache (3,072 tokens, one of them
+    vLLM's null block)."""
     return pool.get("small", connector=pool.connector(), max_num_batched_tokens=512, num_blocks=24,
                     max_model_len=2048)
 

@@ -10,7 +10,6 @@ import os
 import sys
 import tempfile
 
-import pytest
 
 from conftest import wait_for
 from support.engines.vllm_real import (
@@ -18,7 +17,7 @@ from support.engines.vllm_real import (
     engine_venv, pool,  # noqa: F401 - fixtures
 )
 sys.path.insert(0, os.path.join(REPO, "bench"))
-from vllm_router import route  # noqa: E402
+from vllm_router import route
 
 
 def test_prefill_engine_and_decode_engine_share_one_daemon(pool, start_daemon):

@@ -1,6 +1,6 @@
 """A real vLLM engine in its own virtualenv, driven by the test process over JSON lines.
 
-    <engine venv>/bin/python tests/support/engines/vllm_engine.py save-model DIR [FAMILY]   # a random-weight model, once
+    <engine venv>/bin/python tests/support/engines/vllm_engine.py save-model DIR [FAMILY]  # a random-weight model, once
     <engine venv>/bin/python tests/support/engines/vllm_engine.py serve CONFIG_JSON   # then one request per line
 
 The CPU build of vLLM and the `vllm` interface wheel the other tests use install the same module, so the engine

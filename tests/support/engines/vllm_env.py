@@ -23,19 +23,19 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-from vllm.config import CacheConfig, KVTransferConfig, VllmConfig  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
-from vllm.v1.core.kv_cache_utils import KVCacheBlock  # noqa: E402
-from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
+from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.kv_cache_interface import (
     FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor, create_kv_cache_views,
 )
-from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.request import Request
 
-from kvstore.connectors.vllm import KVStoreConnector  # noqa: E402
+from kvstore.connectors.vllm import KVStoreConnector
 
 BLOCK = 16
 OPEN: list["Engine"] = []  # engines not closed yet (`close_all` at the end of a test)
@@ -115,7 +115,7 @@ class Engine:
         slots = table[pos // BLOCK] * BLOCK + pos % BLOCK
         for name, k, v in zip(self.caches, keys, values):
             cache = self.caches[name]
-            nb, h, bs, c = cache.shape
+            _, _, bs, _ = cache.shape
             for t, slot in zip(range(start, end), slots.tolist()):  # deliberately the slow, obvious way
                 cache[slot // bs, :, slot % bs, : self.head_dim] = k[0, :, t].to(cache.device)
                 cache[slot // bs, :, slot % bs, self.head_dim:] = v[0, :, t].to(cache.device)
