@@ -73,6 +73,8 @@ class Engine:
             kwargs["num_gpu_blocks_override"] = int(config["num_blocks"])
         if config.get("connector") is not None:
             kwargs["kv_transfer_config"] = config["connector"]
+        if config.get("attention_backend"):
+            kwargs["attention_config"] = {"backend": config["attention_backend"]}
         self.llm = LLM(**kwargs)
         self.engine = self.llm.llm_engine
         self._next_id = 0

@@ -261,6 +261,10 @@ class EnginePool:
         assert python is not None
         family = config.pop("family", "dense")
         config = {"model": self.model(family), "num_blocks": 256, **config}  # 32k tokens of KV: a few MiB
+        if family == "mla":
+            # On x86 CPUs with AMX tiles vLLM picks its AMX_MLA backend, which takes bf16/fp16 weights only;
+            # these float32 models need the reference CPU_MLA backend on every CPU.
+            config.setdefault("attention_backend", "CPU_MLA")
         engine = EngineProc(python, config, os.path.join(self.workdir, f"engine-{name}.log"), self.env())
         self.engines[name] = engine
         return engine
