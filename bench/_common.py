@@ -11,7 +11,6 @@ import shutil
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,10 +18,10 @@ from typing import Callable
 
 import numpy as np
 
+from tests.support.daemons import DaemonProc, Daemons, short_tempdir   # the one way a daemon is started
+
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(BENCH_DIR, "results")
-sys.path.insert(0, os.path.join(os.path.dirname(BENCH_DIR), "tests"))
-from support.daemons import DaemonProc, Daemons, short_tempdir  # noqa: E402  (the one way a daemon is started)
 
 __all__ = ["BenchDaemon", "DaemonProc", "RESULTS_DIR", "add_output_flag", "native_index", "free_port",
            "machine", "median_seconds",

@@ -22,15 +22,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore
 from kvstore.protocol.index_layout import H_SLOTS
-from _common import (add_output_flag, native_index, start_daemon, timed_put_get,
+from bench._common import (add_output_flag, native_index, start_daemon, timed_put_get,
                      write_result)
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}

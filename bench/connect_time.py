@@ -14,16 +14,13 @@ Writes bench/results/connect-time-<date>.json (``--quick``: a temporary file) an
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore
-from _common import add_output_flag, start_daemon, timed_put_get, write_result
+from bench._common import add_output_flag, start_daemon, timed_put_get, write_result
 from kvstore.units import format_size, parse_size
 
 BATCH, CHUNK = 16, 2 << 20

@@ -19,15 +19,13 @@ import mmap
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore
-from _common import DaemonProc, short_tempdir, write_result
+from bench._common import DaemonProc, short_tempdir, write_result
 
 MiB = 1 << 20
 

@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import msgpack
 import zmq
-from _common import add_output_flag, short_tempdir, start_daemon, write_result
+from bench._common import add_output_flag, short_tempdir, start_daemon, write_result
 
 import kvstore
 from kvstore.protocol.kv_events import block_hash

@@ -16,15 +16,12 @@ import os
 import platform
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import torch
 
 from kvstore import native
 from kvstore.ops import PagedKV, gather, registry, scatter
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import median_seconds
+from bench._common import median_seconds
 
 SHAPES = {
     "llama3_8b": dict(layers=32, blocks=80, block_size=16, heads=8, dim=128, chunk_tokens=256),

@@ -50,7 +50,6 @@ import traceback
 from typing import Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 RESULTS: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "checks": {}}
 CHILDREN: list[subprocess.Popen] = []
@@ -352,16 +351,14 @@ def check_pinned_host(r: dict) -> None:
 
 
 def check_vllm_worker(r: dict) -> None:
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    from vllm_gpu_check import check_vllm_worker as check
+    from bench.vllm_gpu_check import check_vllm_worker as check
 
     check(r, DEVICE, child_env(), CHILDREN, cuda_time_ms)
 
 
 def check_daemon_tiers(r: dict) -> None:
     """A daemon with all three tiers (``bench/tiers_gpu_check.py``)."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    from tiers_gpu_check import check_daemon_tiers as check
+    from bench.tiers_gpu_check import check_daemon_tiers as check
 
     env = child_env(KVSTORE_GPU_TIER_DEVICE="cpu") if DEVICE == "cpu" else child_env()
     check(r, DEVICE, env, CHILDREN, vllm_cache, kill_children)

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
-from _common import free_port, write_result  # noqa: E402
-from support.daemons import DaemonProc, short_tempdir  # noqa: E402
-from support.workload import run_load  # noqa: E402
+from bench._common import free_port, write_result
+from tests.support.daemons import DaemonProc, short_tempdir
+from tests.support.workload import run_load
 
 
 def main() -> int:

@@ -13,14 +13,11 @@ bench/results/metrics-overhead-<date>.json and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore
-from _common import free_port, median_seconds, start_daemon, write_result
+from bench._common import free_port, median_seconds, start_daemon, write_result
 from prometheus_client import CollectorRegistry
 
 from kvstore.metrics.latency import RequestLatency

@@ -17,9 +17,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine
+from bench._common import machine
 
 from kvstore.sim.replay import Capacity, replay
 from kvstore.sim.trace import Request, distinct_blocks, read_trace

@@ -44,14 +44,11 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
-from _common import (  # noqa: E402
+from bench._common import (
     RESULTS_DIR, machine, median_seconds, memcpy_seconds, sample_seconds, short_tempdir,
     start_daemon, write_result,
 )
-from peers_lmcache import LMCACHE_VENV, LMCachePeer, install_lmcache, lmcache_status  # noqa: E402
+from bench.peers_lmcache import LMCACHE_VENV, LMCachePeer, install_lmcache, lmcache_status
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
 BATCH = 16
@@ -135,7 +132,7 @@ def bench_kvstore(address: str, data: Payloads, repeat: int, warmup: int, calls:
 
 class MooncakePeer:
     def __init__(self, workdir: Path, segment: str):
-        from support.servers import MooncakeCluster, mooncake_binary
+        from tests.support.servers import MooncakeCluster, mooncake_binary
         os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
         master, node = mooncake_binary("mooncake_master"), mooncake_binary("mooncake_client")
         if not master or not node:
@@ -209,7 +206,7 @@ class RedisPeer:
         import shutil
 
         import redis
-        from support.servers import RedisServer
+        from tests.support.servers import RedisServer
         if not shutil.which("redis-server"):
             raise RuntimeError("redis-server not installed (.ci/install-peers.sh)")
         self.server = RedisServer(workdir).start()

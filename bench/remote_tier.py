@@ -29,13 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
-from _common import memcpy_seconds, start_daemon, write_result  # noqa: E402
-from support.servers import MooncakeCluster, RedisServer, mooncake_binary  # noqa: E402
+from bench._common import memcpy_seconds, start_daemon, write_result
+from tests.support.servers import MooncakeCluster, RedisServer, mooncake_binary
 
-import kvstore  # noqa: E402
+import kvstore
 
 BATCH = 16
 CHUNK = 2 << 20

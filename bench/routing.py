@@ -22,12 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import time
 from collections import Counter, deque
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import write_result
+from bench._common import write_result
 
 from kvstore.routing import Router
 from kvstore.sim.replay import Capacity, SimulatedStore, block_key, hit_tokens_by_tier

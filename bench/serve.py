@@ -31,12 +31,9 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from _common import short_tempdir, write_result  # noqa: E402
-from serve_engine import REPO, find_venv  # noqa: E402
-from serve_harness import FULL, QUICK, Bench, Profile  # noqa: E402
+from bench._common import short_tempdir, write_result
+from bench.serve_engine import REPO, find_venv
+from bench.serve_harness import FULL, QUICK, Bench, Profile
 
 SCENARIOS = ("restart", "all_miss", "slice", "replicas", "working_set")  # the default order: engines reused
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
@@ -113,7 +110,7 @@ def run(args: argparse.Namespace, scenarios: dict[str, Callable[[Bench], dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    from serve_scenarios import scenario_funcs
+    from bench.serve_scenarios import scenario_funcs
 
     args = parse_args(argv)
     return run(args, scenario_funcs(args.trace))

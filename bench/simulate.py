@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import write_result
+from bench._common import write_result
 
 from kvstore.sim.replay import Capacity, replay, unbounded
 from kvstore.sim.trace import distinct_blocks, read_trace

@@ -20,14 +20,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
-from _common import write_result  # noqa: E402
-from support.daemons import DaemonProc, short_tempdir  # noqa: E402
-from support.crashes import acked_keys, read_back  # noqa: E402
-from support.workload import parse_counts, total, worker_command  # noqa: E402
-from dataclasses import asdict  # noqa: E402
+from bench._common import write_result
+from tests.support.daemons import DaemonProc, short_tempdir
+from tests.support.crashes import acked_keys, read_back
+from tests.support.workload import parse_counts, total, worker_command
 
 
 def main() -> int:

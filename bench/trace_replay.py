@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import xxhash
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore
-from _common import start_daemon, write_result
+from bench._common import start_daemon, write_result
 
 BLOCK_TOKENS = 512
 TRACE = "/work/shared/traces/conversation_trace.jsonl"

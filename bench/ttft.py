@@ -32,12 +32,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 import kvstore
 from kvstore.connectors.hf import new_cache, load_prefix, model_namespace, save_prefix
 
-from _common import DaemonProc, short_tempdir, write_result
+from bench._common import DaemonProc, short_tempdir, write_result
 
 
 def build_model(args: argparse.Namespace):

@@ -25,12 +25,8 @@ import sys
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-
-from _common import start_daemon, write_result  # noqa: E402
-from support.engines.vllm_real import CHUNK, ENGINE_SCRIPT, POOL, REPO, engine_python, prompts, skip_reason  # noqa: E402
+from bench._common import start_daemon, write_result
+from tests.support.engines.vllm_real import CHUNK, ENGINE_SCRIPT, POOL, REPO, engine_python, prompts, skip_reason
 
 FAMILIES = ("dense", "mla", "sliding")
 NUM_BLOCKS = {"dense": 512, "mla": 4096, "sliding": 512}

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
-sys.path.insert(0, BENCH)
-import _common  # noqa: E402
+from bench import _common
+
+BENCH = _common.BENCH_DIR
 
 
 def results_listing() -> dict[str, float]:
