@@ -48,10 +48,10 @@ from bench._common import (
     RESULTS_DIR, machine, median_seconds, memcpy_seconds, sample_seconds, short_tempdir,
     start_daemon, write_result,
 )
+from bench.peer_payloads import BATCH, Payloads
 from bench.peers_lmcache import LMCACHE_VENV, LMCachePeer, install_lmcache, lmcache_status
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
-BATCH = 16
 ALL_PEERS = ("kvstore-ipc", "kvstore-ipc-zmq", "kvstore-tcp", "mooncake", "redis", "lmcache")
 # kvstore-ipc-zmq: the local path before the stream socket and the shared index (every request through ZeroMQ),
 # measured in the same run so that the before/after ratio sees the same machine
@@ -61,24 +61,6 @@ KVSTORE_CLIENT_OPTIONS = {"kvstore-ipc": {}, "kvstore-ipc-zmq": {"stream": False
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-class Payloads:
-    """One batch of random source chunks and zeroed destinations, reused by every peer."""
-
-    def __init__(self, size: int):
-        rng = np.random.default_rng(size)
-        self.size = size
-        self.src = [rng.integers(0, 255, size, dtype=np.uint8) for _ in range(BATCH)]
-        self.dst = [np.zeros(size, dtype=np.uint8) for _ in range(BATCH)]
-
-    def clear(self) -> None:
-        for d in self.dst:
-            d[:] = 0
-
-    def check(self) -> None:
-        if not all(np.array_equal(s, d) for s, d in zip(self.src, self.dst)):
-            raise AssertionError("read back different bytes")
 
 
 def latency(fn, calls: int) -> dict:

@@ -11,10 +11,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from bench.peers import Payloads
+from bench.peer_payloads import Payloads
 
 LMCACHE_VENV = Path(os.environ.get("LMCACHE_VENV", Path.home() / ".cache/kvstore-bench/lmcache-venv"))
 
