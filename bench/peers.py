@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from bench._common import (
-    RESULTS_DIR, machine, median_seconds, memcpy_seconds, sample_seconds, short_tempdir,
+    latest_path, machine, median_seconds, memcpy_seconds, sample_seconds, short_tempdir,
     start_daemon, write_result,
 )
 from bench.peer_payloads import BATCH, Payloads
@@ -379,10 +379,8 @@ def main() -> None:
         payload = {k: v for k, v in result.items() if k not in ("benchmark", "machine")}
         path = write_result("peers", payload)
         result["json"] = path
-        png = chart(result, path[:-len(".json")] + ".png")
+        png = chart(result, latest_path("peers", ".png"))
         if png:
-            import shutil
-            shutil.copyfile(png, os.path.join(RESULTS_DIR, "peers-latest.png"))
             result["png"] = png
     print(json.dumps(result, sort_keys=True))
 

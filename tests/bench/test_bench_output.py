@@ -1,4 +1,5 @@
-"""A quick or redirected benchmark run never rewrites the committed results under bench/results/."""
+"""A quick or redirected benchmark run never rewrites the committed results under bench/results/; a full run
+replaces the one file of its benchmark there, ``NAME-latest.json``."""
 
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ def test_quick_and_out_results_go_elsewhere(tmp_path):
         assert out == str(tmp_path / "r.json") and json.load(open(out))["x"] == 2
     finally:
         os.unlink(quick)
+
+
+def test_a_full_run_replaces_the_latest_result_and_keeps_no_other(tmp_path, monkeypatch):
+    monkeypatch.setattr(_common, "RESULTS_DIR", str(tmp_path / "results"))
+    first = _common.write_result("selftest", {"x": 1})
+    second = _common.write_result("selftest", {"x": 2})
+    assert first == second == str(tmp_path / "results" / "selftest-latest.json")
+    assert os.listdir(tmp_path / "results") == ["selftest-latest.json"]
+    assert json.load(open(second))["x"] == 2
 
 
 def test_every_benchmark_with_quick_passes_it_on():
