@@ -1,6 +1,6 @@
 """Gather/scatter on CPU tensors: the torch path against the native C path, next to a plain memcpy.
 
-    python bench/gather_scatter.py [--out bench/results/gather_scatter_cpu.json] [--reps 15]
+    python -m bench.gather_scatter [--out bench/results/gather_scatter_cpu.json] [--reps 15]
 
 Shapes: a Llama-3-8B-like cache (32 layers, 8 KV heads × 128, bf16, 16-token blocks, 256-token chunks:
 32 MiB a chunk) and a small model (4 layers, 2 × 64, 16-token blocks: 128 KiB a chunk), where per-call

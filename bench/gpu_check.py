@@ -1,13 +1,13 @@
 """GPU check: one command that exercises the GPU tier, the native CUDA kernels and the pinned host arena on a
 real GPU, measures bandwidths next to their limits, and writes everything as JSON.
 
-    PYTHONPATH=/path/to/wheels python3 bench/gpu_check.py --out "$OUT"
+    PYTHONPATH=/path/to/wheels python3 -m bench.gpu_check --out "$OUT"
 
 Needs only the packages of a stock GPU image (torch with CUDA, setuptools and a C compiler) plus pyzmq and lz4
 on PYTHONPATH, and cupy for the native CUDA kernel (without it ``native_build`` and ``kernels`` fail, the other
-checks run); kvstore need not be installed: the repository root is put on sys.path (and on every
-child's PYTHONPATH), the C libraries are built in place as an editable install builds them, and the daemon
-runs as ``python3 -m kvstore`` from the repository root.
+checks run); kvstore need not be installed: run from the repository root, which ``python3 -m`` puts on
+sys.path (and this script on every child's PYTHONPATH), the C libraries are built in place as an editable
+install builds them, and the daemon runs as ``python3 -m kvstore`` from the repository root.
 
 Every sub-check runs on its own; a failure is recorded (with its traceback) and the next one runs. The JSON is
 rewritten after each sub-check, and an alarm stops the whole run after ``--budget`` seconds (default 285) and

@@ -1,6 +1,6 @@
 """Noisy neighbour: tenant A replays the conversation trace while tenant B floods DRAM with one-shot prompts.
 
-    python bench/noisy_neighbour.py [--trace FILE] [--limit 4000] [--flood 2] [--host-share 0.05] [--guarantee 0.8]
+    python -m bench.noisy_neighbour [--trace FILE] [--limit 4000] [--flood 2] [--host-share 0.05] [--guarantee 0.8]
 
 The replay is ``kvstore simulate``'s (the daemon's own Store and eviction, payload-less tiers). DRAM holds
 ``--host-share`` of A's distinct blocks; for every request of A, B sends ``--flood`` prompts of blocks never

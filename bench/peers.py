@@ -1,6 +1,6 @@
 """kvstore next to its peers: put/get throughput and batched-existence latency, with memcpy as reference.
 
-    python bench/peers.py [--quick] [--peers kvstore-ipc,kvstore-tcp,mooncake,redis,lmcache]
+    python -m bench.peers [--quick] [--peers kvstore-ipc,kvstore-tcp,mooncake,redis,lmcache]
 
 Peers, each started by this script on loopback and stopped afterwards:
 
@@ -29,7 +29,7 @@ in-process memcpy of the same bytes measured in the same run. Existence latency 
 trip of one batched existence query for the 16 stored keys.
 
 ``--quick`` (under a minute) prints one JSON object on stdout and writes nothing. The full run writes
-``bench/results/peers-<date>.json`` (and ``peers-latest.json``) and a PNG chart beside it, then prints the JSON.
+``bench/results/peers-latest.json`` and its chart, ``peers-latest.png``, then prints the JSON.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def lmcache_status(quick: bool) -> str | None:
     """``None`` if LMCache's server is installed and worth starting, else why not."""
     exe = LMCACHE_VENV / "bin" / "lmcache"
     if not exe.exists():
-        return f"not installed: no {exe} (python bench/peers.py --install-lmcache creates it)"
+        return f"not installed: no {exe} (python -m bench.peers --install-lmcache creates it)"
     if quick:
         return "not started in --quick (a cold start of its server takes ~45 s here)"
     return None

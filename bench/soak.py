@@ -1,13 +1,13 @@
 """Soak: kill -9 the daemon at random moments under heavy puts and reads, restart it, many times in a row.
 
-    python bench/soak.py [--crashes 30] [--workers 4] [--host-mem 32MiB] [--disk-dir DIR]
+    python -m bench.soak [--crashes 30] [--workers 4] [--host-mem 32MiB] [--disk-dir DIR]
 
 Workers (tests/support/workload.py) put chunks whose bytes derive from their keys, read and verify what they find,
 and log every acknowledged put. Between crashes the daemon is killed with SIGKILL at a random moment and
 restarted on the same socket; right after each restart the chunks acknowledged before the crash are read back
 with a fresh client: each is recovered (exact bytes), lost (missing) or corrupt (wrong bytes: must never
 happen). A host-only daemon loses everything by design; with a persistent tier (``--disk-dir``, once the
-daemon has one) the recovered count is what its persistence guarantee kept. Writes bench/results/soak-<date>.json.
+daemon has one) the recovered count is what its persistence guarantee kept. Writes bench/results/soak-latest.json.
 """
 
 from __future__ import annotations

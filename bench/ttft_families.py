@@ -1,6 +1,6 @@
 """Time to first token with a host-tier hit ÷ without, in the real vLLM engine, per model family.
 
-    python bench/ttft_families.py [--repeats 5] [--hidden 512] [--layers 6] [--prompt-chunks 8] [--quick]
+    python -m bench.ttft_families [--repeats 5] [--hidden 512] [--layers 6] [--prompt-chunks 8] [--quick]
 
 For each family (dense: Llama-shaped; mla: DeepSeek-V2-shaped, kv_lora_rank 512 + rope 64; sliding:
 Gemma-3-shaped, sliding-window layers of window 64 and a full-attention layer, run by vLLM's hybrid
@@ -12,7 +12,7 @@ is computed; the CPU MLA backend computes over a loaded prefix only so). TTFT is
 token of a one-token request; a hit must give the miss's token. The physical limit next to it: the bytes a
 hit loads ÷ this machine's memcpy bandwidth, measured in the same run. Medians; the first pair warms up.
 
-Writes bench/results/ttft-families-<date>.json (and -latest.json).
+Writes bench/results/ttft-families-latest.json.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What verification costs: verified gets, scrubs, the checksum at commit, and engines' online verification.
 
-    python bench/verify.py [--chunk-mib 4] [--chunks 16] [--repeat 7]
+    python -m bench.verify [--chunk-mib 4] [--chunks 16] [--repeat 7]
 
 Measured in one run, interleaved, medians (the machine is shared and noisy), against memcpy and xxh3 measured
 in the same run:

@@ -1,6 +1,6 @@
 """vLLM with and without kvstore, in the real engine: misses, hits, a multi-turn replay, the scheduler's cost.
 
-    python bench/vllm_engine.py [--repeats 5] [--replay 200] [--quick]
+    python -m bench.vllm_engine [--repeats 5] [--replay 200] [--quick]
 
 Engines are the CPU build of vLLM from the engine virtualenv (``.ci/install-vllm-engine.sh``; or
 ``KVSTORE_VLLM_VENV``) serving the tests' random-weight float32 Llama (4 layers, 2 KV heads of 32); each pair
@@ -23,7 +23,7 @@ compared runs the same settings but for the connector, and timings are medians o
   (which looks them all up, 64 a round trip) and every later one (answered from the lookups it kept), against
   asking the daemon once per request and pass.
 
-Writes bench/results/vllm-engine-<date>.json (and -latest.json).
+Writes bench/results/vllm-engine-latest.json.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Prefill on one vLLM engine, decode on another: two engines sharing one kvstore daemon.
 
-    python bench/vllm_router.py [--prompts 4] [--tokens 1100] [--max-tokens 16]
+    python -m bench.vllm_router [--prompts 4] [--tokens 1100] [--max-tokens 16]
 
 The prefill engine runs with ``kv_role: kv_producer`` (it saves every full prompt chunk and never loads), the
 decode engine with ``kv_role: kv_consumer`` (it loads and never saves). The router sends each request to the
