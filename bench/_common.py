@@ -7,11 +7,9 @@ import datetime as _dt
 import json
 import os
 import platform
-import shutil
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,13 +17,13 @@ from typing import Callable
 
 import numpy as np
 
+from tests.support.daemons import DaemonProc, Daemons, short_tempdir   # the one way a daemon is started
+
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(BENCH_DIR, "results")
-sys.path.insert(0, os.path.join(os.path.dirname(BENCH_DIR), "tests"))
-from support.daemons import DaemonProc, Daemons, short_tempdir  # noqa: E402  (the one way a daemon is started)
 
 __all__ = ["BenchDaemon", "DaemonProc", "RESULTS_DIR", "add_output_flag", "native_index", "free_port",
-           "machine", "median_seconds",
+           "latest_path", "machine", "median_seconds",
            "memcpy_seconds", "sample_seconds", "short_tempdir", "start_daemon", "write_result"]
 
 
@@ -138,26 +136,27 @@ def add_output_flag(parser: argparse.ArgumentParser) -> None:
                              "a temporary file for --quick)")
 
 
+def latest_path(name: str, suffix: str = ".json") -> str:
+    """Where a full run of benchmark ``name`` keeps its result: ``bench/results/NAME-latest.json`` (or ``suffix``)."""
+    return os.path.join(RESULTS_DIR, f"{name}-latest{suffix}")
+
+
 def write_result(name: str, payload: dict, quick: bool = False, out: str | None = None) -> str:
     """Write one result as JSON and return its path.
 
-    A full run writes ``bench/results/NAME-<date>.json`` and copies it to ``NAME-latest.json`` (the figures
-    the docs quote). A ``quick`` run, or one given ``out``, writes only that file (a temporary one for
-    ``quick``), so that a smoke run never replaces the committed figures.
+    A full run replaces ``bench/results/NAME-latest.json`` (the figures the docs quote; earlier runs are in git's
+    history). A ``quick`` run, or one given ``out``, writes only that file (a temporary one for ``quick``), so
+    that a smoke run never replaces the committed figures.
     """
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     payload = {"benchmark": name, "date": stamp, "machine": machine(), **({"quick": True} if quick else {}),
                **payload}
-    if out or quick:
-        if out is None:
-            fd, out = tempfile.mkstemp(prefix=f"kvstore-{name}-{stamp}-", suffix=".json")
-            os.close(fd)
-        with open(out, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True)
-        return out
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, f"{name}-{stamp}.json")
-    with open(path, "w") as f:
+    if out is None and quick:
+        fd, out = tempfile.mkstemp(prefix=f"kvstore-{name}-{stamp}-", suffix=".json")
+        os.close(fd)
+    if out is None:
+        os.makedirs(RESULTS_DIR, exist_ok=True)
+        out = latest_path(name)
+    with open(out, "w") as f:
         json.dump(payload, f, indent=2, sort_keys=True)
-    shutil.copyfile(path, os.path.join(RESULTS_DIR, f"{name}-latest.json"))
-    return path
+    return out

@@ -1,6 +1,6 @@
 """Put/get throughput through the client over ipc:// and tcp://, next to memcpy; lookup latency.
 
-    python bench/client_throughput.py [--quick] [--out FILE]
+    python -m bench.client_throughput [--quick] [--out FILE]
 
 For each chunk size, a batch of 16 chunks is put (copied into the arena, committed) and read back into
 destination buffers, as an engine copies into its KV cache (``get_into``, or a lease, a copy of each view and a
@@ -13,7 +13,7 @@ the figures are a running client's, not its first touches' (``KVS_BENCH_COLD=1``
 Lookup latency: one lookup of a 64-chunk prefix, from the shared index (walked in C, and in Python), over the
 stream socket and over ZeroMQ (interleaved blocks), then the same with 8 client processes at once, each asking
 every 0.5 ms. Writes
-bench/results/client-throughput-<date>.json and prints a Markdown table.
+bench/results/client-throughput-latest.json and prints a Markdown table.
 ``--quick`` writes a temporary file instead (or ``--out``), never the committed results.
 """
 
@@ -22,15 +22,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore
 from kvstore.protocol.index_layout import H_SLOTS
-from _common import (add_output_flag, native_index, start_daemon, timed_put_get,
+from bench._common import (add_output_flag, native_index, start_daemon, timed_put_get,
                      write_result)
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}

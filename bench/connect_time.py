@@ -1,6 +1,6 @@
 """Connect time against arena size, and what the first put and get into a fresh connection cost.
 
-    python bench/connect_time.py [--quick] [--sizes 256MiB,1GiB,4GiB] [--out FILE]
+    python -m bench.connect_time [--quick] [--sizes 256MiB,1GiB,4GiB] [--out FILE]
 
 For each host-tier size a daemon is started (no disk tier) and, ``--repeat`` times, a fresh client connects
 over ``ipc://`` (hello + mapping the arena) and then puts and gets one batch of 16 chunks of 2 MiB into slots
@@ -8,22 +8,19 @@ it has never touched. Reported per size: the median connect time, the median of 
 the median of a second put and get of another batch (pages already mapped), all with a memcpy of the same bytes
 timed in the same round as the physical reference. A connect that maps the arena with ``MAP_POPULATE`` grows
 with the arena; one that maps lazily and populates only the slots a request touches does not.
-Writes bench/results/connect-time-<date>.json (``--quick``: a temporary file) and prints a Markdown table.
+Writes bench/results/connect-time-latest.json (``--quick``: a temporary file) and prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore
-from _common import add_output_flag, start_daemon, timed_put_get, write_result
+from bench._common import add_output_flag, start_daemon, timed_put_get, write_result
 from kvstore.units import format_size, parse_size
 
 BATCH, CHUNK = 16, 2 << 20

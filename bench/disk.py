@@ -1,7 +1,7 @@
 """Disk tier throughput through the daemon next to raw O_DIRECT on the same directory; index rebuild rate;
 promotion latency; what lz4 buys.
 
-    python bench/disk.py [--dir DIR] [--total 512MiB] [--quick]
+    python -m bench.disk [--dir DIR] [--total 512MiB] [--quick]
 
 Write: chunks are put as fast as the client can and the clock stops when the last one is on disk (the write-back
 queue is empty). Read: the daemon is restarted (SIGTERM flushes, DRAM starts empty) and every chunk is read back
@@ -9,7 +9,7 @@ with gets of 4 chunks, each of which awaits the promotion of its chunks from dis
 sequentially with O_DIRECT in chunk-sized requests, in the same directory, in the same run. Rebuild: the chunks
 found per second when a daemon starts on a directory of many small chunk files (the page cache may hold their
 headers: a warm restart). Promotion: from a lookup of one disk-only chunk until a lookup reports it in DRAM.
-Writes bench/results/disk-<date>.json and prints a Markdown table.
+Writes bench/results/disk-latest.json and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -19,15 +19,13 @@ import mmap
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore
-from _common import DaemonProc, short_tempdir, write_result
+from bench._common import DaemonProc, short_tempdir, write_result
 
 MiB = 1 << 20
 

@@ -1,6 +1,6 @@
 """What KV cache events cost and how fast a subscriber sees them.
 
-    python bench/events.py [--quick] [--out JSON]
+    python -m bench.events [--quick] [--out JSON]
 
 Two daemons of the same size run side by side, one publishing events (``--events-endpoint``, with replay) and
 one not. Measured in the same run:
@@ -13,7 +13,7 @@ one not. Measured in the same run:
   the median of the rounds' on/off ratios; once with 64 KiB chunks (the events' share of a put at its largest)
   and once with 1 MiB ones. A second subscriber is connected throughout and never reads (a stalled consumer).
 
-Writes bench/results/events-<date>.json (and events-latest.json); ``--quick`` writes a temporary file.
+Writes bench/results/events-latest.json; ``--quick`` writes a temporary file.
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import msgpack
 import zmq
-from _common import add_output_flag, short_tempdir, start_daemon, write_result
+from bench._common import add_output_flag, short_tempdir, start_daemon, write_result
 
 import kvstore
 from kvstore.protocol.kv_events import block_hash

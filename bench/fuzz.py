@@ -1,10 +1,10 @@
 """A long run of the wire-protocol fuzzer (tests/protocol/test_fuzz.py) against a live daemon.
 
-    python bench/fuzz.py [--examples 5000]
+    python -m bench.fuzz [--examples 5000]
 
 Runs every fuzz property with ``--examples`` examples each (the test suite runs 400) and reports the inputs
 sent, the error and ok replies, the wall time and whether every property held. Writes
-bench/results/fuzz-<date>.json.
+bench/results/fuzz-latest.json.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from _common import write_result  # noqa: E402
+from bench._common import write_result
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """Gather/scatter on CPU tensors: the torch path against the native C path, next to a plain memcpy.
 
-    python bench/gather_scatter.py [--out bench/results/gather_scatter_cpu.json] [--reps 15]
+    python -m bench.gather_scatter [--out bench/results/gather_scatter_cpu.json] [--reps 15]
 
 Shapes: a Llama-3-8B-like cache (32 layers, 8 KV heads × 128, bf16, 16-token blocks, 256-token chunks:
 32 MiB a chunk) and a small model (4 layers, 2 × 64, 16-token blocks: 128 KiB a chunk), where per-call
@@ -16,15 +16,12 @@ import os
 import platform
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import torch
 
 from kvstore import native
 from kvstore.ops import PagedKV, gather, registry, scatter
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import median_seconds
+from bench._common import median_seconds
 
 SHAPES = {
     "llama3_8b": dict(layers=32, blocks=80, block_size=16, heads=8, dim=128, chunk_tokens=256),

@@ -1,13 +1,13 @@
 """GPU check: one command that exercises the GPU tier, the native CUDA kernels and the pinned host arena on a
 real GPU, measures bandwidths next to their limits, and writes everything as JSON.
 
-    PYTHONPATH=/path/to/wheels python3 bench/gpu_check.py --out "$OUT"
+    PYTHONPATH=/path/to/wheels python3 -m bench.gpu_check --out "$OUT"
 
 Needs only the packages of a stock GPU image (torch with CUDA, setuptools and a C compiler) plus pyzmq and lz4
 on PYTHONPATH, and cupy for the native CUDA kernel (without it ``native_build`` and ``kernels`` fail, the other
-checks run); kvstore need not be installed: the repository root is put on sys.path (and on every
-child's PYTHONPATH), the C libraries are built in place as an editable install builds them, and the daemon
-runs as ``python3 -m kvstore`` from the repository root.
+checks run); kvstore need not be installed: run from the repository root, which ``python3 -m`` puts on
+sys.path (and this script on every child's PYTHONPATH), the C libraries are built in place as an editable
+install builds them, and the daemon runs as ``python3 -m kvstore`` from the repository root.
 
 Every sub-check runs on its own; a failure is recorded (with its traceback) and the next one runs. The JSON is
 rewritten after each sub-check, and an alarm stops the whole run after ``--budget`` seconds (default 285) and
@@ -50,7 +50,6 @@ import traceback
 from typing import Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 RESULTS: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "checks": {}}
 CHILDREN: list[subprocess.Popen] = []
@@ -352,16 +351,14 @@ def check_pinned_host(r: dict) -> None:
 
 
 def check_vllm_worker(r: dict) -> None:
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    from vllm_gpu_check import check_vllm_worker as check
+    from bench.vllm_gpu_check import check_vllm_worker as check
 
     check(r, DEVICE, child_env(), CHILDREN, cuda_time_ms)
 
 
 def check_daemon_tiers(r: dict) -> None:
     """A daemon with all three tiers (``bench/tiers_gpu_check.py``)."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    from tiers_gpu_check import check_daemon_tiers as check
+    from bench.tiers_gpu_check import check_daemon_tiers as check
 
     env = child_env(KVSTORE_GPU_TIER_DEVICE="cpu") if DEVICE == "cpu" else child_env()
     check(r, DEVICE, env, CHILDREN, vllm_cache, kill_children)

@@ -1,25 +1,22 @@
 """Load: many client processes mixing lookup, get (verified), release and put over ipc:// and tcp:// at once.
 
-    python bench/load.py [--processes 32] [--seconds 180] [--host-mem 256MiB]
+    python -m bench.load [--processes 32] [--seconds 180] [--host-mem 256MiB]
 
 Half the processes use ipc:// (shared-memory arena), half tcp:// (bytes in frames). Each behaves like an
 engine serving prompts that share prefixes (see tests/support/workload.py): every chunk read is checked against the
 bytes derived from its key. Reports requests/s and MB/s per transport, errors, corrupt chunks and the daemon's
-anonymous (heap) memory over time; writes bench/results/load-<date>.json.
+anonymous (heap) memory over time; writes bench/results/load-latest.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
-from _common import free_port, write_result  # noqa: E402
-from support.daemons import DaemonProc, short_tempdir  # noqa: E402
-from support.workload import run_load  # noqa: E402
+from bench._common import free_port, write_result
+from tests.support.daemons import DaemonProc, short_tempdir
+from tests.support.workload import run_load
 
 
 def main() -> int:

@@ -1,26 +1,23 @@
 """What metrics cost: one latency observation per request, a /metrics scrape, next to a lookup round trip.
 
-    python bench/metrics_overhead.py [--quick]
+    python -m bench.metrics_overhead [--quick]
 
 The daemon observes every request's duration in a histogram (always, whether or not /metrics is served) and
 builds the store's gauges and counters from one stats() snapshot per scrape. This measures, on the same
 machine in the same run: the in-process cost of one observation; the round trip of a 16-chunk lookup through
 the client (what that observation is added to); and the time of one scrape of /metrics with an empty store and
 with many chunks stored (the snapshot counts committed chunks, O(chunks)). Writes
-bench/results/metrics-overhead-<date>.json and prints a Markdown table.
+bench/results/metrics-overhead-latest.json and prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore
-from _common import free_port, median_seconds, start_daemon, write_result
+from bench._common import free_port, median_seconds, start_daemon, write_result
 from prometheus_client import CollectorRegistry
 
 from kvstore.metrics.latency import RequestLatency

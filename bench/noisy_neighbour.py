@@ -1,6 +1,6 @@
 """Noisy neighbour: tenant A replays the conversation trace while tenant B floods DRAM with one-shot prompts.
 
-    python bench/noisy_neighbour.py [--trace FILE] [--limit 4000] [--flood 2] [--host-share 0.05] [--guarantee 0.8]
+    python -m bench.noisy_neighbour [--trace FILE] [--limit 4000] [--flood 2] [--host-share 0.05] [--guarantee 0.8]
 
 The replay is ``kvstore simulate``'s (the daemon's own Store and eviction, payload-less tiers). DRAM holds
 ``--host-share`` of A's distinct blocks; for every request of A, B sends ``--flood`` prompts of blocks never
@@ -17,9 +17,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine
+from bench._common import machine
 
 from kvstore.sim.replay import Capacity, replay
 from kvstore.sim.trace import Request, distinct_blocks, read_trace

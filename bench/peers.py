@@ -1,6 +1,6 @@
 """kvstore next to its peers: put/get throughput and batched-existence latency, with memcpy as reference.
 
-    python bench/peers.py [--quick] [--peers kvstore-ipc,kvstore-tcp,mooncake,redis,lmcache]
+    python -m bench.peers [--quick] [--peers kvstore-ipc,kvstore-tcp,mooncake,redis,lmcache]
 
 Peers, each started by this script on loopback and stopped afterwards:
 
@@ -29,7 +29,7 @@ in-process memcpy of the same bytes measured in the same run. Existence latency 
 trip of one batched existence query for the 16 stored keys.
 
 ``--quick`` (under a minute) prints one JSON object on stdout and writes nothing. The full run writes
-``bench/results/peers-<date>.json`` (and ``peers-latest.json``) and a PNG chart beside it, then prints the JSON.
+``bench/results/peers-latest.json`` and its chart, ``peers-latest.png``, then prints the JSON.
 """
 
 from __future__ import annotations
@@ -44,17 +44,14 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
-from _common import (  # noqa: E402
-    RESULTS_DIR, machine, median_seconds, memcpy_seconds, sample_seconds, short_tempdir,
+from bench._common import (
+    latest_path, machine, median_seconds, memcpy_seconds, sample_seconds, short_tempdir,
     start_daemon, write_result,
 )
-from peers_lmcache import LMCACHE_VENV, LMCachePeer, install_lmcache, lmcache_status  # noqa: E402
+from bench.peer_payloads import BATCH, Payloads
+from bench.peers_lmcache import LMCACHE_VENV, LMCachePeer, install_lmcache, lmcache_status
 
 SIZES = {"256KiB": 256 << 10, "2MiB": 2 << 20, "32MiB": 32 << 20}
-BATCH = 16
 ALL_PEERS = ("kvstore-ipc", "kvstore-ipc-zmq", "kvstore-tcp", "mooncake", "redis", "lmcache")
 # kvstore-ipc-zmq: the local path before the stream socket and the shared index (every request through ZeroMQ),
 # measured in the same run so that the before/after ratio sees the same machine
@@ -64,24 +61,6 @@ KVSTORE_CLIENT_OPTIONS = {"kvstore-ipc": {}, "kvstore-ipc-zmq": {"stream": False
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-class Payloads:
-    """One batch of random source chunks and zeroed destinations, reused by every peer."""
-
-    def __init__(self, size: int):
-        rng = np.random.default_rng(size)
-        self.size = size
-        self.src = [rng.integers(0, 255, size, dtype=np.uint8) for _ in range(BATCH)]
-        self.dst = [np.zeros(size, dtype=np.uint8) for _ in range(BATCH)]
-
-    def clear(self) -> None:
-        for d in self.dst:
-            d[:] = 0
-
-    def check(self) -> None:
-        if not all(np.array_equal(s, d) for s, d in zip(self.src, self.dst)):
-            raise AssertionError("read back different bytes")
 
 
 def latency(fn, calls: int) -> dict:
@@ -135,7 +114,7 @@ def bench_kvstore(address: str, data: Payloads, repeat: int, warmup: int, calls:
 
 class MooncakePeer:
     def __init__(self, workdir: Path, segment: str):
-        from support.servers import MooncakeCluster, mooncake_binary
+        from tests.support.servers import MooncakeCluster, mooncake_binary
         os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
         master, node = mooncake_binary("mooncake_master"), mooncake_binary("mooncake_client")
         if not master or not node:
@@ -209,7 +188,7 @@ class RedisPeer:
         import shutil
 
         import redis
-        from support.servers import RedisServer
+        from tests.support.servers import RedisServer
         if not shutil.which("redis-server"):
             raise RuntimeError("redis-server not installed (.ci/install-peers.sh)")
         self.server = RedisServer(workdir).start()
@@ -400,10 +379,8 @@ def main() -> None:
         payload = {k: v for k, v in result.items() if k not in ("benchmark", "machine")}
         path = write_result("peers", payload)
         result["json"] = path
-        png = chart(result, path[:-len(".json")] + ".png")
+        png = chart(result, latest_path("peers", ".png"))
         if png:
-            import shutil
-            shutil.copyfile(png, os.path.join(RESULTS_DIR, "peers-latest.png"))
             result["png"] = png
     print(json.dumps(result, sort_keys=True))
 

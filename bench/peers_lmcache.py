@@ -11,10 +11,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from peers import Payloads
+from bench.peer_payloads import Payloads
 
 LMCACHE_VENV = Path(os.environ.get("LMCACHE_VENV", Path.home() / ".cache/kvstore-bench/lmcache-venv"))
 
@@ -130,7 +128,7 @@ def lmcache_status(quick: bool) -> str | None:
     """``None`` if LMCache's server is installed and worth starting, else why not."""
     exe = LMCACHE_VENV / "bin" / "lmcache"
     if not exe.exists():
-        return f"not installed: no {exe} (python bench/peers.py --install-lmcache creates it)"
+        return f"not installed: no {exe} (python -m bench.peers --install-lmcache creates it)"
     if quick:
         return "not started in --quick (a cold start of its server takes ~45 s here)"
     return None
@@ -140,7 +138,7 @@ class LMCachePeer:
     """``lmcache server`` (multiprocess mode, engine-driven transfers over shared memory) from its virtualenv."""
 
     def __init__(self, workdir: Path, l1_gb: int):
-        from support.servers import ServerProcess, free_port
+        from tests.support.servers import ServerProcess, free_port
         workdir.mkdir(parents=True, exist_ok=True)
         self.port, http_port = free_port(), free_port()
         self.env = dict(os.environ, LMCACHE_DISABLE_BANNER="1", DO_NOT_TRACK="1", LMCACHE_TRACK_USAGE="false")

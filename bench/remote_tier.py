@@ -1,6 +1,6 @@
 """The remote tier in the daemon: what a lookup costs with a remote store, and how fast a chunk travels between hosts.
 
-    python bench/remote_tier.py [--quick] [--stores redis,mooncake]
+    python -m bench.remote_tier [--quick] [--stores redis,mooncake]
 
 For each store (a ``redis-server``, or ``mooncake_master`` plus one ``mooncake_client`` storage node, on loopback,
 started by ``tests/support/servers.py``), two daemons A and B share it with ``--remote`` and a third daemon C runs
@@ -14,8 +14,7 @@ without it. Figures, medians over the repetitions:
   lookup + get (each view copied into a destination buffer) is timed: payload GB/s from the store into B's
   engine, next to an in-process memcpy of the same bytes.
 
-``--quick`` prints the JSON and writes nothing; the full run writes ``bench/results/remote-tier-<date>.json``
-(and ``remote-tier-latest.json``).
+``--quick`` prints the JSON and writes nothing; the full run writes ``bench/results/remote-tier-latest.json``.
 """
 
 from __future__ import annotations
@@ -29,13 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
-from _common import memcpy_seconds, start_daemon, write_result  # noqa: E402
-from support.servers import MooncakeCluster, RedisServer, mooncake_binary  # noqa: E402
+from bench._common import memcpy_seconds, start_daemon, write_result
+from tests.support.servers import MooncakeCluster, RedisServer, mooncake_binary
 
-import kvstore  # noqa: E402
+import kvstore
 
 BATCH = 16
 CHUNK = 2 << 20

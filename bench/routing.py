@@ -1,6 +1,6 @@
 """Prefix-affinity routing on the Mooncake conversation trace over simulated instances, against random routing.
 
-    python bench/routing.py [--trace FILE] [--instances 4] [--host 0.02] [--disk 0.10] [--in-flight 32]
+    python -m bench.routing [--trace FILE] [--instances 4] [--host 0.02] [--disk 0.10] [--in-flight 32]
 
 Each instance is a simulated daemon (``kvstore.sim.replay.SimulatedStore``: the real Store over payload-less
 tiers) with a host tier of ``--host`` and a disk tier of ``--disk`` times the trace's distinct blocks. Requests
@@ -14,7 +14,7 @@ are routed in trace order by:
 Load for the bound is requests in flight, modelled as the last ``--in-flight`` requests routed. Reports the token
 hit rate (Σ min(512 × leading cached blocks, input_length) / Σ input_length, over the whole fleet) and each
 instance's share of requests, and as a reference the hit rate of one cache as large as the whole fleet's. Writes
-bench/results/routing-<date>.json.
+bench/results/routing-latest.json.
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import time
 from collections import Counter, deque
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import write_result
+from bench._common import write_result
 
 from kvstore.routing import Router
 from kvstore.sim.replay import Capacity, SimulatedStore, block_key, hit_tokens_by_tier

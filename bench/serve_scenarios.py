@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from serve_engine import Server, http, peer_broken
-from serve_harness import Arm, Bench, Profile, agreement, interleaved, median_of, ratio
-from serve_traces import (
+from bench.serve_engine import Server, http, peer_broken
+from bench.serve_harness import Arm, Bench, Profile, agreement, interleaved, median_of, ratio
+from bench.serve_traces import (
     Conversations,
     compress_time,
     conversation_slice,
@@ -138,7 +138,7 @@ class Proxy:
     """`serve_proxy.py` (round robin) in the engine's virtualenv, in front of `backends`."""
 
     def __init__(self, bench: Bench, backends: list[Server]) -> None:
-        from _common import free_port
+        from bench._common import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

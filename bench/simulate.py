@@ -1,13 +1,13 @@
 """Capacity planner on the Mooncake conversation trace: replay time, and the eviction policies compared.
 
-    python bench/simulate.py [--trace FILE] [--repeat 3] [--plot bench/results/simulate-sweep.png]
+    python -m bench.simulate [--trace FILE] [--repeat 3] [--plot bench/results/simulate-sweep.png]
 
 1. Time: the full trace through ``kvstore simulate``'s replay (host 2 % + disk 10 % of the distinct blocks),
    ``--repeat`` times; the median must stay under a minute (``under_a_minute`` in the result).
 2. Policies: token hit rate of each ``eviction_policy`` with a host tier alone of 2 %, 5 % and 10 % of the
    distinct blocks, and with the unbounded ceiling; ``--plot`` also draws the full sweep for every policy.
 
-Writes bench/results/simulate-<date>.json (and simulate-latest.json).
+Writes bench/results/simulate-latest.json.
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import write_result
+from bench._common import write_result
 
 from kvstore.sim.replay import Capacity, replay, unbounded
 from kvstore.sim.trace import distinct_blocks, read_trace

@@ -1,13 +1,13 @@
 """Soak: kill -9 the daemon at random moments under heavy puts and reads, restart it, many times in a row.
 
-    python bench/soak.py [--crashes 30] [--workers 4] [--host-mem 32MiB] [--disk-dir DIR]
+    python -m bench.soak [--crashes 30] [--workers 4] [--host-mem 32MiB] [--disk-dir DIR]
 
 Workers (tests/support/workload.py) put chunks whose bytes derive from their keys, read and verify what they find,
 and log every acknowledged put. Between crashes the daemon is killed with SIGKILL at a random moment and
 restarted on the same socket; right after each restart the chunks acknowledged before the crash are read back
 with a fresh client: each is recovered (exact bytes), lost (missing) or corrupt (wrong bytes: must never
 happen). A host-only daemon loses everything by design; with a persistent tier (``--disk-dir``, once the
-daemon has one) the recovered count is what its persistence guarantee kept. Writes bench/results/soak-<date>.json.
+daemon has one) the recovered count is what its persistence guarantee kept. Writes bench/results/soak-latest.json.
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
-from _common import write_result  # noqa: E402
-from support.daemons import DaemonProc, short_tempdir  # noqa: E402
-from support.crashes import acked_keys, read_back  # noqa: E402
-from support.workload import parse_counts, total, worker_command  # noqa: E402
-from dataclasses import asdict  # noqa: E402
+from bench._common import write_result
+from tests.support.daemons import DaemonProc, short_tempdir
+from tests.support.crashes import acked_keys, read_back
+from tests.support.workload import parse_counts, total, worker_command
 
 
 def main() -> int:

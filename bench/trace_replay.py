@@ -1,13 +1,13 @@
 """Replay the Mooncake conversation trace through the daemon; token hit rate served from DRAM and from disk.
 
-    python bench/trace_replay.py [--trace FILE] [--payload 4096] [--limit N]
+    python -m bench.trace_replay [--trace FILE] [--payload 4096] [--limit N]
 
 Each trace line is one request: ``input_length`` tokens whose 512-token blocks are named by ``hash_ids`` (ids are
 already chained: an id stands for its whole prefix). The host tier holds 2 % and the disk tier 40 % of the
 trace's distinct blocks; a block's payload is scaled down to ``--payload`` bytes, so the tiers are sized in
 chunks, not in real KV bytes. Per request, as an engine's connector would: lookup (which reports the leading
 blocks in each tier and starts promoting the disk ones), get those blocks, then put the rest. Requests are
-replayed back to back (timestamps ignored). Writes bench/results/trace-replay-<date>.json.
+replayed back to back (timestamps ignored). Writes bench/results/trace-replay-latest.json.
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import xxhash
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvstore
-from _common import start_daemon, write_result
+from bench._common import start_daemon, write_result
 
 BLOCK_TOKENS = 512
 TRACE = "/work/shared/traces/conversation_trace.jsonl"

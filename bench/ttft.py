@@ -1,6 +1,6 @@
 """Time to first token with and without kvstore, through the transformers connector.
 
-    python bench/ttft.py [--device cpu|cuda] [--repeat 3] [--quick]
+    python -m bench.ttft [--device cpu|cuda] [--repeat 3] [--quick]
 
 A random-weight Llama-style model (grouped-query attention, built from a config: nothing is downloaded) gets a
 2,000-token shared system prompt plus 200 new tokens. Time to first token is measured from the request to the
@@ -17,7 +17,7 @@ first greedy token, four ways:
 
 Each mode then decodes greedily and the tokens must equal the no-store ones. The model is sized so a full
 prefill takes over a second on the machine (`--layers`/`--hidden` to change). Writes
-bench/results/ttft-<device>-<date>.json and prints a table.
+bench/results/ttft-<device>-latest.json and prints a table.
 """
 
 from __future__ import annotations
@@ -32,12 +32,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 import kvstore
 from kvstore.connectors.hf import new_cache, load_prefix, model_namespace, save_prefix
 
-from _common import DaemonProc, short_tempdir, write_result
+from bench._common import DaemonProc, short_tempdir, write_result
 
 
 def build_model(args: argparse.Namespace):

@@ -1,6 +1,6 @@
 """Time to first token with a host-tier hit ÷ without, in the real vLLM engine, per model family.
 
-    python bench/ttft_families.py [--repeats 5] [--hidden 512] [--layers 6] [--prompt-chunks 8] [--quick]
+    python -m bench.ttft_families [--repeats 5] [--hidden 512] [--layers 6] [--prompt-chunks 8] [--quick]
 
 For each family (dense: Llama-shaped; mla: DeepSeek-V2-shaped, kv_lora_rank 512 + rope 64; sliding:
 Gemma-3-shaped, sliding-window layers of window 64 and a full-attention layer, run by vLLM's hybrid
@@ -12,7 +12,7 @@ is computed; the CPU MLA backend computes over a loaded prefix only so). TTFT is
 token of a one-token request; a hit must give the miss's token. The physical limit next to it: the bytes a
 hit loads ÷ this machine's memcpy bandwidth, measured in the same run. Medians; the first pair warms up.
 
-Writes bench/results/ttft-families-<date>.json (and -latest.json).
+Writes bench/results/ttft-families-latest.json.
 """
 
 from __future__ import annotations
@@ -25,12 +25,8 @@ import sys
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-
-from _common import start_daemon, write_result  # noqa: E402
-from support.engines.vllm_real import CHUNK, ENGINE_SCRIPT, POOL, REPO, engine_python, prompts, skip_reason  # noqa: E402
+from bench._common import start_daemon, write_result
+from tests.support.engines.vllm_real import CHUNK, ENGINE_SCRIPT, POOL, REPO, engine_python, prompts, skip_reason
 
 FAMILIES = ("dense", "mla", "sliding")
 NUM_BLOCKS = {"dense": 512, "mla": 4096, "sliding": 512}

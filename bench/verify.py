@@ -1,6 +1,6 @@
 """What verification costs: verified gets, scrubs, the checksum at commit, and engines' online verification.
 
-    python bench/verify.py [--chunk-mib 4] [--chunks 16] [--repeat 7]
+    python -m bench.verify [--chunk-mib 4] [--chunks 16] [--repeat 7]
 
 Measured in one run, interleaved, medians (the machine is shared and noisy), against memcpy and xxh3 measured
 in the same run:
@@ -21,19 +21,14 @@ in the same run:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import numpy as np
 import xxhash
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 import kvstore
-from _common import memcpy_seconds, start_daemon, write_result
+from bench._common import memcpy_seconds, start_daemon, write_result
 
 
 def interleaved(fns: dict, repeat: int) -> dict[str, float]:
@@ -125,8 +120,7 @@ def bench_commit(client: kvstore.Client, chunk: int, n: int, repeat: int) -> dic
 def bench_engine(address: str, repeat: int) -> dict:
     import torch
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-    from support.engines.tiny import prefill, prompt, tiny_llama
+    from tests.support.engines.tiny import prefill, prompt, tiny_llama
     from kvstore.connectors.hf import load_prefix, save_prefix
 
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """vLLM with and without kvstore, in the real engine: misses, hits, a multi-turn replay, the scheduler's cost.
 
-    python bench/vllm_engine.py [--repeats 5] [--replay 200] [--quick]
+    python -m bench.vllm_engine [--repeats 5] [--replay 200] [--quick]
 
 Engines are the CPU build of vLLM from the engine virtualenv (``.ci/install-vllm-engine.sh``; or
 ``KVSTORE_VLLM_VENV``) serving the tests' random-weight float32 Llama (4 layers, 2 KV heads of 32); each pair
@@ -23,14 +23,13 @@ compared runs the same settings but for the connector, and timings are medians o
   (which looks them all up, 64 a round trip) and every later one (answered from the lookups it kept), against
   asking the daemon once per request and pass.
 
-Writes bench/results/vllm-engine-<date>.json (and -latest.json).
+Writes bench/results/vllm-engine-latest.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import statistics
@@ -38,12 +37,8 @@ import sys
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-
-from _common import start_daemon, write_result  # noqa: E402
-from support.engines.vllm_real import POOL, VOCAB, engine_python, prompts, skip_reason  # noqa: E402
+from bench._common import start_daemon, write_result
+from tests.support.engines.vllm_real import POOL, VOCAB, engine_python, prompts, skip_reason
 
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
 ENGINE = dict(max_num_batched_tokens=4096, num_blocks=1024, max_model_len=4096)
@@ -173,7 +168,7 @@ def daemon_client(daemon: Any) -> Any:
 
 def scheduler_cost(daemon: Any, waiting: int = 256, length: int = 2000) -> dict[str, Any]:
     """The connector's share of a scheduling pass over `waiting` requests (the vLLM interface wheel)."""
-    from support.engines.vllm_env import Engine, request
+    from tests.support.engines.vllm_env import Engine, request
 
     engine = Engine(daemon.ipc, layers=4, kv_heads=2, head_dim=32, chunk_tokens=256)
     reqs = [request(f"w{i}", p) for i, p in enumerate(prompts(waiting, length, seed=3000))]

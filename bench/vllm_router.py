@@ -1,6 +1,6 @@
 """Prefill on one vLLM engine, decode on another: two engines sharing one kvstore daemon.
 
-    python bench/vllm_router.py [--prompts 4] [--tokens 1100] [--max-tokens 16]
+    python -m bench.vllm_router [--prompts 4] [--tokens 1100] [--max-tokens 16]
 
 The prefill engine runs with ``kv_role: kv_producer`` (it saves every full prompt chunk and never loads), the
 decode engine with ``kv_role: kv_consumer`` (it loads and never saves). The router sends each request to the
@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any, Protocol
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Engine(Protocol):
@@ -37,10 +34,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=1100)
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from support.engines.vllm_real import POOL, engine_python, prompts, skip_reason
+    from tests.support.engines.vllm_real import POOL, engine_python, prompts, skip_reason
 
-    from _common import start_daemon
+    from bench._common import start_daemon
 
     if engine_python() is None:
         print(skip_reason(), file=sys.stderr)

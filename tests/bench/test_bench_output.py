@@ -1,15 +1,15 @@
-"""A quick or redirected benchmark run never rewrites the committed results under bench/results/."""
+"""A quick or redirected benchmark run never rewrites the committed results under bench/results/; a full run
+replaces the one file of its benchmark there, ``NAME-latest.json``."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import sys
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
-sys.path.insert(0, BENCH)
-import _common  # noqa: E402
+from bench import _common
+
+BENCH = _common.BENCH_DIR
 
 
 def results_listing() -> dict[str, float]:
@@ -26,6 +26,15 @@ def test_quick_and_out_results_go_elsewhere(tmp_path):
         assert out == str(tmp_path / "r.json") and json.load(open(out))["x"] == 2
     finally:
         os.unlink(quick)
+
+
+def test_a_full_run_replaces_the_latest_result_and_keeps_no_other(tmp_path, monkeypatch):
+    monkeypatch.setattr(_common, "RESULTS_DIR", str(tmp_path / "results"))
+    first = _common.write_result("selftest", {"x": 1})
+    second = _common.write_result("selftest", {"x": 2})
+    assert first == second == str(tmp_path / "results" / "selftest-latest.json")
+    assert os.listdir(tmp_path / "results") == ["selftest-latest.json"]
+    assert json.load(open(second))["x"] == 2
 
 
 def test_every_benchmark_with_quick_passes_it_on():

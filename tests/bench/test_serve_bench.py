@@ -1,6 +1,6 @@
 """bench/serve.py without an engine: its traces, its arguments, the shim for the CPU build, its JSON and table.
 
-The end-to-end run (`python bench/serve.py --quick`) starts several `vllm serve` processes (each a minute or
+The end-to-end run (`python -m bench.serve --quick`) starts several `vllm serve` processes (each a minute or
 more on a small shared machine) and is not part of the test suite; docs/benchmarks/serve.md says how to run it.
 """
 
@@ -15,15 +15,11 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import serve  # noqa: E402
-import serve_report  # noqa: E402
-from serve_engine import engine_env, error_line, make_shim, parse_metrics, peer_broken  # noqa: E402
-from serve_harness import FULL, QUICK, interleaved, median_of, summarize  # noqa: E402
-from serve_scenarios import CPU_BLOCK, working_set_trace  # noqa: E402
-from serve_traces import (  # noqa: E402
+from bench import serve, serve_report
+from bench.serve_engine import engine_env, error_line, make_shim, parse_metrics, peer_broken
+from bench.serve_harness import FULL, QUICK, interleaved, median_of, summarize
+from bench.serve_scenarios import CPU_BLOCK, working_set_trace
+from bench.serve_traces import (
     Conversations,
     compress_time,
     conversation_slice,

@@ -1,5 +1,6 @@
-"""No import cycle inside kvstore/: walk every module's imports (module level, ``if TYPE_CHECKING`` blocks and
-imports inside functions alike) and look for a strongly connected component of more than one module.
+"""No import cycle inside kvstore/, nor inside bench/: walk every module's imports (module level,
+``if TYPE_CHECKING`` blocks and imports inside functions alike) and look for a strongly connected component of
+more than one module.
 
 ``from .pkg import name`` counts as an import of ``pkg.name`` when that is a module, else of ``pkg``."""
 
@@ -18,9 +19,10 @@ def _module_name(path: str) -> str:
     return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(tops: tuple[str, ...] = ("kvstore", "connectors"), package: str = "kvstore") -> dict[str, set[str]]:
+    """Each module under ``tops`` and the modules of ``package`` it imports."""
     raw: dict[str, set[tuple[str, str]]] = {}
-    walks = [os.walk(os.path.join(ROOT, top)) for top in ("kvstore", "connectors")]
+    walks = [os.walk(os.path.join(ROOT, top)) for top in tops]
     for dirpath, dirnames, filenames in (entry for walk in walks for entry in walk):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
         for filename in filenames:
@@ -32,13 +34,13 @@ def import_graph() -> dict[str, set[str]]:
             deps: set[tuple[str, str]] = set()
             for node in ast.walk(ast.parse(open(path).read(), path)):
                 if isinstance(node, ast.Import):
-                    deps |= {(a.name, a.name) for a in node.names if a.name.startswith("kvstore")}
+                    deps |= {(a.name, a.name) for a in node.names if a.name.startswith(package)}
                 elif isinstance(node, ast.ImportFrom):
                     base = node.module or ""
                     if node.level:
                         parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                         base = ".".join(parts + ([base] if base else []))
-                    if base.startswith("kvstore"):
+                    if base.startswith(package):
                         deps |= {(base + "." + a.name, base) for a in node.names}
             raw[module] = deps
     graph: dict[str, set[str]] = {}
@@ -86,6 +88,12 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycle_inside_kvstore():
     graph = import_graph()
     assert "kvstore.server.handlers" in graph and "kvstore.store.store" in graph   # the walk found the tree
+    assert cycles(graph) == []
+
+
+def test_no_import_cycle_inside_bench():
+    graph = import_graph(("bench",), "bench")
+    assert "bench.peers" in graph and "bench.peers_lmcache" in graph   # the walk found the benchmarks
     assert cycles(graph) == []
 
 

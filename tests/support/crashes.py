@@ -7,7 +7,7 @@ import os
 
 import kvstore
 
-from support.workload import CHUNK_TOKENS, NAMESPACE, payload_ok
+from .workload import CHUNK_TOKENS, NAMESPACE, payload_ok
 
 
 def read_back(address: str, keys: list[bytes]) -> tuple[int, int, int]:

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 
 import kvstore
-from support.hygiene import holders, mapped_arenas
+from .hygiene import holders, mapped_arenas
 from kvstore.tiers.host.arena import arena_path_for
 from kvstore.tiers.host.description import description_path_for
 from kvstore.tiers.host.leftovers import find_leftovers, remove

@@ -6,18 +6,14 @@ plain engine; the producer never loads (even what is stored), the consumer never
 
 from __future__ import annotations
 
-import os
-import sys
 import tempfile
 
-
+from bench.vllm_router import route
 from conftest import wait_for
 from support.engines.vllm_real import (
-    REPO, assert_same, delta, full_chunks, plain, prompts, stored,
+    assert_same, delta, full_chunks, plain, prompts, stored,
     engine_venv, pool,  # noqa: F401 - fixtures
 )
-sys.path.insert(0, os.path.join(REPO, "bench"))
-from vllm_router import route
 
 
 def test_prefill_engine_and_decode_engine_share_one_daemon(pool, start_daemon):

@@ -207,7 +207,7 @@ class EnginePool:
     @property
     def workdir(self) -> str:
         if self._workdir is None:
-            from conftest import short_tempdir
+            from ..daemons import short_tempdir
 
             self._workdir = short_tempdir()
         return self._workdir
