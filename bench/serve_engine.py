@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.engines.sandbox import engine_home_env
+
 REPO = Path(__file__).resolve().parents[1]
 HASH_SEED = "0"
 COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
@@ -73,15 +75,10 @@ def make_shim(directory: str, version: str) -> str:
 
 def engine_env(workdir: str, shim: str, kv_space_gib: int = 1, threads: int = 2) -> dict[str, str]:
     """The environment of every engine-side process: the shim then the source tree on PYTHONPATH, the CPU
-    platform, a pinned hash seed, HOME and the XDG dirs in `workdir` (whatever vLLM caches stays there)."""
+    platform, a pinned hash seed, HOME, the XDG dirs and TMPDIR in `workdir` (whatever vLLM caches stays there)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON"))}
-    home = os.path.join(workdir, "home")
-    dirs = {"HOME": home, "XDG_CACHE_HOME": os.path.join(home, ".cache"),
-            "XDG_CONFIG_HOME": os.path.join(home, ".config")}
-    for path in dirs.values():
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    env.update(dirs, PYTHONPATH=f"{shim}:{REPO}", PYTHONHASHSEED=HASH_SEED, VLLM_TARGET_DEVICE="cpu",
-               VLLM_CPU_KVCACHE_SPACE=str(kv_space_gib), VLLM_CPU_OMP_THREADS_BIND="nobind",
+    env.update(engine_home_env(workdir), PYTHONPATH=f"{shim}:{REPO}", PYTHONHASHSEED=HASH_SEED,
+               VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE=str(kv_space_gib), VLLM_CPU_OMP_THREADS_BIND="nobind",
                VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1",
                DO_NOT_TRACK="1", OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     return env

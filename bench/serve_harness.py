@@ -57,8 +57,8 @@ class Profile:
 
 FULL = Profile("full", hidden=1024, layers=8, heads=16, kv_heads=4, repeats=2, ws_concurrency=1,
                unique_requests=6, conversations=Conversations(
-                   sessions=4, turns=4, systems=2, system_blocks=4, turn_blocks=2, block_tokens=256,
-                   output_tokens=8, session_gap_ms=800, turn_gap_ms=5000))
+                   sessions=4, turns=6, systems=2, system_blocks=4, turn_blocks=1, block_tokens=256,
+                   output_tokens=8, session_gap_ms=800, turn_gap_ms=2500))
 QUICK = Profile("quick", hidden=256, layers=4, heads=4, kv_heads=2, repeats=1, concurrency=2, max_model_len=2048,
                 unique_requests=4, unique_blocks=4, slice_conversations=4, slice_max_blocks=6, slice_span_ms=4000,
                 check_prompts=2, check_tokens=4, host_mem="512MiB", conversations=Conversations(

@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from .sandbox import engine_home_env
+
 REPO = Path(__file__).resolve().parents[3]
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
 INSTALL_HINT = "bash .ci/install-vllm-engine.sh"
@@ -221,16 +223,12 @@ class EnginePool:
         return "ipc://" + self.socket
 
     def env(self) -> dict[str, str]:
-        """The engines' environment: the source tree's kvstore, vLLM's CPU settings, and HOME and the XDG dirs
-        in the pool's directory, so whatever vLLM or torch cache lands there and goes with it."""
+        """The engines' environment: the source tree's kvstore, vLLM's CPU settings, and HOME, the XDG dirs and
+        TMPDIR in the pool's directory, so whatever vLLM or torch leaves lands there and goes with it."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-        home = os.path.join(self.workdir, "home")
-        dirs = {"HOME": home, "XDG_CACHE_HOME": os.path.join(home, ".cache"),
-                "XDG_CONFIG_HOME": os.path.join(home, ".config")}
-        for path in dirs.values():
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        env.update(dirs, PYTHONPATH=str(REPO), VLLM_CPU_KVCACHE_SPACE="1", VLLM_TARGET_DEVICE="cpu",
-                   OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"), TOKENIZERS_PARALLELISM="false")
+        env.update(engine_home_env(self.workdir), PYTHONPATH=str(REPO), VLLM_CPU_KVCACHE_SPACE="1",
+                   VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"),
+                   TOKENIZERS_PARALLELISM="false")
         return env
 
     def model(self, family: str = "dense") -> str:
