@@ -118,3 +118,8 @@ class Audience:
     def engines(self) -> int:
         """Engine streams published now."""
         return sum(len(engines) for engines in self._targets.values())
+
+    def topics(self) -> dict[str, int]:
+        """The topics published for engines now, each with its rank (for ``kvstore stats``)."""
+        return {t.topic.decode(errors="replace"): t.rank for engines in self._targets.values()
+                for t in engines.values()}

@@ -199,7 +199,7 @@ class EventPublisher:
                 "snapshots": c.snapshots,
                 "pending": self._pending_events, "buffered": len(self._buffer),
                 "next_seq": self._seqs.get(self._topic, 0), "engines": self.audience.engines(),
-                "topics": len(self._seqs), "incarnation": self.incarnation}
+                "engine_topics": self.audience.topics(), "topics": len(self._seqs), "incarnation": self.incarnation}
 
     def close(self) -> None:
         """Send what is gathered, stop the replay thread, close the sockets."""

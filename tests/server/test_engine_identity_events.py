@@ -195,3 +195,26 @@ def test_replay_socket_answers_end_marker_for_an_unknown_topic(start_daemon):
     finally:
         req.close(linger=0)
         ctx.term()
+
+
+@pytest.mark.parametrize("fmt", ["map", "array"])
+def test_a_batch_framed_around_events_packed_once_is_the_batch_packed_whole(fmt):
+    from kvstore.protocol.kv_events import Cleared, Removed, Stored, batch_body, batch_bytes, encoded_events
+
+    events = [Cleared(), Stored([1, 2], None, "CPU", 16, list(range(32))), Removed([1], "CPU")]
+    packer = msgpack.Packer()
+    packed = packer.pack(encoded_events(events, fmt, "f" * 16))
+    for ts, rank in ((0.0, 0), (1.5e9, 7), (1.25, 65535)):
+        assert batch_bytes(packer, ts, packed, rank) == msgpack.packb(batch_body(ts, events, fmt, "f" * 16, rank))
+
+
+def test_a_topic_template_is_checked():
+    from kvstore.errors import ConfigError
+    from kvstore.server.event_topics import TopicTemplate
+
+    assert TopicTemplate.parse("kv@{engine_id}@{model}").render(EngineIdentity("p", "m", 3)) == b"kv@p@m"
+    assert TopicTemplate.parse("r{dp_rank}").render(EngineIdentity("p", "m", 3)) == b"r3"
+    assert TopicTemplate.parse("plain").plain == b"plain" and TopicTemplate.parse("a{model}").plain == b""
+    for bad in ("kv@{pod}", "kv@{model!r}", "kv@{model:>4}", "kv@{", "kv@}"):
+        with pytest.raises(ConfigError, match="--events-topic"):
+            TopicTemplate.parse(bad)
