@@ -126,6 +126,15 @@ def batch_body(ts: float, events: list[Event], fmt: str, incarnation: str,
 _ARRAY_OF_3 = b"\x93"   # msgpack's fixarray header of three elements
 
 
+def array_header(count: int) -> bytes:
+    """msgpack's header of an array of ``count`` elements (what precedes them, packed one after the other)."""
+    if count < 16:
+        return bytes((0x90 | count,))
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
 def batch_bytes(packer: Any, ts: float, packed_events: bytes, rank: int) -> bytes:
     """A packed ``EventBatch`` from its events packed once (``packer.pack(encoded_events(...))``): byte for byte
     what packing ``[ts, events, rank]`` gives, so a batch sent to several engines of different ranks packs its

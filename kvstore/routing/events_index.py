@@ -130,7 +130,8 @@ class EventsIndex:
         snapshot when replay cannot give it); returns how many batches were applied."""
         key = (source, topic)
         stream = self.streams.setdefault(key, Stream())
-        incarnation = _incarnation(_decode(payload))
+        events = _decode(payload)
+        incarnation = _incarnation(events)
         if stream.incarnation and incarnation and incarnation != stream.incarnation:
             logs.info("events_index_restart", source=source, topic=topic.decode(errors="replace"))
             stream = self.streams[key] = Stream()   # the daemon restarted: its stream begins again
@@ -141,7 +142,7 @@ class EventsIndex:
             applied += self._catch_up(source, topic, stream, seq)
             if seq < stream.next_seq:
                 return applied
-        self._apply(stream, seq, payload)
+        self._apply_events(stream, seq, events)
         return applied + 1
 
     def watch(self, source: str, topic: str | bytes) -> int:
@@ -186,7 +187,10 @@ class EventsIndex:
             return []
 
     def _apply(self, stream: Stream, seq: int, payload: bytes) -> None:
-        events = _decode(payload)
+        self._apply_events(stream, seq, _decode(payload))
+
+    @staticmethod
+    def _apply_events(stream: Stream, seq: int, events: list[dict[str, Any]]) -> None:
         for event in events:
             _apply_event(stream.held, event)
         stream.incarnation = _incarnation(events) or stream.incarnation

@@ -37,10 +37,10 @@ from .. import logs
 from ..errors import ConfigError
 from ..protocol.engine_identity import EngineIdentity
 from ..protocol.kv_events import (
-    END_SEQ, SNAPSHOT_REQUEST, Event, batch_body, batch_bytes, encoded_events, seq_bytes,
+    END_SEQ, SNAPSHOT_REQUEST, Event, array_header, batch_body, batch_bytes, encoded_events, seq_bytes,
 )
 from ..store.events import Holding, snapshot_events
-from .event_topics import Audience, Target, TopicTemplate
+from .event_topics import DEFAULT_TOPIC, Audience, Target, TopicTemplate
 
 REPLAY_POLL_MS = 200     # how long the replay thread waits for a request before it looks for the stop flag
 SNAPSHOT_WAIT_S = 5.0    # how long a snapshot request waits for the event loop to copy the holdings
@@ -55,7 +55,7 @@ class EventSettings:
     buffer: int = 10_000         # batches kept for replay
     hwm: int = 100_000           # batches ZeroMQ queues per subscriber before it drops for that one
     fmt: str = "map"
-    topic: str = ""              # a plain topic or a template (event_topics.py)
+    topic: str = DEFAULT_TOPIC   # a plain topic or a template (event_topics.py)
 
 
 @dataclass
@@ -145,22 +145,37 @@ class EventPublisher:
         if not groups or self._pub is None:
             return
         ts = time.time()
-        every = [e for _, events in groups for e in events]
-        self._publish(ts, every, [Target(self._topic)])
-        for namespace, events in groups:
+        everywhere = [Target(self._topic)]
+        if len(groups) == 1:   # the usual turn: one namespace changed, one packed body for every stream
+            namespace, events = groups[0]
+            self._publish(ts, self._pack(events), len(events), everywhere + self.audience.targets(namespace))
+            return
+        parts = [(namespace, len(events), self._pack_elements(events)) for namespace, events in groups]
+        total = sum(count for _, count, _ in parts)
+        self._publish(ts, array_header(total) + b"".join(body for _, _, body in parts), total, everywhere)
+        for namespace, count, body in parts:
             engines = self.audience.targets(namespace)
             if engines:
-                self._publish(ts, events, engines)
+                self._publish(ts, array_header(count) + body, count, engines)
 
-    def _publish(self, ts: float, events: list[Event], targets: list[Target]) -> None:
-        """``events`` as one batch on each of ``targets``: packed once, framed once per distinct rank."""
-        packed = self._packer.pack(encoded_events(events, self.settings.fmt, self.incarnation))
+    def _pack(self, events: list[Event]) -> bytes:
+        """The packed ``events`` element of a batch."""
+        return self._packer.pack(encoded_events(events, self.settings.fmt, self.incarnation))
+
+    def _pack_elements(self, events: list[Event]) -> bytes:
+        """``events`` packed one after the other, without the array header (joined under one by the caller)."""
+        pack = self._packer.pack
+        return b"".join(pack(e) for e in encoded_events(events, self.settings.fmt, self.incarnation))
+
+    def _publish(self, ts: float, packed: bytes, count: int, targets: list[Target]) -> None:
+        """One batch of ``count`` events (``packed``: its events element) on each of ``targets``, framed once per
+        distinct rank."""
         payloads: dict[int, bytes] = {}
         for target in dict.fromkeys(targets):   # an engine named twice (same topic and rank) is sent to once
             payload = payloads.get(target.rank)
             if payload is None:
                 payload = payloads[target.rank] = batch_bytes(self._packer, ts, packed, target.rank)
-            self._send(target.topic, payload, len(events))
+            self._send(target.topic, payload, count)
 
     def _send(self, topic: bytes, payload: bytes, count: int) -> None:
         seq = self._seqs.get(topic, 0)
@@ -186,7 +201,8 @@ class EventPublisher:
         if target is None or self._pub is None:
             return
         rows = self.holdings([namespace]) if self.holdings is not None else []
-        self._publish(time.time(), snapshot_events(rows), [target])
+        events = snapshot_events(rows)
+        self._publish(time.time(), self._pack(events), len(events), [target])
 
     def engine_left(self, namespace: str, identity: EngineIdentity) -> None:
         """A session of ``identity`` in ``namespace`` closed (the last one ends its stream)."""

@@ -5,6 +5,7 @@ the daemon-wide stream. Real daemons, every batch decoded by vLLM's own classes.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -218,3 +219,46 @@ def test_a_topic_template_is_checked():
     for bad in ("kv@{pod}", "kv@{model!r}", "kv@{model:>4}", "kv@{", "kv@}"):
         with pytest.raises(ConfigError, match="--events-topic"):
             TopicTemplate.parse(bad)
+
+
+def test_one_turn_of_several_namespaces_packs_each_event_once_and_every_stream_decodes(tmp_path):
+    import msgspec
+    from vllm.distributed.kv_events import KVEventBatch
+
+    from kvstore.protocol.kv_events import Stored, array_header
+    from kvstore.server.kv_events import EventPublisher, EventSettings
+
+    for count in (0, 15, 16, 65535, 65536):
+        assert array_header(count) == msgpack.packb([0] * count)[:len(array_header(count))]
+    endpoint = "ipc://" + str(tmp_path / "ev.sock")
+    publisher = EventPublisher(EventSettings(endpoint))
+    publisher.holdings = lambda namespaces: []
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    try:
+        time.sleep(0.3)   # the subscription reaches the publisher
+        publisher.engine_joined("a", EngineIdentity("pa", "m", 1))
+        publisher.engine_joined("b", EngineIdentity("pb", "m", 2))
+        async def one_turn() -> None:   # on a loop, the turn's changes are sent together at its end
+            publisher.submit([Stored([i], None, "CPU", 4, [0, 1, 2, 3]) for i in range(20)], "a")
+            publisher.submit([Stored([100], None, "STORAGE", 4, [])], "b")
+            await asyncio.sleep(0.01)
+
+        asyncio.run(one_turn())
+        got: dict[bytes, list] = {}
+        decode = msgspec.msgpack.Decoder(type=KVEventBatch)
+        while sub.poll(1000):
+            topic, _, payload = sub.recv_multipart()
+            got.setdefault(topic, []).append(decode.decode(payload))
+        last = {topic: batches[-1] for topic, batches in got.items()}
+        assert len(last[b""].events) == 21 and last[b""].data_parallel_rank == 0
+        assert [e.block_hashes for e in last[b"kv@pa@m"].events] == [[i] for i in range(20)]
+        assert last[b"kv@pa@m"].data_parallel_rank == 1
+        assert [e.block_hashes for e in last[b"kv@pb@m"].events] == [[100]]
+        assert last[b"kv@pb@m"].data_parallel_rank == 2
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+        publisher.close()
