@@ -262,3 +262,30 @@ def test_one_turn_of_several_namespaces_packs_each_event_once_and_every_stream_d
         sub.close(linger=0)
         ctx.term()
         publisher.close()
+
+
+def test_cli_replays_and_snapshots_one_engine_s_stream(start_daemon):
+    import json
+
+    from support.daemons import run_cli
+
+    d, pub, replay = start(start_daemon)
+    a = d.client(namespace="ns", identity=EngineIdentity("pod-a", "llama", 1))
+    try:
+        stored = put(a, 8)
+        assert wait_for_events(a, 2)
+        for how in (("--from", "0"), ("--snapshot",)):
+            out = run_cli("events", "--endpoint", pub, "--replay-endpoint", replay, "--topic", "kv@pod-a@llama",
+                          *how, "--json", "--count", "2", timeout=30)
+            assert out.returncode == 0, out.stderr
+            lines = [json.loads(line) for line in out.stdout.splitlines()]
+            assert [e["type"] for e in lines] == ["AllBlocksCleared", "BlockStored"], lines
+            assert {e["topic"] for e in lines} == {"kv@pod-a@llama"} and set(lines[1]["block_hashes"]) == stored
+    finally:
+        a.close()
+
+
+def wait_for_events(client, batches: int) -> bool:
+    from conftest import wait_for
+
+    return wait_for(lambda: client.stats()["events"]["batches"] >= batches, timeout=10)
