@@ -173,6 +173,19 @@ def _read_events_format(value: Any, name: str) -> str:
     return value.lower()
 
 
+def _default_events_topic() -> str:
+    from .server.event_topics import DEFAULT_TOPIC
+
+    return DEFAULT_TOPIC
+
+
+def _read_events_topic(value: Any, name: str) -> str:
+    """A plain topic or a template of an engine's topic (``server/event_topics.py``)."""
+    from .server.event_topics import TopicTemplate
+
+    return TopicTemplate.parse(_read_str(value, name)).text
+
+
 def _read_count(value: Any, name: str) -> int:
     try:
         count = int(value)
@@ -270,8 +283,10 @@ EVENT_SETTINGS = (
             "event batches queued for one slow subscriber before it loses newer ones (a gap it can replay)", "N"),
     Setting("events_format", _read_events_format, lambda: "map",
             "map (vLLM's tagged maps, current releases) or array (the older positional events)", "FORMAT"),
-    Setting("events_topic", _read_str, lambda: "", "topic frame of every event message (vLLM's default: empty)",
-            "TOPIC"),
+    Setting("events_topic", _read_events_topic, _default_events_topic,
+            "topic of each engine's events, a template of {engine_id}, {model} and {dp_rank} (llm-d's "
+            "kv@{engine_id}@{model} by default; the daemon-wide stream's topic is then empty), or a plain topic "
+            "for every event message", "TOPIC"),
 )
 SETTINGS = SETTINGS + EVENT_SETTINGS
 _BY_NAME = {s.name: s for s in SETTINGS}

@@ -68,6 +68,7 @@ from ..common.layout import (
     page_to_chunk,
 )
 from ..common.report import on_report, refuse
+from ..common.identity import engine_identity
 from ..common.store import ChunkStore, DaemonLink
 
 log = logging.getLogger("kvstore.connectors.sglang")
@@ -86,6 +87,11 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self._retry_s = float(extra.get("retry_s", 5.0))
         self._model_id = str(extra.get("model_id") or storage_config.model_name or "unknown-model")
         self._salt = str(extra.get("cache_salt", ""))
+        dp_rank = int(getattr(storage_config, "dp_rank", 0) or 0)
+        # Who this engine is to its router (the daemon publishes its namespace's KV cache events on its topic)
+        self._identity = engine_identity(extra.get("engine_id"), extra.get("served_model_name"),
+                                         str(storage_config.model_name or self._model_id),
+                                         dp_rank, dp_size=2 if dp_rank else 1)   # rank 0 keeps the host name
         self._store: ChunkStore | None = None
         self._layout = ""
         self._planes = 2
@@ -105,9 +111,9 @@ class KVStoreHiCacheStorage(HiCacheStorage):
                               shard=shard_fields(c))
         geometry = layout.geometry
         # One report per engine: its first rank says what it is (every rank serves the same layout).
-        report = {"connector": on_report("sglang", layout)} if c.tp_rank == 0 and c.pp_rank == 0 else None
-        link = DaemonLink.to(self._address, geometry.chunk_tokens, self._timeout, connect=report,
-                             retry_s=self._retry_s)
+        report = {"connector": on_report("sglang", layout)} if c.tp_rank == 0 and c.pp_rank == 0 else {}
+        link = DaemonLink.to(self._address, geometry.chunk_tokens, self._timeout,
+                             connect={**report, "identity": self._identity}, retry_s=self._retry_s)
         self._store = ChunkStore(link, ns, geometry)
         self._layout = mem_pool_host.layout
         self._planes = geometry.planes

@@ -74,7 +74,7 @@ from .config import VllmConnectorConfig
 from .geometry import EngineGeometry, engine_geometry
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .scheduler import SchedulerSide
-from .settings import SUPPORTED_VLLM, check_vllm_version, model_id
+from .settings import SUPPORTED_VLLM, check_vllm_version, model_id, vllm_engine_identity
 from .shared import ConnectorSettings
 from .stats import KVStoreConnectorStats
 from .worker import WorkerSide
@@ -137,6 +137,7 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
             geometry, chunk_tokens, config.model_id or model_id(vllm_config), config.cache_salt,
             vllm_config.parallel_config.tensor_parallel_size,
             self._kv_transfer_config.is_kv_consumer, self._kv_transfer_config.is_kv_producer, save_async, config,
+            identity=vllm_engine_identity(vllm_config, config.engine_id, config.served_model_name),
         )
 
     # -- scheduler side ----------------------------------------------------------------------------------

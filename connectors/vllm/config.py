@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from kvstore.errors import ConfigError
+from kvstore.protocol.engine_identity import MAX_ENGINE_ID_CHARS, MAX_MODEL_CHARS, name_fault
 
 from .settings import load_mode, verify_fraction
 
@@ -48,6 +49,15 @@ def _text(key: str, value: Any, optional: bool) -> str | None:
     return value
 
 
+def _name(key: str, value: Any, kind: str, limit: int) -> str | None:
+    """An optional name the daemon checks at hello (`engine_id`, `served_model_name`), checked here first."""
+    text = _text(key, value, optional=True)
+    fault = name_fault(kind, text, limit) if text else None
+    if fault:
+        raise ConfigError(f"kvstore {key} {fault}")
+    return text or None
+
+
 @dataclass(frozen=True)
 class VllmConnectorConfig:
     """The keys of `kv_connector_extra_config` (the table in docs/connectors/vllm.md)."""
@@ -64,6 +74,8 @@ class VllmConnectorConfig:
     cache_salt: str = ""
     gpu_tier: bool = True
     verify_fraction: float = 0.0
+    engine_id: str | None = None        # None: the host name, with "-dp<rank>" under data parallelism
+    served_model_name: str | None = None   # None: vLLM's served model name
 
     @classmethod
     def known_keys(cls) -> list[str]:
@@ -101,4 +113,7 @@ class VllmConnectorConfig:
             cache_salt=str(_text("cache_salt", raw.get("cache_salt", d.cache_salt), optional=False)),
             gpu_tier=_bool("gpu_tier", raw.get("gpu_tier", d.gpu_tier)),
             verify_fraction=verify_fraction(raw.get("verify_fraction", d.verify_fraction)),
+            engine_id=_name("engine_id", raw.get("engine_id", d.engine_id), "engine_id", MAX_ENGINE_ID_CHARS),
+            served_model_name=_name("served_model_name", raw.get("served_model_name", d.served_model_name),
+                                    "model", MAX_MODEL_CHARS),
         )

@@ -11,6 +11,9 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from kvstore.errors import ConfigError
+from kvstore.protocol.engine_identity import EngineIdentity
+
+from ..common.identity import engine_identity
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -73,3 +76,24 @@ def tp_rank(vllm_config: "VllmConfig") -> int:
     except Exception:  # noqa: BLE001 - not in a distributed worker (tests, single process)
         rank = getattr(vllm_config.parallel_config, "rank", 0) or int(os.environ.get("RANK", 0))
         return rank % vllm_config.parallel_config.tensor_parallel_size
+
+
+def served_model_name(vllm_config: "VllmConfig") -> str:
+    """The model name vLLM serves (its first, when it has several), as clients and routers name the model."""
+    model = getattr(vllm_config, "model_config", None)
+    name = getattr(model, "served_model_name", None) or getattr(model, "model", None) or ""
+    return str(name[0] if isinstance(name, (list, tuple)) and name else name)
+
+
+def vllm_engine_identity(vllm_config: "VllmConfig", engine_id: str | None, model_name: str | None) -> EngineIdentity:
+    """Who this engine is to its router (sent at hello; the daemon publishes its KV cache events on its topic):
+    `kv_connector_extra_config`'s `engine_id` and `served_model_name` when set, else the host name and vLLM's
+    served model name; the data-parallel rank from vLLM's parallel config.
+
+    Raises:
+        ConfigError: a configured `engine_id` or `served_model_name` the daemon would refuse.
+    """
+    parallel = getattr(vllm_config, "parallel_config", None)
+    rank = int(getattr(parallel, "data_parallel_rank", 0) or 0)
+    size = int(getattr(parallel, "data_parallel_size", 1) or 1)
+    return engine_identity(engine_id, model_name, served_model_name(vllm_config), rank, size)

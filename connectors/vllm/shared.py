@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstore.protocol.engine_identity import EngineIdentity
+
 from ..common.layout import PagedGeometry, paged_namespace
 from ..common.store import ChunkStore, DaemonLink
 from .config import VllmConnectorConfig
@@ -30,6 +32,7 @@ class ConnectorSettings:
     save_async: bool
     config: VllmConnectorConfig          # kv_connector_extra_config, checked
     links: list[DaemonLink] = field(default_factory=list)
+    identity: EngineIdentity | None = None   # who this engine is to its router (said at hello)
 
     @property
     def timeout(self) -> float:
@@ -37,6 +40,8 @@ class ConnectorSettings:
 
     def link(self, **connect: Any) -> DaemonLink:
         """A new link to the daemon (a client is not thread-safe: one per thread that calls it)."""
+        if self.identity is not None:
+            connect = {"identity": self.identity, **connect}
         link = DaemonLink.to(self.config.address, self.chunk_tokens, timeout=self.timeout,
                              retry_s=self.config.retry_s, connect=connect)
         self.links.append(link)

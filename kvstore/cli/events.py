@@ -66,19 +66,22 @@ def run(args: argparse.Namespace) -> int:
     sub.connect(args.endpoint)   # before the replay: nothing published meanwhile is missed
     printed = 0
     try:
-        expected = args.start
+        stream = args.topic.encode()   # the stream replayed: that topic's (an engine's), the daemon-wide one for ""
+        expected: dict[bytes, int] = {stream: args.start} if args.start is not None else {}   # next seq per topic
         if args.snapshot:
-            batches = ask(ctx, args.replay_endpoint, SNAPSHOT_REQUEST)
+            batches = ask(ctx, args.replay_endpoint, SNAPSHOT_REQUEST, stream)
         elif args.start is not None:
-            batches = ask(ctx, args.replay_endpoint, args.start.to_bytes(8, "big"))
+            batches = ask(ctx, args.replay_endpoint, args.start.to_bytes(8, "big"), stream)
         else:
             batches = iter(())
         for topic, seq, payload in _then_live(batches, sub):
-            if expected is not None and seq < expected:
+            want = expected.get(topic)
+            if want is not None and seq < want:
                 continue   # replayed already
-            if expected is not None and seq > expected:
-                print(f"gap: batches {expected}..{seq - 1} were not received", file=sys.stderr, flush=True)
-            expected = seq + 1
+            if want is not None and seq > want:
+                print(f"gap: batches {want}..{seq - 1} of topic {topic.decode(errors='replace')!r} were not "
+                      f"received", file=sys.stderr, flush=True)
+            expected[topic] = seq + 1
             for line in format_batch(topic, seq, payload, args.json):
                 print(line, flush=True)
                 printed += 1
@@ -98,9 +101,10 @@ def _then_live(replayed: Iterator[tuple[bytes, int, bytes]],
         yield topic, int.from_bytes(seq, "big"), payload
 
 
-def ask(ctx: zmq.Context, endpoint: str, request: bytes) -> Iterator[tuple[bytes, int, bytes]]:
+def ask(ctx: zmq.Context, endpoint: str, request: bytes, topic: bytes = b"") -> Iterator[tuple[bytes, int, bytes]]:
     """The batches the replay socket answers ``request`` with (an 8-byte start seq: the buffered batches from it
     on; ``SNAPSHOT_REQUEST``: one batch of everything held), as (topic, seq, payload), until the end marker.
+    ``topic``: the stream asked about (an engine's topic; empty: the daemon-wide stream, as vLLM's replay asks).
 
     Raises:
         DaemonUnavailable: the replay socket did not answer within ``REPLAY_TIMEOUT_S``.
@@ -109,7 +113,7 @@ def ask(ctx: zmq.Context, endpoint: str, request: bytes) -> Iterator[tuple[bytes
     req.setsockopt(zmq.LINGER, 0)
     req.connect(endpoint)
     try:
-        req.send_multipart([b"", request])
+        req.send_multipart([b"", request, *([topic] if topic else [])])
         while True:
             if not req.poll(int(REPLAY_TIMEOUT_S * 1000)):
                 raise DaemonUnavailable(f"the replay socket at {endpoint} did not answer within {REPLAY_TIMEOUT_S}s")

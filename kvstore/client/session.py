@@ -19,6 +19,7 @@ from ..defaults import default_socket
 from ..errors import DaemonUnavailable, KVStoreError, UsageError, VersionError
 from ..keys import KEY_SCHEME
 from ..procinfo import self_identity
+from ..protocol.engine_identity import EngineIdentity
 from ..protocol.stream import SUFFIX as STREAM_SUFFIX
 from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
@@ -42,7 +43,7 @@ class Session(Mappings):
                  curve: ClientCurve | None = None, gpu: bool = False, pin_arena: bool = False,
                  key_scheme: str = KEY_SCHEME, hash_seed: int = 0,
                  shared_index: bool = True, stream: bool = True, credits: bool = True,
-                 connector: dict[str, str] | None = None) -> None:
+                 connector: dict[str, str] | None = None, identity: EngineIdentity | None = None) -> None:
         """Connect to the daemon at ``address`` (``ipc:///path`` or ``tcp://host:port``; None: the default
         socket of ``kvstore serve``) for the chunks of ``namespace``, each of ``chunk_tokens`` tokens.
         ``timeout``: seconds to wait for each reply. Raises UsageError for a bad argument, DaemonUnavailable when
@@ -73,6 +74,12 @@ class Session(Mappings):
         # An engine connector's report of itself ({"engine", "family", "state": "on"|"off", "reason"}),
         # shown by `kvstore stats` and counted on /metrics while this client is connected.
         self.connector = connector
+        # The engine instance this client serves (its router's name for it, model, data-parallel rank): the daemon
+        # publishes KV cache events of this namespace on that engine's topic while the client is connected.
+        if identity is not None and not isinstance(identity, EngineIdentity):
+            raise UsageError(f"identity must be a kvstore.protocol.engine_identity.EngineIdentity, "
+                             f"got {type(identity).__name__}")
+        self.identity = identity
         # Lookups from the daemon's shared-memory index (local clients; shared_index=False always asks the socket)
         self.want_shared_index = shared_index and self.use_arena
         self._seen = SeenNotes()
@@ -91,6 +98,7 @@ class Session(Mappings):
             "pid": pid, "pid_start": pid_start, "arena": self.use_arena, "gpu": self.want_gpu,
             "key_scheme": self.key_scheme, "hash_seed": self.hash_seed,
             **({"connector": self.connector} if self.connector else {}),
+            **({"identity": self.identity.wire()} if self.identity is not None else {}),
         }
         self._credit.forget()   # a new session holds no credit
         header = self._hello_on_stream(hello)

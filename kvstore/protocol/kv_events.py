@@ -2,7 +2,8 @@
 
 Message (ZeroMQ PUB, multipart): ``[topic, seq, payload]``, ``seq`` an 8-byte big-endian unsigned integer that
 grows by one per batch (a batch dropped under back-pressure leaves a gap on purpose), ``payload`` msgpack of an
-``EventBatch``: the array ``[ts, events, data_parallel_rank]`` (always three elements; the rank is 0).
+``EventBatch``: the array ``[ts, events, data_parallel_rank]`` (always three elements; the rank is the engine's
+on an engine's own topic, 0 on the daemon-wide one: ``server/event_topics.py``).
 
 Two event forms, chosen by ``--events-format``:
 
@@ -21,11 +22,13 @@ Every event also carries the publisher's incarnation id (16 hex digits, new at e
 and trailing array elements (its structs do not forbid unknown fields), as do Dynamo's and llm-d's.
 
 Replay (ZeroMQ ROUTER): a request ``[b"", start_seq]`` (8 bytes, big-endian) is answered with every buffered
-batch from ``start_seq`` on, each ``[b"", topic, seq, payload]``, then the end marker ``[b"", b"", END_SEQ, b""]``.
+batch of the daemon-wide stream from ``start_seq`` on, each ``[b"", topic, seq, payload]``, then the end marker
+``[b"", b"", END_SEQ, b""]``; ``[b"", start_seq, topic]`` replays the stream of that topic (an engine's).
 
 Snapshot (kvstore's own, on the replay socket): a request ``[b"", b"snapshot"]`` is answered with one batch
 ``[b"", topic, seq, payload]`` holding ``AllBlocksCleared`` and then a ``BlockStored`` for everything held now,
-per medium, then the end marker. ``seq`` is the last batch the snapshot reflects: a consumer applies it in
+per medium, then the end marker (``[b"", b"snapshot", topic]``: what that topic's engines' namespaces hold, at
+their rank). ``seq`` is the last batch the snapshot reflects: a consumer applies it in
 place of every batch up to ``seq`` and goes on from ``seq + 1``.
 
 Block hashes: 64-bit integers, as vLLM sends them by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``): for a
@@ -108,10 +111,35 @@ def _as_array(event: Event, incarnation: str) -> list[Any]:
     return ["AllBlocksCleared", incarnation]
 
 
-def batch_body(ts: float, events: list[Event], fmt: str, incarnation: str) -> list[Any]:
-    """The ``EventBatch`` array to pack with msgpack (``fmt``: "map" or "array")."""
+def encoded_events(events: list[Event], fmt: str, incarnation: str) -> list[Any]:
+    """The ``events`` element of an ``EventBatch``, to pack with msgpack (``fmt``: "map" or "array")."""
     encode = _as_map if fmt == "map" else _as_array
-    return [ts, [encode(e, incarnation) for e in events], DATA_PARALLEL_RANK]
+    return [encode(e, incarnation) for e in events]
+
+
+def batch_body(ts: float, events: list[Event], fmt: str, incarnation: str,
+               rank: int = DATA_PARALLEL_RANK) -> list[Any]:
+    """The ``EventBatch`` array to pack with msgpack (``fmt``: "map" or "array")."""
+    return [ts, encoded_events(events, fmt, incarnation), rank]
+
+
+_ARRAY_OF_3 = b"\x93"   # msgpack's fixarray header of three elements
+
+
+def array_header(count: int) -> bytes:
+    """msgpack's header of an array of ``count`` elements (what precedes them, packed one after the other)."""
+    if count < 16:
+        return bytes((0x90 | count,))
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def batch_bytes(packer: Any, ts: float, packed_events: bytes, rank: int) -> bytes:
+    """A packed ``EventBatch`` from its events packed once (``packer.pack(encoded_events(...))``): byte for byte
+    what packing ``[ts, events, rank]`` gives, so a batch sent to several engines of different ranks packs its
+    events once."""
+    return b"".join((_ARRAY_OF_3, packer.pack(ts), packed_events, packer.pack(rank)))
 
 
 _ARRAY_FIELDS = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",

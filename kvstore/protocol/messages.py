@@ -15,6 +15,7 @@ import math
 from ..errors import BadRequestError, LimitError
 from ..keys import KEY_BYTES, KEY_SCHEME
 from .engine_blocks import EngineBlocks, read_engine
+from .engine_identity import EngineIdentity, read_identity
 from .wire import MAX_BATCH
 
 MAX_NAMESPACE_CHARS = 512
@@ -178,6 +179,7 @@ class Hello:
     key_scheme: str     # how the client derives chunk keys (kvstore.keys.KEY_SCHEME for our own)
     hash_seed: int      # a seed the client's key hash takes, 0 for none
     connector: ConnectorReport | None = None
+    identity: EngineIdentity | None = None   # the engine instance the client serves (its events' topic)
 
     @classmethod
     def parse(cls, h: dict[str, Any]) -> "Hello":
@@ -193,6 +195,7 @@ class Hello:
             key_scheme=read_str(h, "key_scheme", MAX_CLIENT_ID_CHARS, default=KEY_SCHEME),
             hash_seed=read_int(h, "hash_seed", 0, (1 << 64) - 1, default=0),
             connector=ConnectorReport.parse(h.get("connector")),
+            identity=read_identity(h.get("identity")),
         )
 
 

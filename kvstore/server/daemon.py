@@ -401,6 +401,7 @@ class Daemon:
         old = self.sessions.get(session.owner)
         if old is not None:
             self.svc.store.drop_owner(old.owner)
+            self.svc.engine_left(old)
         self.sessions[session.owner] = session
         logs.debug("hello", client_id=session.client_id, namespace=session.namespace, transport=session.transport)
 
@@ -434,6 +435,7 @@ class Daemon:
         session = self.sessions.pop(owner, None)
         if session is None:
             return
+        self.svc.engine_left(session)
         leases, reservations = self.svc.store.drop_owner(owner)
         if leases or reservations or reason != "connection_closed":
             logs.info("client_gone", client_id=session.client_id, pid=session.pid, reason=reason,

@@ -280,6 +280,7 @@ def hello_reply(svc: Service, owner: bytes, transport: str, h: dict,
     svc.safeguards.params.check(session.namespace, session.key_params)
     session.track_process(req.pid, req.pid_start)
     session.connector = req.connector
+    session.identity = req.identity
     if svc.event_log is not None:
         svc.event_log.note_block_size(session.namespace, session.chunk_tokens)
     private = svc.tenants is not None and svc.tenants.tenant_for(session.namespace).restricted
@@ -298,4 +299,5 @@ def hello_reply(svc: Service, owner: bytes, transport: str, h: dict,
         "align": svc.store.host.allocator.align,   # a put credit's chunks start at multiples of it
         "credit_max": svc.store.credits.largest,   # the largest credit lent (store/credits.py)
     }
+    svc.engine_joined(session)
     return session, [ok_reply(h["id"], **reply)]

@@ -12,6 +12,11 @@ interpreter lock, which on a loaded machine costs far more than the pack and sen
 
 The last ``--events-buffer`` batches are kept for replay; the replay thread answers requests from a copy of that
 buffer taken under a lock (``protocol/kv_events.py`` has the protocol and the formats).
+
+Streams (``event_topics.py``): every batch goes on the daemon-wide stream, and a batch of a namespace with
+connected engines also on each engine's topic, at its rank. Each topic numbers its own batches. The events of a
+batch are packed once; each distinct rank adds only the batch's few framing bytes around them
+(``batch_bytes``), and engines of one rank share one payload.
 """
 
 from __future__ import annotations
@@ -30,8 +35,12 @@ import zmq
 
 from .. import logs
 from ..errors import ConfigError
-from ..protocol.kv_events import END_SEQ, SNAPSHOT_REQUEST, Event, batch_body, seq_bytes
+from ..protocol.engine_identity import EngineIdentity
+from ..protocol.kv_events import (
+    END_SEQ, SNAPSHOT_REQUEST, Event, array_header, batch_body, batch_bytes, encoded_events, seq_bytes,
+)
 from ..store.events import Holding, snapshot_events
+from .event_topics import DEFAULT_TOPIC, Audience, Target, TopicTemplate
 
 REPLAY_POLL_MS = 200     # how long the replay thread waits for a request before it looks for the stop flag
 SNAPSHOT_WAIT_S = 5.0    # how long a snapshot request waits for the event loop to copy the holdings
@@ -46,7 +55,7 @@ class EventSettings:
     buffer: int = 10_000         # batches kept for replay
     hwm: int = 100_000           # batches ZeroMQ queues per subscriber before it drops for that one
     fmt: str = "map"
-    topic: str = ""
+    topic: str = DEFAULT_TOPIC   # a plain topic or a template (event_topics.py)
 
 
 @dataclass
@@ -65,16 +74,19 @@ class EventPublisher:
         self.settings = settings
         self.incarnation = os.urandom(8).hex()
         self.counters = EventCounters()
-        self._pending: list[Event] = []
+        self._pending: list[tuple[str | None, list[Event]]] = []   # (namespace, its events), in order
+        self._pending_events = 0
         self._scheduled = False
         self._packer = msgpack.Packer()   # used on the event loop only
-        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=settings.buffer)
+        self._buffer: deque[tuple[bytes, int, bytes]] = deque(maxlen=settings.buffer)   # (topic, seq, payload)
         self._buffer_lock = threading.Lock()   # the loop appends, the replay thread copies
-        self._topic = settings.topic.encode()
-        self._next_seq = 0
+        self.audience = Audience(TopicTemplate.parse(settings.topic))
+        self._topic = self.audience.template.plain   # the daemon-wide stream's
+        self._seqs: dict[bytes, int] = {}   # the next seq of each topic
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.holdings: Callable[[], list[tuple[bytes, Holding]]] | None = None   # the Store's event log's
+        # the Store's event log's (of the namespaces given; None: all)
+        self.holdings: Callable[[list[str] | None], list[tuple[bytes, Holding]]] | None = None
         self._thread: threading.Thread | None = None
         self._ctx = zmq.Context()
         self._pub: zmq.Socket | None = None
@@ -103,10 +115,16 @@ class EventPublisher:
         """The loop serves: snapshots are taken on it from now on."""
         self._loop = loop
 
-    def submit(self, events: list[Event]) -> None:
-        """Add ``events`` to the batch this turn of the event loop sends (at once when no loop runs)."""
-        self._pending.extend(events)
-        if len(self._pending) >= MAX_BATCH_EVENTS:
+    def submit(self, events: list[Event], namespace: str | None = None) -> None:
+        """Add ``events`` (of ``namespace``; None: of every namespace) to the batch this turn of the event loop
+        sends (at once when no loop runs)."""
+        last = self._pending[-1] if self._pending else None
+        if last is not None and last[0] == namespace:
+            last[1].extend(events)
+        else:
+            self._pending.append((namespace, list(events)))
+        self._pending_events += len(events)
+        if self._pending_events >= MAX_BATCH_EVENTS:
             self.flush()
             return
         if self._scheduled:
@@ -120,33 +138,84 @@ class EventPublisher:
         loop.call_soon(self.flush)
 
     def flush(self) -> None:
-        """Send what was gathered as one batch, numbered, and keep it for replay. Never blocks."""
+        """Send what was gathered: one batch on the daemon-wide stream, and per engine of a namespace changed one
+        batch of that namespace's events on its topic; numbered per topic and kept for replay. Never blocks."""
         self._scheduled = False
-        events, self._pending = self._pending, []
-        if not events or self._pub is None:
+        groups, self._pending, self._pending_events = self._pending, [], 0
+        if not groups or self._pub is None:
             return
-        seq = self._next_seq
-        self._next_seq += 1
-        s = self.settings
-        payload = self._packer.pack(batch_body(time.time(), events, s.fmt, self.incarnation))
+        ts = time.time()
+        everywhere = [Target(self._topic)]
+        if len(groups) == 1:   # the usual turn: one namespace changed, one packed body for every stream
+            namespace, events = groups[0]
+            self._publish(ts, self._pack(events), len(events), everywhere + self.audience.targets(namespace))
+            return
+        parts = [(namespace, len(events), self._pack_elements(events)) for namespace, events in groups]
+        total = sum(count for _, count, _ in parts)
+        self._publish(ts, array_header(total) + b"".join(body for _, _, body in parts), total, everywhere)
+        for namespace, count, body in parts:
+            engines = self.audience.targets(namespace)
+            if engines:
+                self._publish(ts, array_header(count) + body, count, engines)
+
+    def _pack(self, events: list[Event]) -> bytes:
+        """The packed ``events`` element of a batch."""
+        return self._packer.pack(encoded_events(events, self.settings.fmt, self.incarnation))
+
+    def _pack_elements(self, events: list[Event]) -> bytes:
+        """``events`` packed one after the other, without the array header (joined under one by the caller)."""
+        pack = self._packer.pack
+        return b"".join(pack(e) for e in encoded_events(events, self.settings.fmt, self.incarnation))
+
+    def _publish(self, ts: float, packed: bytes, count: int, targets: list[Target]) -> None:
+        """One batch of ``count`` events (``packed``: its events element) on each of ``targets``, framed once per
+        distinct rank."""
+        payloads: dict[int, bytes] = {}
+        for target in dict.fromkeys(targets):   # an engine named twice (same topic and rank) is sent to once
+            payload = payloads.get(target.rank)
+            if payload is None:
+                payload = payloads[target.rank] = batch_bytes(self._packer, ts, packed, target.rank)
+            self._send(target.topic, payload, count)
+
+    def _send(self, topic: bytes, payload: bytes, count: int) -> None:
+        seq = self._seqs.get(topic, 0)
+        self._seqs[topic] = seq + 1
         pub = self._pub
+        assert pub is not None
         try:   # three plain sends: send_multipart's per-frame checks cost more than the sends here
-            pub.send(self._topic, _MORE)
+            pub.send(topic, _MORE)
             pub.send(seq_bytes(seq), _MORE)
             pub.send(payload, zmq.NOBLOCK)
             self.counters.batches += 1
-            self.counters.events += len(events)
+            self.counters.events += count
         except zmq.ZMQError:   # refused (closing, or no room): a gap on the wire, still in the replay buffer
-            self.counters.dropped += len(events)
+            self.counters.dropped += count
         with self._buffer_lock:
-            self._buffer.append((seq, payload))
+            self._buffer.append((topic, seq, payload))
+
+    def engine_joined(self, namespace: str, identity: EngineIdentity) -> None:
+        """A session of ``identity`` opened in ``namespace``: when it is the engine's first there, its stream
+        starts with ``AllBlocksCleared`` and what the namespace holds now, on its topic alone."""
+        self.flush()   # what changed before goes out without it: the holdings below include it
+        target = self.audience.join(namespace, identity)
+        if target is None or self._pub is None:
+            return
+        rows = self.holdings([namespace]) if self.holdings is not None else []
+        events = snapshot_events(rows)
+        self._publish(time.time(), self._pack(events), len(events), [target])
+
+    def engine_left(self, namespace: str, identity: EngineIdentity) -> None:
+        """A session of ``identity`` in ``namespace`` closed (the last one ends its stream)."""
+        self.flush()   # what changed while it was there still reaches it
+        self.audience.leave(namespace, identity)
 
     def stats(self) -> dict[str, Any]:
         c = self.counters
         return {"events": c.events, "batches": c.batches, "dropped": c.dropped, "replays": c.replays,
                 "snapshots": c.snapshots,
-                "pending": len(self._pending), "buffered": len(self._buffer), "next_seq": self._next_seq,
-                "incarnation": self.incarnation}
+                "pending": self._pending_events, "buffered": len(self._buffer),
+                "next_seq": self._seqs.get(self._topic, 0), "engines": self.audience.engines(),
+                "engine_topics": self.audience.topics(), "topics": len(self._seqs), "incarnation": self.incarnation}
 
     def close(self) -> None:
         """Send what is gathered, stop the replay thread, close the sockets."""
@@ -161,12 +230,14 @@ class EventPublisher:
         self._pub = self._replay = None
         self._ctx.term()
 
-    def _copy_holdings(self, done: concurrent.futures.Future) -> None:
-        """On the loop: send what is gathered, then copy what is held (consistent with the last seq sent)."""
+    def _copy_holdings(self, topic: bytes, done: concurrent.futures.Future) -> None:
+        """On the loop: send what is gathered, then copy what ``topic``'s stream holds (consistent with the last
+        seq sent on it), with the rank its batches carry."""
         try:
             self.flush()
-            rows = self.holdings() if self.holdings is not None else []
-            done.set_result((self._next_seq - 1, rows))
+            namespaces, rank = (None, 0) if topic == self._topic else self.audience.namespaces_of(topic)
+            rows = self.holdings(namespaces) if self.holdings is not None else []
+            done.set_result((self._seqs.get(topic, 0) - 1, rank, rows))
         except BaseException as exc:   # noqa: BLE001 - handed to the waiting thread
             done.set_exception(exc)
 
@@ -178,37 +249,55 @@ class EventPublisher:
         while not self._stopping.is_set():
             if not replay.poll(REPLAY_POLL_MS):
                 continue
-            frames = replay.recv_multipart()
-            if len(frames) == 3 and frames[2] == SNAPSHOT_REQUEST:
-                self._answer_snapshot(replay, frames[0], packer)
-                continue
-            if len(frames) != 3 or len(frames[2]) != 8:
-                logs.warning("kv_events_bad_replay_request", frames=len(frames))
-                continue
-            client, _, start = frames
-            first = int.from_bytes(start, "big")
-            with self._buffer_lock:
-                batches = [(seq, payload) for seq, payload in self._buffer if seq >= first]
-            for seq, payload in batches:
-                replay.send_multipart((client, b"", self._topic, seq_bytes(seq), payload))
-            replay.send_multipart((client, b"", b"", END_SEQ, b""))
-            self.counters.replays += 1
+            try:
+                self._answer(replay, replay.recv_multipart(), packer)
+            except Exception as exc:   # noqa: BLE001 - one bad request must not end the replay thread
+                logs.warning("kv_events_replay_failed", error=str(exc))
 
-    def _answer_snapshot(self, replay: zmq.Socket, client: bytes, packer: msgpack.Packer) -> None:
-        """One batch of everything held now (built and packed here, off the loop), then the end marker; only
-        the end marker when the loop does not answer (not serving yet, or stopping)."""
+    def _answer(self, replay: zmq.Socket, frames: list[bytes], packer: msgpack.Packer) -> None:
+        """One replay or snapshot request: ``[client, b"", ask]`` or ``[client, b"", ask, topic]``."""
+        if len(frames) not in (3, 4):
+            logs.warning("kv_events_bad_replay_request", frames=len(frames))
+            return
+        client, ask = frames[0], frames[2]
+        topic = frames[3] if len(frames) == 4 else self._topic
+        if topic not in self._seqs and self._topic.startswith(topic):
+            topic = self._topic   # a prefix of the daemon-wide stream's topic (``kvstore events --topic``) names it
+        if ask == SNAPSHOT_REQUEST:
+            self._answer_snapshot(replay, client, topic, packer)
+        elif len(ask) == 8:
+            self._answer_replay(replay, client, topic, int.from_bytes(ask, "big"))
+        else:
+            logs.warning("kv_events_bad_replay_request", frames=len(frames))
+
+    def _answer_replay(self, replay: zmq.Socket, client: bytes, topic: bytes, first: int) -> None:
+        """``topic``'s buffered batches from ``first`` on, then the end marker."""
+        with self._buffer_lock:
+            batches = [(seq, payload) for t, seq, payload in self._buffer if t == topic and seq >= first]
+        for seq, payload in batches:
+            replay.send_multipart((client, b"", topic, seq_bytes(seq), payload))
+        replay.send_multipart((client, b"", b"", END_SEQ, b""))
+        self.counters.replays += 1
+
+    def _answer_snapshot(self, replay: zmq.Socket, client: bytes, topic: bytes, packer: msgpack.Packer) -> None:
+        """One batch of everything ``topic``'s stream holds now (built and packed here, off the loop), then the end
+        marker; only the end marker when the loop does not answer (not serving yet, or stopping) or nothing was
+        ever published on ``topic``."""
         loop = self._loop
-        done: concurrent.futures.Future[tuple[int, list[tuple[bytes, Holding]]]] = concurrent.futures.Future()
+        done: concurrent.futures.Future[tuple[int, int, list[tuple[bytes, Holding]]]] = concurrent.futures.Future()
         try:
             if loop is None:
                 raise RuntimeError("not serving yet")
-            loop.call_soon_threadsafe(self._copy_holdings, done)
-            seq, rows = done.result(SNAPSHOT_WAIT_S)
+            loop.call_soon_threadsafe(self._copy_holdings, topic, done)
+            seq, rank, rows = done.result(SNAPSHOT_WAIT_S)
         except (RuntimeError, concurrent.futures.TimeoutError) as exc:
             logs.warning("kv_events_snapshot_failed", error=str(exc) or "timed out")
         else:
+            if seq < 0:   # nothing was ever published on this topic: there is no stream to snapshot
+                replay.send_multipart((client, b"", b"", END_SEQ, b""))
+                return
             s = self.settings
-            payload = packer.pack(batch_body(time.time(), snapshot_events(rows), s.fmt, self.incarnation))
-            replay.send_multipart((client, b"", self._topic, seq_bytes(seq), payload))
+            payload = packer.pack(batch_body(time.time(), snapshot_events(rows), s.fmt, self.incarnation, rank))
+            replay.send_multipart((client, b"", topic, seq_bytes(seq), payload))
             self.counters.snapshots += 1
         replay.send_multipart((client, b"", b"", END_SEQ, b""))

@@ -95,6 +95,18 @@ class Service:
                 waits += self.remote.pending(keys)   # chunks a lookup found in the remote store, still arriving
         return [w for w in waits if not w.done()]
 
+    # -- engines --------------------------------------------------------------------------------------------
+    def engine_joined(self, session: Session) -> None:
+        """A session opened: when it named its engine, KV cache events are published for that engine from now on
+        (``event_topics.py``)."""
+        if self.events is not None and session.identity is not None:
+            self.events.engine_joined(session.namespace, session.identity)
+
+    def engine_left(self, session: Session) -> None:
+        """A session closed: the last one of its engine ends that engine's events."""
+        if self.events is not None and session.identity is not None:
+            self.events.engine_left(session.namespace, session.identity)
+
     # -- the stop -------------------------------------------------------------------------------------------
     async def drain_movers(self, deadline: Callable[[str], float]) -> None:
         """At stop: the GPU mover's copies and the remote puts by the "remote" step's deadline, the write-back

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..keys import KEY_SCHEME
 from ..procinfo import process_start_time
+from ..protocol.engine_identity import EngineIdentity
 from ..protocol.messages import ConnectorReport
 from ..tenants.access import Principal
 from .compat import KeyParams
@@ -24,6 +25,7 @@ class Session:
     key_scheme: str = KEY_SCHEME
     hash_seed: int = 0
     connector: ConnectorReport | None = None  # what an engine connector said of itself at hello
+    identity: EngineIdentity | None = None    # the engine instance it serves (KV cache events' topic), if said
     # Who the client is: known for stream connections (SO_PEERCRED), unknown (all None) on ZeroMQ.
     principal: Principal = field(default_factory=Principal)
 

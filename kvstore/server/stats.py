@@ -36,6 +36,7 @@ def daemon_stats(d: "Service", sessions: int, auth_rejected: int,
         "gpu": d.gpu_mover.stats() if d.gpu_mover is not None else None,
         "remote": d.remote.stats() if d.remote is not None else None,
         "events": d.events.stats() if d.events is not None else None,
+        "load_ns_per_kib": load_costs(d),
         "adoption": d.adoption.report.fields() if d.adoption is not None else None,
         **d.safeguards.stats(),   # integrity, scrub, verify
         "leases": len(store.leases),
@@ -49,6 +50,18 @@ def daemon_stats(d: "Service", sessions: int, auth_rejected: int,
         "errors": d.counters.errors,
         "auth_rejected": auth_rejected,
     }
+
+
+def load_costs(d: "Service") -> dict[str, int]:
+    """What loading a KiB from each tier costs, per KV cache event medium, as far as this daemon measures it: the
+    disk tier's promotion reads (``STORAGE``) once it has read something. A router weighs each medium's blocks by it
+    (``kvstore/routing/events_router.py``); media left out (``CPU``, ``GPU``: copied by the engine's client, not
+    by the daemon) take the router's configured cost."""
+    costs: dict[str, int] = {}
+    disk = d.disk_mover.stats() if d.disk_mover is not None else None
+    if disk and disk.get("read_ns_per_kib"):
+        costs["STORAGE"] = int(disk["read_ns_per_kib"])
+    return costs
 
 
 def connector_stats(sessions: Iterable["Session"]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ small record handed to the publisher's queue (``server/kv_events.py``), which ne
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 from ..protocol.kv_events import (
     MEDIUM_CPU, MEDIUM_GPU, MEDIUM_STORAGE, Cleared, Event, Removed, Stored, block_hash,
@@ -30,8 +30,11 @@ from ..protocol.engine_blocks import EngineBlocks
 from .entry import DiskState, Entry
 
 GPU, CPU, STORAGE = 1, 2, 4
-# media mask, parent block hash, block size, the engine's names of its blocks (None: named by the chunk key)
-Holding = tuple[int, "int | None", int, "EngineBlocks | None"]
+# media mask, parent block hash, block size, the engine's names of its blocks (None: named by the chunk key),
+# the chunk's namespace
+Holding = tuple[int, "int | None", int, "EngineBlocks | None", str]
+# where events go: (events, the namespace they are of; None: of every namespace)
+Outbox = Callable[[list[Event], "str | None"], None]
 MEDIA = ((GPU, MEDIUM_GPU), (CPU, MEDIUM_CPU), (STORAGE, MEDIUM_STORAGE))
 
 
@@ -50,7 +53,7 @@ def media_of(entry: Entry | None) -> int:
 class EventLog:
     """The media each key was last published in, and the events that move it to the Store's present state."""
 
-    def __init__(self, outbox: Callable[[list[Event]], None]) -> None:
+    def __init__(self, outbox: Outbox) -> None:
         self._outbox = outbox
         self._held: dict[bytes, Holding] = {}
         self._block_size: dict[str, int] = {}
@@ -61,35 +64,43 @@ class EventLog:
 
     def changed(self, key: bytes, entry: Entry | None) -> None:
         """``key``'s readable entry now (None: not readable): publish what moved."""
-        events: list[Event] = []
+        events: dict[str, list[Event]] = {}
         self._diff(key, entry, events)
-        if events:
-            self._outbox(events)
+        self._send(events)
 
     def changed_many(self, items: Sequence[tuple[bytes, Entry | None]]) -> None:
         """``changed`` of several keys (a put's chain), in one hand-off: a chain entering a tier is one event."""
-        events: list[Event] = []
+        events: dict[str, list[Event]] = {}
         for key, entry in items:
             self._diff(key, entry, events)
-        if events:
-            self._outbox(events)
+        self._send(events)
+
+    def _send(self, events: dict[str, list[Event]]) -> None:
+        for namespace, of_namespace in events.items():
+            if of_namespace:
+                self._outbox(of_namespace, namespace)
 
     def all_cleared(self) -> None:
         """Everything published is gone at once (a start, or a clear of all the daemon held)."""
         self._held.clear()
-        self._outbox([Cleared()])
+        self._outbox([Cleared()], None)
 
-    def snapshot(self) -> list[tuple[bytes, Holding]]:
-        """Every key published as held, with its media mask, parent hash and block size: a copy, cheap enough
-        for the event loop (the events are built from it elsewhere: ``snapshot_events``)."""
-        return list(self._held.items())
+    def snapshot(self, namespaces: Collection[str] | None = None) -> list[tuple[bytes, Holding]]:
+        """Every key published as held (of ``namespaces`` only, when given), with its media mask, parent hash and
+        block size: a copy, cheap enough for the event loop (the events are built from it elsewhere:
+        ``snapshot_events``)."""
+        if namespaces is None:
+            return list(self._held.items())
+        return [(key, held) for key, held in self._held.items() if held[4] in namespaces]
 
-    def _diff(self, key: bytes, entry: Entry | None, events: list[Event]) -> None:
+    def _diff(self, key: bytes, entry: Entry | None, out: dict[str, list[Event]]) -> None:
         now = media_of(entry)
         held = self._held.get(key)
         before = held[0] if held is not None else 0
         if now == before:
             return
+        namespace = held[4] if held is not None else entry.namespace if entry is not None else ""
+        events = out.setdefault(namespace, [])
         if now and entry is not None:
             self._held[key] = self._holding(now, entry)
         else:
@@ -104,9 +115,9 @@ class EventLog:
     def _holding(self, mask: int, entry: Entry) -> Holding:
         engine = entry.engine
         if engine is not None:
-            return (mask, engine.parent, engine.block_size, engine)
+            return (mask, engine.parent, engine.block_size, engine, entry.namespace)
         parent = block_hash(entry.parent) if entry.parent is not None else None
-        return (mask, parent, self._block_size.get(entry.namespace, 0), None)
+        return (mask, parent, self._block_size.get(entry.namespace, 0), None, entry.namespace)
 
 
 def _hashes_of(key: bytes, holding: Holding) -> list[int]:
@@ -118,7 +129,7 @@ def _hashes_of(key: bytes, holding: Holding) -> list[int]:
 def _append_stored(events: list[Event], key: bytes, holding: Holding, medium: str) -> None:
     """A ``BlockStored``, merged into the previous event when it continues the same chain in the same tier at the
     same block size."""
-    _, parent, size, engine = holding
+    _, parent, size, engine, _ = holding
     hashes = _hashes_of(key, holding)
     tokens = list(engine.token_ids) if engine is not None else []
     last = events[-1] if events else None

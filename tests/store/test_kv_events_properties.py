@@ -24,7 +24,7 @@ class Rebuilt:
         self.held: dict[int, set[str]] = {}
         self._decode = msgspec.msgpack.Decoder(type=KVEventBatch)
 
-    def take(self, events: list[Event]) -> None:
+    def take(self, events: list[Event], namespace: str | None = None) -> None:
         payload = msgpack.packb(batch_body(0.0, events, "map", "0" * 16))
         for event in self._decode.decode(payload).events:
             if isinstance(event, AllBlocksCleared):

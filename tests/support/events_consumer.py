@@ -21,6 +21,7 @@ class Consumer:
     endpoint: str
     replay_endpoint: str
     topic: str = ""
+    exact: bool = False         # one stream: drop other topics the prefix lets through, replay this topic's
     held: dict[int, set[str]] = field(default_factory=dict)
     next_seq: int = 0
     batches: int = 0
@@ -30,6 +31,8 @@ class Consumer:
     kinds: list[str] = field(default_factory=list)   # every event's type, in order
     # per block hash stored: (parent block hash, its token ids, block size), as llm-d keeps them to rehash
     blocks: dict[int, tuple[int | None, list[int], int]] = field(default_factory=dict)
+    ranks: set[int] = field(default_factory=set)    # every batch's data_parallel_rank
+    payloads: list[bytes] = field(default_factory=list)   # every batch applied, as sent
 
     def __post_init__(self) -> None:
         self._ctx = zmq.Context()
@@ -58,6 +61,8 @@ class Consumer:
     def _take_one(self) -> None:
         topic, seq_b, payload = self._sub.recv_multipart()
         assert topic.decode().startswith(self.topic)
+        if self.exact and topic != self.topic.encode():
+            return
         seq = int.from_bytes(seq_b, "big")
         if self.incarnations and _incarnation(payload) != self.incarnations[-1]:
             self.next_seq = 0   # the publisher restarted: its sequence begins again, from its clear
@@ -76,7 +81,7 @@ class Consumer:
         req.setsockopt(zmq.LINGER, 0)
         req.connect(self.replay_endpoint)
         try:
-            req.send_multipart([b"", b"snapshot"])
+            req.send_multipart([b"", b"snapshot", *self._topic_frame()])
             assert req.poll(10_000), "no snapshot"
             _, _topic, seq_b, payload = req.recv_multipart()
             assert seq_b != END_SEQ, "the daemon sent no snapshot"
@@ -98,7 +103,7 @@ class Consumer:
         req.setsockopt(zmq.LINGER, 0)
         req.connect(self.replay_endpoint)
         try:
-            req.send_multipart([b"", self.next_seq.to_bytes(8, "big")])
+            req.send_multipart([b"", self.next_seq.to_bytes(8, "big"), *self._topic_frame()])
             while True:
                 if not req.poll(5000):
                     raise AssertionError("the replay socket did not answer")
@@ -108,7 +113,7 @@ class Consumer:
                 seq = int.from_bytes(seq_b, "big")
                 if self.incarnations and _incarnation(payload) != self.incarnations[-1] and self.next_seq:
                     self.next_seq = 0   # a new publisher answers: take its stream from its beginning
-                    req.send_multipart([b"", b"\0" * 8])
+                    req.send_multipart([b"", b"\0" * 8, *self._topic_frame()])
                     continue
                 if seq < self.next_seq:
                     continue
@@ -119,8 +124,14 @@ class Consumer:
         finally:
             req.close(linger=0)
 
+    def _topic_frame(self) -> list[bytes]:
+        """The replay request's topic frame: this stream's when it is one topic, none (the daemon-wide) else."""
+        return [self.topic.encode()] if self.exact else []
+
     def _apply(self, seq: int, payload: bytes) -> None:
         batch = self._decode.decode(payload)   # vLLM's classes decode every batch
+        self.ranks.add(batch.data_parallel_rank)
+        self.payloads.append(payload)
         inc = _incarnation(payload)
         if not self.incarnations or self.incarnations[-1] != inc:
             self.incarnations.append(inc)

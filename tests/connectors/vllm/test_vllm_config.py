@@ -27,6 +27,8 @@ GOOD = {
     "cache_salt": ("s", "s"),
     "gpu_tier": (False, False),
     "verify_fraction": (0.25, 0.25),
+    "engine_id": ("pod-1", "pod-1"),
+    "served_model_name": ("org/llama", "org/llama"),
 }
 
 BAD = {
@@ -42,6 +44,8 @@ BAD = {
     "cache_salt": [None, 1],
     "gpu_tier": ["yes", 0],
     "verify_fraction": [2, -0.1, True, "x"],
+    "engine_id": [7, "pod 7", "p" * 129],
+    "served_model_name": [7, "a@b"],
 }
 
 
@@ -87,3 +91,27 @@ def test_string_booleans_and_empty_model_id():
 def test_the_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         VllmConnectorConfig().timeout = 1.0  # type: ignore[misc]
+
+
+def test_engine_identity_defaults_to_host_and_served_model_and_checks_what_is_configured():
+    import socket
+    from types import SimpleNamespace
+
+    from kvstore.connectors.vllm.settings import vllm_engine_identity as engine_identity
+
+    def vllm_config(dp_rank: int, dp_size: int, served: object) -> SimpleNamespace:
+        return SimpleNamespace(model_config=SimpleNamespace(model="org/llama", served_model_name=served),
+                               parallel_config=SimpleNamespace(data_parallel_rank=dp_rank, data_parallel_size=dp_size))
+
+    one = engine_identity(vllm_config(0, 1, ["llama 8b", "alias"]), None, None)
+    assert one.engine_id.startswith(socket.gethostname()[:8].replace(" ", "_")) and one.model == "llama_8b"
+    assert one.dp_rank == 0
+    dp = engine_identity(vllm_config(3, 4, None), "pod-7", None)
+    assert dp.engine_id == "pod-7" and dp.model == "org/llama" and dp.dp_rank == 3
+    assert engine_identity(vllm_config(1, 2, None), None, "m").engine_id.endswith("-dp1")
+    for bad_id, bad_model in (("pod 7", None), ("pod", "a@b")):
+        with pytest.raises(ConfigError, match="engine_id/served_model_name") as err:
+            engine_identity(vllm_config(0, 1, None), bad_id, bad_model)
+        assert "\n" not in str(err.value)
+    config = VllmConnectorConfig.from_extra({"engine_id": "pod-1", "served_model_name": "llama"})
+    assert (config.engine_id, config.served_model_name) == ("pod-1", "llama")

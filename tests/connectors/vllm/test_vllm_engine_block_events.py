@@ -5,6 +5,7 @@ Every batch is decoded by vLLM's own classes (``events_consumer``)."""
 from __future__ import annotations
 
 import os
+import socket
 
 from conftest import wait_for
 from support.engines.vllm_real import (
@@ -25,11 +26,18 @@ def test_saved_chunks_are_published_as_vllm_blocks_with_their_token_ids(pool, st
     engine = pool.get("a", connector=pool.connector())
     engine.generate(batch)
     assert wait_for(lambda: stored(daemon) == full_chunks(batch), timeout=60)
-    consumer = Consumer(pub, replay, topic="")
+    consumer = Consumer(pub, replay, topic="", exact=True)   # the daemon-wide stream
     c = daemon.client(namespace="watch")
+    own = None
     try:
         s = c.stats()["events"]
         consumer.pump(s["next_seq"] - 1, s["incarnation"])
+        # the connector named its engine: the engine's own stream holds the same blocks, on llm-d's topic
+        topics = [t for t in s["engine_topics"] if t.startswith(f"kv@{socket.gethostname()}@")]
+        assert len(topics) == 1 and s["engine_topics"][topics[0]] == 0, s["engine_topics"]
+        own = Consumer(pub, replay, topic=topics[0], exact=True)
+        own.take_snapshot()
+        assert own.blocks == consumer.blocks and own.ranks == {0}
         blocks_per_prompt = (600 // CHUNK) * (CHUNK // ENGINE_BLOCK)
         assert len(consumer.blocks) == len(batch) * blocks_per_prompt
         keys = {block_hash(k) for chain in engine.chunk_keys(batch) for k in chain}
@@ -48,4 +56,6 @@ def test_saved_chunks_are_published_as_vllm_blocks_with_their_token_ids(pool, st
             assert tokens == prompt[:len(tokens)] and len(tokens) == blocks_per_prompt * ENGINE_BLOCK
     finally:
         consumer.close()
+        if own is not None:
+            own.close()
         c.close()
