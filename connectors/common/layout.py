@@ -49,6 +49,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+import xxhash
+
+from kvstore.protocol.messages import MAX_NAMESPACE_CHARS
 
 LAYOUT_VERSION = 1
 
@@ -93,6 +96,21 @@ def dtype_size(dtype: torch.dtype) -> int:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def session_namespace(engine_model: str, salt: str = "") -> str:
+    """The namespace a connector says hello with: its engine and model (``vllm:MODEL``) and the configured salt.
+
+    The daemon files every chunk a session stores under its namespace: tenants match it, ``kvstore stats``
+    counts by it, and an engine's KV cache events go to the engines of the same namespace. The chunk keys
+    themselves commit to the full layout string of `namespace`. A name longer than the wire allows keeps its
+    head and ends in a hash of the whole, so two long model names never share a namespace.
+    """
+    name = engine_model + (f";salt={salt}" if salt else "")
+    if len(name) <= MAX_NAMESPACE_CHARS:
+        return name
+    digest = xxhash.xxh3_128_hexdigest(name.encode())
+    return f"{name[:MAX_NAMESPACE_CHARS - len(digest) - 1]}#{digest}"
 
 
 def namespace(

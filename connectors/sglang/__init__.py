@@ -66,6 +66,7 @@ from ..common.layout import (
     chunk_into_page,
     page_shape,
     page_to_chunk,
+    session_namespace,
 )
 from ..common.report import on_report, refuse
 from ..common.identity import engine_identity
@@ -113,7 +114,9 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         # One report per engine: its first rank says what it is (every rank serves the same layout).
         report = {"connector": on_report("sglang", layout)} if c.tp_rank == 0 and c.pp_rank == 0 else {}
         link = DaemonLink.to(self._address, geometry.chunk_tokens, self._timeout,
-                             connect={**report, "identity": self._identity}, retry_s=self._retry_s)
+                             connect={**report, "identity": self._identity,
+                                      "namespace": session_namespace(f"sglang:{self._model_id}", self._salt)},
+                             retry_s=self._retry_s)
         self._store = ChunkStore(link, ns, geometry)
         self._layout = mem_pool_host.layout
         self._planes = geometry.planes

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvstore.protocol.engine_identity import EngineIdentity
 
-from ..common.layout import PagedGeometry, paged_namespace
+from ..common.layout import PagedGeometry, paged_namespace, session_namespace
 from ..common.store import ChunkStore, DaemonLink
 from .config import VllmConnectorConfig
 from .geometry import EngineGeometry
@@ -40,6 +40,7 @@ class ConnectorSettings:
 
     def link(self, **connect: Any) -> DaemonLink:
         """A new link to the daemon (a client is not thread-safe: one per thread that calls it)."""
+        connect = {"namespace": session_namespace(f"vllm:{self.model_id}", self.salt), **connect}
         if self.identity is not None:
             connect = {"identity": self.identity, **connect}
         link = DaemonLink.to(self.config.address, self.chunk_tokens, timeout=self.timeout,

@@ -103,3 +103,14 @@ def test_paged_namespace_names_the_cache_format():
                 layout.paged_namespace("m", g, tp_rank=1, tp_size=2), layout.namespace("m", GEOM)}) == 5
     with pytest.raises(ValueError, match="positive"):
         layout.PagedGeometry(0, 1024, 2, 256, "x")
+
+
+def test_a_connector_says_hello_in_its_models_namespace_and_a_long_name_stays_distinct():
+    from kvstore.connectors.common.layout import session_namespace
+    from kvstore.protocol.messages import MAX_NAMESPACE_CHARS
+
+    assert session_namespace("vllm:org/model") == "vllm:org/model"
+    assert session_namespace("vllm:org/model", "tenant-a") == "vllm:org/model;salt=tenant-a"
+    long_a, long_b = "vllm:" + "a" * 600, "vllm:" + "a" * 599 + "b"
+    a, b = session_namespace(long_a), session_namespace(long_b)
+    assert len(a) == len(b) == MAX_NAMESPACE_CHARS and a != b
