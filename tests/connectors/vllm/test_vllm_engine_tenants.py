@@ -4,6 +4,9 @@ vLLM's `cache_salt` (a prompt's ``{"prompt_token_ids": [...], "cache_salt": "...
 the connector derives: requests with different salts (or one with a salt and one without) never share a chunk,
 even for the same prompt, and a request with a saved request's salt loads its chunks. Every output equals plain
 prefill's (tokens and log-probabilities).
+
+A request whose ``kv_transfer_params`` say ``{"kvstore_retention": "no-store"}`` saves nothing it computes, and
+still loads what is stored.
 """
 
 from __future__ import annotations
@@ -63,3 +66,26 @@ def test_cache_salt_separates_chunks_of_the_same_prompt(pool, kv_daemon):
     assert len({key for chain in keys for key in chain}) == len(salts) * n
     with kv_daemon.client() as c:
         assert [c.lookup(chain) for chain in keys] == [n] * len(salts)
+
+
+def test_no_store_request_saves_nothing_and_still_loads(pool, kv_daemon):
+    quiet, normal = prompts(2, 600, seed=92)
+    want = plain(pool).generate([quiet, normal], MAX_TOKENS)
+    engine = pool.get("a", connector=pool.connector())
+    no_store = {"kvstore_retention": "no-store"}
+
+    engine.reset_prefix_cache()
+    before = engine.stats()
+    assert_same(engine.generate([quiet, normal], MAX_TOKENS, kv_transfer_params=[no_store, None]), want)
+    assert wait_for(lambda: stored(kv_daemon) == full_chunks([normal]))   # only the normal request saved
+    assert delta(engine.stats(), before, "scheduler", "save_specs") == 1
+    with kv_daemon.client() as c:
+        assert c.lookup(engine.chunk_keys([quiet])[0]) == 0
+
+    engine.reset_prefix_cache()                          # no-store loads what another request saved
+    before = engine.stats()
+    assert_same(engine.generate([normal], MAX_TOKENS, kv_transfer_params=[no_store]), want[1:])
+    after = engine.stats()
+    assert delta(after, before, "worker", "chunks_loaded") == full_chunks([normal])
+    assert delta(after, before, "scheduler", "save_specs") == 0
+    assert stored(kv_daemon) == full_chunks([normal])
