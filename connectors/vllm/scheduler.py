@@ -15,6 +15,7 @@ from ..common.report import state_report
 from ..common.store import ChunkStore
 from .geometry import NULL_BLOCK
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
+from .retention import Retention, retention_of
 from .settings import chosen_for_verify
 from .shared import ConnectorSettings
 from .stats import Interval, KVStoreConnectorStats
@@ -42,6 +43,7 @@ class SchedulerSide:
         self._unasked: dict[str, "Request"] = {}   # waiting requests not looked up yet
         self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (tokens when asked, chunks found)
         self._salts: dict[str, str] = {}
+        self._retention: dict[str, Retention] = {}  # req id -> its retention class, read once
         self._loads: dict[str, LoadSpec] = {}
         self._loaded: dict[str, int] = {}           # req id -> chunks loaded, until the request is tracked
         self._async: dict[str, bool] = {}           # req id -> whether its load was offered as asynchronous
@@ -82,6 +84,7 @@ class SchedulerSide:
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         self._salts[request.request_id] = getattr(request, "cache_salt", None) or ""
+        self._read_retention(request)
         if not self._settings.load_enabled:
             return 0, False
         self._count("asked")
@@ -103,6 +106,16 @@ class SchedulerSide:
         asynchronous = self._load_mode == "async" or (self._load_mode == "auto" and bool(self._tracked))
         self._async[request.request_id] = asynchronous
         return external, asynchronous
+
+    def _read_retention(self, request: "Request") -> None:
+        """Read `request`'s retention class from its ``kv_transfer_params`` (once: a warning at most once)."""
+        rid = request.request_id
+        if rid not in self._retention:
+            self._retention[rid] = retention_of(getattr(request, "kv_transfer_params", None), rid)
+
+    def saves_allowed(self, req_id: str) -> bool:
+        """Whether the connector may save what `req_id` computes (saving on, and its retention class allows it)."""
+        return self._settings.save_enabled and self._retention.get(req_id, Retention.NORMAL).saves
 
     def _look_up(self, request: "Request") -> None:
         """Look `request` up, and with it the waiting requests not asked about yet, in one round trip."""
@@ -179,7 +192,7 @@ class SchedulerSide:
         tracked = self._tracked[req_id]
         t = self._chunk_tokens
         ready = min(computed, len(tracked.prompt)) // t
-        if self._settings.save_enabled and ready > tracked.saved_chunks:
+        if ready > tracked.saved_chunks and self.saves_allowed(req_id):
             first = self._geometry.valid_chunks(tracked.block_ids, tracked.saved_chunks, ready, before)
             if first > tracked.saved_chunks:
                 self._count("chunks_not_held", first - tracked.saved_chunks)
@@ -219,8 +232,8 @@ class SchedulerSide:
         rid = request.request_id
         self._requests.pop(rid, None)
         tracked = self._tracked.pop(rid, None)
-        for state in (self._lookups, self._unasked, self._salts, self._loads, self._loaded, self._async,
-                      self._verifying):
+        for state in (self._lookups, self._unasked, self._salts, self._retention, self._loads, self._loaded,
+                      self._async, self._verifying):
             state.pop(rid, None)
         delay = tracked is not None and tracked.saving and self._settings.save_async
         if delay:

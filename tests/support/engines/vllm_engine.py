@@ -10,6 +10,8 @@ an engine start costs ~15 s, so one process serves every test of a configuration
 
     {"op": "generate", "prompts": [[ids...], ...], "max_tokens": 8, "abort": {"3": 2}, "pause_after": 2}
         -> {"outputs": [{"tokens": [...], "logprobs": [...], "ttft": s, "finished": reason}], "wall": s}
+        (optional per prompt: `salts` [str | null, ...], each prompt's `cache_salt`; `kv_transfer_params`
+        [{...} | null, ...], each request's `SamplingParams.extra_args["kv_transfer_params"]`)
         (`abort`: request index -> abort it after that many engine steps; `pause_after`: after that many
         steps reply {"paused": n} and wait for a line (any) before going on, so the test can act mid-run)
     {"op": "reset_prefix_cache"} -> {"ok": true}         (vLLM forgets its own cached blocks)
@@ -81,18 +83,24 @@ class Engine:
 
     def generate(self, prompts: list[list[int]], max_tokens: int = 8, abort: dict[str, int] | None = None,
                  ignore_eos: bool = True, pause_after: int | None = None,
-                 pause: Callable[[int], None] | None = None) -> dict[str, Any]:
+                 pause: Callable[[int], None] | None = None, salts: list[str | None] | None = None,
+                 kv_transfer_params: list[dict[str, Any] | None] | None = None) -> dict[str, Any]:
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=0, detokenize=False,
-                                ignore_eos=ignore_eos)
         abort_at = {int(i): int(n) for i, n in (abort or {}).items()}
         ids, started = [], time.perf_counter()
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
             self._next_id += 1
             rid = f"r{self._next_id}"
             ids.append(rid)
-            self.engine.add_request(rid, {"prompt_token_ids": list(prompt)}, params)
+            transfer = kv_transfer_params[i] if kv_transfer_params else None
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=0, detokenize=False,
+                                    ignore_eos=ignore_eos,
+                                    extra_args={"kv_transfer_params": transfer} if transfer else None)
+            inputs: dict[str, Any] = {"prompt_token_ids": list(prompt)}
+            if salts and salts[i] is not None:
+                inputs["cache_salt"] = salts[i]
+            self.engine.add_request(rid, inputs, params)
         index = {rid: i for i, rid in enumerate(ids)}
         outputs: list[dict[str, Any]] = [{"tokens": [], "logprobs": [], "ttft": None, "finished": None}
                                          for _ in prompts]
@@ -132,10 +140,12 @@ class Engine:
         self._drain()
         return {"ok": bool(self.engine.reset_prefix_cache())}
 
-    def chunk_keys(self, prompts: list[list[int]]) -> dict[str, Any]:
-        """The connector's chunk keys of each prompt (hex), for tests that delete chunks."""
+    def chunk_keys(self, prompts: list[list[int]], salts: list[str | None] | None = None) -> dict[str, Any]:
+        """The connector's chunk keys of each prompt (hex; `salts`: each prompt's cache salt), for tests that
+        delete or look up chunks."""
         store = self.engine.engine_core.engine_core.scheduler.connector.scheduler_side.stores[0]
-        return {"keys": [[k.hex() for k in store.keys(p)] for p in prompts]}
+        salted = salts or [None] * len(prompts)
+        return {"keys": [[k.hex() for k in store.keys(p, salt or "")] for p, salt in zip(prompts, salted)]}
 
     def stats(self) -> dict[str, Any]:
         found: dict[str, Any] = {}

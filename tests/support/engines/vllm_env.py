@@ -232,5 +232,8 @@ def close_all() -> None:
         engine.worker.shutdown()
 
 
-def request(req_id: str, token_ids: list[int], cache_salt: str | None = None) -> Request:
-    return Request(req_id, token_ids, SamplingParams(max_tokens=8), None, cache_salt=cache_salt)
+def request(req_id: str, token_ids: list[int], cache_salt: str | None = None,
+            kv_transfer_params: dict | None = None) -> Request:
+    """A vLLM request as the engine makes it (`kv_transfer_params` through `SamplingParams.extra_args`)."""
+    extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params is not None else None
+    return Request(req_id, token_ids, SamplingParams(max_tokens=8, extra_args=extra), None, cache_salt=cache_salt)

@@ -169,8 +169,10 @@ class EngineProc:
     def stats(self) -> dict[str, Any]:
         return self.call("stats")
 
-    def chunk_keys(self, prompts: list[list[int]]) -> list[list[bytes]]:
-        return [[bytes.fromhex(k) for k in keys] for keys in self.call("chunk_keys", prompts=prompts)["keys"]]
+    def chunk_keys(self, prompts: list[list[int]], salts: list[str | None] | None = None) -> list[list[bytes]]:
+        """The connector's chunk keys of each prompt (`salts`: each prompt's cache salt, None for none)."""
+        keys = self.call("chunk_keys", prompts=prompts, salts=salts)["keys"]
+        return [[bytes.fromhex(k) for k in chain] for chain in keys]
 
     def log_tail(self, n: int = 60) -> str:
         try:

@@ -1,0 +1,91 @@
+"""Tenants in a real vLLM engine (the CPU build, in its own virtualenv), with a real daemon.
+
+vLLM's `cache_salt` (a prompt's ``{"prompt_token_ids": [...], "cache_salt": "..."}``) is part of every chunk key
+the connector derives: requests with different salts (or one with a salt and one without) never share a chunk,
+even for the same prompt, and a request with a saved request's salt loads its chunks. Every output equals plain
+prefill's (tokens and log-probabilities).
+
+A request whose ``kv_transfer_params`` say ``{"kvstore_retention": "no-store"}`` saves nothing it computes, and
+still loads what is stored.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+
+from conftest import wait_for
+from support.engines.vllm_real import (
+    assert_same, delta, full_chunks, plain, prompts, stored,
+    engine_venv, pool,  # noqa: F401 - fixtures
+)
+
+MAX_TOKENS = 4
+
+
+@pytest.fixture
+def kv_daemon(start_daemon, pool):
+    """A daemon on the engines' socket, with a disk tier of its own."""
+    disk = tempfile.mkdtemp(prefix="disk-", dir=pool.workdir)
+    return start_daemon("--disk-dir", disk, "--host-mem", "256MiB", workdir=pool.workdir)
+
+
+def chunks_loaded(engine, batch, salt: str | None, want) -> int:
+    """Run `batch` with cache salt `salt` after vLLM forgot its own cache; check the outputs against plain
+    prefill's and return how many chunks the connector loaded from the daemon."""
+    engine.reset_prefix_cache()
+    before = engine.stats()
+    out = engine.generate(batch, MAX_TOKENS, salts=[salt] * len(batch))
+    after = engine.stats()
+    assert_same(out, want)
+    assert delta(after, before, "worker", "load_failures") == 0
+    return delta(after, before, "worker", "chunks_loaded")
+
+
+def test_cache_salt_separates_chunks_of_the_same_prompt(pool, kv_daemon):
+    batch = prompts(1, 600, seed=91)
+    n = full_chunks(batch)
+    want = plain(pool).generate(batch, MAX_TOKENS)
+    engine = pool.get("a", connector=pool.connector())
+
+    assert chunks_loaded(engine, batch, "tenant-a", want) == 0
+    assert wait_for(lambda: stored(kv_daemon) == n)
+    assert chunks_loaded(engine, batch, "tenant-b", want) == 0   # another salt shares nothing
+    assert wait_for(lambda: stored(kv_daemon) == 2 * n)          # and is saved apart
+    assert chunks_loaded(engine, batch, None, want) == 0         # no salt never reads a salted chunk
+    assert wait_for(lambda: stored(kv_daemon) == 3 * n)
+
+    assert chunks_loaded(engine, batch, "tenant-a", want) == n   # the same salt loads what it saved
+    assert chunks_loaded(engine, batch, "tenant-b", want) == n
+    assert chunks_loaded(engine, batch, None, want) == n
+    assert stored(kv_daemon) == 3 * n                            # loads saved nothing again
+
+    salts: list[str | None] = ["tenant-a", "tenant-b", None]
+    keys = engine.chunk_keys(batch * len(salts), salts=salts)
+    assert len({key for chain in keys for key in chain}) == len(salts) * n
+    with kv_daemon.client() as c:
+        assert [c.lookup(chain) for chain in keys] == [n] * len(salts)
+
+
+def test_no_store_request_saves_nothing_and_still_loads(pool, kv_daemon):
+    quiet, normal = prompts(2, 600, seed=92)
+    want = plain(pool).generate([quiet, normal], MAX_TOKENS)
+    engine = pool.get("a", connector=pool.connector())
+    no_store = {"kvstore_retention": "no-store"}
+
+    engine.reset_prefix_cache()
+    before = engine.stats()
+    assert_same(engine.generate([quiet, normal], MAX_TOKENS, kv_transfer_params=[no_store, None]), want)
+    assert wait_for(lambda: stored(kv_daemon) == full_chunks([normal]))   # only the normal request saved
+    assert delta(engine.stats(), before, "scheduler", "save_specs") == 1
+    with kv_daemon.client() as c:
+        assert c.lookup(engine.chunk_keys([quiet])[0]) == 0
+
+    engine.reset_prefix_cache()                          # no-store loads what another request saved
+    before = engine.stats()
+    assert_same(engine.generate([normal], MAX_TOKENS, kv_transfer_params=[no_store]), want[1:])
+    after = engine.stats()
+    assert delta(after, before, "worker", "chunks_loaded") == full_chunks([normal])
+    assert delta(after, before, "scheduler", "save_specs") == 0
+    assert stored(kv_daemon) == full_chunks([normal])

@@ -1,0 +1,98 @@
+"""A request's retention class (`kvstore_retention` in its ``kv_transfer_params``): parsing, and the scheduler
+side's plan for a ``no-store`` request (its chunks still load; nothing it computes is saved)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from support.servers import require_module
+
+require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
+pytest.importorskip("transformers")
+
+from support.engines.tiny import prompt, tiny_llama  # noqa: E402
+from support.engines.vllm_env import Engine, close_all, request  # noqa: E402
+
+from kvstore.connectors.vllm.retention import RETENTION_FIELD, Retention, retention_of  # noqa: E402
+
+CHUNK = 256
+NO_STORE = {RETENTION_FIELD: "no-store"}
+
+
+@pytest.mark.parametrize("params, want", [
+    (None, Retention.NORMAL),
+    ({}, Retention.NORMAL),
+    ({"do_remote_prefill": True}, Retention.NORMAL),
+    ({RETENTION_FIELD: "normal"}, Retention.NORMAL),
+    ({RETENTION_FIELD: "no-store"}, Retention.NO_STORE),
+])
+def test_retention_read_from_kv_transfer_params(params, want, caplog):
+    with caplog.at_level(logging.WARNING, logger="kvstore.connectors.vllm"):
+        assert retention_of(params, "r1") is want
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("value", ["no_store", "NO-STORE", "", 1, None, ["no-store"]])
+def test_unknown_retention_is_ignored_with_one_warning(value, caplog):
+    with caplog.at_level(logging.WARNING, logger="kvstore.connectors.vllm"):
+        assert retention_of({RETENTION_FIELD: value}, "r1") is Retention.NORMAL
+    [line] = [r.getMessage() for r in caplog.records]
+    assert repr(value) in line and "normal, no-store" in line and "r1" in line
+
+
+def test_only_no_store_forbids_saves():
+    assert Retention.NORMAL.saves and not Retention.NO_STORE.saves
+
+
+@pytest.fixture
+def engines(daemon):
+    """A function making engines on `daemon`; every one is shut down before the daemon is."""
+    model = tiny_llama(seed=0)
+    cfg = model.config
+
+    def make(seed: int) -> Engine:
+        return Engine(daemon.address, cfg.num_hidden_layers, cfg.num_key_value_heads,
+                      cfg.hidden_size // cfg.num_attention_heads, chunk_tokens=CHUNK, seed=seed)
+
+    yield make
+    close_all()
+
+
+def test_no_store_request_plans_no_save(engines):
+    ids = prompt(600, seed=5)[0].tolist()
+    eng = engines(1)
+    normal, quiet = request("a", ids), request("b", ids, kv_transfer_params=NO_STORE)
+    assert eng.lookup(normal) == 0 and eng.lookup(quiet) == 0
+    assert [(s.first_chunk, s.num_chunks) for s in eng.schedule_new(normal, 0, 0, len(ids)).saves] == [(0, 2)]
+    assert eng.schedule_new(quiet, 0, 0, len(ids)).saves == []
+    assert eng.schedule_cached(quiet, len(ids), 1).saves == []   # nor in a later step
+    assert eng.scheduler.stats.get("save_specs") == 1
+
+
+def test_unknown_retention_warns_once_per_request_and_saves(engines, caplog):
+    ids = prompt(600, seed=7)[0].tolist()
+    eng = engines(1)
+    odd = request("a", ids, kv_transfer_params={RETENTION_FIELD: "forever"})
+    with caplog.at_level(logging.WARNING, logger="kvstore.connectors.vllm"):
+        eng.lookup(odd)
+        eng.lookup(odd)   # asked again (not scheduled the first time): read once
+    assert len([r for r in caplog.records if "forever" in r.getMessage()]) == 1
+    assert [(s.first_chunk, s.num_chunks) for s in eng.schedule_new(odd, 0, 0, len(ids)).saves] == [(0, 2)]
+
+
+def test_no_store_request_still_loads(engines):
+    ids = prompt(600, seed=6)
+    one = engines(1)
+    saver = request("a", ids[0].tolist())
+    one.lookup(saver)
+    meta = one.schedule_new(saver, 0, 0, ids.shape[1])
+    one.run_step(meta)
+    one.drain()
+    two = engines(2)
+    quiet = request("b", ids[0].tolist(), kv_transfer_params=NO_STORE)
+    assert two.lookup(quiet) == 2 * CHUNK
+    meta = two.schedule_new(quiet, 0, 2 * CHUNK, ids.shape[1] - 2 * CHUNK)
+    assert [(s.num_chunks, s.skip_tokens) for s in two.last_load_meta.loads] == [(2, 0)]
+    assert two.received == {"b"} and two.load_errors == set()
+    assert meta.saves == []
