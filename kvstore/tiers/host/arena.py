@@ -50,6 +50,15 @@ def arena_path_for(socket_path: str) -> str:
     return os.path.join(SHM_DIR, f"kvstore.{os.getuid()}.{digest}.arena")
 
 
+def held_by_arena_of(socket_path: str) -> int:
+    """Bytes of memory the arena file of the daemon on ``socket_path`` holds now (0: there is none)."""
+    try:
+        st = os.stat(arena_path_for(socket_path))
+    except OSError:
+        return 0
+    return st.st_blocks * 512 if st.st_uid == os.getuid() else 0
+
+
 @dataclass
 class SharedArena:
     """A mapped shared-memory file. The daemon creates and unlinks it (and reserves its pages); clients only map
