@@ -145,7 +145,10 @@ class Sandboxed:
 @contextlib.contextmanager
 def sandboxed(args: Sequence[str]) -> Iterator[Sandboxed]:
     """A daemon that is always stopped and whose files are always removed, whatever happens."""
-    d = Sandboxed(tempfile.mkdtemp(prefix="kvs-warm-", dir="/tmp"), list(args))
+    workdir = tempfile.mkdtemp(prefix="kvs-warm-")   # short: an ipc:// path must stay under 108 bytes
+    with open(os.path.join(workdir, "owner.pid"), "w") as f:   # whose it is, for a test session's hygiene check
+        f.write(str(os.getpid()))
+    d = Sandboxed(workdir, list(args))
     try:
         yield d
     finally:
