@@ -12,6 +12,7 @@ from conftest import wait_for
 from kvstore.tiers.host.arena import arena_path_for
 from kvstore.tiers.host.journal import journal_path_for
 from support.crashes import acked_keys, read_back
+from support.daemons import run_cli
 from support.scribble import damage
 from support.workload import worker_command
 from test_warm_restart import CHUNK, NO_DISK, adoption_done, fill, served
@@ -37,7 +38,9 @@ def test_a_killed_daemon_s_committed_chunks_are_adopted_byte_for_byte(start_daem
     with d.client() as c:
         for k, p in zip(keys, payloads):
             assert served(c, k) == p
-    assert "event=arena_journal" in d.log()
+    assert "event=arena_journal" in d.log() and "adoption_source=journal" in d.log()
+    table = run_cli("stats", "--socket", d.socket_path, env={"COLUMNS": "200"}).stdout
+    assert "warm restart" in table and "from the journal" in table and "48 adopted" in table
 
 
 def test_slots_freed_and_reused_before_the_kill_are_adopted_only_with_their_latest_chunk(start_daemon):
