@@ -99,7 +99,7 @@ def _kind_of(name: str) -> str:
 
 def _sockets_of_kept(shm_dir: str, names: list[str]) -> dict[str, str]:
     """arena name → the socket its description (or its journal) names (kept arenas only)."""
-    sockets = {}
+    sockets: dict[str, str] = {}
     for name in names:
         if name.endswith(JOURNAL_SUFFIX):
             socket = read_journal_socket(os.path.join(shm_dir, name))
