@@ -25,13 +25,14 @@ the reader's release then fails with LeaseError). A crash leaves no description,
 it proves are adopted the same way (verified first), everything else in the arena is free space, and no chunk
 is held for a reader (the journal does not follow leases; see ``journal.py``).
 
-Cost: one read of every kept byte by xxh3 (``bench/warm_restart.py`` measures it) on one thread, off the event
-loop; the start itself only reads the description and builds the free list (O(chunks)).
+Cost: one read of every kept byte by xxh3 (``bench/warm_restart.py`` measures it) on ``VERIFY_WORKERS`` threads,
+off the event loop; the start itself only reads the description and builds the free list (O(chunks)).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import os
 import time
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
     from ...store.store import Store
 
 BATCH_BYTES = 64 << 20   # hashed per worker job: a batch is published as soon as it is verified
+# Threads hashing kept batches at once (xxh3 releases the GIL): a restart may borrow a few cores for its
+# seconds of verification, one per 8 of the host and at most 4, so that engines keep the rest.
+VERIFY_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 8))
 
 
 @dataclass
@@ -175,7 +179,7 @@ class Adoption:
         """Begin verifying on a worker thread (nothing to do when nothing was kept)."""
         if not self._waiting:
             return
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-adopt")
+        self._pool = concurrent.futures.ThreadPoolExecutor(VERIFY_WORKERS, thread_name_prefix="kvstore-adopt")
         self._task = loop.create_task(self._verify_all(loop))
 
     @property
@@ -184,13 +188,23 @@ class Adoption:
         return list(self._waiting)
 
     async def _verify_all(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Hash up to ``VERIFY_WORKERS`` batches at once, and settle them in order (oldest first), so that a
+        corrupt chunk's continuations in later batches are found published and dropped as with one worker."""
         began = time.monotonic()
         assert self._pool is not None
+        in_flight: collections.deque[tuple[int, asyncio.Future[list[int]]]] = collections.deque()
+        submitted = 0   # chunks of ``_waiting`` handed to the workers (the first ones not settled yet)
         while self._waiting:
-            batch = _next_batch(self._waiting)
-            views = [self.store.host.read(c.offset, c.size) for c in batch]
-            sums = await loop.run_in_executor(self._pool, _hashes, views)
-            del self._waiting[:len(batch)]
+            while len(in_flight) < VERIFY_WORKERS and submitted < len(self._waiting):
+                end = _batch_end(self._waiting, submitted)
+                views = [self.store.host.read(c.offset, c.size) for c in self._waiting[submitted:end]]
+                in_flight.append((end - submitted, loop.run_in_executor(self._pool, _hashes, views)))
+                submitted = end
+            count, job = in_flight.popleft()
+            sums = await job
+            batch = self._waiting[:count]
+            del self._waiting[:count]
+            submitted -= count
             self._settle(batch, sums)
         self.report.seconds = round(time.monotonic() - began, 3)
         self.report.state = "done"
@@ -248,12 +262,13 @@ def keep_arena(store: "Store", waiting: Sequence[KeptChunk], socket: str) -> int
     return len(desc.chunks)
 
 
-def _next_batch(waiting: list[KeptChunk]) -> list[KeptChunk]:
-    total, end = 0, 0
-    while end < len(waiting) and (end == 0 or total + waiting[end].size <= BATCH_BYTES):
+def _batch_end(waiting: list[KeptChunk], start: int) -> int:
+    """The end of the batch of ``waiting`` that starts at ``start``: at least one chunk, at most BATCH_BYTES."""
+    total, end = 0, start
+    while end < len(waiting) and (end == start or total + waiting[end].size <= BATCH_BYTES):
         total += waiting[end].size
         end += 1
-    return waiting[:end]
+    return end
 
 
 def _hashes(views: Sequence[memoryview]) -> list[int]:
