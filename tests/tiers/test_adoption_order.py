@@ -19,7 +19,9 @@ class FakeStore:
 
     def __init__(self, data: bytearray) -> None:
         self.data = data
-        self.host = SimpleNamespace(read=lambda offset, size: memoryview(self.data)[offset:offset + size])
+        self.populated: list[int] = []
+        self.host = SimpleNamespace(read=lambda offset, size: memoryview(self.data)[offset:offset + size],
+                                    arena=SimpleNamespace(populate=lambda offset, size: self.populated.append(offset)))
         self.integrity = SimpleNamespace(corrupt_host=0)
         self.calls: list[tuple[str, list[int]]] = []
 
@@ -53,4 +55,4 @@ def test_batches_hashed_at_once_are_settled_in_order_and_a_corrupt_chunk_is_drop
     job.close()
     assert store.calls == [("adopt", [0, 1]), ("adopt", [2]), ("drop", [3]), ("adopt", [4, 5]), ("adopt", [6, 7])]
     assert report.state == "done" and report.verified_chunks == 7 and report.corrupt_chunks == 1
-    assert job.waiting == []
+    assert job.waiting == [] and sorted(store.populated) == [n * SIZE for n in range(8)]

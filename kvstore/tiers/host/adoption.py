@@ -37,7 +37,7 @@ import concurrent.futures
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import xxhash
 
@@ -197,8 +197,10 @@ class Adoption:
         while self._waiting:
             while len(in_flight) < VERIFY_WORKERS and submitted < len(self._waiting):
                 end = _batch_end(self._waiting, submitted)
-                views = [self.store.host.read(c.offset, c.size) for c in self._waiting[submitted:end]]
-                in_flight.append((end - submitted, loop.run_in_executor(self._pool, _hashes, views)))
+                batch = self._waiting[submitted:end]
+                views = [self.store.host.read(c.offset, c.size) for c in batch]
+                in_flight.append((end - submitted, loop.run_in_executor(
+                    self._pool, _hashes, views, [(c.offset, c.size) for c in batch], self.store.host.arena.populate)))
                 submitted = end
             count, job = in_flight.popleft()
             sums = await job
@@ -271,7 +273,13 @@ def _batch_end(waiting: list[KeptChunk], start: int) -> int:
     return end
 
 
-def _hashes(views: Sequence[memoryview]) -> list[int]:
+def _hashes(views: Sequence[memoryview], extents: Sequence[tuple[int, int]] = (),
+            populate: Callable[[int, int], None] | None = None) -> list[int]:
+    """The xxh3 of each view; ``populate`` maps each extent's pages first (a kept arena is mapped afresh: one
+    call per chunk costs less than a fault per page)."""
+    if populate is not None:
+        for offset, size in extents:
+            populate(offset, size)
     return [xxhash.xxh3_64_intdigest(v) for v in views]
 
 
