@@ -470,6 +470,8 @@ class Store(PutMixin, DamageMixin):
     def _remove_committed(self, entry: Entry) -> None:
         self.unindex(entry)
         entry.doomed = True
+        if entry.host_offset is not None and self.host.journal is not None:
+            self.host.journal.forget(entry.host_offset)   # gone now, even while a reader still holds its slot
         self.release_if_idle(entry)
 
     def pin(self, entry: Entry) -> None:

@@ -112,3 +112,16 @@ def test_sigkill_during_a_stream_of_puts_adopts_only_exact_committed_chunks(star
     assert corrupt == 0 and correct > 0
     with d.client() as c:   # nothing but what was adopted: no reservation or half-written put came back
         assert c.stats()["tiers"]["host"]["chunks"] == report["adopted_chunks"]
+
+
+def test_a_chunk_deleted_before_the_kill_does_not_come_back(start_daemon):
+    d = start_daemon(*NO_DISK)
+    with d.client() as c:
+        keys, payloads = fill(c, prompts=2, chunks=4)
+        summed(d, 8)
+        assert c.delete(keys[0]) == 4
+    d.stop(signal.SIGKILL)
+    d.start()
+    assert adoption_done(d)["adopted_chunks"] == 4
+    with d.client() as c:
+        assert c.lookup(keys[0]) == 0 and served(c, keys[1]) == payloads[1]

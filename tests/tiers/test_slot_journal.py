@@ -93,3 +93,19 @@ def test_a_journal_of_another_kind_is_refused_in_one_line(tmp_path, damage, mess
         f.write(damage)
     with pytest.raises(JournalError, match=message):
         read_journal(j.path)
+
+
+def test_a_forgotten_chunk_is_on_file_at_once(tmp_path):
+    j = SlotJournal.create(str(tmp_path / "j"), SOCKET)
+    j.committed([chunk(1, 0), chunk(2, 4096)])
+    j.forget(0)   # deleted while a reader holds its slot: a crash now must not bring it back
+    assert [c.offset for c in read_journal(j.path).chunks] == [4096]
+
+
+def test_removing_a_journal_removes_an_interrupted_rewrite_too(tmp_path):
+    path = str(tmp_path / "j")
+    SlotJournal.create(path, SOCKET)
+    with open(path + ".4242.tmp", "wb") as f:
+        f.write(b"half")
+    journal_mod.remove_journal(path)
+    assert os.listdir(tmp_path) == []

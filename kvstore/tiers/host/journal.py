@@ -8,7 +8,9 @@ arena in ``/dev/shm`` (``<arena>.journal``, owner-only) a record per change of a
   checksum is known (``Store.checksummed``, after the commit's hash on the worker), when a promotion or a fetch
   fills a slot with a chunk whose checksum is known (``Store.fill_host``, ``Store.admit``), and when an adopted
   chunk is published;
-- FREE (an offset): written for every slot the host tier frees (``HostTier.free``), whatever freed it.
+- FREE (an offset): written for every slot the host tier frees (``HostTier.free``), whatever freed it, and at
+  once when a chunk is deleted or dropped as damaged (``Store._remove_committed``), even while a reader still
+  holds its slot.
 
 Records are appended with ``write(2)`` to a tmpfs file, so they are in the page cache the moment the call returns
 and outlive the process however it dies (not a reboot, which takes the arena too). Each record carries its own
@@ -45,6 +47,7 @@ Layout: header ``magic b"KVSJRNL\\0", version u32, socket length u32, socket (ut
 
 from __future__ import annotations
 
+import glob
 import os
 import struct
 from dataclasses import dataclass, field
@@ -120,6 +123,12 @@ class SlotJournal:
         if old is not None:
             self.live_bytes -= len(old)
         self.pending += _record(FREE, _OFFSET.pack(offset))
+
+    def forget(self, offset: int) -> None:
+        """Record now that the chunk at ``offset`` is gone (deleted, damaged), though its slot may stay taken until
+        its last reader lets go: a crash meanwhile must not bring it back."""
+        self.freed(offset)
+        self.flush()
 
     def flush(self) -> None:
         """Write what is pending (one ``write(2)``), compacting the file first when it has grown too large."""
@@ -212,7 +221,10 @@ def read_journal_socket(path: str) -> str | None:
 
 
 def remove_journal(path: str) -> None:
+    """Remove the journal at ``path`` and any rewrite of it a death interrupted."""
     _unlink(path)
+    for stale in glob.glob(glob.escape(path) + ".*.tmp"):
+        _unlink(stale)
 
 
 def _apply(live: dict[int, KeptChunk], kind: int, body: bytes, path: str) -> None:
