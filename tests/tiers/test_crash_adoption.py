@@ -125,3 +125,15 @@ def test_a_chunk_deleted_before_the_kill_does_not_come_back(start_daemon):
     assert adoption_done(d)["adopted_chunks"] == 4
     with d.client() as c:
         assert c.lookup(keys[0]) == 0 and served(c, keys[1]) == payloads[1]
+
+
+def test_kvstore_clean_frees_what_a_killed_daemon_left_when_no_start_will_come(start_daemon):
+    d = start_daemon(*NO_DISK)
+    with d.client() as c:
+        fill(c, prompts=1, chunks=2)
+    summed(d, 2)
+    d.stop(signal.SIGKILL)
+    arena = arena_path_for(d.socket_path)
+    assert os.path.exists(arena) and os.path.exists(journal_path_for(arena))
+    assert run_cli("clean", "--socket", d.socket_path).returncode == 0
+    assert not os.path.exists(arena) and not os.path.exists(journal_path_for(arena))
