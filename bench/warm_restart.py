@@ -6,9 +6,10 @@ Part 1 (fill and restart): a daemon with ``--host-mem`` just above ``--gib`` and
 ``--gib`` GiB of chunks through the client, stopped with SIGTERM and started again on the same socket. Measured
 from the moment the new process is spawned: the first get served from DRAM (the oldest chunk, verified in the
 first batch), and every kept chunk verified (the ``adoption`` report of ``stats`` says ``done``), with the
-report's adopted / verified / dropped counts and the checksum throughput of the verification. A cold restart
-(``--no-adopt``) of the same fill is measured the same way: its first get never hits. Warm and cold restarts are
-interleaved, one of each per repeat, and the medians are reported.
+report's adopted / verified / dropped counts and the checksum throughput of the verification. The same is
+measured after a crash (SIGKILL: the chunks come from the journal, ``kvstore/tiers/host/journal.py``) and after a
+cold restart (``--no-adopt``), whose first get never hits. Warm, crash and cold restarts are interleaved, one of
+each per repeat, and the medians are reported.
 
 Part 2 (trace): the Mooncake conversation trace is replayed through a daemon whose DRAM tier holds a share of
 the trace's blocks (payload scaled down to ``--payload`` bytes per 512-token block), as an engine's connector
@@ -162,11 +163,11 @@ def sandboxed(args: Sequence[str]) -> Iterator[Sandboxed]:
 class Restart:
     """One restart, measured from the spawn of the new process."""
 
-    warm: bool
-    stop_s: float                       # SIGTERM to exit of the old process
+    mode: str                           # warm (SIGTERM, --adopt), crash (SIGKILL, --adopt) or cold (--no-adopt)
+    stop_s: float                       # the signal to the exit of the old process
     ready_s: float                      # spawn to the first answered ping
     first_hit_s: float | None           # spawn to the first get served from DRAM (None: never within the wait)
-    all_verified_s: float | None        # spawn to the adoption report's "done" (warm only)
+    all_verified_s: float | None        # spawn to the adoption report's "done" (warm and crash)
     report: dict[str, Any] = field(default_factory=dict)
     checksum_gbps: float | None = None  # verified bytes / the report's seconds
     sample_identical: bool = True       # the chunks read back after it are the bytes put
@@ -247,33 +248,34 @@ def sample_identical(d: Sandboxed, f: Fill, count: int = 64) -> bool:
     return True
 
 
-def restart(d: Sandboxed, f: Fill, warm: bool) -> Restart:
-    """SIGTERM the daemon, start it again (``--adopt`` or ``--no-adopt``) and measure (see ``Restart``)."""
-    stop_s = d.stop()
-    d.start("--adopt" if warm else "--no-adopt")
-    ready_s, hit_s = first_hit(d, f.keys[0], stamped(f.base, 0), give_up_s=10.0 if warm else 3.0)
-    if not warm:
+def restart(d: Sandboxed, f: Fill, mode: str) -> Restart:
+    """Stop the daemon (SIGKILL for ``crash``, else SIGTERM), start it again (``--no-adopt`` for ``cold``, else
+    ``--adopt``) and measure (see ``Restart``)."""
+    stop_s = d.stop(signal.SIGKILL if mode == "crash" else signal.SIGTERM)
+    d.start("--no-adopt" if mode == "cold" else "--adopt")
+    ready_s, hit_s = first_hit(d, f.keys[0], stamped(f.base, 0), give_up_s=3.0 if mode == "cold" else 10.0)
+    if mode == "cold":
         d.stop()   # a daemon started with --no-adopt keeps nothing at its stop: the next fill needs one that does
         d.start("--adopt")
         d.wait_ready()
-        return Restart(False, round(stop_s, 3), round(ready_s, 3), hit_s, None)
+        return Restart(mode, round(stop_s, 3), round(ready_s, 3), hit_s, None)
     done_s, report = all_verified(d)
     seconds = report.get("seconds") or 0.0
     gbps = round(report["verified_bytes"] / seconds / 1e9, 2) if seconds else None
-    return Restart(True, round(stop_s, 3), round(ready_s, 3), _round(hit_s), _round(done_s), report, gbps,
+    return Restart(mode, round(stop_s, 3), round(ready_s, 3), _round(hit_s), _round(done_s), report, gbps,
                    sample_identical(d, f))
 
 
 def part_restart(gib: float, chunk_mib: int, repeats: int) -> dict[str, Any]:
-    """Fill, then per repeat a warm restart and a cold one (refilled after each cold restart)."""
+    """Fill, then per repeat a warm restart, a crash (what the warm one adopted, journaled as it was published)
+    and a cold restart (refilled after it)."""
     chunk = chunk_mib * MIB
     host_mem = int(gib * GIB) + 64 * MIB
     need = host_mem + GIB
     if shm_free() < need:
         raise SystemExit(f"warm_restart: /dev/shm has {shm_free() // MIB} MiB free, {need // MIB} MiB needed; "
                          f"lower --gib")
-    warm: list[Restart] = []
-    cold: list[Restart] = []
+    runs: dict[str, list[Restart]] = {"warm": [], "crash": [], "cold": []}
     fill_s: list[float] = []
     args = ["--host-mem", str(host_mem), "--disk-size", "0", "--log-level", "info"]
     with sandboxed(args) as d:
@@ -283,14 +285,13 @@ def part_restart(gib: float, chunk_mib: int, repeats: int) -> dict[str, Any]:
             began = time.monotonic()
             f = fill(d, gib, chunk)
             fill_s.append(time.monotonic() - began)
-            warm.append(restart(d, f, warm=True))
-            print(json.dumps({"repeat": i, "warm": asdict(warm[-1])}), flush=True)
-            cold.append(restart(d, f, warm=False))
-            print(json.dumps({"repeat": i, "cold": asdict(cold[-1])}), flush=True)
+            for mode, done in runs.items():
+                done.append(restart(d, f, mode))
+                print(json.dumps({"repeat": i, mode: asdict(done[-1])}), flush=True)
     return {"gib": gib, "chunk_bytes": chunk, "chunks": len(f.keys), "host_mem": host_mem, "repeats": repeats,
             "fill_gbps_median": round(gib * GIB / statistics.median(fill_s) / 1e9, 2),
-            "warm": summarize(warm), "cold": summarize(cold),
-            "runs": {"warm": [asdict(r) for r in warm], "cold": [asdict(r) for r in cold]}}
+            **{mode: summarize(done) for mode, done in runs.items()},
+            "runs": {mode: [asdict(r) for r in done] for mode, done in runs.items()}}
 
 
 def summarize(runs: list[Restart]) -> dict[str, Any]:
@@ -301,7 +302,7 @@ def summarize(runs: list[Restart]) -> dict[str, Any]:
         "first_hit_s": _median([r.first_hit_s for r in runs]),
         "first_hit_runs": sum(r.first_hit_s is not None for r in runs),
     }
-    if runs and runs[0].warm:
+    if runs and runs[0].mode != "cold":
         last = runs[-1].report
         out.update({
             "all_verified_s": _median([r.all_verified_s for r in runs]),
