@@ -399,7 +399,9 @@ def check_config(config: ServerConfig) -> None:
                           f"{IPC_PATH_MAX}; choose a shorter path")
     if config.host_mem < 1 << 20:
         raise ConfigError(f"--host-mem: {config.host_mem} bytes is too small; give at least 1MiB")
-    available = available_memory()
+    from .tiers.host.arena import held_by_arena_of
+    # the arena a stopped or killed daemon left on this socket is adopted or freed by this start: its pages count
+    available = available_memory() + held_by_arena_of(config.socket)
     if config.host_mem > available:
         raise ConfigError(f"--host-mem: {format_size(config.host_mem)} does not fit in memory "
                           f"({format_size(available)} available); lower it")

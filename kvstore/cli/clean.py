@@ -12,8 +12,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("clean", help="free kept or orphaned arenas and indexes in /dev/shm",
                        description="Free this user's kvstore files in /dev/shm that no process maps: the arena a "
                                    "cleanly stopped daemon kept for a warm restart (with its description), and "
-                                   "the arena and index a killed daemon left. A file some process maps, or a "
-                                   "kept arena whose socket a daemon holds, is never removed.")
+                                   "the arena, journal and index a killed daemon left (the next start on its "
+                                   "socket would adopt them). A file some process maps, or a kept arena whose "
+                                   "socket a daemon holds, is never removed.")
     p.add_argument("--socket", default=None, metavar="PATH",
                    help="only the files of the daemon on this socket (default: every daemon of this user)")
     p.add_argument("--dry-run", action="store_true", help="list what would be freed, free nothing")

@@ -42,6 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tenants", default=None, metavar="TOML",
                    help="a config file whose [tenants.NAME] tables give budgets; the trace's tenant field names "
                         "each request's tenant, and each tenant's hit rate is reported")
+    p.add_argument("--restart-every", type=_positive_int, default=None, metavar="N",
+                   help="also replay a rolling upgrade: every N requests the next daemon of the fleet restarts, "
+                        "once with and once without warm restart, and report the hit rate it costs")
+    p.add_argument("--fleet", type=_positive_int, default=1, metavar="N",
+                   help="--restart-every: daemons in the fleet, requests routed by prefix (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--sweep", action="store_true", help="also replay at 0.5 %%..100 %% of the distinct blocks "
                                                         "and draw hit rate against capacity")
@@ -66,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         args.out = args.out or DEFAULT_PLOT
         _check_sweep_output(args.out)   # before the replays, not after them
+    if args.restart_every is None and args.fleet != 1:
+        raise ConfigError("--fleet sizes the fleet of --restart-every; add --restart-every, or drop --fleet")
+    if args.restart_every is not None and args.tenants is not None:
+        raise ConfigError("--restart-every: restarts are not modelled with --tenants; drop one of them")
     requests = read_trace(args.trace, args.limit, args.block_tokens)
     blocks = distinct_blocks(requests)
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
@@ -82,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         "unbounded_hit_rate": round(ceiling.hit_rate(), 5),
         "results": [r.to_json() for r in results],
     }
+    if args.restart_every is not None:
+        report["rolling_restarts"] = _rolling(args, requests, capacity, policies[0])
     if args.sweep:
         report["sweep"] = _sweep(args, requests, capacity, policies, blocks, ceiling.hit_rate(), results)
     if args.json:
@@ -89,7 +100,27 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         _print_table(report, results)
+        if "rolling_restarts" in report:
+            _print_rolling(report["rolling_restarts"])
     return 0
+
+
+def _rolling(args: argparse.Namespace, requests: list, capacity: Any, policy: str) -> dict[str, Any]:
+    """A rolling upgrade with and without warm restart (``kvstore/sim/restarts.py``)."""
+    from ..sim.restarts import check_plan, upgrade_cost
+
+    plan = check_plan(args.fleet, args.restart_every, len(requests), capacity.gpu_bytes)
+    return upgrade_cost(requests, capacity, plan, policy, args.block_tokens)
+
+
+def _print_rolling(rolling: dict[str, Any]) -> None:
+    first, last = rolling["window"]
+    print(f"rolling upgrade: {rolling['restarts']} restarts of a fleet of {rolling['fleet']}, one every "
+          f"{rolling['every']} requests (requests {first}..{last} affected)")
+    for mode, label in (("none", "no restart"), ("cold", "cold restarts"), ("warm", "warm restarts")):
+        r = rolling[mode]
+        print(f"  {label:<14} {100 * r['hit_rate']:6.2f}% hit, {100 * r['window_hit_rate']:6.2f}% during the "
+              f"upgrade (cost {100 * r['cost']:.2f} / {100 * r['window_cost']:.2f} points)")
 
 
 def _capacity(args: argparse.Namespace) -> Any:

@@ -97,6 +97,17 @@ def run_watch(args: argparse.Namespace) -> int:
         client.close()
 
 
+def adoption_text(report: dict[str, Any]) -> str:
+    """One line on what this start adopted of the DRAM tier its predecessor left (``tiers/host/adoption.py``)."""
+    if report["state"] not in ("verifying", "done"):
+        return f"{report['state']}: {report['reason']}" if report.get("reason") else report["state"]
+    text = (f"{report['state']} (from the {report.get('source') or 'description'}): {report['adopted_chunks']} "
+            f"adopted ({format_size(report['adopted_bytes'])}), {report['verified_chunks']} of "
+            f"{report['listed_chunks'] - report['unfit_chunks']} verified, {report['corrupt_chunks']} corrupt, "
+            f"{report['dropped_chunks']} dropped")
+    return text + (f" in {report['seconds']:.2f}s" if report["state"] == "done" else "")
+
+
 def render_table(stats: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -130,6 +141,9 @@ def render_table(stats: dict[str, Any]) -> None:
         state = "up" if remote["up"] else "down"
         summary.add_row("remote store", f"{state}, {remote['lookup_chunks']} chunks found, {remote['puts']} sent, "
                                         f"{remote['put_dropped']} dropped, {remote['outages']} outages")
+    adoption = stats.get("adoption")
+    if adoption:
+        summary.add_row("warm restart", adoption_text(adoption))
     console.print(summary)
     connectors = stats.get("connector_list") or []
     if connectors:

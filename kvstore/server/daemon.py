@@ -54,7 +54,8 @@ from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, header_hints, op_of, request_id_of
 from ..security.curve import ServerCurve
-from ..tiers.host.adoption import keep_arena, open_host_arena, take_kept_slots
+from ..tiers.host.adoption import keep_arena, open_host_arena, open_journal, take_kept_slots
+from ..tiers.host.journal import journal_path_for
 from ..tiers.host.tier import HostTier
 from ..tenants.access import Principal
 from .handlers import HANDLERS, hello_reply
@@ -136,6 +137,9 @@ class Daemon:
         take_kept_slots(host, kept)   # before anything allocates: the kept chunks' slots are theirs
         take(self._close_host, host)
         claims.leftovers.append(arena.path)
+        if self.config.adopt:   # what a crash leaves for the next start (tiers/host/journal.py)
+            open_journal(host, path)
+            claims.leftovers.append(journal_path_for(arena.path))
         open_tiers(self.svc, host, disk, arena, claims, lambda: self._remote_close_wait, kept)
         take(self._remove_socket_file)   # after the ipc socket is closed (registered below)
         self._bind("ipc", "ipc://" + path)
@@ -233,7 +237,7 @@ class Daemon:
             return {}
         r = adoption.report
         if r.state in ("verifying", "done"):
-            return {"adoption": r.state, "kept_chunks": r.listed_chunks - r.unfit_chunks,
+            return {"adoption": r.state, "adoption_source": r.source, "kept_chunks": r.listed_chunks - r.unfit_chunks,
                     "kept_bytes": r.listed_bytes, "unfit_chunks": r.unfit_chunks}
         return {"adoption": r.state, "adoption_reason": r.reason}
 

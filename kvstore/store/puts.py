@@ -141,6 +141,7 @@ class PutMixin:
         """Commit's checksums are known: every lower tier hears of the chunks still live (they carry the sum)."""
         live = [e for e in entries if e.readable and self.index.get(e.key) is e and e.host_offset is not None]
         if live:
+            self.journal_commits(live)
             for ledger in self.ledgers:
                 ledger.on_commit(live)
 
@@ -150,6 +151,7 @@ class PutMixin:
         for entry in entries:
             entry.state = State.COMMITTED
             self.sync(entry.key)
+        self.journal_commits(entries)
         self.lru.add_chain(entries)
         if entries:
             for ledger in self.ledgers:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from ..errors import LeaseError, ReservationError, StoreFullError
 from ..protocol.index_layout import STATE_OF_TIER
 from ..tiers.disk.tier import DiskTier
+from ..tiers.host.description import KeptChunk
 from ..tiers.host.tier import HostTier
 from .after_reply import AfterReply
 from .counters import StoreCounters, TierCounters
@@ -53,7 +54,6 @@ from .tenant_budgets import TenantBudgets
 
 if TYPE_CHECKING:
     from ..tiers.gpu.tier import GpuTier
-    from ..tiers.host.description import KeptChunk
     from ..tenants.table import Tenant, TenantTable
 
 
@@ -258,7 +258,7 @@ class Store(PutMixin, DamageMixin):
         return sum(1 for e in self.index.values() if e.state is State.COMMITTED)
 
     # -- warm restart ------------------------------------------------------------------------------------------
-    def adopt_host_copies(self, chunks: "Sequence[KeptChunk]", hold_for: float = 0.0) -> tuple[list[Entry], int]:
+    def adopt_host_copies(self, chunks: Sequence[KeptChunk], hold_for: float = 0.0) -> tuple[list[Entry], int]:
         """Publish chunks of a kept arena whose bytes were just verified (their slots taken already:
         ``HostTier.adopt``), oldest first. A key the disk tier holds gets the slot as its DRAM copy; a key held
         in DRAM already (put again meanwhile) keeps its own, and the kept slot is freed. Chunks a reader leased
@@ -286,6 +286,7 @@ class Store(PutMixin, DamageMixin):
             if chunk.leased and hold_for > 0:
                 held.append(entry)
         self.sync_many([e.key for e in published])
+        self.journal_commits(published)
         shielded = {id(e) for e in held}
         self.lru.add_chain([e for e in published if id(e) not in shielded])
         if held:
@@ -294,12 +295,20 @@ class Store(PutMixin, DamageMixin):
             self.leases.issue(KEPT_READERS, held, hold_for, self.clock())
         return published, duplicates
 
-    def drop_unverified(self, chunks: "Sequence[KeptChunk]") -> int:
+    def drop_unverified(self, chunks: Sequence[KeptChunk]) -> int:
         """Free the kept slots of chunks that failed verification and drop every published chunk that continues
         one of them (a chain is unreachable past a missing link). Returns how many published chunks went."""
         for chunk in chunks:
             self.host.free(chunk.offset)
         return self.drop_continuations({c.key for c in chunks})
+
+    def journal_commits(self, entries: Sequence[Entry]) -> None:
+        """Tell the host tier's journal (what a crash leaves: ``tiers/host/journal.py``) that ``entries`` hold
+        their DRAM slots with final bytes; those whose checksum is not known yet are left out."""
+        journal = self.host.journal
+        if journal is not None:
+            journal.committed([kept_chunk(e, e.checksum) for e in entries
+                               if e.host_offset is not None and e.checksum is not None])
 
     # -- the one place each resource is taken and given back (ledgers call these too) ---------------------------
     def sync(self, key: bytes) -> None:
@@ -398,6 +407,7 @@ class Store(PutMixin, DamageMixin):
         entry.host_offset = offset
         self.charge_host(entry)
         self.sync(entry.key)
+        self.journal_commits([entry])
         if evictable:
             self.lru.add_chain([entry])
 
@@ -460,6 +470,8 @@ class Store(PutMixin, DamageMixin):
     def _remove_committed(self, entry: Entry) -> None:
         self.unindex(entry)
         entry.doomed = True
+        if entry.host_offset is not None and self.host.journal is not None:
+            self.host.journal.forget(entry.host_offset)   # gone now, even while a reader still holds its slot
         self.release_if_idle(entry)
 
     def pin(self, entry: Entry) -> None:
@@ -484,6 +496,13 @@ class Store(PutMixin, DamageMixin):
         self.lru.add_chain([e for e in back_in_queue if e.host_offset is not None])
         for ledger in self.ledgers:
             ledger.on_unpin(back_in_queue)
+
+
+def kept_chunk(entry: Entry, checksum: int, leased: bool = False) -> KeptChunk:
+    """``entry``'s DRAM copy as a kept arena's record names it (``entry.host_offset`` is set)."""
+    assert entry.host_offset is not None
+    return KeptChunk(entry.key, entry.host_offset, entry.size, entry.namespace, entry.parent, checksum, leased,
+                     entry.engine)
 
 
 def top_tier(entry: Entry) -> str:

@@ -36,6 +36,7 @@ import kvstore
 from .hygiene import holders, mapped_arenas
 from kvstore.tiers.host.arena import arena_path_for
 from kvstore.tiers.host.description import description_path_for
+from kvstore.tiers.host.journal import journal_path_for
 from kvstore.tiers.host.leftovers import find_leftovers, remove
 
 SCRATCH_PREFIX = "kvs-"
@@ -200,7 +201,8 @@ class DaemonProc:
         """After the process is gone: unlink the arenas it left (a SIGKILL leaves one); returns them."""
         removed = []
         for arena in sorted(self.arenas):
-            for path in (arena, description_path_for(arena)):   # a clean stop keeps both (warm restart)
+            # a clean stop keeps the arena and its description (warm restart), a kill the arena and its journal
+            for path in (arena, description_path_for(arena), journal_path_for(arena)):
                 if os.path.exists(path) and not holders(path):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)

@@ -12,6 +12,7 @@ import pytest
 from conftest import wait_for
 from kvstore.tiers.host.arena import arena_path_for
 from kvstore.tiers.host.description import description_path_for
+from kvstore.tiers.host.journal import journal_path_for
 from support.scribble import damage
 
 CHUNK = 256 << 10
@@ -56,7 +57,8 @@ def test_a_clean_stop_keeps_every_chunk_and_the_next_daemon_serves_them_byte_for
         for k, p in zip(keys, payloads):
             assert served(c, k) == p
         assert c.stats()["tiers"]["host"]["chunks"] == 8 * 16
-    assert "adoption=verifying kept_chunks=128" in d.log() and "event=arena_adopted" in d.log()
+    assert "adoption=verifying adoption_source=description kept_chunks=128" in d.log()
+    assert "event=arena_adopted" in d.log()
 
 
 def test_scribbled_chunks_are_dropped_with_their_continuations_and_never_served(start_daemon):
@@ -125,17 +127,19 @@ def test_a_description_of_another_format_version_is_refused_in_one_line_and_the_
         assert c.lookup(keys[0]) == 0
 
 
-def test_a_killed_daemon_leaves_no_description_and_its_arena_is_freed_at_the_next_start(start_daemon):
-    d = start_daemon(*NO_DISK)
+def test_a_killed_daemon_leaves_no_description_and_no_journal_without_adopt_and_its_arena_is_freed(start_daemon):
+    d = start_daemon("--no-adopt", "--disk-size", "0", "--host-mem", "256MiB")
     with d.client() as c:
         keys, _ = fill(c, prompts=1, chunks=4)
     arena = arena_path_for(d.socket_path)
     inode = os.stat(arena).st_ino
+    assert not os.path.exists(journal_path_for(arena))   # --no-adopt: nothing is journaled
     d.stop(signal.SIGKILL)
     assert not os.path.exists(description_path_for(arena))
+    d.args = [a if a != "--no-adopt" else "--adopt" for a in d.args]
     d.start()
     assert os.stat(arena).st_ino != inode
-    assert "the last daemon did not stop cleanly" in d.log()
+    assert "the last daemon did not stop cleanly and left no journal of its arena" in d.log()
     with d.client() as c:
         assert c.lookup(keys[0]) == 0
 

@@ -4,9 +4,11 @@ A clean stop (SIGTERM, SIGINT, ``systemctl restart``, an upgrade) leaves the are
 description beside it (``description.py``: which slot holds which chunk, with its namespace, parent, checksum and
 engine names) after the Store's last change. The next daemon with the same socket:
 
-1. reads and removes the description (``open_host_arena``); without one (a first start, a crash, ``--no-adopt``,
-   a description of another format version or of another socket) the old arena is freed and a fresh one made,
-   and the ``arena_adoption`` log line says why;
+1. reads and removes the description (``open_host_arena``); without one, after a crash, it replays the journal
+   of committed slots the killed daemon kept beside the arena instead (``journal.py``: the committed chunks
+   whose latest record is not a FREE). Without either (a first start, ``--no-adopt``, a record of another format
+   version or of another socket) the old arena is freed and a fresh one made, and the ``arena_adoption`` log line
+   says why;
 2. maps the kept file at the configured ``--host-mem`` (a larger size grows it, a smaller one frees the pages
    past it), and takes the slots of the chunks that still fit (inside the tier, under ``--max-chunk``, not
    overlapping) before anything else is allocated (``HostTier.adopt``);
@@ -19,21 +21,23 @@ engine names) after the Store's last change. The next daemon with the same socke
 What never survives: reservations and half-written puts (never listed), put credits (a restarted daemon lends
 anew, and clients forget theirs when they say hello again), leases (a chunk a reader held at the stop is kept
 pinned for ``--lease-ttl`` after the restart, so its slot is not reused under a reader that has not noticed;
-the reader's release then fails with LeaseError). A crash leaves no description: its arena is freed at the next
-start (or by ``kvstore clean``), and only what the disk tier holds comes back.
+the reader's release then fails with LeaseError). A crash leaves no description, only the journal: the chunks
+it proves are adopted the same way (verified first), everything else in the arena is free space, and no chunk
+is held for a reader (the journal does not follow leases; see ``journal.py``).
 
-Cost: one read of every kept byte by xxh3 (``bench/warm_restart.py`` measures it) on one thread, off the event
-loop; the start itself only reads the description and builds the free list (O(chunks)).
+Cost: one read of every kept byte by xxh3 (``bench/warm_restart.py`` measures it) on ``VERIFY_WORKERS`` threads,
+off the event loop; the start itself only reads the description and builds the free list (O(chunks)).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import xxhash
 
@@ -41,12 +45,16 @@ from ... import logs
 from .arena import SharedArena, arena_path_for
 from .description import (ArenaDescription, DescriptionError, KeptChunk, description_path_for,
                           read_description, remove_description, write_description)
+from .journal import JournalError, SlotJournal, journal_path_for, read_journal, remove_journal
 from .tier import HostTier
 
 if TYPE_CHECKING:
     from ...store.store import Store
 
 BATCH_BYTES = 64 << 20   # hashed per worker job: a batch is published as soon as it is verified
+# Threads hashing kept batches at once (xxh3 releases the GIL): a restart may borrow a few cores for its
+# seconds of verification, one per 8 of the host and at most 4, so that engines keep the rest.
+VERIFY_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 8))
 
 
 @dataclass
@@ -55,6 +63,7 @@ class AdoptionReport:
 
     state: str = "none"        # none | off | refused | verifying | done
     reason: str = ""           # why nothing was adopted (state none, off or refused)
+    source: str = ""           # what named the kept chunks: "description" (a clean stop) or "journal" (a crash)
     listed_chunks: int = 0     # chunks the description names
     listed_bytes: int = 0
     unfit_chunks: int = 0      # past the tier's size, over --max-chunk, or overlapping another
@@ -83,23 +92,21 @@ def open_host_arena(socket: str, size: int, chunk_limit: int, adopt: bool, reser
     """The host tier's arena for the daemon on ``socket``: the kept one when its description allows, else a fresh
     one (the old file, if any, freed). Raises ConfigError as ``SharedArena.create`` / ``open_kept`` do."""
     path = arena_path_for(socket)
-    desc_path = description_path_for(path)
+    desc_path, journal_path = description_path_for(path), journal_path_for(path)
     report = AdoptionReport()
     desc: ArenaDescription | None = None
     if not adopt:
         report.state, report.reason = "off", "--no-adopt"
     else:
-        try:
-            desc = read_description(desc_path)
-        except DescriptionError as exc:
-            report.state, report.reason = "refused", str(exc)
-    remove_description(desc_path)   # it describes the arena only until someone serves from it again
+        desc = _read_record(desc_path, journal_path, report)
+    remove_description(desc_path)   # both describe the arena only until someone serves from it again
+    remove_journal(journal_path)
     if desc is not None and (desc.socket != socket or desc.uid != os.getuid()):
         report.state, report.reason = "refused", f"the kept arena belongs to {desc.socket} (uid {desc.uid})"
         desc = None
     if desc is None:
         if report.state == "none":
-            report.reason = ("the last daemon did not stop cleanly (no description of its arena)"
+            report.reason = ("the last daemon did not stop cleanly and left no journal of its arena"
                              if os.path.exists(path) else "no kept arena")
         return KeptArena(SharedArena.create(path, size, reserve_all), [], report)
     arena = SharedArena.open_kept(path, size, reserve_all)
@@ -111,6 +118,39 @@ def open_host_arena(socket: str, size: int, chunk_limit: int, adopt: bool, reser
     fit = [c for c in desc.chunks if c.size <= chunk_limit]
     report.unfit_chunks = len(desc.chunks) - len(fit)
     return KeptArena(arena, fit, report)
+
+
+def _read_record(desc_path: str, journal_path: str, report: AdoptionReport) -> ArenaDescription | None:
+    """What names the kept chunks: a clean stop's description, else a killed daemon's journal (None: neither,
+    or one that cannot be used: ``report`` says why)."""
+    try:
+        desc = read_description(desc_path)
+    except DescriptionError as exc:
+        report.state, report.reason = "refused", str(exc)
+        return None
+    if desc is not None:
+        report.source = "description"
+        return desc
+    try:
+        replay = read_journal(journal_path)
+    except JournalError as exc:
+        report.state, report.reason = "refused", str(exc)
+        return None
+    if replay is None:
+        return None
+    report.source = "journal"
+    logs.info("arena_journal", chunks=len(replay.chunks), records=replay.records, torn=replay.torn)
+    return ArenaDescription(replay.socket, os.getuid(), 0, replay.chunks)
+
+
+def open_journal(host: HostTier, socket: str) -> None:
+    """Start the journal of ``host``'s committed slots (after its kept slots are taken); without one (it cannot
+    be made) the daemon serves as well, and a crash adopts nothing."""
+    try:
+        host.journal = SlotJournal.create(journal_path_for(host.arena.path), socket)
+    except OSError as exc:
+        logs.error("journal_off", path=journal_path_for(host.arena.path), error=exc.strerror or repr(exc),
+                   effect="a crash of this daemon adopts nothing from DRAM")
 
 
 def take_kept_slots(host: HostTier, kept: KeptArena) -> None:
@@ -139,7 +179,7 @@ class Adoption:
         """Begin verifying on a worker thread (nothing to do when nothing was kept)."""
         if not self._waiting:
             return
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-adopt")
+        self._pool = concurrent.futures.ThreadPoolExecutor(VERIFY_WORKERS, thread_name_prefix="kvstore-adopt")
         self._task = loop.create_task(self._verify_all(loop))
 
     @property
@@ -148,13 +188,25 @@ class Adoption:
         return list(self._waiting)
 
     async def _verify_all(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Hash up to ``VERIFY_WORKERS`` batches at once, and settle them in order (oldest first), so that a
+        corrupt chunk's continuations in later batches are found published and dropped as with one worker."""
         began = time.monotonic()
         assert self._pool is not None
+        in_flight: collections.deque[tuple[int, asyncio.Future[list[int]]]] = collections.deque()
+        submitted = 0   # chunks of ``_waiting`` handed to the workers (the first ones not settled yet)
         while self._waiting:
-            batch = _next_batch(self._waiting)
-            views = [self.store.host.read(c.offset, c.size) for c in batch]
-            sums = await loop.run_in_executor(self._pool, _hashes, views)
-            del self._waiting[:len(batch)]
+            while len(in_flight) < VERIFY_WORKERS and submitted < len(self._waiting):
+                end = _batch_end(self._waiting, submitted)
+                batch = self._waiting[submitted:end]
+                views = [self.store.host.read(c.offset, c.size) for c in batch]
+                in_flight.append((end - submitted, loop.run_in_executor(
+                    self._pool, _hashes, views, [(c.offset, c.size) for c in batch], self.store.host.arena.populate)))
+                submitted = end
+            count, job = in_flight.popleft()
+            sums = await job
+            batch = self._waiting[:count]
+            del self._waiting[:count]
+            submitted -= count
             self._settle(batch, sums)
         self.report.seconds = round(time.monotonic() - began, 3)
         self.report.state = "done"
@@ -187,6 +239,8 @@ class Adoption:
 def describe(store: "Store", waiting: Sequence[KeptChunk], socket: str) -> ArenaDescription:
     """The description of ``store``'s DRAM chunks as they are now (plus kept chunks not verified yet), oldest in
     the eviction order first. A chunk whose checksum is not taken yet is hashed now."""
+    from ...store.store import kept_chunk
+
     queued = list(store.lru)
     seen = {id(e) for e in queued}
     others = [e for e in store.index.values() if id(e) not in seen]
@@ -197,8 +251,7 @@ def describe(store: "Store", waiting: Sequence[KeptChunk], socket: str) -> Arena
         checksum = entry.checksum
         if checksum is None:
             checksum = xxhash.xxh3_64_intdigest(store.host.read(entry.host_offset, entry.size))
-        chunks.append(KeptChunk(entry.key, entry.host_offset, entry.size, entry.namespace, entry.parent,
-                                checksum, entry.pins > 0, entry.engine))
+        chunks.append(kept_chunk(entry, checksum, leased=entry.pins > 0))
     return ArenaDescription(socket, os.getuid(), store.host.arena.size, chunks)
 
 
@@ -211,15 +264,22 @@ def keep_arena(store: "Store", waiting: Sequence[KeptChunk], socket: str) -> int
     return len(desc.chunks)
 
 
-def _next_batch(waiting: list[KeptChunk]) -> list[KeptChunk]:
-    total, end = 0, 0
-    while end < len(waiting) and (end == 0 or total + waiting[end].size <= BATCH_BYTES):
+def _batch_end(waiting: list[KeptChunk], start: int) -> int:
+    """The end of the batch of ``waiting`` that starts at ``start``: at least one chunk, at most BATCH_BYTES."""
+    total, end = 0, start
+    while end < len(waiting) and (end == start or total + waiting[end].size <= BATCH_BYTES):
         total += waiting[end].size
         end += 1
-    return waiting[:end]
+    return end
 
 
-def _hashes(views: Sequence[memoryview]) -> list[int]:
+def _hashes(views: Sequence[memoryview], extents: Sequence[tuple[int, int]] = (),
+            populate: Callable[[int, int], None] | None = None) -> list[int]:
+    """The xxh3 of each view; ``populate`` maps each extent's pages first (a kept arena is mapped afresh: one
+    call per chunk costs less than a fault per page)."""
+    if populate is not None:
+        for offset, size in extents:
+            populate(offset, size)
     return [xxhash.xxh3_64_intdigest(v) for v in views]
 
 

@@ -76,7 +76,7 @@ def write_description(path: str, desc: ArenaDescription) -> None:
     """Write ``desc`` whole or not at all (a temporary file renamed over ``path``), owner-only."""
     payload = msgpack.packb({
         "socket": desc.socket, "uid": desc.uid, "arena_size": desc.arena_size, "written": time.time(),
-        "chunks": [_pack_chunk(c) for c in desc.chunks]}, use_bin_type=True)
+        "chunks": [pack_chunk(c) for c in desc.chunks]}, use_bin_type=True)
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(payload), xxhash.xxh3_64_intdigest(payload))
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -119,23 +119,27 @@ def remove_description(path: str) -> None:
     _unlink(path)
 
 
-def _pack_chunk(c: KeptChunk) -> list[Any]:
+def pack_chunk(c: KeptChunk) -> list[Any]:
+    """``c`` as the list a description (and the journal, ``journal.py``) stores."""
     engine = None if c.engine is None else [c.engine.block_size, list(c.engine.hashes), c.engine.parent,
                                             list(c.engine.token_ids)]
     return [c.key, c.offset, c.size, c.namespace, c.parent, c.checksum, c.leased, engine]
 
 
+def unpack_chunk(item: Any) -> KeptChunk:
+    """The chunk ``pack_chunk`` made ``item`` from. Raises ValueError (or TypeError) when it is malformed."""
+    key, offset, size, namespace, parent, checksum, leased, engine = item
+    if not (isinstance(key, bytes) and type(offset) is int and type(size) is int and size > 0 and offset >= 0
+            and isinstance(namespace, str) and (parent is None or isinstance(parent, bytes))
+            and type(checksum) is int):
+        raise ValueError(f"chunk record {item!r:.80} is malformed")
+    blocks = None if engine is None else EngineBlocks(int(engine[0]), tuple(engine[1]), engine[2],
+                                                      tuple(engine[3]))
+    return KeptChunk(key, offset, size, namespace, parent, checksum, bool(leased), blocks)
+
+
 def _unpack(body: dict[str, Any]) -> ArenaDescription:
-    chunks = []
-    for item in body["chunks"]:
-        key, offset, size, namespace, parent, checksum, leased, engine = item
-        if not (isinstance(key, bytes) and type(offset) is int and type(size) is int and size > 0 and offset >= 0
-                and isinstance(namespace, str) and (parent is None or isinstance(parent, bytes))
-                and type(checksum) is int):
-            raise ValueError(f"chunk record {item!r:.80} is malformed")
-        blocks = None if engine is None else EngineBlocks(int(engine[0]), tuple(engine[1]), engine[2],
-                                                          tuple(engine[3]))
-        chunks.append(KeptChunk(key, offset, size, namespace, parent, checksum, bool(leased), blocks))
+    chunks = [unpack_chunk(item) for item in body["chunks"]]
     return ArenaDescription(str(body["socket"]), int(body["uid"]), int(body["arena_size"]), chunks,
                             float(body.get("written", 0.0)))
 

@@ -1,11 +1,12 @@
 """Shared-memory files no daemon serves from: found and freed (``kvstore clean``).
 
 A daemon's files in ``/dev/shm`` are named ``kvstore.<uid>.<hash of the socket path>.{arena,index}`` (plus
-``.arena.kept``, the description a clean stop writes for a warm restart). A running daemon maps its arena and
-its index; a cleanly stopped one leaves its arena and description for the next start on the same socket
-(``adoption.py``); a killed one (SIGKILL, OOM) leaves its arena and index, which the next start on the same
-socket frees. When no later start comes, these files hold memory until a reboot, so ``kvstore clean`` finds
-every such file of the calling user that no process maps and frees it.
+``.arena.kept``, the description a clean stop writes for a warm restart, and ``.arena.journal``, the record of
+committed slots a crash leaves: ``journal.py``). A running daemon maps its arena and its index and appends to
+its journal; a cleanly stopped one leaves its arena and description for the next start on the same socket
+(``adoption.py``); a killed one (SIGKILL, OOM) leaves its arena, journal and index, which the next start on the
+same socket adopts (what the journal proves) or frees. When no later start comes, these files hold memory until
+a reboot, so ``kvstore clean`` finds every such file of the calling user that no process maps and frees it.
 
 Safety: only files that match the daemon's own names and belong to the caller are considered; a file some
 process maps is never removed (a running daemon's, or a client still reading an old one). A kept arena whose
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 
 from .arena import SHM_DIR
 from .description import DescriptionError, SUFFIX, read_description
+from .journal import SUFFIX as JOURNAL_SUFFIX, read_journal_socket
 
-_NAME = re.compile(r"^kvstore\.(\d+)\.([0-9a-f]{16})\.(arena|index|arena\.kept)$")
+_NAME = re.compile(r"^kvstore\.(\d+)\.([0-9a-f]{16})\.(arena|index|arena\.kept|arena\.journal)$")
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class Leftover:
     """One daemon file in ``/dev/shm``: what it is, its size, and the socket it served (where known)."""
 
     path: str
-    kind: str          # "arena", "index" or "description"
+    kind: str          # "arena", "index", "description" or "journal"
     nbytes: int        # memory it holds (allocated blocks)
     socket: str = ""   # from a kept arena's description; "" when unknown
     mapped: bool = False
@@ -55,8 +57,8 @@ def find_leftovers(uid: int | None = None, shm_dir: str = SHM_DIR) -> list[Lefto
             continue
         if st.st_uid != uid or not os.path.isfile(path) or os.path.islink(path):
             continue
-        kind = "description" if name.endswith(SUFFIX) else name.rsplit(".", 1)[1]
-        socket = sockets.get(name.removesuffix(SUFFIX), "")
+        kind = _kind_of(name)
+        socket = sockets.get(_stem(name), "")
         found.append(Leftover(path, kind, st.st_blocks * 512, socket, path in mapped,
                               bool(socket) and _lock_held(socket + ".lock")))
     return _group_by_daemon(found)
@@ -74,25 +76,37 @@ def remove(leftover: Leftover) -> bool:
 
 
 def _group_by_daemon(found: list[Leftover]) -> list[Leftover]:
-    """A kept arena and its description stay or go together: each is held when either is."""
-    held = {_stem(f.path) for f in found if not f.removable and f.kind in ("arena", "description")}
+    """A kept arena, its description and its journal stay or go together: each is held when one is."""
+    together = ("arena", "description", "journal")
+    held = {_stem(f.path) for f in found if not f.removable and f.kind in together}
     out = []
     for f in found:
-        if f.kind in ("arena", "description") and _stem(f.path) in held and f.removable:
+        if f.kind in together and _stem(f.path) in held and f.removable:
             f = Leftover(f.path, f.kind, f.nbytes, f.socket, f.mapped, True)
         out.append(f)
     return out
 
 
 def _stem(path: str) -> str:
-    return path.removesuffix(SUFFIX)
+    return path.removesuffix(SUFFIX).removesuffix(JOURNAL_SUFFIX)
+
+
+def _kind_of(name: str) -> str:
+    if name.endswith(SUFFIX):
+        return "description"
+    return "journal" if name.endswith(JOURNAL_SUFFIX) else name.rsplit(".", 1)[1]
 
 
 def _sockets_of_kept(shm_dir: str, names: list[str]) -> dict[str, str]:
-    """arena name → the socket its description names (kept arenas only)."""
-    sockets = {}
+    """arena name → the socket its description (or its journal) names (kept arenas only)."""
+    sockets: dict[str, str] = {}
     for name in names:
-        if name.endswith(SUFFIX):
+        if name.endswith(JOURNAL_SUFFIX):
+            socket = read_journal_socket(os.path.join(shm_dir, name))
+            if socket is not None:
+                sockets.setdefault(_stem(name), socket)
+                sockets[name] = socket
+        elif name.endswith(SUFFIX):
             try:
                 desc = read_description(os.path.join(shm_dir, name))
             except DescriptionError:

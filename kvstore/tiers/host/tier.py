@@ -10,6 +10,7 @@ from __future__ import annotations
 from ...units import format_size
 from ..allocator import ExtentAllocator, ExtentSpace, TierUsage
 from .arena import SharedArena
+from .journal import SlotJournal
 
 __all__ = ["HostTier", "TierUsage"]
 
@@ -23,6 +24,7 @@ class HostTier(ExtentSpace):
         self._view = arena.view()
         self.backing_refused = 0        # allocations refused because /dev/shm could not back their pages
         self.last_backing_refused = False
+        self.journal: SlotJournal | None = None   # what a crash leaves for the next daemon (journal.py)
 
     def allocate(self, nbytes: int) -> int | None:
         """Byte offset of a fresh slot of at least ``nbytes``, backed by pages; None when no free extent is large
@@ -30,6 +32,8 @@ class HostTier(ExtentSpace):
         offset = self.allocator.allocate(nbytes)
         if offset is None or self.arena.reserve(offset, self.allocator.size_of(offset)):
             self.last_backing_refused = False
+            if offset is not None and self.journal is not None:
+                self.journal.flush()   # the FREE of a slot is written before the slot can be written again
             return offset
         self.allocator.free(offset)
         self.backing_refused += 1
@@ -41,6 +45,12 @@ class HostTier(ExtentSpace):
         offsets taken (one that overlaps another or reaches past the tier is left out: see ``ExtentAllocator
         .adopt``)."""
         return self.allocator.adopt(extents)
+
+    def free(self, offset: int) -> None:
+        """Give the slot at ``offset`` back (the journal hears of it first)."""
+        if self.journal is not None:
+            self.journal.freed(offset)
+        self.allocator.free(offset)
 
     def memory_fields(self) -> dict[str, str]:
         """What the ``ready`` line says of memory: the most the tier may take, and what it holds now."""
@@ -60,6 +70,9 @@ class HostTier(ExtentSpace):
         self._view[offset:offset + len(data)] = data
 
     def close(self, keep: bool = False) -> None:
-        """Unmap the arena; ``keep`` leaves its file for the next daemon to adopt."""
+        """Unmap the arena; ``keep`` leaves its file for the next daemon to adopt (the journal goes either way:
+        a kept arena is described instead)."""
+        if self.journal is not None:
+            self.journal.close()
         self._view.release()
         self.arena.close(keep=keep)
