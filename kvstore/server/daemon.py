@@ -41,7 +41,7 @@ import contextlib
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Awaitable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine
 
 import zmq
 from prometheus_client import CollectorRegistry
@@ -372,10 +372,10 @@ class Daemon:
                 session, reply = hello_reply(self.svc, owner, transport, header, principal)
                 self._add_session(session)
             else:
-                session = self.sessions.get(owner)
-                if session is None:
+                known = self.sessions.get(owner)
+                if known is None:
                     raise VersionError("send HELLO (protocol version and namespace) before any other request")
-                reply = HANDLERS[op](self.svc, session, header, payload)
+                reply = HANDLERS[op](self.svc, known, header, payload)
                 if type(reply) is not list:   # a coroutine: the handler has to wait
                     return self._finish(rid, op, started, reply)
         except Exception as exc:  # noqa: BLE001 - answered with an error reply, the daemon keeps serving
@@ -474,8 +474,10 @@ def _drop_late_reply(task: asyncio.Future) -> None:
 
 def run_daemon(config: ServerConfig, tenants: "TenantTable | None" = None) -> int:
     """Run until SIGTERM/SIGINT (``tenants``: the config file's tenants table). Returns the process exit code."""
+    run_loop: Callable[[Coroutine[Any, Any, Any]], Any]
     try:
-        from uvloop import run as run_loop
+        from uvloop import run as uvloop_run
+        run_loop = uvloop_run
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         run_loop = asyncio.run
     daemon = Daemon(config)

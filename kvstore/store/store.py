@@ -197,7 +197,7 @@ class Store(PutMixin, DamageMixin):
         assert entry.host_offset is not None
         return self.host.read(entry.host_offset, entry.size)
 
-    def write(self, slot: Slot, data: object) -> None:
+    def write(self, slot: Slot, data: bytes | memoryview) -> None:
         """Copy a put's bytes into the slot its reservation got."""
         self.host.write(slot.offset, data)
 
@@ -233,11 +233,11 @@ class Store(PutMixin, DamageMixin):
         reservations. Returns how many of each."""
         now = self.clock()
         leases = self.leases.pop_expired(now, keep_leases_of)
-        for handle in leases:
-            self.unpin_chain(handle.payload)
+        for lease in leases:
+            self.unpin_chain(lease.payload)
         reservations = self.reservations.pop_expired(now)
-        for handle in reservations:
-            self.drop_reserved(handle.payload.entries)
+        for reservation in reservations:
+            self.drop_reserved(reservation.payload.entries)
         self.credits.expire(now, keep_leases_of)
         self.counters.expired_leases += len(leases)
         self.counters.expired_reservations += len(reservations)
@@ -246,11 +246,11 @@ class Store(PutMixin, DamageMixin):
     def drop_owner(self, owner: bytes) -> tuple[int, int]:
         """A client is gone: release its leases and abort its reservations now."""
         leases = self.leases.pop_owner(owner)
-        for handle in leases:
-            self.unpin_chain(handle.payload)
+        for lease in leases:
+            self.unpin_chain(lease.payload)
         reservations = self.reservations.pop_owner(owner)
-        for handle in reservations:
-            self.drop_reserved(handle.payload.entries)
+        for reservation in reservations:
+            self.drop_reserved(reservation.payload.entries)
         self.credits.drop_owner(owner)
         return len(leases), len(reservations)
 
@@ -347,7 +347,7 @@ class Store(PutMixin, DamageMixin):
         ``taken`` (what its request reserved so far) let a StoreFullError say who holds the room. With tenants,
         ``namespace`` names the tenant the slot is for: it is held to its ceiling, and no other tenant's
         guaranteed bytes leave for it (``tenant_budgets.py``)."""
-        may_leave = self._may_leave_dram
+        may_leave: Callable[[Entry], bool] = self._may_leave_dram
         if self.budgets.active:
             tenant = self.budgets.tenant_of(namespace) if namespace is not None else None
             if tenant is not None:
@@ -491,3 +491,10 @@ def top_tier(entry: Entry) -> str:
     if entry.gpu_offset is not None:
         return "gpu"
     return "host" if entry.host_offset is not None else "disk"
+
+
+if TYPE_CHECKING:
+    from .credits import Store as CreditStore
+
+    def _implements_credit_store(store: Store) -> CreditStore:
+        return store   # the type checker proves that a Store is what its credit book uses

@@ -79,7 +79,7 @@ class GpuLedger(TierLedger):
     # -- promotion -------------------------------------------------------------------------------------------------
     def promotions(self, limit: int) -> list[Entry]:
         """Up to ``limit`` of the oldest promotion requests, taken off the list."""
-        batch = []
+        batch: list[Entry] = []
         while self.wanted and len(batch) < limit:
             batch.append(self.wanted.pop(next(iter(self.wanted))))
         return batch

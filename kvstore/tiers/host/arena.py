@@ -94,7 +94,8 @@ class SharedArena:
     def open_kept(cls, path: str, size: int, reserve_all: bool = False) -> "SharedArena | None":
         """Map the segment a stopped daemon kept (``close(keep=True)``), as ``size`` bytes: a larger size
         grows the file, a smaller one frees the pages past it but keeps the file's length, so that a client still
-        mapping it from before reads zeros there rather than faulting; None when there is none. The granules that hold pages count as reserved.
+        mapping it from before reads zeros there rather than faulting; None when there is none. The granules that
+        hold pages count as reserved.
         Raises ConfigError when the file is not one this user's daemon made (then it is left alone)."""
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
