@@ -81,12 +81,11 @@ FINISHING_OPS = frozenset({Op.PING, Op.COMMIT, Op.ABORT, Op.RELEASE, Op.EXTEND, 
 
 
 class Daemon:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, tenants: "TenantTable | None" = None) -> None:
         self.config = config
+        self.tenants = tenants              # the config file's tenants table, or None (one shared tenant)
         self.sessions: dict[bytes, Session] = {}
-        self.svc = Service(config)          # what handlers may touch: store, tiers, config, counters
-        self.svc.stats = self.stats
-        self.svc.stream_path = self._stream_path
+        self.svc: Service                   # what handlers may touch: store, tiers, config, counters (``open``)
         self._claims = Claims()             # what start-up took (startup.py), released by close(), newest first
         self.stop_plan = StopPlan.from_budget(config.shutdown_timeout)
         self._stop_event = asyncio.Event()  # set at SIGTERM: waiting requests are answered UnavailableError
@@ -136,7 +135,9 @@ class Daemon:
         take_kept_slots(host, kept)   # before anything allocates: the kept chunks' slots are theirs
         take(self._close_host, host)
         claims.leftovers.append(arena.path)
-        open_tiers(self.svc, host, disk, arena, claims, lambda: self._remote_close_wait, kept)
+        tiers = open_tiers(self.config, self.tenants, host, disk, arena, claims, lambda: self._remote_close_wait,
+                           kept)
+        self.svc = Service(self.config, tiers, self.tenants, stats=self.stats, stream_path=self._stream_path)
         take(self._remove_socket_file)   # after the ipc socket is closed (registered below)
         self._bind("ipc", "ipc://" + path)
         claims.leftovers.append(path)
@@ -480,12 +481,9 @@ def run_daemon(config: ServerConfig, tenants: "TenantTable | None" = None) -> in
         run_loop = uvloop_run
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         run_loop = asyncio.run
-    daemon = Daemon(config)
-    daemon.svc.tenants = tenants
+    daemon = Daemon(config, tenants)
     try:
         daemon.open()
-        if tenants is not None:
-            daemon.svc.store.private = lambda namespace: tenants.tenant_for(namespace).restricted
         run_loop(daemon.serve())
     finally:
         daemon.close()

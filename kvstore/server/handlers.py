@@ -37,6 +37,7 @@ def _may_touch(svc: Service, s: Session, namespace: str) -> bool:
 def _require_access(svc: Service, s: Session) -> None:
     """Refuse a write, delete or clear of a namespace the session's principal is not listed for."""
     if not _may_touch(svc, s, s.namespace):
+        assert svc.tenants is not None   # without a tenants table every namespace may be touched
         tenant = svc.tenants.tenant_for(s.namespace).name
         raise PermissionDeniedError(f"namespace {s.namespace!r} belongs to tenant {tenant}, which does not list "
                                     f"this client's identity; connect as a listed uid/gid or CURVE key")
