@@ -29,6 +29,7 @@ import msgpack
 import zmq
 
 from .. import logs
+from ..defaults import EVENTS_BUFFER, EVENTS_FORMAT, EVENTS_HWM
 from ..errors import ConfigError
 from ..protocol.kv_events import END_SEQ, SNAPSHOT_REQUEST, Event, batch_body, seq_bytes
 from ..store.events import Holding, snapshot_events
@@ -43,9 +44,9 @@ _MORE = zmq.SNDMORE | zmq.NOBLOCK
 class EventSettings:
     endpoint: str
     replay_endpoint: str = ""
-    buffer: int = 10_000         # batches kept for replay
-    hwm: int = 100_000           # batches ZeroMQ queues per subscriber before it drops for that one
-    fmt: str = "map"
+    buffer: int = EVENTS_BUFFER   # batches kept for replay
+    hwm: int = EVENTS_HWM         # batches ZeroMQ queues per subscriber before it drops for that one
+    fmt: str = EVENTS_FORMAT
     topic: str = ""
 
 
