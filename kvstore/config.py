@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import shutil
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .config_file import Origins, flag_of, read_config_file
-from .defaults import IPC_PATH_MAX, available_memory, default_disk_dir, default_host_mem, default_socket
+from .defaults import (DEFAULT_POLICY, EVENTS_BUFFER, EVENTS_FORMAT, EVENTS_HWM, EVICTION_POLICIES, IPC_PATH_MAX,
+                       available_memory, default_disk_dir, default_host_mem, default_socket)
 from .errors import ConfigError
 from .security.redact import redact_url
 from .units import format_size, parse_seconds, parse_size
@@ -124,11 +124,9 @@ def _read_remote_wait(value: Any, name: str) -> float:
 
 
 def _read_policy(value: Any, name: str) -> str:
-    from .store.policies import POLICIES
-
     text = _read_str(value, name).lower()
-    if text not in POLICIES:
-        raise ConfigError(f"{name}: must be one of {', '.join(POLICIES)}; got {value!r}")
+    if text not in EVICTION_POLICIES:
+        raise ConfigError(f"{name}: must be one of {', '.join(EVICTION_POLICIES)}; got {value!r}")
     return text
 
 
@@ -149,12 +147,6 @@ def _read_gpu_device(value: Any, name: str) -> int:
     if index < 0:
         raise ConfigError(f"{name}: device index must be 0 or more, got {index}")
     return index
-
-
-def _default_policy() -> str:
-    from .store.policies import DEFAULT_POLICY
-
-    return DEFAULT_POLICY
 
 
 # -- KV cache events (server/kv_events.py, protocol/kv_events.py) -------------------------------------------------
@@ -250,7 +242,7 @@ SETTINGS: tuple[Setting, ...] = (
             "mooncake://MASTER:PORT?metadata=URL (default: none)", "URL"),
     Setting("remote_wait", _read_remote_wait, lambda: 0.1,
             "how long a lookup that misses locally waits for the remote store's answer", "SECONDS"),
-    Setting("eviction_policy", _read_policy, lambda: _default_policy(),
+    Setting("eviction_policy", _read_policy, lambda: DEFAULT_POLICY,
             "eviction order of the tiers: chain-lru, lru or s3-fifo (see kvstore simulate)", "POLICY"),
     Setting("log_level", _read_log_level, lambda: "info", "debug, info, warning or error", "LEVEL"),
     Setting("metrics_port", _read_port, lambda: 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
@@ -278,10 +270,10 @@ EVENT_SETTINGS = (
             "(default: off)", "ENDPOINT"),
     Setting("events_replay_endpoint", _read_events_endpoint, lambda: "",
             "answer vLLM's replay requests for missed event batches on a ROUTER socket bound here", "ENDPOINT"),
-    Setting("events_buffer", _read_count, lambda: 10_000, "event batches kept for replay", "N"),
-    Setting("events_hwm", _read_count, lambda: 100_000,
+    Setting("events_buffer", _read_count, lambda: EVENTS_BUFFER, "event batches kept for replay", "N"),
+    Setting("events_hwm", _read_count, lambda: EVENTS_HWM,
             "event batches queued for one slow subscriber before it loses newer ones (a gap it can replay)", "N"),
-    Setting("events_format", _read_events_format, lambda: "map",
+    Setting("events_format", _read_events_format, lambda: EVENTS_FORMAT,
             "map (vLLM's tagged maps, current releases) or array (the older positional events)", "FORMAT"),
     Setting("events_topic", _read_events_topic, _default_events_topic,
             "topic of each engine's events, a template of {engine_id}, {model} and {dp_rank} (llm-d's "
@@ -370,10 +362,19 @@ def load_toml(path: str) -> dict[str, Any]:
     return read_config_file(path, Origins(path), _BY_NAME, {s.name for s in SETTINGS if s.path})
 
 
-def build_config(flags: dict[str, Any] | None = None, config_file: str | None = None) -> ServerConfig:
+def build_config(flags: dict[str, Any] | None = None, config_file: str | None = None,
+                 checks: Sequence[Callable[[ServerConfig], None]] = ()) -> ServerConfig:
     """Merge defaults < config file < flags, reading and checking every value.
 
-    Raises ConfigError naming the flag, or the config file and its key, that holds the bad value."""
+    Args:
+        flags: setting name -> value given on the command line (None: not given).
+        config_file: the TOML file of settings, if any.
+        checks: more checks of the whole configuration, after ``check_config``'s: those that need modules above
+            this one (``server/config_checks.py`` has the daemon's).
+
+    Raises:
+        ConfigError: naming the flag, or the config file and its key, that holds the bad value.
+    """
     origins = Origins(config_file)
     raw: dict[str, Any] = {}
     if config_file:
@@ -388,12 +389,15 @@ def build_config(flags: dict[str, Any] | None = None, config_file: str | None = 
     config = ServerConfig(**values)
     try:
         check_config(config)
+        for check in checks:
+            check(config)
     except ConfigError as exc:
         raise origins.reword(exc) from None
     return config
 
 
 def check_config(config: ServerConfig) -> None:
+    """The checks of values against each other and the machine that need no module above this one."""
     if len(config.socket) > IPC_PATH_MAX:
         raise ConfigError(f"--socket: path is {len(config.socket)} characters; ipc sockets allow at most "
                           f"{IPC_PATH_MAX}; choose a shorter path")
@@ -405,41 +409,10 @@ def check_config(config: ServerConfig) -> None:
     if config.host_mem > available:
         raise ConfigError(f"--host-mem: {format_size(config.host_mem)} does not fit in memory "
                           f"({format_size(available)} available); lower it")
-    check_disk_size(config)
-    from .server.stopping import StopPlan   # the stop's deadlines, checked in order at start
-    StopPlan.from_budget(config.shutdown_timeout)
     if config.chunk_limit > config.host_mem:
         raise ConfigError(f"--max-chunk: {format_size(config.max_chunk)} is larger than the host tier "
                           f"({format_size(config.host_mem)}); lower --max-chunk or raise --host-mem")
-    if config.gpu_mem:
-        from .tiers.gpu.settings import check_gpu_settings  # imports torch: only when a GPU tier is asked for
-
-        check_gpu_settings(config.gpu_mem, config.gpu_device)
-    from .security.curve import check_tcp_exposure
-    check_tcp_exposure(config.tcp, config.curve_server_key, config.curve_client_keys)
     check_events(config)
-
-
-def check_disk_size(config: ServerConfig) -> None:
-    """A set ``--disk-size`` holds at least one chunk and fits the filesystem that holds ``--disk-dir``."""
-    if config.disk_size <= 0:
-        return   # off, or auto (sized from the free space at start)
-    from .tiers.disk.tier import BLOCK, HEADER_BYTES, existing_parent
-
-    smallest = HEADER_BYTES + BLOCK
-    if config.disk_size < smallest:
-        raise ConfigError(f"--disk-size: {format_size(config.disk_size)} is below the smallest disk tier, "
-                          f"{format_size(smallest)} (a {format_size(HEADER_BYTES)} header and one "
-                          f"{format_size(BLOCK)} block); give at least {smallest // 1024}KiB, or 0 to turn it off")
-    where = existing_parent(config.disk_dir)
-    try:
-        usage = shutil.disk_usage(where)
-    except OSError as exc:
-        raise ConfigError(f"--disk-dir: cannot read the filesystem of {where}: {exc.strerror}") from None
-    if config.disk_size > usage.total:
-        raise ConfigError(f"--disk-size: {format_size(config.disk_size)} is larger than the filesystem that holds "
-                          f"{config.disk_dir} ({format_size(usage.total)} in all, {format_size(usage.free)} free); "
-                          f"lower it, or use auto")
 
 
 def check_events(config: ServerConfig) -> None:

@@ -8,6 +8,15 @@ import os
 
 IPC_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 
+# The eviction policies a setting may name (``store/policies.py`` builds each queue), and the default.
+EVICTION_POLICIES = ("chain-lru", "lru", "s3-fifo")
+DEFAULT_POLICY = "chain-lru"
+
+# KV cache events (``server/kv_events.py``): batches kept for replay, batches queued per subscriber, wire format.
+EVENTS_BUFFER = 10_000
+EVENTS_HWM = 100_000
+EVENTS_FORMAT = "map"
+
 
 def default_runtime_dir() -> str:
     """``$XDG_RUNTIME_DIR/kvstore`` (socket, lock, CURVE keys), else ``/tmp/kvstore-$UID``."""

@@ -220,7 +220,8 @@ def dense_to_chunks(
 def chunks_to_dense(chunks: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-layer `[1, kv_heads, n * chunk_tokens, head_dim]` K and V tensors (V empty for one plane)."""
     n, layers, planes, t, heads, dim = chunks.shape
-    keys, values = [], []
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
     for layer in range(layers):
         for kv, sink in ((0, keys), (1, values))[:planes]:
             tokens = chunks[:, layer, kv]  # [n, T, H, D]

@@ -136,6 +136,17 @@ class ChunkStore:
         self.geometry = geometry
         self._warned: set[str] = set()
 
+    @property
+    def dense(self) -> KVGeometry:
+        """The geometry of dense chunks (what ``load``, ``load_dense`` and ``verify`` read).
+
+        Raises:
+            TypeError: the store holds chunks of a paged cache, which have no dense shape.
+        """
+        if not isinstance(self.geometry, KVGeometry):
+            raise TypeError(f"chunks of {self.namespace} are paged ({type(self.geometry).__name__}), not dense")
+        return self.geometry
+
     def keys(self, token_ids: Sequence[int] | torch.Tensor, salt: str = "") -> list[bytes]:
         """One chained key per full chunk of `token_ids` (`salt`: a per-request cache salt)."""
         ns = self.namespace + (f";request-salt={salt}" if salt else "")
@@ -167,7 +178,8 @@ class ChunkStore:
             found = self._client().lookup_tiers(keys)
             return found.count, dict(found.tiers)
 
-        return self._attempt("lookup", (0, {}), counted)
+        nothing: tuple[int, dict[str, int]] = (0, {})
+        return self._attempt("lookup", nothing, counted)
 
     def load(self, keys: Sequence[bytes], device: torch.device | str = "cpu") -> torch.Tensor:
         """The longest loadable prefix of `keys` as `[n, *chunk_shape]` on `device`.
@@ -176,22 +188,22 @@ class ChunkStore:
         of the wrong size ends the prefix there.
         """
         if not keys:
-            return self.geometry.empty_chunks(0, device)
-        return self._attempt("get", self.geometry.empty_chunks(0, device), lambda: self._copied_out(keys, device))
+            return self.dense.empty_chunks(0, device)
+        return self._attempt("get", self.dense.empty_chunks(0, device), lambda: self._copied_out(keys, device))
 
     def _copied_out(self, keys: Sequence[bytes], device: torch.device | str) -> torch.Tensor:
         """`load`'s copy out of the leased views (raises what the daemon or a chunk raises)."""
-        out = self.geometry.empty_chunks(0, device)
+        out = self.dense.empty_chunks(0, device)
         with self._client().get(keys) as views:
             chunks = []
             for view in views:
                 try:
-                    chunks.append(chunk_from_buffer(view, self.geometry))
+                    chunks.append(chunk_from_buffer(view, self.dense))
                 except ValueError as exc:
                     self.warn("chunk size", exc)
                     break
             if chunks:
-                out = self.geometry.empty_chunks(len(chunks), device)
+                out = self.dense.empty_chunks(len(chunks), device)
                 for i, chunk in enumerate(chunks):
                     # Asynchronous from a page-locked arena mapping; the sync below ends before the lease does.
                     out[i].copy_(chunk, non_blocking=out.is_cuda)
@@ -241,7 +253,7 @@ class ChunkStore:
         `load` (one copy to the device, the reordering there)."""
         if torch.device(device).type != "cpu":
             return chunks_to_dense(self.load(keys, device)) if keys else ([], [])
-        g = self.geometry
+        g = self.dense
         loaded: list[torch.Tensor] = []
 
         def copy(views: list[Any]) -> None:   # may be called again (a chunk changed under it): starts afresh
@@ -278,7 +290,7 @@ class ChunkStore:
         show up here as a mismatch too). Tolerance: ``tolerance_for`` the geometry's dtype unless given. Any
         daemon failure is logged and reported as no checks.
         """
-        default_atol, default_rtol = tolerance_for(self.geometry.dtype)
+        default_atol, default_rtol = tolerance_for(self.dense.dtype)
         atol = default_atol if atol is None else atol
         rtol = default_rtol if rtol is None else rtol
         keys = list(keys[:len(computed)])
@@ -314,7 +326,13 @@ class ChunkStore:
             return 0
         new_keys = list(keys[first:first + len(chunks)])
         parent = keys[first - 1] if first > 0 else None
-        return self._attempt("put", 0, lambda: self._client().put(new_keys, list(chunks), parent=parent))
+
+        def put() -> int:
+            written = self._client().put(new_keys, list(chunks), parent=parent)
+            assert written is not None   # a put that waits says how many it wrote
+            return written
+
+        return self._attempt("put", 0, put)
 
     def _attempt(self, what: str, fallback: T, call: Callable[[], T], quiet: bool = False) -> T:
         """``call()``, or ``fallback`` when it raises anything: the one place a connector's store call turns an

@@ -28,7 +28,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 
@@ -98,7 +98,8 @@ class Transfers:
 
     def __init__(self, kv: PagedKV | Sequence[PagedKV], load_store: ChunkStore, save_store: ChunkStore,
                  max_save_bytes: int, dtype: torch.dtype = torch.uint8) -> None:
-        self.kvs = list(kv) if isinstance(kv, (list, tuple)) else [kv]  # one per KV cache group
+        # one per KV cache group
+        self.kvs: list[PagedKV] = list(kv) if isinstance(kv, (list, tuple)) else [cast(PagedKV, kv)]
         self.kv = self.kvs[0]
         self.dtype = dtype                          # of the cache's values, for comparisons
         self.counters = Counters()

@@ -59,7 +59,7 @@ import inspect
 import logging
 import random
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import torch
 import xxhash
@@ -82,7 +82,7 @@ _FINGERPRINTS: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakK
 
 
 def _text_config(model: torch.nn.Module) -> Any:
-    config = model.config
+    config: Any = model.config
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
@@ -95,13 +95,14 @@ def model_layout(model: torch.nn.Module, chunk_tokens: int) -> ChunkLayout:
                                   "not a prompt prefix")
     kinds = _attention_kinds(config, family)
     layers = config.num_hidden_layers
+    dtype = cast(torch.dtype, model.dtype)   # a transformers model's property; torch.nn.Module declares none
     if getattr(config, "kv_lora_rank", None):
-        return mla_layout(layers, config.kv_lora_rank, config.qk_rope_head_dim, model.dtype, chunk_tokens,
+        return mla_layout(layers, config.kv_lora_rank, config.qk_rope_head_dim, dtype, chunk_tokens,
                           attention=kinds, family_label=family)
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    geometry = KVGeometry(layers, kv_heads, head_dim, model.dtype, chunk_tokens)
+    geometry = KVGeometry(layers, kv_heads, head_dim, dtype, chunk_tokens)
     return ChunkLayout(Family.DENSE, geometry, kinds, family_label=family)
 
 
@@ -256,7 +257,7 @@ def load_prefix(
     keys_per_layer, values_per_layer = store.load_dense(keys[:hits], device=input_ids.device)
     if not keys_per_layer:
         return cache, 0
-    if store.geometry.planes == 1:   # MLA: the latent and the roped key, side by side in one plane
+    if store.dense.planes == 1:   # MLA: the latent and the roped key, side by side in one plane
         split = _mla_split(model)
         keys_per_layer, values_per_layer = map(list, zip(*(p.split(split, dim=-1) for p in keys_per_layer)))
     _fill_cache(cache, keys_per_layer, values_per_layer)
@@ -287,8 +288,8 @@ def verify_prefix(store: ChunkStore, model: torch.nn.Module, prefix_ids: torch.T
     cache = new_cache(model)
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     model(prefix_ids, use_cache=True, **{name: cache})
-    planes, values = _planes(cache, store.geometry)
-    computed = dense_to_chunks(planes, values, 0, len(keys), store.geometry)
+    planes, values = _planes(cache, store.dense)
+    computed = dense_to_chunks(planes, values, 0, len(keys), store.dense)
     atol, rtol = tolerance if tolerance is not None else (None, None)
     return cache, store.verify(keys, computed, atol, rtol)
 
@@ -321,6 +322,6 @@ def save_prefix(
     first = store.lookup(keys)
     if first >= len(keys):
         return 0
-    planes, values = _planes(cache, store.geometry)
-    chunks = dense_to_chunks(planes, values, first, len(keys) - first, store.geometry)
+    planes, values = _planes(cache, store.dense)
+    chunks = dense_to_chunks(planes, values, first, len(keys) - first, store.dense)
     return store.store(keys, chunks, first)

@@ -147,7 +147,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         if self._store is None or not keys:
             return out
         chunks = self._store.load(self._keys(keys))
-        shape = page_shape(self._layout, self._store.geometry)
+        shape = page_shape(self._layout, self._store.dense)
         for i, chunk in enumerate(chunks):
             target = target_locations[i] if target_locations is not None else None
             if target is None:
@@ -168,7 +168,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     ) -> bool:
         if self._store is None or not keys or values is None:
             return False
-        shape = page_shape(self._layout, self._store.geometry)
+        shape = page_shape(self._layout, self._store.dense)
         chunks = torch.stack([page_to_chunk(v.view(shape), self._layout, self._planes) for v in values])
         return self._put(self._keys(keys), chunks, []) == len(keys)
 
@@ -200,6 +200,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         return [ok] * len(keys)
 
     def _host_page(self, host_indices: torch.Tensor, i: int) -> torch.Tensor:
+        assert self._store is not None   # pages move only while the store is connected
         page_size = self._store.geometry.chunk_tokens
         return self.mem_pool_host.get_data_page(int(host_indices[i * page_size]), flat=False)
 

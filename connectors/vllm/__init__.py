@@ -80,6 +80,7 @@ from .stats import KVStoreConnectorStats
 from .worker import WorkerSide
 
 if TYPE_CHECKING:
+    import kvstore
     from vllm.config import VllmConfig
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
@@ -108,7 +109,7 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
-        self._off_report = None                      # holds the daemon's view of this connector as off
+        self._off_report: kvstore.Client | None = None   # holds the daemon's view of this connector as off
         self._settings = self._read_settings(vllm_config, role, kv_cache_config)
         if self._settings.geometry is None:
             return

@@ -21,6 +21,7 @@ from .shared import ConnectorSettings
 from .stats import Interval, KVStoreConnectorStats
 
 if TYPE_CHECKING:
+    from ..common.layout import PagedGeometry
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
@@ -55,14 +56,15 @@ class SchedulerSide:
         self._engine_block_size = sizes.pop() if len(sizes) == 1 else 0
         # A local client reads lookups from the daemon's shared index.
         link = settings.link(connector=state_report("vllm", g.family, "on", g.describe()))
-        stages = list(zip(g.stages, g.stage_labels)) or [(g.paged, None)]
+        stages: list[tuple[PagedGeometry, str | None]] = list(zip(g.stages, g.stage_labels))
+        stages = stages or [(g.paged, None)]
         ranks = [0] if g.mla else range(settings.tp_size)   # an MLA latent is stored once for every rank
         self.stores: list[ChunkStore] = [settings.chunk_store(rank, link, paged, stage)
                                          for paged, stage in stages for rank in ranks]
         link.client()  # connect (and map) now, not on the first request; a daemon that is down: later
 
     @property
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         return dict(self._stats)
 
     def looked_up(self, req_id: str) -> bool:

@@ -28,7 +28,7 @@ class KVStoreConnectorStats(KVConnectorStats):
         unknown = sorted(set(self.data) - set(FIELDS))
         if unknown:
             raise ValueError(f"kvstore connector stats have no field {unknown[0]!r}; fields: {', '.join(FIELDS)}")
-        self.data = {name: self.data.get(name, 0) for name in FIELDS}
+        self.data: dict[str, int | float] = {name: self.data.get(name, 0) for name in FIELDS}
 
     def reset(self) -> None:
         self.data = {name: 0 for name in FIELDS}

@@ -85,7 +85,10 @@ def configuration_page() -> str:
              "| flag | TOML key | default | meaning |",
              "| --- | --- | --- | --- |"]
     for s in SETTINGS:
-        flag = f"{flag_name(s.name)} / --no-{s.name.replace('_', '-')}" if s.switch else f"{flag_name(s.name)} {s.metavar}"
+        if s.switch:
+            flag = f"{flag_name(s.name)} / --no-{s.name.replace('_', '-')}"
+        else:
+            flag = f"{flag_name(s.name)} {s.metavar}"
         lines.append(f"| `{flag}` | `{s.name}` | {shown_default(s)} | {cell(s.help)} |")
     lines.append("")
     return "\n".join(lines)

@@ -19,7 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = build_config(vars(args), args.config)
+    from ..server.config_checks import SERVING_CHECKS
+
+    config = build_config(vars(args), args.config, SERVING_CHECKS)
     setup_logging(config.log_level)
     from ..server.daemon import run_daemon  # imported here so that `kvstore stats` starts fast
 

@@ -88,9 +88,10 @@ def render(stats: dict[str, Any], prev: Sample | None, cur: Sample, address: str
     live.add_column("since start", justify="right")
     interval_rate = percent(r["hit_tokens"], r["lookup_tokens"]) if r else "-"
     live.add_row("hit rate (tokens)", interval_rate, percent(stats["hit_tokens"], stats["lookup_tokens"]))
-    per_s = [("lookups/s", "lookups", str), ("hit tokens/s", "hit_tokens", str),
-             ("bytes in/s (put)", "bytes_in", format_size), ("bytes out/s (get)", "bytes_out", format_size),
-             ("bytes between tiers/s", "bytes_between", format_size), ("evictions/s", "evictions", str)]
+    per_s: list[tuple[str, str, Callable[[int], str]]] = [
+        ("lookups/s", "lookups", str), ("hit tokens/s", "hit_tokens", str),
+        ("bytes in/s (put)", "bytes_in", format_size), ("bytes out/s (get)", "bytes_out", format_size),
+        ("bytes between tiers/s", "bytes_between", format_size), ("evictions/s", "evictions", str)]
     for label, name, fmt in per_s:
         shown = fmt(int(r[name])) if r else "-"
         total = fmt(int(quantity(cur, name)))

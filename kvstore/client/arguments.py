@@ -44,7 +44,7 @@ def sequence(call: str, name: str, value: Any, of: str) -> Sequence[Any]:
     """``value`` as a list or tuple of items (any other sequence is copied into a list); refuses strings, single
     keys or buffers, iterators and generators (they could be read only once), and anything else."""
     if type(value) is list or type(value) is tuple:
-        return value   # type: ignore[no-any-return]
+        return value
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray, memoryview)):
         return list(value)
     hint = ""

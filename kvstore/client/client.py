@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import DaemonUnavailable, UsageError, VersionError
 from ..keys import KEY_BYTES
@@ -47,6 +47,9 @@ from .scrub_pass import run_pass
 from .session import DEFAULT_CHUNK_TOKENS, DEFAULT_NAMESPACE, Session
 from .shared_index import tiers_of
 from .stream_transport import StreamLost
+
+if TYPE_CHECKING:
+    from .port import SessionPort
 
 __all__ = ["Client", "Lease", "LookupResult", "Reservation", "connect"]
 
@@ -108,7 +111,7 @@ class Client(Session):
         counts, error = [], None
         for rid in ids:  # every reply is waited for (or given up on), so none is left behind when one fails
             try:
-                wait = 0.0 if isinstance(error, DaemonUnavailable) else None
+                wait: float | None = 0.0 if isinstance(error, DaemonUnavailable) else None
                 counts.append(int(self._transport.wait(rid, wait)[0]["count"]) if rid else 0)
             except Exception as exc:  # noqa: BLE001 - re-raised below, once the others are in
                 error = error or exc
@@ -230,9 +233,13 @@ class Client(Session):
             self._credit.offer_done(self, offered, header)
         views: list[memoryview | None] = []
         for slot in header["slots"]:   # the writer's own slots: of the read-write mapping
-            if slot is not None and self._pages is not None:
+            if slot is None:
+                views.append(None)
+                continue
+            assert self._arena_view is not None, "slots are given only to a client that maps the arena"
+            if self._pages is not None:
                 self._pages.touch(slot[0], slot[1])
-            views.append(None if slot is None else self._arena_view[slot[0]:slot[0] + slot[1]])
+            views.append(self._arena_view[slot[0]:slot[0] + slot[1]])
         return Reservation(self, int(header["reservation"]), views)
 
     def _put_inline(self, packed: bytes, payloads: list[Any], parent: bytes | None,
@@ -261,6 +268,7 @@ class Client(Session):
         if arena is None:
             lease = Lease(self, 0, [frame.buffer.toreadonly() for frame in payload])
         else:
+            assert self._read_pages is not None   # mapped with the read view
             tiers = header.get("tiers") or ["host"] * len(slots)
             for (off, size), tier in zip(slots, tiers):
                 if tier != "gpu" or self._gpu_pool is None:
@@ -397,3 +405,8 @@ def connect(address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
     """Connect to a daemon (the default socket of ``kvstore serve`` when ``address`` is None); see ``Client``'s
     constructor (``Session.__init__``) for the arguments."""
     return Client(address, namespace, chunk_tokens, timeout, **kwargs)
+
+
+if TYPE_CHECKING:
+    def _implements_session_port(client: Client) -> SessionPort:
+        return client   # the type checker proves that a Client is the SessionPort its leases and credits use

@@ -29,7 +29,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence
 
 from ..native.walk import STATES, NativeWalk, WalkRead
 from ..protocol.index_layout import (
@@ -112,7 +112,7 @@ class SharedIndexView:
                 return answer
         return None
 
-    def _header(self) -> tuple[int, int, int] | bool | None:
+    def _header(self) -> tuple[int, int, int] | Literal[False] | None:
         """A walk's start: (epoch, flags, slot mask); None when the view cannot answer (stale, stopping); False
         while the table is rebuilt."""
         w = self._words
@@ -124,7 +124,7 @@ class SharedIndexView:
             return None
         return epoch, flags, w[H_SLOTS] - 1
 
-    def _read(self, packed: bytes, n: int, detail: bool) -> tuple[int, int, WalkRead] | bool | None:
+    def _read(self, packed: bytes, n: int, detail: bool) -> tuple[int, int, WalkRead] | Literal[False] | None:
         """One try at the listed keys heading the ``n`` keys in ``packed``: (epoch, flags, what the walk read, with
         each key's slot when ``detail``); None or False as ``_header`` and the walk say."""
         header = self._header()
@@ -136,7 +136,7 @@ class SharedIndexView:
             return read
         return (epoch, flags, read) if self._words[H_EPOCH] == epoch else False
 
-    def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | bool | None:
+    def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | Literal[False] | None:
         """The walk a key at a time, in Python (``kvstore/native/walk.py`` has it in C): as ``NativeWalk.walk``
         (which leaves the per-key lists empty without ``detail``; here they cost nothing extra)."""
         words = struct.unpack(f"<{2 * n}Q", packed)
@@ -175,7 +175,7 @@ class SharedIndexView:
         walk = self.try_lookup(packed, n, False)
         return isinstance(walk, tuple) and walk[0] == n
 
-    def try_lookup(self, packed: bytes, n: int, promote: bool) -> tuple[int, list[int]] | bool | None:
+    def try_lookup(self, packed: bytes, n: int, promote: bool) -> tuple[int, list[int]] | Literal[False] | None:
         """One try for the ``n`` keys in ``packed``, uncounted.
 
         Args:
@@ -197,7 +197,7 @@ class SharedIndexView:
             return None
         return count, counts
 
-    def locate(self, packed: bytes) -> tuple[int, list[tuple[int, int, int, int]]] | bool | None:
+    def locate(self, packed: bytes) -> tuple[int, list[tuple[int, int, int, int]]] | Literal[False] | None:
         """Where the leading keys' (``packed`` end to end) DRAM copies are, for a reader copying them out of the arena:
         (epoch, one ``(slot offset, seq, arena offset, size)`` per chunk of the prefix held in DRAM); None when only the
         socket can answer (the view is stale, or the prefix stops at a chunk held elsewhere, not listed, or — with a
@@ -232,8 +232,9 @@ class SharedIndexView:
         return bool(w[H_FLAGS] & CLOSED) or time.monotonic_ns() - w[H_HEARTBEAT] > STALE_NS
 
     def close(self) -> None:
-        if getattr(self, "_native", None) is not None:
-            self._native.close()
+        native = getattr(self, "_native", None)   # absent when the constructor failed
+        if native is not None:
+            native.close()
         self._words.release()
         self._buf.close()
 

@@ -58,7 +58,7 @@ class StreamTransport(RequestTransport):
         if payloads:
             raise UsageError("payloads: the stream socket carries no payload frames; send inline puts over ZeroMQ")
         rid = next(self._ids)
-        data = request_bytes(encode({"id": rid, **header}))   # the id first: see Transport.send
+        data: bytes | bytearray = request_bytes(encode({"id": rid, **header}))   # the id first: see Transport.send
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._lock:
             self._check()

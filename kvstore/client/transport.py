@@ -28,7 +28,7 @@ from .transport_base import RequestTransport
 class Transport(RequestTransport):
     def __init__(self, address: str, timeout: float, curve: ClientCurve | None = None) -> None:
         super().__init__(address, timeout)
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         # CURVE keys for tcp://: given, else from the KVSTORE_CURVE_* variables (see security/curve.py)
         self.curve = (curve or ClientCurve.from_env()) if address.startswith("tcp://") else None

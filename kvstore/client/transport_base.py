@@ -41,6 +41,10 @@ class RequestTransport:
         """Send one request and wait for its reply."""
         return self.wait(self.send(header, payloads, timeout), timeout)
 
+    def alive(self) -> bool:
+        """Whether the daemon's end looks open; a transport that cannot tell says True."""
+        return True
+
     @property
     def holding(self) -> bool:
         """Whether a held request waits for the next one to go out with (``send(hold=True)``)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import threading
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class NativeWalk:
         lib = load("index")
         return None if lib is None else cls(lib, buf)
 
-    def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | bool | None:
+    def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | Literal[False] | None:
         """What the walk of the ``n`` keys in ``packed`` read (``detail``: with each listed key's slot), or False
         (a slot changed while read: try again) or None (a key probed past MAX_PROBE: ask the socket)."""
         scratch = self._buffers()
@@ -56,7 +56,7 @@ class NativeWalk:
         flat = out[:4 * got] if out is not None else []
         return bool(scratch.missed.value), got, scratch.counts[:], flat[0::4], flat[1::4], flat[2::4], flat[3::4]
 
-    def lookup(self, packed: bytes, n: int, promote: bool) -> tuple[int, list[int]] | bool | None:
+    def lookup(self, packed: bytes, n: int, promote: bool) -> tuple[int, list[int]] | Literal[False] | None:
         """``SharedIndexView.answer``'s one try in one call (the header's checks, the walk, the epoch read again,
         the promote rule): (leading keys listed, count per state), False (the table moved: try again) or None
         (only the socket can answer)."""

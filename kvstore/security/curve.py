@@ -112,13 +112,14 @@ class ServerCurve:
 
     def start(self, ctx: zmq.Context) -> None:
         """Run the ZAP handler on ``ctx`` (a sync shadow is used, so an asyncio context works too)."""
-        shadow = zmq.Context.shadow(ctx.underlying)
+        shadow: zmq.Context = zmq.Context.shadow(ctx.underlying)
         self._auth = ThreadAuthenticator(shadow)
         self._auth.start()
         self._auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=self.allow)
 
     def apply(self, sock: zmq.Socket) -> None:
         """Make ``sock`` a CURVE server checked by our ZAP handler (call before bind)."""
+        assert self.pair.secret is not None   # load_secret_keypair refuses a file without one
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.pair.secret)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.pair.public)
@@ -155,5 +156,6 @@ class ClientCurve:
 
     def apply(self, sock: zmq.Socket) -> None:
         sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_public)
+        assert self.pair.secret is not None   # load_secret_keypair refuses a file without one
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.pair.public)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.pair.secret)

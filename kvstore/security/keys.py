@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 import zmq
+from zmq.utils import z85
 
 from ..errors import ConfigError
 from .paths import make_private_dirs
@@ -41,7 +42,7 @@ def _check_z85(key: bytes, what: str) -> bytes:
     if len(key) != Z85_KEY_CHARS:
         raise ConfigError(f"{what}: expected a {Z85_KEY_CHARS}-character Z85 CURVE key, got {len(key)} characters")
     try:
-        zmq.utils.z85.decode(key)
+        z85.decode(key)
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"{what}: not a valid Z85 CURVE key") from None
     return key

@@ -41,7 +41,7 @@ import contextlib
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Awaitable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine
 
 import zmq
 from prometheus_client import CollectorRegistry
@@ -82,12 +82,11 @@ FINISHING_OPS = frozenset({Op.PING, Op.COMMIT, Op.ABORT, Op.RELEASE, Op.EXTEND, 
 
 
 class Daemon:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, tenants: "TenantTable | None" = None) -> None:
         self.config = config
+        self.tenants = tenants              # the config file's tenants table, or None (one shared tenant)
         self.sessions: dict[bytes, Session] = {}
-        self.svc = Service(config)          # what handlers may touch: store, tiers, config, counters
-        self.svc.stats = self.stats
-        self.svc.stream_path = self._stream_path
+        self.svc: Service                   # what handlers may touch: store, tiers, config, counters (``open``)
         self._claims = Claims()             # what start-up took (startup.py), released by close(), newest first
         self.stop_plan = StopPlan.from_budget(config.shutdown_timeout)
         self._stop_event = asyncio.Event()  # set at SIGTERM: waiting requests are answered UnavailableError
@@ -140,7 +139,9 @@ class Daemon:
         if self.config.adopt:   # what a crash leaves for the next start (tiers/host/journal.py)
             open_journal(host, path)
             claims.leftovers.append(journal_path_for(arena.path))
-        open_tiers(self.svc, host, disk, arena, claims, lambda: self._remote_close_wait, kept)
+        tiers = open_tiers(self.config, self.tenants, host, disk, arena, claims, lambda: self._remote_close_wait,
+                           kept)
+        self.svc = Service(self.config, tiers, self.tenants, stats=self.stats, stream_path=self._stream_path)
         take(self._remove_socket_file)   # after the ipc socket is closed (registered below)
         self._bind("ipc", "ipc://" + path)
         claims.leftovers.append(path)
@@ -376,10 +377,10 @@ class Daemon:
                 session, reply = hello_reply(self.svc, owner, transport, header, principal)
                 self._add_session(session)
             else:
-                session = self.sessions.get(owner)
-                if session is None:
+                known = self.sessions.get(owner)
+                if known is None:
                     raise VersionError("send HELLO (protocol version and namespace) before any other request")
-                reply = HANDLERS[op](self.svc, session, header, payload)
+                reply = HANDLERS[op](self.svc, known, header, payload)
                 if type(reply) is not list:   # a coroutine: the handler has to wait
                     return self._finish(rid, op, started, reply)
         except Exception as exc:  # noqa: BLE001 - answered with an error reply, the daemon keeps serving
@@ -480,16 +481,15 @@ def _drop_late_reply(task: asyncio.Future) -> None:
 
 def run_daemon(config: ServerConfig, tenants: "TenantTable | None" = None) -> int:
     """Run until SIGTERM/SIGINT (``tenants``: the config file's tenants table). Returns the process exit code."""
+    run_loop: Callable[[Coroutine[Any, Any, Any]], Any]
     try:
-        from uvloop import run as run_loop
+        from uvloop import run as uvloop_run
+        run_loop = uvloop_run
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         run_loop = asyncio.run
-    daemon = Daemon(config)
-    daemon.svc.tenants = tenants
+    daemon = Daemon(config, tenants)
     try:
         daemon.open()
-        if tenants is not None:
-            daemon.svc.store.private = lambda namespace: tenants.tenant_for(namespace).restricted
         run_loop(daemon.serve())
     finally:
         daemon.close()

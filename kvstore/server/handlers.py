@@ -37,6 +37,7 @@ def _may_touch(svc: Service, s: Session, namespace: str) -> bool:
 def _require_access(svc: Service, s: Session) -> None:
     """Refuse a write, delete or clear of a namespace the session's principal is not listed for."""
     if not _may_touch(svc, s, s.namespace):
+        assert svc.tenants is not None   # without a tenants table every namespace may be touched
         tenant = svc.tenants.tenant_for(s.namespace).name
         raise PermissionDeniedError(f"namespace {s.namespace!r} belongs to tenant {tenant}, which does not list "
                                     f"this client's identity; connect as a listed uid/gid or CURVE key")
@@ -69,13 +70,14 @@ def handle_lookup(svc: Service, s: Session, h: dict, frames: list) -> Any:
     tiers: dict[str, int] = {}
     for name in result.tiers:
         tiers[name] = tiers.get(name, 0) + 1
-    if svc.remote is None or not req.promote or result.count == len(req.keys) or len(keys) < len(req.keys):
+    remote = svc.remote
+    if remote is None or not req.promote or result.count == len(req.keys) or len(keys) < len(req.keys):
         svc.count_lookup_tokens(s, len(req.keys), result.count)
         return [ok_reply(h["id"], count=result.count, tiers=tiers)]
 
     async def with_remote() -> Frames:
         # The local walk missed: ask the remote store for the rest of the chain, for at most --remote-wait.
-        extra = await svc.remote.continuation(s.namespace, req.keys, result.count, svc.config.remote_wait)
+        extra = await remote.continuation(s.namespace, req.keys, result.count, svc.config.remote_wait)
         if extra:
             tiers["remote"] = extra
             svc.store.count_remote_hits(extra)
@@ -102,7 +104,8 @@ def _throttled(svc: Service, nbytes: int, then: Callable[[], Frames]) -> Any:
 
     async def later() -> Frames:
         if not await svc.wait_for_write_back(nbytes, PUT_WAIT_S):
-            raise StoreFullError(f"disk writes are behind: {svc.disk_mover.queued_bytes()} bytes wait for the disk; "
+            queued = svc.disk_mover.queued_bytes() if svc.disk_mover is not None else 0
+            raise StoreFullError(f"disk writes are behind: {queued} bytes wait for the disk; "
                                  f"retry later, or raise --disk-queue if the disk keeps up on average")
         return then()
     return later()

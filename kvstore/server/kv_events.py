@@ -34,6 +34,7 @@ import msgpack
 import zmq
 
 from .. import logs
+from ..defaults import EVENTS_BUFFER, EVENTS_FORMAT, EVENTS_HWM
 from ..errors import ConfigError
 from ..protocol.engine_identity import EngineIdentity
 from ..protocol.kv_events import (
@@ -52,10 +53,10 @@ _MORE = zmq.SNDMORE | zmq.NOBLOCK
 class EventSettings:
     endpoint: str
     replay_endpoint: str = ""
-    buffer: int = 10_000         # batches kept for replay
-    hwm: int = 100_000           # batches ZeroMQ queues per subscriber before it drops for that one
-    fmt: str = "map"
-    topic: str = DEFAULT_TOPIC   # a plain topic or a template (event_topics.py)
+    buffer: int = EVENTS_BUFFER   # batches kept for replay
+    hwm: int = EVENTS_HWM         # batches ZeroMQ queues per subscriber before it drops for that one
+    fmt: str = EVENTS_FORMAT
+    topic: str = DEFAULT_TOPIC    # a plain topic or a template (event_topics.py)
 
 
 @dataclass

@@ -14,7 +14,6 @@ import asyncio
 from ..config import ServerConfig
 from ..protocol.index_layout import REMOTE, supported
 from ..store.published_index import PublishedIndex, index_path_for
-from ..store.store import Store
 from .startup import Claims
 from .stream import SUFFIX, Dispatcher, StreamServer
 
@@ -22,20 +21,16 @@ from .stream import SUFFIX, Dispatcher, StreamServer
 EXPECTED_CHUNK_BYTES = 64 << 10   # sizes the index at start: one slot per 64 KiB of DRAM (it grows past that)
 
 
-def open_index(config: ServerConfig, store: Store, claims: Claims) -> PublishedIndex | None:
-    """Publish ``store``'s lookup index in shared memory (x86-64 only: see protocol/index_layout.py)."""
+def open_index(config: ServerConfig, claims: Claims) -> PublishedIndex | None:
+    """The lookup index in shared memory, for the Store to publish into (x86-64 only: see
+    protocol/index_layout.py); None where it is not supported. Whoever hands it to a Store also registers
+    ``Store.stop_publishing`` after this, so that the Store lets go of it before it closes."""
     if not supported():
         return None
     index = PublishedIndex(index_path_for(config.socket), config.host_mem // EXPECTED_CHUNK_BYTES)
-
-    def close() -> None:
-        store.published = None
-        index.close()
-
-    claims.take(close)
+    claims.take(index.close)
     claims.leftovers.append(index.path)
     index.set_flag(REMOTE, bool(config.remote))
-    store.published = index
     return index
 
 

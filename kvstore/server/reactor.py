@@ -15,7 +15,7 @@ are cut into bursts so that a flood from one client cannot starve timers and oth
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import zmq
 
@@ -35,7 +35,7 @@ class SocketReactor:
         self.sock = sock
         self._handle = handle
         self._tasks = tasks
-        self._fd = sock.getsockopt(zmq.FD)
+        self._fd = cast(int, sock.getsockopt(zmq.FD))
         self.active = False
 
     def start(self) -> None:
@@ -51,7 +51,7 @@ class SocketReactor:
 
     def _drain(self) -> None:
         for _ in range(BURST):
-            if not self.active or not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not self.active or not cast(int, self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 return
             try:
                 msg = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)

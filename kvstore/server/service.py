@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .. import logs
 from ..config import ServerConfig
@@ -27,6 +27,9 @@ from .kv_events import EventPublisher
 from .safeguards import Safeguards
 from .session import Session
 
+if TYPE_CHECKING:
+    from ..tenants.table import TenantTable
+
 
 @dataclass
 class ServiceCounters:
@@ -36,24 +39,52 @@ class ServiceCounters:
     errors: int = 0
 
 
+@dataclass
+class Tiers:
+    """What start-up opened for the service (``tier_setup.open_tiers``): the Store, the movers of the tiers below
+    DRAM, and what publishes and watches them."""
+
+    store: Store
+    safeguards: Safeguards                          # checksums, scrubs, verification, key parameters
+    disk_mover: DiskMover | None = None             # the disk tier's mover
+    gpu_mover: GpuMover | None = None
+    gpu_hello: dict[str, Any] | None = None         # the HELLO reply's "gpu" field (exported once)
+    remote: RemoteMover | None = None
+    index: PublishedIndex | None = None             # the lookup index clients read in shared memory
+    events: EventPublisher | None = None            # KV cache events (--events-endpoint), and their log
+    event_log: EventLog | None = None
+    adoption: Adoption | None = None                # the kept arena's verification (tiers/host/adoption.py)
+
+
 class Service:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, tiers: Tiers, tenants: "TenantTable | None" = None,
+                 stats: Callable[[], dict[str, Any]] = dict,
+                 stream_path: Callable[[], str | None] = lambda: None) -> None:
+        """What handlers may touch, complete from the start.
+
+        Args:
+            config: the daemon's settings.
+            tiers: what start-up opened (``tier_setup.open_tiers``).
+            tenants: the config file's tenants table; None: one shared tenant.
+            stats: the daemon's ``stats`` reply.
+            stream_path: the listening stream socket's path, if any.
+        """
         self.config = config
         self.started = time.time()
         self.counters = ServiceCounters()
-        self.store: Store  # set at start-up, with the movers below
-        self.disk_mover: DiskMover | None = None        # the disk tier's mover
-        self.gpu_mover: GpuMover | None = None
-        self.gpu_hello: dict[str, Any] | None = None   # the HELLO reply's "gpu" field (exported once)
-        self.remote: RemoteMover | None = None
-        self.safeguards: Safeguards  # checksums, scrubs, verification, key parameters
-        self.index: PublishedIndex | None = None       # the lookup index clients read in shared memory
-        self.events: EventPublisher | None = None      # KV cache events (--events-endpoint), and their log
-        self.event_log: EventLog | None = None
-        self.stream_path: Callable[[], str | None] = lambda: None   # the listening stream socket, if any
-        self.stats: Callable[[], dict[str, Any]] = dict   # the daemon's ``stats`` reply (set by the daemon)
-        self.adoption: Adoption | None = None   # the kept arena's verification (tiers/host/adoption.py)
-        self.tenants: Any = None   # tenants.table.TenantTable of the config file, or None (one shared tenant)
+        self.store = tiers.store
+        self.disk_mover = tiers.disk_mover
+        self.gpu_mover = tiers.gpu_mover
+        self.gpu_hello = tiers.gpu_hello
+        self.remote = tiers.remote
+        self.safeguards = tiers.safeguards
+        self.index = tiers.index
+        self.events = tiers.events
+        self.event_log = tiers.event_log
+        self.adoption = tiers.adoption
+        self.stream_path = stream_path
+        self.stats = stats
+        self.tenants = tenants
 
     def movers(self) -> list[Any]:
         """The movers of the tiers below DRAM (``store/movers.py``), in start order."""

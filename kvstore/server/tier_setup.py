@@ -26,6 +26,7 @@ from ..tiers.gpu.mover import GpuMover
 from ..tiers.disk.mover import DiskMover
 from ..tiers.remote.mover import RemoteMover
 from ..store.store import Store
+from ..tiers.ledgers import tier_ledgers
 from ..tiers.host.arena import SharedArena, arena_path_for
 from ..tiers.disk.tier import DiskTier, disk_room
 from ..tiers.host.tier import HostTier
@@ -33,10 +34,11 @@ from ..tiers.host.adoption import Adoption, KeptArena
 from .kv_events import EventPublisher, EventSettings
 from .local_access import open_index
 from .safeguards import Safeguards
+from .service import Tiers
 from .startup import Claims, exclusive_lock
 
 if TYPE_CHECKING:
-    from .service import Service
+    from ..tenants.table import TenantTable
 
 REMOTE_NAMESPACE = "kvstore"   # store-wide: chunk keys already commit to each client's namespace
 REMOTE_TIMEOUT = 1.0           # deadline of a remote metadata call (data calls add bytes / 256 MiB/s)
@@ -73,61 +75,94 @@ def disk_capacity(requested: int, directory: str) -> int:
     return size
 
 
-def open_tiers(svc: "Service", host: HostTier, disk: DiskTier | None, arena: SharedArena, claims: Claims,
-               remote_close_wait: Callable[[], float], kept: KeptArena | None = None) -> None:
-    """The Store over the host arena and the tiers below it, each tier's mover on its ledger, and the safeguards:
-    all onto ``svc``, each closer onto ``claims`` (``remote_close_wait()``: the seconds the stop leaves the
-    remote backend to close; ``kept``: what the arena kept from the last daemon, adopted once the disk index
-    is rebuilt, so that a kept chunk with a disk copy becomes that copy's DRAM copy)."""
-    config, take = svc.config, claims.take
+def open_tiers(config: ServerConfig, tenants: "TenantTable | None", host: HostTier, disk: DiskTier | None,
+               arena: SharedArena, claims: Claims, remote_close_wait: Callable[[], float],
+               kept: KeptArena | None = None) -> Tiers:
+    """The Store over the host arena and the tiers below it, each tier's mover on its ledger, and the safeguards,
+    each closer onto ``claims``.
+
+    Args:
+        tenants: the config file's tenants table (their budgets must fit the tiers), or None.
+        remote_close_wait: the seconds the stop leaves the remote backend to close, asked at the stop.
+        kept: what the arena kept from the last daemon, adopted once the disk index is rebuilt, so that a kept
+            chunk with a disk copy becomes that copy's DRAM copy.
+
+    Returns:
+        What the service is built with. Raises ConfigError when a tier cannot be opened.
+    """
+    take = claims.take
     gpu = open_gpu(config, arena, claims)
-    if svc.tenants is not None:
+    if tenants is not None:
         from ..tenants.table import check_capacities
 
-        check_capacities(svc.tenants, {"dram": host.capacity_bytes, "disk": disk.capacity_bytes if disk else 0,
-                                       "gpu": config.gpu_mem})
-    svc.store = store = Store(host, config.lease_ttl, config.reserve_ttl, disk=disk, gpu=gpu,
-                              policy=config.eviction_policy, tenants=svc.tenants)
-    store.after_reply = AfterReply()   # a put's reply goes out before the work no reader sees
-    svc.index = open_index(config, store, claims)
-    open_events(svc, claims)   # before the disk index is rebuilt: what survived is announced after the clear
-    if store.gpu_ledger is not None:
-        svc.gpu_mover = GpuMover(store.gpu_ledger)
-        take(svc.gpu_mover.close)   # waits for copies in flight: before the GPU pool and the arena go
-        svc.gpu_hello = gpu.hello_info()
+        check_capacities(tenants, {"dram": host.capacity_bytes, "disk": disk.capacity_bytes if disk else 0,
+                                   "gpu": config.gpu_mem})
+    index = open_index(config, claims)
+    # Events before the disk index is rebuilt: what survived is announced after the clear.
+    publisher, event_log = open_events(config, claims)
+    store = Store(host, config.lease_ttl, config.reserve_ttl, tier_ledgers(config.eviction_policy, disk, gpu),
+                  tenants=tenants, after_reply=AfterReply(),   # a put's reply goes out before the work no reader sees
+                  private=private_namespaces(tenants), events=event_log, published=index)
+    if index is not None:
+        take(store.stop_publishing)   # released before the index closes
+    gpu_mover, gpu_hello = None, None
+    if store.gpu_ledger is not None and gpu is not None:
+        gpu_mover = GpuMover(store.gpu_ledger)
+        take(gpu_mover.close)   # waits for copies in flight: before the GPU pool and the arena go
+        gpu_hello = gpu.hello_info()
+    disk_mover = None
     if store.disk_ledger is not None:
         rebuild_index(store.disk_ledger)
-        svc.disk_mover = DiskMover(store.disk_ledger, config.disk_io_depth, config.disk_queue_limit)
-        take(svc.disk_mover.close)
+        disk_mover = DiskMover(store.disk_ledger, config.disk_io_depth, config.disk_queue_limit)
+        take(disk_mover.close)
+    remote = None
     if config.remote:
-        remote = svc.remote = RemoteMover(store.remote_ledger, open_remote(config, arena, claims), config.chunk_limit)
+        remote = RemoteMover(store.remote_ledger, open_remote(config, arena, claims), config.chunk_limit)
         take(lambda: remote.close(remote_close_wait()))   # its workers use the arena
-    svc.safeguards = Safeguards(store, svc.disk_mover, config.scrub_rate)
-    take(svc.safeguards.close)   # its worker hashes arena slots: before the arena is unmapped
-    if kept is not None:
-        svc.adoption = Adoption(store, kept, config.lease_ttl)
-        take(svc.adoption.close)   # its worker hashes kept slots: before the arena is unmapped
-        logs.info("arena_adoption", **({"state": kept.report.state, "reason": kept.report.reason}
-                                       if kept.report.reason else
-                                       {"state": kept.report.state, "chunks": len(kept.chunks),
-                                        "unfit_chunks": kept.report.unfit_chunks}))
+    safeguards = Safeguards(store, disk_mover, config.scrub_rate)
+    take(safeguards.close)   # its worker hashes arena slots: before the arena is unmapped
+    return Tiers(store, safeguards, disk_mover=disk_mover, gpu_mover=gpu_mover, gpu_hello=gpu_hello, remote=remote,
+                 index=index, events=publisher, event_log=event_log,
+                 adoption=open_adoption(store, kept, config.lease_ttl, claims))
 
 
-def open_events(svc: "Service", claims: Claims) -> None:
-    """The KV cache event publisher and the Store's event log, when ``--events-endpoint`` asks for them. The
-    first event of every start is ``AllBlocksCleared``; the chunks adopted after it are announced as stored."""
-    config = svc.config
+def open_adoption(store: Store, kept: KeptArena | None, lease_ttl: float, claims: Claims) -> Adoption | None:
+    """The verification of what the arena kept from the last daemon (None: nothing was kept), logged."""
+    if kept is None:
+        return None
+    adoption = Adoption(store, kept, lease_ttl)
+    claims.take(adoption.close)   # its worker hashes kept slots: before the arena is unmapped
+    logs.info("arena_adoption", **({"state": kept.report.state, "reason": kept.report.reason}
+                                   if kept.report.reason else
+                                   {"state": kept.report.state, "chunks": len(kept.chunks),
+                                    "unfit_chunks": kept.report.unfit_chunks}))
+    return adoption
+
+
+def private_namespaces(tenants: "TenantTable | None") -> Callable[[str], bool] | None:
+    """Whether a namespace is a restricted tenant's, kept out of the shared index (any local reader could map it);
+    None without a tenants table."""
+    if tenants is None:
+        return None
+    return lambda namespace: tenants.tenant_for(namespace).restricted
+
+
+def open_events(config: ServerConfig, claims: Claims) -> tuple[EventPublisher | None, EventLog | None]:
+    """The KV cache event publisher and the Store's event log, when ``--events-endpoint`` asks for them (else
+    None and None). The first event of every start is ``AllBlocksCleared``; the chunks adopted after it are
+    announced as stored."""
     if not config.events_endpoint:
-        return
-    publisher = svc.events = EventPublisher(EventSettings(
+        return None, None
+    publisher = EventPublisher(EventSettings(
         config.events_endpoint, config.events_replay_endpoint, config.events_buffer, config.events_hwm,
         config.events_format, config.events_topic))
     claims.take(publisher.close)   # after the Store's last change: registered before the movers' closers
-    svc.store.events = svc.event_log = EventLog(publisher.submit)
-    publisher.holdings = svc.event_log.snapshot
-    svc.event_log.all_cleared()
+    event_log = EventLog(publisher.submit)
+    publisher.holdings = event_log.snapshot
+    event_log.all_cleared()
     logs.info("kv_events", endpoint=config.events_endpoint, replay=config.events_replay_endpoint or None,
               format=config.events_format, incarnation=publisher.incarnation)
+    return publisher, event_log
 
 
 def rebuild_index(ledger: DiskLedger) -> None:

@@ -28,8 +28,8 @@ from ..errors import StoreFullError
 from ..store.policies import DEFAULT_POLICY
 from ..store.store import Store
 from ..tenants.table import TenantTable
-from ..tiers.host.tier import HostTier
-from ..tiers.virtual import VirtualArena, VirtualDisk
+from ..tiers.ledgers import tier_ledgers
+from ..tiers.virtual import VirtualDisk, virtual_gpu_tier, virtual_host_tier
 from .movers import InstantDiskMover, InstantGpuMover
 from .trace import BLOCK_TOKENS, Request
 
@@ -88,9 +88,9 @@ class SimulatedStore:
         self.chunk_bytes = capacity.chunk_bytes
         disk = VirtualDisk(capacity.disk_bytes) if capacity.disk_bytes else None
         # The GPU tier's accounting is an extent allocator with a capacity, like the host tier's.
-        gpu = HostTier(VirtualArena(capacity.gpu_bytes)) if capacity.gpu_bytes else None
-        self.store = Store(HostTier(VirtualArena(capacity.host_bytes)), TTL, TTL, clock=lambda: 0.0, disk=disk,
-                           gpu=gpu, policy=policy, tenants=by_name(tenants) if tenants is not None else None)
+        gpu = virtual_gpu_tier(capacity.gpu_bytes) if capacity.gpu_bytes else None
+        self.store = Store(virtual_host_tier(capacity.host_bytes), TTL, TTL, tier_ledgers(policy, disk, gpu),
+                           clock=lambda: 0.0, tenants=by_name(tenants) if tenants is not None else None)
         store = self.store
         self.disk = InstantDiskMover(store.disk_ledger) if store.disk_ledger is not None else None
         self.gpu = InstantGpuMover(store.gpu_ledger) if store.gpu_ledger is not None else None

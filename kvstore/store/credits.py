@@ -31,28 +31,34 @@ id.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ..errors import BadRequestError, ReservationError, StoreFullError
 from ..protocol.engine_blocks import EngineBlocks
 from .entry import Entry, State
 from .handles import Handle, HandleTable
 
+if TYPE_CHECKING:
+    from ..tiers.host.tier import HostTier
+    from .counters import StoreCounters
+    from .eviction import EvictionQueue
 
 
 class Store(Protocol):
     """What the credit book uses of the Store (a protocol rather than an import: store.py imports this module)."""
 
-    host: Any
+    host: HostTier
     index: dict[bytes, Entry]
-    lru: Any
-    counters: Any
+    lru: EvictionQueue
+    counters: StoreCounters
     reserve_ttl: float
     clock: Callable[[], float]
 
     def publish(self, entries: list[Entry]) -> int: ...
     def put_refusal(self) -> str: ...
-    def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = ()) -> int: ...
+    def charge_host(self, entry: Entry) -> None: ...
+    def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = (),
+                      namespace: str | None = None) -> int: ...
 
 
 ONE_CREDIT_SHARE = 32   # a credit holds at most 1/32 of the host tier

@@ -26,9 +26,14 @@ while a check reads it, the slot is neither evicted nor demoted nor freed by a d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from .entry import DiskState, Entry, State
+
+if TYPE_CHECKING:
+    from ..tiers.disk.ledger import DiskLedger
+    from ..tiers.gpu.ledger import GpuLedger
+    from .eviction import EvictionQueue
 
 
 TIERS = ("host", "disk", "gpu", "remote")
@@ -50,6 +55,18 @@ class IntegrityCounters:
 
 class DamageMixin:
     """Methods of ``Store`` for checksums and damaged copies (see the module docstring)."""
+
+    # What the methods use of the Store (set by its constructor; declared for the type checker).
+    index: dict[bytes, Entry]
+    lru: EvictionQueue
+    integrity: IntegrityCounters
+    disk_ledger: DiskLedger | None
+    gpu_ledger: GpuLedger | None
+
+    if TYPE_CHECKING:
+        def release_if_idle(self, entry: Entry) -> None: ...
+        def free_host(self, entry: Entry) -> None: ...
+        def _remove_committed(self, entry: Entry) -> None: ...
 
     def begin_check(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
@@ -86,10 +103,12 @@ class DamageMixin:
             self.free_host(entry)
             return True
         if tier == "disk" and entry.disk is DiskState.STORED and entry.host_offset is not None:
+            assert self.disk_ledger is not None   # a stored file implies the disk tier
             self.disk_ledger.rewrite(entry)   # written again from DRAM, after its own check
             return True
         if tier == "gpu" and entry.gpu_offset is not None \
                 and (entry.host_offset is not None or entry.disk is DiskState.STORED):
+            assert self.gpu_ledger is not None   # a GPU copy implies the GPU tier
             self.gpu_ledger.free(entry)
             return True
         return False

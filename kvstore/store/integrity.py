@@ -68,7 +68,7 @@ class Integrity:
         if not entries:
             return
         assert self._loop is not None
-        views = [self.store.host.read(e.host_offset, e.size) for e in entries]
+        views = [self.store.read(e) for e in entries]
         offsets = [e.host_offset for e in entries]
         self._count_waiting(entries, 1)
         if self.store.disk is not None:
@@ -139,7 +139,7 @@ class Integrity:
         if not chosen:
             return []
         assert self._loop is not None
-        views = [self.store.host.read(e.host_offset, e.size) for e in chosen]
+        views = [self.store.read(e) for e in chosen]
         self.store.begin_check(chosen)
         try:
             sums = await self._loop.run_in_executor(self.pool, _sums, views)

@@ -65,6 +65,11 @@ class TierLedger:
     """A lower tier's hooks, each a no-op here: a ledger overrides those its tier cares about."""
 
     name = ""
+    store: StoreCore   # the Store whose books this ledger keeps (``attach``)
+
+    def attach(self, store: StoreCore) -> None:
+        """Keep the books for ``store``: the Store calls this from its constructor, with each ledger it is given."""
+        self.store = store
 
     def refusal(self) -> str:
         """Why puts must fail now ("" when they need not): e.g. the disk's filesystem is full."""

@@ -90,6 +90,7 @@ class MoverLife:
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn`` on the loop from a worker thread (dropped once the loop has closed: stopping)."""
+        assert self._loop is not None, "call_soon before start"
         try:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..defaults import DEFAULT_POLICY, EVICTION_POLICIES
 from .eviction import EvictionQueue, LruQueue, PrefixFirstLruQueue
 from .s3fifo import S3FifoQueue
 
-DEFAULT_POLICY = "chain-lru"
-POLICIES: dict[str, Callable[[], EvictionQueue]] = {
-    "chain-lru": LruQueue,
-    "lru": PrefixFirstLruQueue,
-    "s3-fifo": S3FifoQueue,
-}
+__all__ = ["DEFAULT_POLICY", "POLICIES", "make_queue"]
+
+# The queue of each policy, in the order ``defaults.EVICTION_POLICIES`` names them.
+POLICIES: dict[str, Callable[[], EvictionQueue]] = dict(zip(EVICTION_POLICIES,
+                                                            (LruQueue, PrefixFirstLruQueue, S3FifoQueue)))
 
 
 def make_queue(policy: str) -> EvictionQueue:

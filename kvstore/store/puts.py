@@ -10,13 +10,21 @@ that finds no room says why (``host_full.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import StoreFullError
 from ..protocol.engine_blocks import EngineBlocks
 from .entry import Entry, State
 from .handles import Handle
 from .ledger import TierLedger
+
+if TYPE_CHECKING:
+    from .after_reply import AfterReply
+    from .counters import StoreCounters
+    from .credits import CreditBook
+    from .eviction import EvictionQueue
+    from .handles import HandleTable
+    from .sinks import SumSink
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,26 @@ class Reservation:
 
 class PutMixin:
     """Methods of ``Store`` for the two-phase put (see the module docstring)."""
+
+    # What the methods use of the Store (set by its constructor; declared for the type checker).
+    index: dict[bytes, Entry]
+    lru: EvictionQueue
+    ledgers: list[TierLedger]
+    reservations: HandleTable[Reservation]
+    reserve_ttl: float
+    clock: Callable[[], float]
+    counters: StoreCounters
+    credits: CreditBook
+    sums: SumSink | None
+    after_reply: AfterReply | None
+
+    if TYPE_CHECKING:
+        def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = (),
+                          namespace: str | None = None) -> int: ...
+        def charge_host(self, entry: Entry) -> None: ...
+        def drop_reserved(self, entries: list[Entry]) -> None: ...
+        def sync(self, key: bytes) -> None: ...
+        def sync_many(self, keys: Sequence[bytes]) -> None: ...
 
     def put_refusal(self) -> str:
         """Why every put fails now ("" when none need): a lower tier that cannot take what a put queues."""

@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 
 def make_room(attempt: Callable[[], T | None], queue: EvictionQueue, may_leave: Callable[[Entry], bool],
-              leave: Callable[[Entry], None]) -> T | None:
+              leave: Callable[[Entry], object]) -> T | None:
     """``attempt()`` until it returns something other than None, evicting ``queue``'s oldest chunks (those that
     ``may_leave``) in between; None when the queue runs out. Skipped chunks go back to the old end, in order."""
     skipped: list[Entry] = []

@@ -175,15 +175,14 @@ class Scrubber:
             return 0
         read = 0
         if entry.gpu_offset is not None and self.store.gpu is not None and self._live(entry):
-            bad = self._gpu_copy_bad(entry)
-            read += self._tally(report, "gpu", entry, bad)
+            read += self._tally(report, "gpu", entry, self._gpu_copy_bad(entry))
         if entry.host_offset is not None and self._live(entry):
-            bad = await self.integrity.check_host([entry])
-            read += self._tally(report, "host", entry, bool(bad) and self._live(entry))
+            failed = await self.integrity.check_host([entry])
+            read += self._tally(report, "host", entry, bool(failed) and self._live(entry))
         if entry.disk is DiskState.STORED and self.disk_mover is not None and self._live(entry):
-            bad = await self.disk_mover.check_file(entry)
-            if bad is not None and self._live(entry) and entry.disk is DiskState.STORED:
-                read += self._tally(report, "disk", entry, bad)
+            file_bad = await self.disk_mover.check_file(entry)
+            if file_bad is not None and self._live(entry) and entry.disk is DiskState.STORED:
+                read += self._tally(report, "disk", entry, file_bad)
         return read
 
     def _live(self, entry: Entry) -> bool:
@@ -192,7 +191,7 @@ class Scrubber:
     def _gpu_copy_bad(self, entry: Entry) -> bool:
         assert self.store.gpu is not None and entry.gpu_offset is not None
         data = self.store.gpu.read(entry.gpu_offset, entry.size).cpu().numpy()
-        return checksum(data) != entry.checksum
+        return checksum(data.data) != entry.checksum
 
     def _tally(self, report: ScrubReport, tier: str, entry: Entry, bad: bool) -> int:
         t = report.tier(tier)

@@ -38,15 +38,12 @@ from .after_reply import AfterReply
 from .counters import StoreCounters, TierCounters
 from .credits import CreditBook
 from .damage import DamageMixin, IntegrityCounters
-from ..tiers.disk.ledger import DiskLedger
 from .entry import Entry, State
-from ..tiers.gpu.ledger import GpuLedger
 from .handles import Handle, HandleTable
 from .host_full import count_holders, host_full_message
 from .ledger import TierLedger
-from .policies import DEFAULT_POLICY, make_queue
+from .policies import make_queue
 from .puts import PutMixin, Reservation, Slot
-from ..tiers.remote.ledger import RemoteLedger
 from .room import make_room
 from .s3fifo import MAX_FREQ
 from .sinks import EventSink, IndexSink, SumSink
@@ -54,6 +51,7 @@ from .tenant_budgets import TenantBudgets
 
 if TYPE_CHECKING:
     from ..tiers.gpu.tier import GpuTier
+    from ..tiers.ledgers import TierLedgers
     from ..tenants.table import Tenant, TenantTable
 
 
@@ -67,38 +65,56 @@ class LookupResult:
 
 
 class Store(PutMixin, DamageMixin):
-    def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float,
-                 clock: Callable[[], float] = time.monotonic, disk: DiskTier | None = None,
-                 gpu: "GpuTier | None" = None, policy: str = DEFAULT_POLICY,
-                 tenants: "TenantTable | None" = None) -> None:
+    def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float, ledgers: "TierLedgers",
+                 clock: Callable[[], float] = time.monotonic, tenants: "TenantTable | None" = None, *,
+                 after_reply: AfterReply | None = None, private: Callable[[str], bool] | None = None,
+                 events: EventSink | None = None, published: IndexSink | None = None) -> None:
+        """The index over ``host`` (the DRAM tier) and the tiers below it, whose ``ledgers`` it is handed
+        (``tiers/ledgers.py``: built first, by whoever builds the Store) and attaches to itself.
+
+        Args:
+            lease_ttl: seconds a lease holds its chunks unless extended.
+            reserve_ttl: seconds a reservation (or a credit) lives unless used.
+            ledgers: the ledgers of the tiers below DRAM, and the eviction policy of every tier's queue.
+            clock: the time leases and reservations are measured on.
+            tenants: the tenants table whose DRAM budgets apply; None: one shared tenant.
+            after_reply: where a put leaves the work no reader sees, to run after its reply (the daemon's).
+            private: whether a namespace is kept out of the shared index (a restricted tenant's).
+            events: the KV cache event sink, when the daemon publishes events.
+            published: the shared lookup index, when the daemon publishes one.
+        """
         self.host = host
-        self.disk = disk                     # the tiers themselves; their bookkeeping is in the ledgers
-        self.gpu = gpu
-        self.policy = policy                 # eviction order of every tier (policies.py)
+        self.disk: DiskTier | None = ledgers.disk.disk if ledgers.disk is not None else None
+        self.gpu: "GpuTier | None" = ledgers.gpu.gpu if ledgers.gpu is not None else None
+        self.policy = ledgers.policy         # eviction order of every tier (policies.py)
         self.lease_ttl = lease_ttl
         self.reserve_ttl = reserve_ttl
         self.clock = clock
         self.index: dict[bytes, Entry] = {}
-        self.lru = make_queue(policy)
+        self.lru = make_queue(self.policy)
         self.leases: HandleTable[list[Entry]] = HandleTable("lease", LeaseError)
         self.reservations: HandleTable[Reservation] = HandleTable("reservation", ReservationError)
         self.counters = StoreCounters()
         self.tier_counters = TierCounters()
         self.integrity = IntegrityCounters()
-        self.sums: SumSink | None = None        # set by the checksummer: commits go through it first
-        self.published: IndexSink | None = None   # the shared lookup index, when the daemon publishes one
-        self.events: EventSink | None = None      # KV cache events, when the daemon publishes them
+        self.sums: SumSink | None = None        # set by the checksummer when it starts: commits go through it first
+        self.published = published              # None once the index closes (``server/local_access.py``)
+        self.events = events
         # Namespaces kept out of the shared index (a restricted tenant's: any local reader could map it).
-        self.private: Callable[[str], bool] | None = None
-        self.after_reply: AfterReply | None = None   # set by the daemon: a put's unseen work waits for its reply
-        self.disk_ledger = DiskLedger(self, disk) if disk is not None else None
-        self.gpu_ledger = GpuLedger(self, gpu) if gpu is not None else None
-        self.remote_ledger = RemoteLedger(self)   # sends nothing until a remote mover attaches to it
-        # Hook order: disk, GPU, remote (a commit is queued for the disk before it is sent to the remote store).
-        self.ledgers: list[TierLedger] = [t for t in (self.disk_ledger, self.gpu_ledger) if t is not None]
-        self.ledgers.append(self.remote_ledger)
+        self.private = private
+        self.after_reply = after_reply
+        self.disk_ledger = ledgers.disk
+        self.gpu_ledger = ledgers.gpu
+        self.remote_ledger = ledgers.remote
+        self.ledgers: list[TierLedger] = ledgers.in_hook_order()
+        for ledger in self.ledgers:
+            ledger.attach(self)
         self.credits = CreditBook(self)   # free arena space lent to writers, so a put needs no RESERVE
         self.budgets = TenantBudgets(tenants)   # each tenant's DRAM bytes; inactive without a tenants table
+
+    def stop_publishing(self) -> None:
+        """Feed the shared lookup index no more (it is about to close)."""
+        self.published = None
 
     def set_tenants(self, table: "TenantTable") -> None:
         """Apply a (re)loaded tenants table at once; chunks are charged again to the tenants it names."""
@@ -197,7 +213,7 @@ class Store(PutMixin, DamageMixin):
         assert entry.host_offset is not None
         return self.host.read(entry.host_offset, entry.size)
 
-    def write(self, slot: Slot, data: object) -> None:
+    def write(self, slot: Slot, data: bytes | memoryview) -> None:
         """Copy a put's bytes into the slot its reservation got."""
         self.host.write(slot.offset, data)
 
@@ -233,11 +249,11 @@ class Store(PutMixin, DamageMixin):
         reservations. Returns how many of each."""
         now = self.clock()
         leases = self.leases.pop_expired(now, keep_leases_of)
-        for handle in leases:
-            self.unpin_chain(handle.payload)
+        for lease in leases:
+            self.unpin_chain(lease.payload)
         reservations = self.reservations.pop_expired(now)
-        for handle in reservations:
-            self.drop_reserved(handle.payload.entries)
+        for reservation in reservations:
+            self.drop_reserved(reservation.payload.entries)
         self.credits.expire(now, keep_leases_of)
         self.counters.expired_leases += len(leases)
         self.counters.expired_reservations += len(reservations)
@@ -246,11 +262,11 @@ class Store(PutMixin, DamageMixin):
     def drop_owner(self, owner: bytes) -> tuple[int, int]:
         """A client is gone: release its leases and abort its reservations now."""
         leases = self.leases.pop_owner(owner)
-        for handle in leases:
-            self.unpin_chain(handle.payload)
+        for lease in leases:
+            self.unpin_chain(lease.payload)
         reservations = self.reservations.pop_owner(owner)
-        for handle in reservations:
-            self.drop_reserved(handle.payload.entries)
+        for reservation in reservations:
+            self.drop_reserved(reservation.payload.entries)
         self.credits.drop_owner(owner)
         return len(leases), len(reservations)
 
@@ -356,7 +372,7 @@ class Store(PutMixin, DamageMixin):
         ``taken`` (what its request reserved so far) let a StoreFullError say who holds the room. With tenants,
         ``namespace`` names the tenant the slot is for: it is held to its ceiling, and no other tenant's
         guaranteed bytes leave for it (``tenant_budgets.py``)."""
-        may_leave = self._may_leave_dram
+        may_leave: Callable[[Entry], bool] = self._may_leave_dram
         if self.budgets.active:
             tenant = self.budgets.tenant_of(namespace) if namespace is not None else None
             if tenant is not None:
@@ -510,3 +526,10 @@ def top_tier(entry: Entry) -> str:
     if entry.gpu_offset is not None:
         return "gpu"
     return "host" if entry.host_offset is not None else "disk"
+
+
+if TYPE_CHECKING:
+    from .credits import Store as CreditStore
+
+    def _implements_credit_store(store: Store) -> CreditStore:
+        return store   # the type checker proves that a Store is what its credit book uses

@@ -9,7 +9,15 @@ opens no file. The Store and the policies cannot tell them from the real tiers.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
+from ..protocol.engine_blocks import EngineBlocks
 from .disk.tier import DiskTier, ScanResult
+from .host.tier import HostTier
+
+if TYPE_CHECKING:
+    from .gpu.tier import GpuTier
+    from .host.arena import SharedArena
 
 
 class VirtualArena:
@@ -48,11 +56,11 @@ class VirtualDisk(DiskTier):
         self.chunks = 0
 
     def write(self, key: bytes, namespace: str, slot: memoryview, size: int, expected: int | None = None,
-              parent: bytes | None = None) -> int:
+              parent: bytes | None = None, engine: EngineBlocks | None = None) -> int:
         return size
 
-    def read_into(self, key: bytes, slot: memoryview, size: int) -> int | None:
-        return None
+    def read_into(self, key: bytes, slot: memoryview, size: int) -> int:
+        raise NotImplementedError("a simulated disk holds no bytes to read")
 
     def remove(self, key: bytes) -> None:
         pass
@@ -62,3 +70,14 @@ class VirtualDisk(DiskTier):
 
     def scan(self, workers: int = 8) -> ScanResult:
         return ScanResult()
+
+
+def virtual_host_tier(size: int) -> HostTier:
+    """A host tier of ``size`` bytes over a ``VirtualArena``: the real allocator, no memory."""
+    return HostTier(cast("SharedArena", VirtualArena(size)))
+
+
+def virtual_gpu_tier(size: int) -> "GpuTier":
+    """A GPU tier's accounting for the simulator: the Store and its GPU ledger use only its extent allocator,
+    which a payload-less host tier has too."""
+    return cast("GpuTier", virtual_host_tier(size))

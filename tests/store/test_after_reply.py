@@ -15,15 +15,15 @@ import kvstore
 from kvstore.store.after_reply import AfterReply
 from kvstore.store.store import Store
 from kvstore.tiers.host.tier import HostTier
+from kvstore.tiers.ledgers import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena
 
 PAGE = 4096
 
 
 def _deferring_store() -> Store:
-    store = Store(HostTier(VirtualArena(64 * PAGE)), 30.0, 30.0, clock=lambda: 0.0)
-    store.after_reply = AfterReply()
-    return store
+    return Store(HostTier(VirtualArena(64 * PAGE)), 30.0, 30.0, tier_ledgers(), clock=lambda: 0.0,
+                 after_reply=AfterReply())
 
 
 def test_a_commit_is_readable_at_once_and_queued_and_counted_after_the_reply():

@@ -11,6 +11,7 @@ from kvstore.tiers.gpu.mover import GpuMover
 from kvstore.store.movers import MoverLife
 from kvstore.store.store import Store
 from kvstore.tiers.host.tier import HostTier
+from kvstore.tiers.ledgers import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena
 
 PAGE = 4096
@@ -62,7 +63,7 @@ def test_drain_keeps_its_deadline():
 
 
 def test_gpu_mover_sleeps_until_its_ledger_wakes_it():
-    store = Store(HostTier(VirtualArena(64 * PAGE)), 10.0, 10.0, gpu=HostTier(VirtualArena(16 * PAGE)))
+    store = Store(HostTier(VirtualArena(64 * PAGE)), 10.0, 10.0, tier_ledgers(gpu=HostTier(VirtualArena(16 * PAGE))))
 
     async def main() -> tuple[int, int, int]:
         mover = GpuMover(store.gpu_ledger)

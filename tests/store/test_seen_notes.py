@@ -14,6 +14,7 @@ from kvstore.protocol.messages import KEY_BYTES, LookupSeen
 from kvstore.store.policies import POLICIES
 from kvstore.store.store import Store
 from kvstore.tiers.host.tier import HostTier
+from kvstore.tiers.ledgers import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena
 
 PAGE = 4096
@@ -23,7 +24,7 @@ CHAINS = [KEYS[:2], KEYS[:5], KEYS[:8], KEYS[3:6], KEYS[8:12], KEYS[9:10], []]
 
 
 def _store(policy: str) -> Store:
-    store = Store(HostTier(VirtualArena(64 * PAGE)), 30.0, 30.0, clock=lambda: 0.0, policy=policy)
+    store = Store(HostTier(VirtualArena(64 * PAGE)), 30.0, 30.0, tier_ledgers(policy), clock=lambda: 0.0)
     handle, _ = store.reserve(b"w", "ns", KEYS, [PAGE] * len(KEYS), None)
     store.commit(b"w", handle.id)
     return store

@@ -10,6 +10,7 @@ from kvstore.errors import StoreFullError
 from kvstore.store.store import Store
 from kvstore.tenants import parse_tenants
 from kvstore.tiers.host.tier import HostTier
+from kvstore.tiers.ledgers import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena
 
 CHUNK = 4096
@@ -18,7 +19,7 @@ TABLE = {"a": {"namespaces": ["a:"], "dram": {"guaranteed": 8 * CHUNK, "ceiling"
 
 
 def make_store(table=TABLE, chunks: int = 24) -> Store:
-    return Store(HostTier(VirtualArena(chunks * CHUNK)), 1e9, 1e9, clock=lambda: 0.0,
+    return Store(HostTier(VirtualArena(chunks * CHUNK)), 1e9, 1e9, tier_ledgers(), clock=lambda: 0.0,
                  tenants=parse_tenants(table, "t.toml"))
 
 
@@ -72,7 +73,7 @@ def test_a_put_its_own_leased_chunks_block_is_refused_naming_tenant_and_budget()
 
 
 def test_without_a_tenants_table_nothing_changes():
-    store = Store(HostTier(VirtualArena(4 * CHUNK)), 1e9, 1e9, clock=lambda: 0.0)
+    store = Store(HostTier(VirtualArena(4 * CHUNK)), 1e9, 1e9, tier_ledgers(), clock=lambda: 0.0)
     put(store, "x:", 0, 4)
     put(store, "y:", 0, 4)
     assert not store.budgets.active and len(store.index) == 4

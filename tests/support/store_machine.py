@@ -16,6 +16,7 @@ from kvstore.store.entry import DiskState, Entry, State
 from kvstore.store.policies import POLICIES
 from kvstore.store.store import Store, top_tier
 from kvstore.tiers.host.tier import HostTier
+from kvstore.tiers.ledgers import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena, VirtualDisk
 
 PAGE = 4096
@@ -92,8 +93,8 @@ class StoreMachine(RuleBasedStateMachine):
               remote: bool, deferred: bool) -> None:
         disk = VirtualDisk(disk_pages * PAGE) if disk_pages else None
         gpu = HostTier(VirtualArena(gpu_pages * PAGE)) if gpu_pages else None
-        store = Store(HostTier(VirtualArena(host_pages * PAGE)), TTL, TTL, clock=lambda: self.now, disk=disk,
-                      gpu=gpu, policy=policy)
+        store = Store(HostTier(VirtualArena(host_pages * PAGE)), TTL, TTL, tier_ledgers(policy, disk, gpu),
+                      clock=lambda: self.now)
         self.wiring = Movers(store)
         self.sums = Sums()
         self.published = Published()

@@ -94,7 +94,7 @@ def checksum(data: bytes | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-def pack_header(header: ChunkHeader, into: memoryview | bytearray | None = None) -> bytes | memoryview:
+def pack_header(header: ChunkHeader, into: memoryview | bytearray | None = None) -> bytes | bytearray | memoryview:
     """The 4 KiB header block; written into ``into`` (an aligned buffer) when given."""
     ns = header.namespace.encode()
     if len(ns) > MAX_NAMESPACE_BYTES:

@@ -20,7 +20,7 @@ from ...errors import ChecksumError, DamagedSource, FormatError, StoreFullError
 from ...protocol.engine_blocks import EngineBlocks
 from .tier import DiskTier
 from ...store.entry import DiskState, Entry, State
-from ...store.ledger import StoreCore, TierLedger
+from ...store.ledger import TierLedger
 from ...store.policies import make_queue
 from ...store.room import make_room, shed_to_low
 
@@ -39,10 +39,10 @@ class DiskMoverHooks(Protocol):
 class DiskLedger(TierLedger):
     name = "disk"
 
-    def __init__(self, store: StoreCore, disk: DiskTier) -> None:
-        self.store = store
+    def __init__(self, disk: DiskTier, policy: str) -> None:
+        """The books of ``disk``, its files evicted in the order of ``policy`` (``store/policies.py``)."""
         self.disk = disk
-        self.lru = make_queue(store.policy)
+        self.lru = make_queue(policy)
         self.dirty: deque[Entry] = deque()   # write-back queue, commit order (prefixes first)
         self.dirty_bytes = 0                 # bytes queued, being checksummed or being written
         self.full_reason = ""                # set when the filesystem said ENOSPC, until it has room again

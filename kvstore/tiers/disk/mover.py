@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import errno
+import functools
 import shutil
 import time
 from typing import Sequence
@@ -82,7 +83,7 @@ class DiskMover(MoverLife):
             slot = self.host.read(entry.host_offset, round_up(entry.size))
             before = self._removing.get(entry.key)
             fut = self._loop.run_in_executor(self.pool, self._write_job, entry, slot, before)
-            fut.add_done_callback(lambda f, e=entry: self._write_done(e, f))
+            fut.add_done_callback(functools.partial(self._write_done, entry))
 
     def _write_job(self, entry: Entry, slot: memoryview, before: concurrent.futures.Future | None) -> int:
         if before is not None:
@@ -121,7 +122,7 @@ class DiskMover(MoverLife):
     # -- promotion ------------------------------------------------------------------------------------------
     def promote(self, entries: Sequence[Entry]) -> list[asyncio.Future]:
         """Start reading disk-only chunks into DRAM; returns the reads in flight for them."""
-        futures = []
+        futures: list[asyncio.Future] = []
         if self._loop is None:
             return futures
         for entry in entries:
@@ -133,7 +134,7 @@ class DiskMover(MoverLife):
                 slot = self.host.read(offset, round_up(entry.size))
                 before = self._removing.get(entry.key)
                 fut = self._loop.run_in_executor(self.pool, self._read_job, entry, slot, before)
-                fut.add_done_callback(lambda f, e=entry: self._read_done(e, f))
+                fut.add_done_callback(functools.partial(self._read_done, entry))
                 self.in_flight[entry.key] = fut
             futures.append(fut)
         return futures

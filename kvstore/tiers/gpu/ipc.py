@@ -61,7 +61,7 @@ def export_pool(buffer: torch.Tensor) -> PoolExport:
     if buffer.device.type != "cuda":
         raise ValueError(f"only CUDA memory can be shared by CUDA IPC; the pool is on {buffer.device}")
     share = buffer.untyped_storage()._share_cuda_()
-    return PoolExport(device_uuid(buffer.device.index or 0), buffer.numel(), buffer.storage_offset(), tuple(share))
+    return PoolExport(device_uuid(buffer.device.index or 0), buffer.numel(), int(buffer.storage_offset()), tuple(share))
 
 
 def import_pool(export: PoolExport) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from ...errors import StoreFullError
 from ...store.entry import DiskState, Entry
-from ...store.ledger import Mover, StoreCore, TierLedger
+from ...store.ledger import Mover, TierLedger
 from ...store.policies import make_queue
 from ...store.room import make_room, shed_to_low
 
@@ -27,10 +27,10 @@ GPU_PROMOTE_HITS = 2    # the second get that finds a chunk in DRAM asks for its
 class GpuLedger(TierLedger):
     name = "gpu"
 
-    def __init__(self, store: StoreCore, gpu: Any) -> None:
-        self.store = store
+    def __init__(self, gpu: Any, policy: str) -> None:
+        """The books of ``gpu``, its copies evicted in the order of ``policy`` (``store/policies.py``)."""
         self.gpu = gpu                            # tier.GpuTier, or an allocator in tests and the simulator
-        self.lru = make_queue(store.policy)
+        self.lru = make_queue(policy)
         self.wanted: dict[bytes, Entry] = {}      # promotion requests, oldest first (taken by the mover)
         self.mover: Mover | None = None
 
@@ -79,7 +79,7 @@ class GpuLedger(TierLedger):
     # -- promotion -------------------------------------------------------------------------------------------------
     def promotions(self, limit: int) -> list[Entry]:
         """Up to ``limit`` of the oldest promotion requests, taken off the list."""
-        batch = []
+        batch: list[Entry] = []
         while self.wanted and len(batch) < limit:
             batch.append(self.wanted.pop(next(iter(self.wanted))))
         return batch

@@ -168,7 +168,7 @@ class GpuMover(MoverLife):
 
     def fetch_down(self, entries: Sequence[Entry]) -> list[asyncio.Future]:
         """Copy chunks only the GPU tier holds into DRAM, for a reader that cannot map the GPU pool."""
-        futures = []
+        futures: list[asyncio.Future] = []
         if self._loop is None:
             return futures
         for entry in entries:

@@ -57,13 +57,8 @@ def buffer_address(buf: Any) -> int:
     if memoryview(buf).readonly:
         import numpy as np
 
-        holder = np.frombuffer(buf, dtype=np.uint8, count=1)
-        address = int(holder.ctypes.data)
-    else:
-        holder = ctypes.c_char.from_buffer(buf)
-        address = ctypes.addressof(holder)
-    del holder
-    return address
+        return int(np.frombuffer(buf, dtype=np.uint8, count=1).ctypes.data)
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))   # the temporary export ends with the expression
 
 
 def _error_code(result: Any) -> int:

@@ -12,14 +12,13 @@ from typing import Sequence
 
 from ...errors import StoreFullError
 from ...store.entry import Entry, State
-from ...store.ledger import Mover, StoreCore, TierLedger
+from ...store.ledger import Mover, TierLedger
 
 
 class RemoteLedger(TierLedger):
     name = "remote"
 
-    def __init__(self, store: StoreCore) -> None:
-        self.store = store
+    def __init__(self) -> None:
         self.outbox: list[list[Entry]] = []   # committed chains waiting for their put, pinned
         self.mover: Mover | None = None      # none: nothing is sent
 

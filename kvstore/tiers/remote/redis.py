@@ -16,7 +16,7 @@ one failed call, after which the breaker in ``base`` takes over.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from .base import RemoteBackend, RemoteError
@@ -48,6 +48,8 @@ class RedisBackend(RemoteBackend):
         client_url = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
         common = dict(socket_timeout=self.timeout + 64 * (1 << 20) / self.min_rate,
                       socket_connect_timeout=self.timeout, health_check_interval=0)
+        self._factory: Callable[[], Any] | None   # builds the cluster client on first use
+        self._conn: Any
         if cluster:
             from redis.cluster import RedisCluster
             # RedisCluster reads the slot map when built: build it on first use,
@@ -62,6 +64,7 @@ class RedisBackend(RemoteBackend):
     @property
     def _client(self):
         if self._conn is None:
+            assert self._factory is not None   # only a cluster client is built late
             try:
                 self._conn = self._factory()
             except self._errors as exc:
