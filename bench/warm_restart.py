@@ -43,12 +43,12 @@ from typing import Any, Callable, Iterator, Sequence
 import xxhash
 
 import kvstore
+from bench._common import write_result
 from kvstore.store.published_index import index_path_for
 from kvstore.tiers.host.arena import arena_path_for, shm_free
 from kvstore.tiers.host.description import description_path_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULT = os.path.join(ROOT, "bench", "results", "warm-restart-latest.json")
 TRACE = os.path.join(ROOT, "..", "shared", "traces", "conversation_trace.jsonl")
 GIB = 1 << 30
 MIB = 1 << 20
@@ -417,21 +417,6 @@ def targets(restarts: dict[str, Any], trace: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def machine() -> dict[str, Any]:
-    import platform
-
-    return {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
-            "kvstore": kvstore.__version__ if hasattr(kvstore, "__version__") else ""}
-
-
-def write_result(result: dict[str, Any]) -> str:
-    os.makedirs(os.path.dirname(RESULT), exist_ok=True)
-    with open(RESULT, "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    return RESULT
-
-
 def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         try:
@@ -468,10 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parse_args(argv)
     restarts = part_restart(a.gib, a.chunk_mib, a.repeats)
     trace = part_trace(os.path.abspath(a.trace), a.warmup, a.window, a.host_share, a.payload)
-    result = {"benchmark": "warm-restart", "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(),
-              "command": "python -m bench.warm_restart " + " ".join(sys.argv[1:] if argv is None else argv),
+    result = {"command": "python -m bench.warm_restart " + " ".join(sys.argv[1:] if argv is None else argv),
               "restart": restarts, "trace": trace, "targets": targets(restarts, trace)}
-    path = write_result(result)
+    path = write_result("warm-restart", result, quick=a.quick)
     print(json.dumps({"restart": {k: v for k, v in restarts.items() if k != "runs"}, "trace": trace,
                       "targets": result["targets"]}, indent=2))
     print("wrote", os.path.relpath(path, os.getcwd()))
