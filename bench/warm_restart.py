@@ -44,6 +44,7 @@ import xxhash
 
 import kvstore
 from bench._common import write_result
+from tests.support.daemons import sandbox_env
 from kvstore.store.published_index import index_path_for
 from kvstore.tiers.host.arena import arena_path_for, shm_free
 from kvstore.tiers.host.description import description_path_for
@@ -81,13 +82,7 @@ class Sandboxed:
         return "ipc://" + self.socket
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        for name, sub in (("HOME", "home"), ("XDG_RUNTIME_DIR", "run"), ("XDG_CACHE_HOME", "home/.cache")):
-            env[name] = os.path.join(self.workdir, sub)
-            os.makedirs(env[name], mode=0o700, exist_ok=True)
-        env["KVSTORE_NATIVE_DIR"] = os.path.join(self.workdir, "native")
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        return env
+        return sandbox_env(self.workdir, {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
 
     def start(self, *extra: str) -> None:
         """Spawn the daemon (``extra``: flags for this start only); returns at once."""
