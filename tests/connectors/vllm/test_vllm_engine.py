@@ -147,6 +147,31 @@ def test_chunk_deleted_between_lookup_and_load_is_recomputed(pool, kv_daemon):
     assert delta(after, before, "worker", "chunks_loaded") == 2
 
 
+def test_engine_rides_through_a_warm_restart_and_loads_what_it_saved_before(pool, start_daemon):
+    """SIGTERM and a new daemon on the socket while the engine keeps running. No disk tier: what the engine
+    loads afterwards is the DRAM tier the new daemon adopted, once each chunk matched its checksum."""
+    daemon = start_daemon("--adopt", "--disk-size", "0", "--host-mem", "256MiB", workdir=pool.workdir)
+    batch = prompts(3, 700, seed=75)
+    want = plain(pool).generate(batch)
+    a = with_store(pool, "a")
+    assert_same(a.generate(batch), want)
+    assert wait_for(lambda: stored(daemon) == full_chunks(batch))
+    daemon.restart()
+    assert wait_for(lambda: stored(daemon) == full_chunks(batch))   # adopted, verified
+
+    def loads_everything() -> bool:
+        out, loaded, failed = loads_of(a, batch)
+        assert_same(out, want)   # a prefill while the connector reconnects, a load after: the same tokens
+        return (loaded, failed) == (full_chunks(batch), 0)
+
+    assert wait_for(loads_everything, timeout=60, interval=0.5)
+    # The engine outlives this test and maps the arena, so a kept one could not be freed after it: the last
+    # daemon starts with --no-adopt, which frees the kept arena, and stops without keeping its own.
+    daemon.stop()
+    daemon.args[daemon.args.index("--adopt")] = "--no-adopt"
+    daemon.start()
+
+
 def test_daemon_killed_and_restarted_mid_run(pool, kv_daemon):
     batch, later = prompts(4, 1100, seed=71), prompts(4, 1100, seed=72)
     want, want_later = plain(pool).generate(batch, 16), plain(pool).generate(later)
