@@ -127,8 +127,7 @@ class SoftPins:
         """Pinned bytes and chunks now, the counters, and each tenant's pinned bytes (tenants from the table)."""
         tenants = {name: used for name, used in self.by_tenant.items() if used}
         return {"pinned_bytes": self.bytes, "pinned_chunks": self.chunks, "tenants_pinned_bytes": tenants,
-                "default_pin_ttl": self.default_ttl, "max_pin_ttl": self.max_ttl,
-                "pin_limit": None if self.budgets.active else self.limit(""), **self.counters.__dict__}
+                "pin_limit_bytes": None if self.budgets.active else self.limit(""), **self.counters.__dict__}
 
 
 class RetentionQueue:
