@@ -104,6 +104,14 @@ class SoftPins:
         self.chunks -= 1
         self.by_tenant[entry.tenant] -= entry.size
 
+    def recount(self, entries: Iterable[Entry]) -> None:
+        """Count each tenant's pinned bytes again (a reloaded tenants table may move chunks to other tenants); pins
+        past a lowered bound are kept until their TTL ends, new ones are held to it."""
+        self.by_tenant.clear()
+        for entry in entries:
+            if entry.pin_until:
+                self.by_tenant[entry.tenant] += entry.size
+
     def expired(self) -> list[Entry]:
         """Unpin and return every chunk whose pin's deadline passed (stale heap items are dropped)."""
         now = self.clock()

@@ -164,6 +164,7 @@ class Store(PutMixin, DamageMixin):
     def set_tenants(self, table: "TenantTable") -> None:
         """Apply a (re)loaded tenants table at once; chunks are charged again to the tenants it names."""
         self.budgets.replace(table, list(self.index.values()))
+        self.soft_pins.recount(self.index.values())
 
     def charge_host(self, entry: Entry) -> None:
         """``entry`` now holds a DRAM slot: its bytes count against its tenant's budget."""

@@ -28,16 +28,22 @@ def _flood(client: kvstore.Client, chunks: int, retention: str = "normal") -> No
         client.put(_keys(1), [b"f" * CHUNK], retention=retention)
 
 
-def test_low_chunks_are_evicted_before_normal_ones(start_daemon):
+@pytest.mark.parametrize("credits", [True, False], ids=["credit-put", "reserve-commit"])
+def test_low_chunks_are_evicted_before_normal_ones(start_daemon, credits):
     daemon = start_daemon("--host-mem", "16MiB", "--disk-size", "0")
-    with daemon.client() as client:
-        normal, low = _keys(4), _keys(4)
-        client.put(normal, [b"n" * CHUNK] * 4)
-        client.put(low, [b"l" * CHUNK] * 4, retention="low")
-        _flood(client, 9)
+    small = 200_000   # one chunk fits a put credit (at most 1/32 of the tier)
+    with daemon.client(credits=credits) as client:
+        normal, low = _keys(8), _keys(8)
+        for key in normal:
+            client.put([key], [b"n" * small])
+        for key in low:
+            client.put([key], [b"l" * small], retention="low")
+        for _ in range(72):   # with the 16 above, a few chunks more than the tier holds
+            client.put(_keys(1), [b"f" * small])
         held_low, held_normal = _held(client, low), _held(client, normal)
         assert not all(held_low), "the flood evicted nothing"
         assert all(held_normal) or not any(held_low), (held_low, held_normal)
+        assert (client.stats()["credits"]["puts"] > 0) is credits   # the path named is the path taken
 
 
 def test_a_pin_survives_pressure_until_its_ttl(start_daemon):

@@ -134,3 +134,15 @@ def test_pin_ttl_applies_to_pins_only():
         parse_retention("high", 5)
     with pytest.raises(ValueError, match=r"pin_ttl -1 must be"):
         parse_retention("pin", -1)
+
+
+def test_a_reloaded_tenants_table_counts_pins_again():
+    from kvstore.tenants import parse_tenants
+
+    table = {"a": {"namespaces": ["ns"], "dram": {"guaranteed": 4 * CHUNK}}}
+    store = Store(HostTier(VirtualArena(8 * CHUNK)), 1e9, 1e9, tier_ledgers(), clock=Clock(),
+                  tenants=parse_tenants(table, "t.toml"))
+    put(store, "p", 2, "pin")
+    assert store.soft_pins.by_tenant["a"] == 2 * CHUNK
+    store.set_tenants(parse_tenants({"b": {"namespaces": ["ns"], "dram": {"guaranteed": 4 * CHUNK}}}, "t.toml"))
+    assert store.soft_pins.by_tenant == {"b": 2 * CHUNK}
