@@ -89,13 +89,15 @@ def rate(hits: float, queries: float) -> float | None:
 def summarize(client: dict[str, Any], before: dict[str, float], after: dict[str, float],
               daemon_before: dict[str, Any] | None, daemon_after: dict[str, Any] | None) -> dict[str, Any]:
     """One measured replay: the client's figures and the hit rates over it (vLLM's, the connector's as vLLM
-    counts it, and the daemon's own)."""
+    counts it, both together over every prompt token, and the daemon's own)."""
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     out = {k: client.get(k) for k in ("completed", "failed", "duration", "request_throughput",
                                       "total_token_throughput", "output_throughput", "mean_ttft_ms",
                                       "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "total_input_tokens")}
     out["vllm_hit_rate"] = rate(d["prefix_cache_hits"], d["prefix_cache_queries"])
     out["external_hit_rate"] = rate(d["external_prefix_cache_hits"], d["external_prefix_cache_queries"])
+    # prompt tokens not prefilled: vLLM's own hits and the connector's loads over every prompt token
+    out["token_hit_rate"] = rate(d["prefix_cache_hits"] + d["external_prefix_cache_hits"], d["prefix_cache_queries"])
     out["preemptions"] = d["num_preemptions"]
     if daemon_before is not None and daemon_after is not None:
         out["daemon_hit_rate"] = rate(daemon_after["hit_tokens"] - daemon_before["hit_tokens"],
@@ -222,27 +224,38 @@ class Bench:
         if server in self.servers:
             self.servers.remove(server)
 
-    def daemon_stats(self) -> dict[str, Any]:
-        with self.daemon.daemon.client() as c:
-            return c.stats()
+    def daemon_stats(self, daemons: list[Any] | None = None) -> dict[str, Any]:
+        """The run's daemon's stats, or the lookup and hit tokens summed over ``daemons``."""
+        if daemons is None:
+            with self.daemon.daemon.client() as c:
+                return c.stats()
+        totals = {"hit_tokens": 0, "lookup_tokens": 0}
+        for d in daemons:
+            with d.daemon.client() as c:
+                stats = c.stats()
+            for k in totals:
+                totals[k] += stats[k]
+        return totals
 
     def clear_daemon(self) -> None:
         with self.daemon.daemon.client() as c:
             c.clear()
 
     def replay(self, url: str, servers: list[Server], trace: str, num: int, connector: bool,
-               concurrency: int | None = None) -> dict[str, Any]:
-        """`vllm bench serve` of `trace` against `url`; the summary with the servers' counters summed."""
+               concurrency: int | None = None, daemons: list[Any] | None = None) -> dict[str, Any]:
+        """`vllm bench serve` of `trace` against `url`; the summary with the servers' counters summed (and the
+        daemon's, or those of `daemons` when the servers have their own)."""
         self.counter += 1
         before = [s.metrics() for s in servers]
-        dbefore = self.daemon_stats() if connector else None
+        dbefore = self.daemon_stats(daemons) if connector else None
         client = bench_serve(self.venv, self.env, url, self.model, trace, self.profile.conversations.block_tokens,
                              num, concurrency or self.profile.concurrency, self.workdir, f"bench-{self.counter}")
         after = [s.metrics() for s in servers]
         def total(ms: list[dict]) -> dict:
             return {k: sum(m[k] for m in ms) for k in ms[0]}
 
-        return summarize(client, total(before), total(after), dbefore, self.daemon_stats() if connector else None)
+        return summarize(client, total(before), total(after), dbefore,
+                         self.daemon_stats(daemons) if connector else None)
 
     def close(self) -> None:
         for s in list(self.servers):
