@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,38 @@ def test_the_table_shows_every_arm_and_each_ratio_against_its_goal():
     assert "| restart | vllm_restarted | 500 | – | – | 1.60 | – | 30% | – |" in text
     assert "kvstore vs restarted 2.00x (goal ≥ 1.5x)" in text
     assert "**lmcache** did not run: `ImportError: no CUDA`" in text
+
+
+def test_jitter_moves_arrivals_but_never_a_turn_before_the_previous_one():
+    jittered = replace(SMALL, jitter_ms=900)
+    rows = conversation_trace(jittered)
+    assert rows == conversation_trace(jittered)                               # seeded
+    plain = {(r["session"], r["turn"]): r["timestamp"] for r in conversation_trace(SMALL)}
+    moved = {(r["session"], r["turn"]): r["timestamp"] - plain[(r["session"], r["turn"])] for r in rows}
+    assert all(0 <= m <= 900 for m in moved.values()) and len(set(moved.values())) > 1
+    for turns in by_session(rows).values():
+        assert [r["turn"] for r in turns] == sorted(r["turn"] for r in turns)
+        assert all(a["timestamp"] < b["timestamp"] for a, b in itertools.pairwise(turns))
+    with pytest.raises(ValueError, match=r"jitter_ms \(1000\) must be below turn_gap_ms \(1000\)"):
+        replace(SMALL, jitter_ms=1000)
+
+
+def test_the_routing_table_shows_token_hits_and_a_goal_to_stay_under():
+    result = {"scenarios": {"routing": {
+        "median": {"events": {"p50_ttft_ms": 100.0, "token_hit_rate": 0.8}},
+        "ratios": {"p50_ttft_ms_events_vs_round_robin": 0.5, "token_hit_rate_events_vs_round_robin": 1.6},
+        "goals": {"p50_ttft_ms_events_vs_round_robin": 0.6, "token_hit_rate_events_vs_round_robin": 1.8},
+        "goal_directions": {"p50_ttft_ms_events_vs_round_robin": "<="}}}}
+    text = serve_report.table(result)
+    assert "| routing | events | 100 | – | – | – | – | – | – | 80% |" in text
+    assert "p50 ttft ms events vs round robin 0.50x (goal ≤ 0.6x)" in text
+    assert "token hit rate events vs round robin 1.60x (goal ≥ 1.8x)" in text
+
+
+def test_routing_engines_hold_two_of_the_longest_requests():
+    from bench.serve_routing import FULL_TRACE, engine_blocks, parse_args
+
+    blocks = engine_blocks(FULL_TRACE)
+    assert (blocks - 1) * CPU_BLOCK >= 2 * (FULL_TRACE.longest_prompt() + FULL_TRACE.output_tokens)
+    assert blocks * CPU_BLOCK < FULL_TRACE.unique_tokens() / 2    # less than an engine's share of the trace
+    assert parse_args(["--repeats", "2"]).scenarios == ["routing"]

@@ -40,9 +40,10 @@ def store(client, prompt: list[int]) -> None:
     """Put ``prompt``'s full chunks, named by their engine blocks, as the connector does."""
     hs = hasher(prompt)
     chunks = len(hs) // CHUNK_BLOCKS
+    span = CHUNK_BLOCKS * BLOCK
     names = [EngineBlocks(BLOCK, tuple(hs[c * CHUNK_BLOCKS:(c + 1) * CHUNK_BLOCKS]),
-                          hs[c * CHUNK_BLOCKS - 1] if c else None,
-                          tuple(prompt[c * CHUNK_BLOCKS * BLOCK:(c + 1) * CHUNK_BLOCKS * BLOCK])) for c in range(chunks)]
+                          hs[c * CHUNK_BLOCKS - 1] if c else None, tuple(prompt[c * span:(c + 1) * span]))
+             for c in range(chunks)]
     client.put([os.urandom(16) for _ in names], [os.urandom(1 << 16) for _ in names], engine=names)
 
 
