@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -51,6 +52,26 @@ QUICK_TRACE = Conversations(sessions=4, turns=3, systems=1, system_blocks=1, tur
 def engine_blocks(c: Conversations, in_flight: int = 2) -> int:
     """An engine's KV cache: `in_flight` of the trace's longest requests (CPU blocks of 128 tokens)."""
     return in_flight * -(-(c.longest_prompt() + c.output_tokens) // CPU_BLOCK) + 1
+
+
+def affinity_ceiling(rows: list[dict], engines: int = 2) -> dict[str, float]:
+    """What routing can win on ``rows`` at most, from the trace alone: the share of prompt blocks found in the
+    chosen engine's daemon (leading blocks it holds, everything kept) under round robin, and under perfect
+    session affinity (every turn of a session on one engine, sessions spread in turn); their ratio."""
+    def share(pick: Callable[[int, dict], int]) -> float:
+        held: list[set[int]] = [set() for _ in range(engines)]
+        hits = total = 0
+        for i, row in enumerate(rows):
+            ids, mine = row["hash_ids"], held[pick(i, row)]
+            hits += next((n for n, h in enumerate(ids) if h not in mine), len(ids))
+            total += len(ids)
+            mine.update(ids)
+        return hits / total if total else 0.0
+
+    first: dict[int, int] = {}
+    rr = share(lambda i, row: i % engines)
+    sticky = share(lambda i, row: first.setdefault(row["session"], len(first) % engines))
+    return {"round_robin": rr, "session_affinity": sticky, "ratio": sticky / rr if rr else 0.0}
 
 
 def events_daemon(bench: Bench, i: int) -> tuple[BenchDaemon, str, str]:
@@ -189,6 +210,7 @@ def finish(runs: dict[str, list[dict[str, Any]]], c: Conversations, blocks: int,
                                 "p50_ttft_ms_events_vs_round_robin": "<="},
             "agreement": check, "hashes": hashes, "engines": 2, "engine_blocks": blocks,
             "engine_kv_tokens": blocks * CPU_BLOCK, "working_set_tokens": c.unique_tokens(), "requests": len(rows),
+            "block_hit_ceiling": affinity_ceiling(rows),
             "trace": {k: getattr(c, k) for k in ("sessions", "turns", "systems", "system_blocks", "turn_blocks",
                                                   "block_tokens", "output_tokens", "session_gap_ms", "turn_gap_ms",
                                                   "jitter_ms")},
