@@ -38,9 +38,9 @@ REPO = Path(__file__).resolve().parents[1]
 HASH_SEED = "0"
 COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
             "external_prefix_cache_hits", "prompt_tokens", "generation_tokens", "num_preemptions")
-# vllm:prompt_tokens_by_source, counted once per request at the end of its prefill: prompt tokens computed, found
-# in vLLM's own prefix cache, or loaded by the connector (as "prompt_tokens_<source>")
-SOURCES = ("computed", "local_cache_hit", "external_kv_transfer")
+# vllm:prompt_tokens_by_source (vLLM's PromptTokenStats), counted at the end of each prefill: prompt tokens computed,
+# found in vLLM's own prefix cache, or loaded by the connector (kept as "prompt_tokens_<source>")
+SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
 @dataclass(frozen=True)

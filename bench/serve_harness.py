@@ -100,7 +100,7 @@ def summarize(client: dict[str, Any], before: dict[str, float], after: dict[str,
     # counted once at the end of its prefill (the prefix-cache counters count a request again when it is
     # scheduled again, after an asynchronous load or a preemption)
     cached = d.get("prompt_tokens_local_cache_hit", 0.0) + d.get("prompt_tokens_external_kv_transfer", 0.0)
-    out["token_hit_rate"] = rate(cached, cached + d.get("prompt_tokens_computed", 0.0))
+    out["token_hit_rate"] = rate(cached, cached + d.get("prompt_tokens_local_compute", 0.0))
     out["preemptions"] = d["num_preemptions"]
     if daemon_before is not None and daemon_after is not None:
         out["daemon_hit_rate"] = rate(daemon_after["hit_tokens"] - daemon_before["hit_tokens"],

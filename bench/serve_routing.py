@@ -214,9 +214,10 @@ def finish(runs: dict[str, list[dict[str, Any]]], c: Conversations, blocks: int,
             "trace": {k: getattr(c, k) for k in ("sessions", "turns", "systems", "system_blocks", "turn_blocks",
                                                   "block_tokens", "output_tokens", "session_gap_ms", "turn_gap_ms",
                                                   "jitter_ms")},
-            "hit_rates": "token_hit_rate: prompt tokens not prefilled (vLLM's own prefix-cache hits plus the "
-                         "connector's loads) over all prompt tokens, from vLLM's counters summed over both engines; "
-                         "daemon_hit_rate: the daemons' hit tokens over their lookup tokens (both daemons)"}
+            "hit_rates": "token_hit_rate: prompt tokens not prefilled (found in vLLM's own prefix cache or loaded "
+                         "by the connector) over all prompt tokens, from vllm:prompt_tokens_by_source summed over "
+                         "both engines; daemon_hit_rate: the daemons' hit tokens over their lookup tokens (both "
+                         "daemons); block_hit_ceiling: the trace's own bound, daemons keeping everything"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -174,7 +174,7 @@ def test_metrics_and_hit_rates_come_from_counter_deltas():
             'vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e+09\n'
             'vllm:external_prefix_cache_queries_total{engine="0"} 600.0\n'
             'vllm:external_prefix_cache_hits_total{engine="0"} 300.0\n'
-            'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="computed"} 200.0\n'
+            'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 200.0\n'
             'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 100.0\n'
             'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 100.0\n')
     after = parse_metrics(page)
@@ -185,7 +185,7 @@ def test_metrics_and_hit_rates_come_from_counter_deltas():
     s = summarize(client, before, after, {"hit_tokens": 0, "lookup_tokens": 100},
                   {"hit_tokens": 75, "lookup_tokens": 200})
     assert s["vllm_hit_rate"] == 0.25 and s["external_hit_rate"] == 0.5 and s["daemon_hit_rate"] == 0.75
-    assert after["prompt_tokens_computed"] == 200 and s["token_hit_rate"] == 0.5   # (100 + 100) / 400
+    assert after["prompt_tokens_local_compute"] == 200 and s["token_hit_rate"] == 0.5   # (100 + 100) / 400
     assert summarize(client, after, after, None, None)["vllm_hit_rate"] is None
     assert "daemon_hit_rate" not in summarize(client, before, after, None, None)
 
