@@ -80,7 +80,8 @@ class TierGuard:
 
     # -- accounting -------------------------------------------------------------------------------------------
     def charge(self, entry: Entry, nbytes: int) -> None:
-        """``entry`` (of tenant ``entry.tenant``) holds ``nbytes`` more (negative: fewer) in this tier."""
+        """``entry`` (of tenant ``entry.tenant``) holds ``nbytes`` more (negative: fewer) in this tier; called once
+        the tier's field (``charge_of``) says so already."""
         name = entry.tenant
         self.use[name] += nbytes
         spilled = self.spilled.get(name)

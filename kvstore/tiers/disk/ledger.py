@@ -300,8 +300,8 @@ class DiskLedger(TierLedger):
         """The one place ``Entry.disk_bytes`` changes: the tenant's disk use follows it."""
         if nbytes != entry.disk_bytes:
             assert self.guard is not None
-            self.guard.charge(entry, nbytes - entry.disk_bytes)
-            entry.disk_bytes = nbytes
+            delta, entry.disk_bytes = nbytes - entry.disk_bytes, nbytes
+            self.guard.charge(entry, delta)   # after the field: the guard reads it
 
     def _evict(self, entry: Entry) -> None:
         """A chunk leaves the disk tier (already out of the disk LRU); it is lost unless held in memory."""

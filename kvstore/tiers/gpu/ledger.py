@@ -194,8 +194,8 @@ class GpuLedger(TierLedger):
     def free(self, entry: Entry) -> None:
         if entry.gpu_offset is not None:
             self.gpu.free(entry.gpu_offset)
-            self.store.budgets.guards["gpu"].charge(entry, -entry.size)
             entry.gpu_offset = None
+            self.store.budgets.guards["gpu"].charge(entry, -entry.size)   # after the field: the guard reads it
             self.store.sync(entry.key)
             entry.hits = 0   # back up only on new repeated hits: a demoted chunk must not bounce straight back
             self.lru.remove(entry)
