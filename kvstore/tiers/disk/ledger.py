@@ -313,13 +313,18 @@ class DiskLedger(TierLedger):
             self.store.lost(entry)
 
     def drop_copy(self, entry: Entry, quarantine: str | None = None) -> None:
-        """The chunk's file goes (uncharged now, removed by the mover in order with its writes)."""
+        """The chunk's file goes (uncharged now, removed by the mover in order with its writes; at once before the
+        mover exists, as files evicted while the index is rebuilt)."""
         if entry.disk is DiskState.STORED:
             self.disk.uncharge(entry.disk_bytes)
             self._set_disk_bytes(entry, 0)
             entry.disk = DiskState.NONE
             if self.mover is not None:
                 self.mover.remove_file(entry.key, quarantine)
+            elif quarantine is None:
+                self.disk.remove(entry.key)   # at start-up (the index rebuild), before the mover exists
+            else:
+                self.disk.quarantine(entry.key, quarantine)
             if quarantine is not None:
                 self.store.tier_counters.quarantined += 1
             self.store.sync(entry.key)
