@@ -51,10 +51,15 @@ class TenantBudgets:
         self.guards = {tier: TierGuard(tier, policy, self.table, CHARGE_OF[tier]) for tier in HELD_TIERS}
         self.dram = self.guards["dram"]
         self._names: dict[str, str] = {}
+        self._held = self._held_guards()
 
     @property
     def active(self) -> bool:
         return self.table.configured
+
+    def _held_guards(self) -> dict[str, TierGuard | None]:
+        active = self.table.configured
+        return {tier: guard if active and guard.budgeted else None for tier, guard in self.guards.items()}
 
     # DRAM's figures, as they were before the other tiers were held (tests and the simulator read them)
     @property
@@ -83,13 +88,12 @@ class TenantBudgets:
 
     def queue(self, tier: str) -> EvictionQueue:
         """What ``tier``'s owner evicts from: its guard when some tenant has a budget there, else the plain queue."""
-        guard = self.guards[tier]
-        return guard if self.active and guard.budgeted else guard.shared
+        guard = self._held[tier]
+        return self.guards[tier].shared if guard is None else guard   # not ``or``: an empty guard is falsy
 
     def held(self, tier: str) -> TierGuard | None:
         """``tier``'s guard when some tenant has a budget there (its allocations take the three steps)."""
-        guard = self.guards[tier]
-        return guard if self.active and guard.budgeted else None
+        return self._held[tier]
 
     def charge(self, entry: Entry) -> None:
         """``entry`` took a DRAM slot: its bytes count against its tenant."""
@@ -140,6 +144,7 @@ class TenantBudgets:
             entry.tenant = self.name_of(entry.namespace)
         for guard in self.guards.values():
             guard.rebuild(table, entries)
+        self._held = self._held_guards()
 
 
 __all__ = ["DEFAULT_TENANT", "HELD_TIERS", "TenantBudgets"]
