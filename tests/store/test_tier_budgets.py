@@ -276,3 +276,15 @@ def test_a_guaranteed_tenant_is_parked_out_of_the_shared_queue():
     for i in range(10):
         put(store, "b:", i, 1)
     assert store.budgets.use["a"] == 20 * CHUNK and len(guard.shared) == 4 and guard.evicted_by_others["a"] == 2
+
+
+def test_a_reload_that_gives_a_guarantee_parks_the_chunks_it_names():
+    store = Store(HostTier(VirtualArena(12 * CHUNK)), 1e9, 1e9, tier_ledgers(), clock=lambda: 0.0)
+    put(store, "a:", 0, 6)
+    put(store, "b:", 0, 6)
+    assert not store.budgets.active
+    store.set_tenants(parse_tenants({"a": {"namespaces": ["a:"], "dram": {"guaranteed": 6 * CHUNK}}}, "t.toml"))
+    assert store.lru is store.budgets.guards["dram"] and len(store.budgets.guards["dram"].parked["a"]) == 6
+    for i in range(12):
+        put(store, "c:", i, 1)
+    assert store.budgets.use["a"] == 6 * CHUNK and store.budgets.use["b"] == 0
