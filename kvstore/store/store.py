@@ -76,7 +76,7 @@ class Store(PutMixin, DamageMixin):
             reserve_ttl: seconds a reservation (or a credit) lives unless used.
             ledgers: the ledgers of the tiers below DRAM, and the eviction policy of every tier's queue.
             clock: the time leases and reservations are measured on.
-            tenants: the tenants table whose DRAM budgets apply; None: one shared tenant.
+            tenants: the tenants table whose budgets apply (held in DRAM, disk and GPU); None: one shared tenant.
             after_reply: where a put leaves the work no reader sees, to run after its reply (the daemon's).
             private: whether a namespace is kept out of the shared index (a restricted tenant's).
             events: the KV cache event sink, when the daemon publishes events.

@@ -95,11 +95,15 @@ class TenantBudgets:
         """``tier``'s guard when some tenant has a budget there (its allocations take the three steps)."""
         return self._held[tier]
 
+    def assign(self, entry: Entry) -> None:
+        """Name ``entry``'s tenant from its namespace (before any tier charges it)."""
+        entry.tenant = self.name_of(entry.namespace)
+
     def charge(self, entry: Entry) -> None:
         """``entry`` took a DRAM slot: its bytes count against its tenant."""
         if entry.dram_charge:
             return
-        entry.tenant = self.name_of(entry.namespace)
+        self.assign(entry)
         entry.dram_charge = entry.size
         self.dram.charge(entry, entry.size)
 
@@ -141,7 +145,7 @@ class TenantBudgets:
         self.table = table
         self._names.clear()
         for entry in entries:
-            entry.tenant = self.name_of(entry.namespace)
+            self.assign(entry)
         for guard in self.guards.values():
             guard.rebuild(table, entries)
         self._held = self._held_guards()

@@ -121,7 +121,7 @@ class DiskLedger(TierLedger):
             return False
         entry = Entry(key, size, namespace, parent, State.COMMITTED, disk=DiskState.STORED, checksum=checksum,
                       engine=engine)
-        entry.tenant = store.budgets.name_of(namespace)   # its disk bytes are charged again to its tenant
+        store.budgets.assign(entry)   # its disk bytes are charged again to the tenant of its namespace
         if not self._charge(footprint, entry):
             return False
         self._set_disk_bytes(entry, footprint)
