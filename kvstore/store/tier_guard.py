@@ -175,9 +175,28 @@ class TierGuard:
         self._settle(name)
 
     def push_oldest(self, entries: list[Entry]) -> None:
-        """Chunks set aside by an allocation go back at the old end: a budgeted tenant's to its parked queue (its
-        settle spills them again while it is over its guarantee)."""
-        self._by_queue(entries, lambda queue, run: queue.push_oldest(run), settle=True, fresh=True)
+        """Chunks set aside by an allocation go back at the old end, in order: a budgeted tenant's to the shared
+        queue while its excess over its guarantee has room for them, else to its parked queue."""
+        shared: list[Entry] = []
+        parked: dict[str, list[Entry]] = {}
+        for entry in reversed(entries):   # newest first: each goes in front of those already placed
+            name = entry.tenant
+            spilled = self.spilled.get(name)
+            if spilled is None:
+                shared.append(entry)
+                continue
+            nbytes = self.charge_of(entry)
+            if self.spilled_bytes[name] + nbytes <= max(0, self.use[name] - self.guaranteed[name]):
+                spilled[entry.key] = (entry, nbytes)
+                spilled.move_to_end(entry.key, last=False)
+                self.spilled_bytes[name] += nbytes
+                shared.append(entry)
+            else:
+                parked.setdefault(name, []).append(entry)
+        self.shared.push_oldest(shared[::-1])
+        for name, run in parked.items():
+            self.parked[name].push_oldest(run[::-1])
+            self._settle(name)
 
     def peek_oldest(self) -> Entry | None:
         return self.shared.peek_oldest()
@@ -198,14 +217,13 @@ class TierGuard:
         held = spilled.get(entry.key)
         return self.shared if held is not None and held[0] is entry else self.parked[entry.tenant]
 
-    def _by_queue(self, chain: Iterable[Entry], act: Callable[[EvictionQueue, list[Entry]], None], settle: bool,
-                  fresh: bool = False) -> None:
-        """``act`` on each queue with its part of ``chain``, in chain order (``fresh``: chunks in no queue now,
-        a budgeted tenant's going to its parked queue)."""
+    def _by_queue(self, chain: Iterable[Entry], act: Callable[[EvictionQueue, list[Entry]], None],
+                  settle: bool) -> None:
+        """``act`` on each queue with its part of ``chain``, in chain order."""
         chain = list(chain)
         runs: dict[int, tuple[EvictionQueue, list[Entry]]] = {}
         for entry in chain:
-            queue = self.parked.get(entry.tenant, self.shared) if fresh else self._queue_of(entry)
+            queue = self._queue_of(entry)
             runs.setdefault(id(queue), (queue, []))[1].append(entry)
         for queue, run in runs.values():
             act(queue, run)
