@@ -78,4 +78,9 @@ def test_disk_budgets_are_held_and_shown_per_tier_in_stats_and_metrics(start_dae
     assert value(samples, "kvstore_tenant_ceiling_bytes", tenant="small", tier="disk") == 3 << 20
     assert value(samples, "kvstore_tenant_guaranteed_bytes", tenant="default", tier="disk") == 2 << 20
     assert value(samples, "kvstore_tenant_bytes", tenant="small", tier="dram") == 8 * CHUNK
+    daemon.restart()   # the disk index is rebuilt (no warm restart of DRAM): each file charged to its namespace's
+    with daemon.client(namespace="other") as other:
+        tenants = other.stats()["tenants"]
+    assert tenants["small"]["tiers"]["disk"]["bytes"] == disk["bytes"]
+    assert tenants["small"]["tiers"]["dram"]["bytes"] == 0
 
