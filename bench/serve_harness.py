@@ -10,12 +10,14 @@ import shutil
 import statistics
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from bench._common import free_port, start_daemon
 from bench.serve_engine import EngineFailed, Server, Venv, bench_serve, engine_env, make_shim
 from bench.serve_traces import Conversations
+from connectors.common.layout import session_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -57,8 +59,8 @@ class Profile:
 
 FULL = Profile("full", hidden=1024, layers=8, heads=16, kv_heads=4, repeats=2, ws_concurrency=1,
                unique_requests=6, conversations=Conversations(
-                   sessions=4, turns=6, systems=2, system_blocks=4, turn_blocks=1, block_tokens=256,
-                   output_tokens=8, session_gap_ms=800, turn_gap_ms=2500))
+                   sessions=4, turns=6, systems=2, system_blocks=8, turn_blocks=1, block_tokens=256,
+                   output_tokens=8, session_gap_ms=800, turn_gap_ms=1500))
 QUICK = Profile("quick", hidden=256, layers=4, heads=4, kv_heads=2, repeats=1, concurrency=2, max_model_len=2048,
                 unique_requests=4, unique_blocks=4, slice_conversations=4, slice_max_blocks=6, slice_span_ms=4000,
                 check_prompts=2, check_tokens=4, host_mem="512MiB", conversations=Conversations(
@@ -76,10 +78,14 @@ class Arm:
     env: tuple[tuple[str, str], ...] = ()
 
 
+MODEL_ID = "serve-bench"   # every engine's connector files its chunks under one namespace, so a repeat can empty it
+
+
 def connector_config(address: str, chunk_tokens: int) -> dict[str, Any]:
     return {"kv_connector": "KVStoreConnector", "kv_connector_module_path": "kvstore.connectors.vllm",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"address": address, "chunk_tokens": chunk_tokens, "timeout": 5.0}}
+            "kv_connector_extra_config": {"address": address, "chunk_tokens": chunk_tokens, "timeout": 5.0,
+                                          "model_id": MODEL_ID}}
 
 
 def rate(hits: float, queries: float) -> float | None:
@@ -241,8 +247,16 @@ class Bench:
         return totals
 
     def clear_daemon(self) -> None:
-        with self.daemon.daemon.client() as c:
-            c.clear()
+        """Delete every chunk the engines saved (their connector's namespace), so a repeat starts cold."""
+        with self.daemon.daemon.client(namespace=session_namespace(f"vllm:{MODEL_ID}")) as c:
+            for _ in range(10):   # a save the engine acknowledged may still be landing
+                c.clear()
+                left = c.stats()["chunks"]
+                if not left:
+                    return
+                time.sleep(0.5)
+        if left:   # a repeat that inherited the last one's chunks would measure nothing
+            raise RuntimeError(f"the daemon still holds {left} chunks after clearing the engines' namespace")
 
     def replay(self, url: str, servers: list[Server], trace: str, num: int, connector: bool,
                concurrency: int | None = None, daemons: list[Any] | None = None) -> dict[str, Any]:

@@ -42,7 +42,6 @@ from .entry import Entry, State
 from .handles import Handle, HandleTable
 from .host_full import count_holders, host_full_message
 from .ledger import TierLedger
-from .policies import make_queue
 from .puts import PutMixin, Reservation, Slot
 from .room import make_room
 from .s3fifo import MAX_FREQ
@@ -52,7 +51,7 @@ from .tenant_budgets import TenantBudgets
 if TYPE_CHECKING:
     from ..tiers.gpu.tier import GpuTier
     from ..tiers.ledgers import TierLedgers
-    from ..tenants.table import Tenant, TenantTable
+    from ..tenants.table import TenantTable
 
 
 KEPT_READERS = b"\0kept-readers"   # the owner of the leases that shield chunks read across a restart
@@ -77,7 +76,7 @@ class Store(PutMixin, DamageMixin):
             reserve_ttl: seconds a reservation (or a credit) lives unless used.
             ledgers: the ledgers of the tiers below DRAM, and the eviction policy of every tier's queue.
             clock: the time leases and reservations are measured on.
-            tenants: the tenants table whose DRAM budgets apply; None: one shared tenant.
+            tenants: the tenants table whose budgets apply (held in DRAM, disk and GPU); None: one shared tenant.
             after_reply: where a put leaves the work no reader sees, to run after its reply (the daemon's).
             private: whether a namespace is kept out of the shared index (a restricted tenant's).
             events: the KV cache event sink, when the daemon publishes events.
@@ -91,7 +90,9 @@ class Store(PutMixin, DamageMixin):
         self.reserve_ttl = reserve_ttl
         self.clock = clock
         self.index: dict[bytes, Entry] = {}
-        self.lru = make_queue(self.policy)
+        # Each tenant's bytes in every tier, and the queues that hold its guarantee (tenant_budgets.py).
+        self.budgets = TenantBudgets(tenants, self.policy)
+        self.lru = self.budgets.queue("dram")
         self.leases: HandleTable[list[Entry]] = HandleTable("lease", LeaseError)
         self.reservations: HandleTable[Reservation] = HandleTable("reservation", ReservationError)
         self.counters = StoreCounters()
@@ -110,15 +111,18 @@ class Store(PutMixin, DamageMixin):
         for ledger in self.ledgers:
             ledger.attach(self)
         self.credits = CreditBook(self)   # free arena space lent to writers, so a put needs no RESERVE
-        self.budgets = TenantBudgets(tenants)   # each tenant's DRAM bytes; inactive without a tenants table
 
     def stop_publishing(self) -> None:
         """Feed the shared lookup index no more (it is about to close)."""
         self.published = None
 
     def set_tenants(self, table: "TenantTable") -> None:
-        """Apply a (re)loaded tenants table at once; chunks are charged again to the tenants it names."""
+        """Apply a (re)loaded tenants table at once; chunks are charged again, in every tier, to the tenants it
+        names, and every tier's queue follows its new budgets."""
         self.budgets.replace(table, list(self.index.values()))
+        self.lru = self.budgets.queue("dram")
+        for ledger in self.ledgers:
+            ledger.budgets_changed()
 
     def charge_host(self, entry: Entry) -> None:
         """``entry`` now holds a DRAM slot: its bytes count against its tenant's budget."""
@@ -372,21 +376,17 @@ class Store(PutMixin, DamageMixin):
         ``taken`` (what its request reserved so far) let a StoreFullError say who holds the room. With tenants,
         ``namespace`` names the tenant the slot is for: it is held to its ceiling, and no other tenant's
         guaranteed bytes leave for it (``tenant_budgets.py``)."""
-        may_leave: Callable[[Entry], bool] = self._may_leave_dram
-        if self.budgets.active:
-            tenant = self.budgets.tenant_of(namespace) if namespace is not None else None
-            if tenant is not None:
-                self._keep_under_ceiling(tenant, size)
-            name = tenant.name if tenant is not None else None
-            leave = lambda e: self._leave_for(e, name)  # noqa: E731
-            shared = lambda e: self._may_leave_dram(e) and not self.budgets.protected(e, None)  # noqa: E731
-            offset = make_room(lambda: self.host.allocate(size), self.lru, shared, leave)
-            if offset is not None or name is None:
-                return self._allocated(offset, size, owner, taken)
-            may_leave = lambda e: self._may_leave_dram(e) and not self.budgets.protected(e, name)  # noqa: E731
-        else:
-            leave = self.drop_host_copy
-        offset = make_room(lambda: self.host.allocate(size), self.lru, may_leave, leave)
+        guard = self.budgets.held("dram")
+        if guard is None:
+            offset = make_room(lambda: self.host.allocate(size), self.lru, self._may_leave_dram,
+                               self.drop_host_copy)
+            return self._allocated(offset, size, owner, taken)
+        tenant = self.budgets.tenant_of(namespace) if namespace is not None else None
+        if tenant is not None and not guard.keep_under_ceiling(tenant.name, size, self._may_leave_dram,
+                                                               self.drop_host_copy):
+            raise StoreFullError(self.budgets.ceiling_message(tenant, size))
+        offset = guard.make_room(tenant.name if tenant is not None else None, lambda: self.host.allocate(size),
+                                 self._may_leave_dram, self.drop_host_copy)
         return self._allocated(offset, size, owner, taken)
 
     def _allocated(self, offset: int | None, size: int, owner: bytes | None, taken: Sequence[Entry]) -> int:
@@ -395,24 +395,6 @@ class Store(PutMixin, DamageMixin):
             held = count_holders(self, owner, taken, self._may_leave_dram)
             raise StoreFullError(host_full_message(self.host.capacity_bytes, size, held))
         return offset
-
-    def _keep_under_ceiling(self, tenant: "Tenant", size: int) -> None:
-        """Evict ``tenant``'s own oldest chunks until ``size`` more bytes fit under its DRAM ceiling; else refuse."""
-        if not self.budgets.over_ceiling(tenant, size):
-            return
-        for entry in self.lru:   # oldest first
-            if entry.tenant == tenant.name and entry.dram_charge and self._may_leave_dram(entry):
-                self.lru.remove(entry)
-                self.drop_host_copy(entry)
-                if not self.budgets.over_ceiling(tenant, size):
-                    return
-        self.budgets.refusals[tenant.name] += 1
-        raise StoreFullError(self.budgets.ceiling_message(tenant, size))
-
-    def _leave_for(self, entry: Entry, tenant: str | None) -> None:
-        if entry.tenant != tenant and entry.dram_charge:
-            self.budgets.evicted_by_others[entry.tenant] += 1
-        self.drop_host_copy(entry)
 
     def _may_leave_dram(self, entry: Entry) -> bool:
         """Whether nothing but the index uses the chunk's DRAM slot (a lower tier's I/O or a check reads it)."""
