@@ -246,9 +246,10 @@ class Bench:
                 totals[k] += stats[k]
         return totals
 
-    def clear_daemon(self) -> None:
-        """Delete every chunk the engines saved (their connector's namespace), so a repeat starts cold."""
-        with self.daemon.daemon.client(namespace=session_namespace(f"vllm:{MODEL_ID}")) as c:
+    def clear_daemon(self, daemon: Any = None) -> None:
+        """Delete every chunk the engines saved (their connector's namespace) from the run's daemon (or `daemon`),
+        so a repeat starts cold."""
+        with (daemon or self.daemon).daemon.client(namespace=session_namespace(f"vllm:{MODEL_ID}")) as c:
             for _ in range(10):   # a save the engine acknowledged may still be landing
                 c.clear()
                 left = c.stats()["chunks"]

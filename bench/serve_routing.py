@@ -153,8 +153,7 @@ def replay_all(bench: Bench, proxy: RouterProxy, engines: list[Server], daemons:
             for s in engines:
                 s.reset_prefix_cache()
             for d in daemons:
-                with d.daemon.client() as c:
-                    c.clear()
+                bench.clear_daemon(d)
             before = proxy.stats()[POLICIES[name]]
             run_ = bench.replay(f"{proxy.url}/{POLICIES[name]}", engines, trace[0], trace[1], True, daemons=daemons)
             after = proxy.stats()[POLICIES[name]]
