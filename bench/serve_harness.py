@@ -103,8 +103,7 @@ def summarize(client: dict[str, Any], before: dict[str, float], after: dict[str,
     out["vllm_hit_rate"] = rate(d["prefix_cache_hits"], d["prefix_cache_queries"])
     out["external_hit_rate"] = rate(d["external_prefix_cache_hits"], d["external_prefix_cache_queries"])
     # prompt tokens not prefilled (vLLM's own hits and the connector's loads) over every prompt token, each request
-    # counted once at the end of its prefill (the prefix-cache counters count a request again when it is
-    # scheduled again, after an asynchronous load or a preemption)
+    # counted once, from vllm:prompt_tokens_by_source
     cached = d.get("prompt_tokens_local_cache_hit", 0.0) + d.get("prompt_tokens_external_kv_transfer", 0.0)
     out["token_hit_rate"] = rate(cached, cached + d.get("prompt_tokens_local_compute", 0.0))
     out["preemptions"] = d["num_preemptions"]
