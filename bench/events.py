@@ -19,16 +19,23 @@ Writes bench/results/events-latest.json; ``--quick`` writes a temporary file.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import statistics
+import subprocess
+import sys
 import time
+from dataclasses import asdict
 
 import msgpack
 import zmq
-from bench._common import add_output_flag, short_tempdir, start_daemon, write_result
+from bench._common import BenchDaemon, add_output_flag, short_tempdir, start_daemon, write_result
 
 import kvstore
 from kvstore.protocol.kv_events import block_hash
+from tests.support.daemons import sandbox_env
+from tests.support.workload import Counts, parse_counts, total, worker_command
 
 CHUNK = 64 << 10   # small chunks: the events' share of a put is at its largest
 LARGE = 1 << 20    # still small next to a real model's chunk (Llama-3-8B, 256 tokens: 32 MiB)
@@ -95,12 +102,121 @@ def compare(c_on: kvstore.Client, c_off: kvstore.Client, rounds: int, puts: int,
     return statistics.median(on_rates), statistics.median(off_rates), ratio
 
 
+LOAD_PROCESSES = 8
+LOAD_FLAGS = ("--host-mem", "256MiB")   # bench/load.py's daemon
+STALLED_HWM = 1000   # batches ZeroMQ keeps for the stopped subscriber (the default keeps 100,000)
+
+
+def load_round(d: BenchDaemon, seconds: float, seed: int) -> Counts:
+    """``LOAD_PROCESSES`` workers of bench/load.py (half ipc://, half tcp://) on ``d`` for ``seconds``, seeded
+    from ``seed`` (the same prompts whichever daemon a round runs on)."""
+    addresses = [d.ipc if i % 2 == 0 else d.tcp for i in range(LOAD_PROCESSES)]
+    procs = [subprocess.Popen(worker_command(a, seconds, seed=seed + i, timeout=30), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i, a in enumerate(addresses)]
+    results = []
+    for p in procs:
+        out, err = p.communicate()
+        if p.returncode != 0 or not out.strip():
+            raise RuntimeError(f"a load worker failed ({p.returncode}): {err[-500:]}")
+        results.append(parse_counts(out))
+    return total(results)
+
+
+def rates(c: Counts) -> dict[str, float]:
+    """Puts, gets and requests per second of one round."""
+    seconds = max(c.seconds, 1e-9)
+    return {"puts_per_s": c.puts / seconds, "gets_per_s": c.gets / seconds,
+            "requests_per_s": (c.lookups + c.gets + c.puts + c.releases) / seconds}
+
+
+def load_compare(d_on: BenchDaemon, d_off: BenchDaemon, rounds: int, seconds: float) -> dict:
+    """bench/load.py's workload on the daemon with events and the one without, interleaved in rounds (the order
+    swapped each round, the same seeds on both): median rates and the median of the rounds' on/off ratios."""
+    on, off, errors = [], [], 0
+    for i in range(rounds):
+        order = (d_on, d_off) if i % 2 == 0 else (d_off, d_on)
+        for d in order:
+            counts = load_round(d, seconds, seed=1000 * i)
+            errors += counts.errors + counts.corrupt
+            (on if d is d_on else off).append(rates(counts))
+    out: dict = {"rounds": rounds, "seconds_per_round": seconds, "processes": LOAD_PROCESSES,
+                 "errors_and_corrupt": errors}
+    for name in ("puts_per_s", "gets_per_s", "requests_per_s"):
+        out[f"{name}_events_on"] = statistics.median(r[name] for r in on)
+        out[f"{name}_events_off"] = statistics.median(r[name] for r in off)
+        out[f"{name}_on_over_off"] = statistics.median(a[name] / b[name] for a, b in zip(on, off))
+    return out
+
+
+def subscriber(endpoint: str, workdir: str) -> tuple[subprocess.Popen, str]:
+    """A real subscriber process (``kvstore events --json``) printing to a file; returns it and its gap log."""
+    gaps = os.path.join(workdir, "gaps.log")
+    with open(os.path.join(workdir, "events.jsonl"), "wb") as out, open(gaps, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kvstore", "events", "--endpoint", endpoint, "--json"],
+                                stdout=out, stderr=err, env=sandbox_env(workdir))
+    return proc, gaps
+
+
+def load_section(quick: bool) -> dict:
+    """bench/load.py's 8 processes on a daemon with events and one without, first with a real subscriber
+    process reading, then with that subscriber stopped (SIGSTOP): throughput ratios, and the gap it sees once it
+    runs again (its queue is ``--events-hwm`` batches)."""
+    rounds, seconds = (2, 3.0) if quick else (7, 6.0)
+    where = short_tempdir("evl-")
+    endpoint = f"ipc://{where}/ev.sock"
+    d_on = start_daemon(*LOAD_FLAGS, "--events-endpoint", endpoint, "--events-replay-endpoint",
+                        f"ipc://{where}/evr.sock", "--events-hwm", str(STALLED_HWM))
+    d_off = start_daemon(*LOAD_FLAGS)
+    sub, gaps = subscriber(endpoint, where)
+    try:
+        time.sleep(1.0)   # the subscription reaches the publisher
+        live = load_compare(d_on, d_off, rounds, seconds)
+        sub.send_signal(signal.SIGSTOP)
+        stalled = load_compare(d_on, d_off, rounds, seconds)
+        with kvstore.connect(d_on.ipc, namespace="bench-events") as c:
+            stats = c.stats()["events"]
+            sub.send_signal(signal.SIGCONT)
+            time.sleep(2.0)   # it reads what ZeroMQ kept for it
+            c.put([os.urandom(16)], [b"x" * 1024])   # one batch more: the first after the gap
+            time.sleep(1.0)
+    finally:
+        sub.send_signal(signal.SIGCONT)
+        sub.terminate()
+        sub.wait(10)
+        d_on.stop()
+        d_off.stop()
+    with open(gaps) as f:
+        gap_lines = [line.strip() for line in f if line.startswith("gap:")]
+    return {"load": {"live_subscriber": live, "stalled_subscriber": stalled, "stalled_hwm_batches": STALLED_HWM,
+                     "stalled_subscriber_gaps": gap_lines[:5], "events_stats_after_stall": stats,
+                     "load_average_1m": os.getloadavg()[0]}}
+
+
+SECTIONS = ("latency", "small", "load")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default=",".join(SECTIONS),
+                        help=f"comma-separated sections to run (of {', '.join(SECTIONS)}; default: all)")
     add_output_flag(parser)
     args = parser.parse_args()
-    samples, rounds, puts = (100, 9, 30) if args.quick else (1000, 61, 60)
+    sections = args.only.split(",")
+    result: dict = {"load_average_start": os.getloadavg()}
+    if "latency" in sections or "small" in sections:
+        result.update(single_client_sections(args.quick, sections))
+    if "load" in sections:
+        result.update(load_section(args.quick))
+    result["load_average_end"] = os.getloadavg()
+    path = write_result("events", result, quick=args.quick, out=args.out)
+    print(json.dumps(result, indent=1))
+    print(f"\n{path}")
+
+
+def single_client_sections(quick: bool, sections: list[str]) -> dict:
+    """One client: put → BlockStored and delete → BlockRemoved latency, and puts/s with events on and off."""
+    samples, rounds, puts = (100, 9, 30) if quick else (1000, 61, 60)
     where = short_tempdir("ev-")
     endpoint, replay = f"ipc://{where}/ev.sock", f"ipc://{where}/evr.sock"
     size = ["--host-mem", "128MiB", "--disk-size", "0"]
@@ -112,35 +228,28 @@ def main() -> None:
         s.setsockopt(zmq.SUBSCRIBE, b"")
         s.setsockopt(zmq.RCVHWM, 1000)
         s.connect(endpoint)
+    result: dict = {}
     try:
         with kvstore.connect(d_on.ipc, namespace="bench-events") as c_on, \
                 kvstore.connect(d_off.ipc, namespace="bench-events") as c_off:
             time.sleep(0.5)   # the subscriptions reach the publisher
-            result: dict = {"chunk_bytes": CHUNK, **event_latency(c_on, sub, samples)}
+            if "latency" in sections:
+                result.update({"chunk_bytes": CHUNK, **event_latency(c_on, sub, samples)})
             sub.close(linger=0)   # from here only the stalled subscriber is connected
-            on, off, ratio = compare(c_on, c_off, rounds, puts, CHUNK)
-            result.update({"puts_per_s_events_on": on, "puts_per_s_events_off": off, "on_over_off": ratio,
-                           "rounds": rounds, "puts_per_round": puts, "chunks_per_put": 8})
-            on, off, ratio = compare(c_on, c_off, max(5, rounds // 3), max(5, puts // 6), LARGE)
-            result.update({"large_chunk_bytes": LARGE, "large_puts_per_s_events_on": on,
-                           "large_puts_per_s_events_off": off, "large_on_over_off": ratio,
-                           "events_stats": c_on.stats()["events"]})
+            if "small" in sections:
+                on, off, ratio = compare(c_on, c_off, rounds, puts, CHUNK)
+                result.update({"puts_per_s_events_on": on, "puts_per_s_events_off": off, "on_over_off": ratio,
+                               "rounds": rounds, "puts_per_round": puts, "chunks_per_put": 8})
+                on, off, ratio = compare(c_on, c_off, max(5, rounds // 3), max(5, puts // 6), LARGE)
+                result.update({"large_chunk_bytes": LARGE, "large_puts_per_s_events_on": on,
+                               "large_puts_per_s_events_off": off, "large_on_over_off": ratio})
+            result["events_stats"] = c_on.stats()["events"]
     finally:
         stalled.close(linger=0)
         ctx.term()
         d_on.stop()
         d_off.stop()
-    path = write_result("events", result, quick=args.quick, out=args.out)
-    print("| measure | value |\n| --- | --- |")
-    print(f"| put → BlockStored, p50 / p99 | {result['put_to_stored_p50_ms']:.2f} / "
-          f"{result['put_to_stored_p99_ms']:.2f} ms |")
-    print(f"| delete → BlockRemoved, p50 / p99 | {result['delete_to_removed_p50_ms']:.2f} / "
-          f"{result['delete_to_removed_p99_ms']:.2f} ms |")
-    print(f"| puts/s, events on / off (8 × {CHUNK >> 10} KiB) | {result['puts_per_s_events_on']:.0f} / "
-          f"{result['puts_per_s_events_off']:.0f} (median ratio {result['on_over_off']:.3f}) |")
-    print(f"| puts/s, events on / off (8 × {LARGE >> 20} MiB) | {result['large_puts_per_s_events_on']:.0f} / "
-          f"{result['large_puts_per_s_events_off']:.0f} (median ratio {result['large_on_over_off']:.3f}) |")
-    print(f"\n{path}")
+    return result
 
 
 if __name__ == "__main__":

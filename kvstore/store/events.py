@@ -36,6 +36,7 @@ Holding = tuple[int, "int | None", int, "EngineBlocks | None", str]
 # where events go: (events, the namespace they are of; None: of every namespace)
 Outbox = Callable[[list[Event], "str | None"], None]
 MEDIA = ((GPU, MEDIUM_GPU), (CPU, MEDIUM_CPU), (STORAGE, MEDIUM_STORAGE))
+MEDIUM_OF = {bit: medium for bit, medium in MEDIA}   # a mask of one medium: its name
 
 
 def media_of(entry: Entry | None) -> int:
@@ -51,10 +52,18 @@ def media_of(entry: Entry | None) -> int:
 
 
 class EventLog:
-    """The media each key was last published in, and the events that move it to the Store's present state."""
+    """The media each key was last published in, and the events that move it to the Store's present state.
 
-    def __init__(self, outbox: Outbox) -> None:
+    With ``schedule`` (the publisher's ``wake``), a change only notes the key and its entry (a dict store): the
+    keys noted in one turn of the event loop are diffed together when the publisher drains the log (``drain``,
+    at the end of that turn, before it sends the batch), each key once however often it changed meanwhile.
+    Without it (tests, tools), every change is diffed and handed to ``outbox`` at once."""
+
+    def __init__(self, outbox: Outbox, schedule: Callable[[], None] | None = None) -> None:
         self._outbox = outbox
+        self._schedule = schedule
+        self._waiting = False   # a drain is scheduled
+        self._dirty: dict[bytes, Entry | None] = {}   # keys changed since the last drain, with their entry now
         self._held: dict[bytes, Holding] = {}
         self._block_size: dict[str, int] = {}
 
@@ -64,31 +73,46 @@ class EventLog:
 
     def changed(self, key: bytes, entry: Entry | None) -> None:
         """``key``'s readable entry now (None: not readable): publish what moved."""
-        events: dict[str, list[Event]] = {}
-        self._diff(key, entry, events)
-        self._send(events)
+        self._dirty[key] = entry
+        self._due()
 
     def changed_many(self, items: Sequence[tuple[bytes, Entry | None]]) -> None:
         """``changed`` of several keys (a put's chain), in one hand-off: a chain entering a tier is one event."""
-        events: dict[str, list[Event]] = {}
-        for key, entry in items:
-            self._diff(key, entry, events)
-        self._send(events)
+        self._dirty.update(items)
+        self._due()
 
-    def _send(self, events: dict[str, list[Event]]) -> None:
+    def _due(self) -> None:
+        if self._schedule is None:
+            self.drain()
+        elif not self._waiting:
+            self._waiting = True
+            self._schedule()
+
+    def drain(self) -> None:
+        """Diff every key changed since the last drain, in the order first changed, and hand the events over (one
+        list per namespace)."""
+        self._waiting = False
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, {}
+        events: dict[str, list[Event]] = {}
+        diff = self._diff
+        for key, entry in dirty.items():
+            diff(key, entry, events)
         for namespace, of_namespace in events.items():
             if of_namespace:
                 self._outbox(of_namespace, namespace)
 
     def all_cleared(self) -> None:
-        """Everything published is gone at once (a start, or a clear of all the daemon held)."""
+        """Everything published is gone at once (a start, or a clear of all the daemon held): the keys changed
+        before it in this turn are diffed after it, against nothing held."""
         self._held.clear()
         self._outbox([Cleared()], None)
 
     def snapshot(self, namespaces: Collection[str] | None = None) -> list[tuple[bytes, Holding]]:
         """Every key published as held (of ``namespaces`` only, when given), with its media mask, parent hash and
         block size: a copy, cheap enough for the event loop (the events are built from it elsewhere:
-        ``snapshot_events``)."""
+        ``snapshot_events``). The caller drains first (the publisher's ``flush``)."""
         if namespaces is None:
             return list(self._held.items())
         return [(key, held) for key, held in self._held.items() if held[4] in namespaces]
@@ -99,18 +123,26 @@ class EventLog:
         before = held[0] if held is not None else 0
         if now == before:
             return
-        namespace = held[4] if held is not None else entry.namespace if entry is not None else ""
-        events = out.setdefault(namespace, [])
+        holding = None
         if now and entry is not None:
-            self._held[key] = self._holding(now, entry)
+            holding = self._held[key] = self._holding(now, entry)
         else:
             del self._held[key]
-        gained, lost = now & ~before, before & ~now
-        for bit, medium in MEDIA:
-            if lost & bit and held is not None:   # removed under the names it was stored under
-                _append_removed(events, _hashes_of(key, held), medium)
-            if gained & bit:
-                _append_stored(events, key, self._held[key], medium)
+        namespace = held[4] if held is not None else entry.namespace if entry is not None else ""
+        events = out.get(namespace)
+        if events is None:
+            events = out[namespace] = []
+        if holding is not None and not before and now in MEDIUM_OF:   # the usual: it entered its first tier
+            _append_stored(events, key, holding, MEDIUM_OF[now])
+        elif held is not None and not now and before in MEDIUM_OF:    # or it left its only one
+            _append_removed(events, _hashes_of(key, held), MEDIUM_OF[before])
+        else:
+            gained, lost = now & ~before, before & ~now
+            for bit, medium in MEDIA:
+                if lost & bit and held is not None:   # removed under the names it was stored under
+                    _append_removed(events, _hashes_of(key, held), medium)
+                if gained & bit and holding is not None:
+                    _append_stored(events, key, holding, medium)
 
     def _holding(self, mask: int, entry: Entry) -> Holding:
         engine = entry.engine
