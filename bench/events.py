@@ -33,7 +33,8 @@ import zmq
 from bench._common import BenchDaemon, add_output_flag, short_tempdir, start_daemon, write_result
 
 import kvstore
-from kvstore.protocol.kv_events import block_hash
+from kvstore.protocol.engine_blocks import EngineBlocks
+from kvstore.protocol.kv_events import END_SEQ, SNAPSHOT_REQUEST, block_hash
 from tests.support.daemons import sandbox_env
 from tests.support.workload import Counts, parse_counts, total, worker_command
 
@@ -77,6 +78,139 @@ def event_latency(c: kvstore.Client, sub: zmq.Socket, n: int) -> dict[str, float
             "delete_to_removed_p99_ms": percentile(removed, 0.99) * 1e3, "samples": n}
 
 
+def wait_for_any(sub: zmq.Socket, kind: str, timeout_s: float = 5.0) -> tuple[float, list[int]]:
+    """The time the next batch with a ``kind`` event arrived, and that event's block hashes."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        if not sub.poll(100):
+            continue
+        _, _, payload = sub.recv_multipart()
+        now = time.perf_counter()
+        for event in msgpack.unpackb(payload)[1]:
+            if event["type"] == kind:
+                return now, event["block_hashes"]
+    raise RuntimeError(f"no {kind} within {timeout_s}s")
+
+
+def drain(sub: zmq.Socket) -> None:
+    """Drop what the subscriber has received (or receives within a millisecond)."""
+    while sub.poll(1):
+        sub.recv_multipart()
+
+
+def eviction_latency(n: int) -> dict[str, float]:
+    """put → ``BlockRemoved`` of the chunk it evicts: a daemon whose DRAM is full (no disk tier) evicts its least
+    recently used chunk to make room for each new one; timed from just before the put to the batch naming the
+    evicted chunk."""
+    where = short_tempdir("eve-")
+    endpoint = f"ipc://{where}/ev.sock"
+    d = start_daemon("--host-mem", "16MiB", "--disk-size", "0", "--events-endpoint", endpoint, tcp=False)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    payload = os.urandom(CHUNK)
+    put: set[int] = set()
+    samples = []
+    try:
+        with kvstore.connect(d.ipc, namespace="bench-events") as c:
+            for _ in range((16 << 20) // CHUNK + 16):   # full, and evicting
+                key = os.urandom(16)
+                c.put([key], [payload])
+                put.add(block_hash(key))
+            drain(sub)
+            for _ in range(n):
+                key = os.urandom(16)
+                t0 = time.perf_counter()
+                c.put([key], [payload])
+                arrived, hashes = wait_for_any(sub, "BlockRemoved")
+                assert set(hashes) <= put, "an eviction of a chunk never put"
+                samples.append(arrived - t0)
+                put.add(block_hash(key))
+                drain(sub)
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+        d.stop()
+    return {"evict_to_removed_p50_ms": percentile(samples, 0.5) * 1e3,
+            "evict_to_removed_p99_ms": percentile(samples, 0.99) * 1e3, "evict_samples": n}
+
+
+SNAPSHOT_CHUNKS = 62_500          # chunks held when the snapshot is asked for
+SNAPSHOT_BLOCKS_PER_CHUNK = 16    # engine blocks per chunk: 1,000,000 in all
+SNAPSHOT_BLOCK_TOKENS = 16        # vLLM's default block size
+SNAPSHOT_PROMPT_CHUNKS = 16       # chunks per prompt (a chain)
+
+
+def fill_engine_blocks(c: kvstore.Client, chunks: int) -> None:
+    """Put ``chunks`` small chunks, each naming ``SNAPSHOT_BLOCKS_PER_CHUNK`` engine blocks (hashes, parent, token
+    ids), as prompts of ``SNAPSHOT_PROMPT_CHUNKS`` chained chunks."""
+    per_chunk = SNAPSHOT_BLOCKS_PER_CHUNK * SNAPSHOT_BLOCK_TOKENS
+    payload = b"\x01" * 512
+    next_hash = 1
+    for first in range(0, chunks, SNAPSHOT_PROMPT_CHUNKS):
+        count = min(SNAPSHOT_PROMPT_CHUNKS, chunks - first)
+        keys, engine, parent = [os.urandom(16) for _ in range(count)], [], None
+        for _ in range(count):
+            hashes = tuple(range(next_hash, next_hash + SNAPSHOT_BLOCKS_PER_CHUNK))
+            next_hash += SNAPSHOT_BLOCKS_PER_CHUNK
+            engine.append(EngineBlocks(SNAPSHOT_BLOCK_TOKENS, hashes, parent, tuple(range(per_chunk))))
+            parent = hashes[-1]
+        c.put(keys, [payload] * count, engine=engine)
+
+
+def ask_snapshot(ctx: zmq.Context, replay: str) -> tuple[float, int, int]:
+    """Ask the replay socket for a snapshot; the seconds to its last frame, the bytes received, and the engine
+    blocks it names."""
+    req = ctx.socket(zmq.DEALER)
+    req.setsockopt(zmq.LINGER, 0)
+    req.connect(replay)
+    received, payloads = 0, []
+    try:
+        t0 = time.perf_counter()
+        req.send_multipart([b"", SNAPSHOT_REQUEST])
+        while True:
+            if not req.poll(30_000):
+                raise RuntimeError("the replay socket did not answer the snapshot request")
+            _, _, seq, payload = req.recv_multipart()
+            received += len(payload)
+            if seq == END_SEQ:
+                break
+            payloads.append(payload)
+        elapsed = time.perf_counter() - t0
+    finally:
+        req.close(linger=0)
+    blocks = sum(len(e["block_hashes"]) for p in payloads for e in msgpack.unpackb(p)[1] if e["type"] == "BlockStored")
+    return elapsed, received, blocks
+
+
+def snapshot_section(quick: bool) -> dict:
+    """A late joiner's snapshot of 1 M engine blocks (62,500 chunks of 16), through the replay socket: from the
+    request to its last frame (the end marker), the median of a few."""
+    chunks = SNAPSHOT_CHUNKS // 10 if quick else SNAPSHOT_CHUNKS
+    where = short_tempdir("evs-")
+    replay = f"ipc://{where}/evr.sock"
+    d = start_daemon("--host-mem", "256MiB", "--disk-size", "0", "--events-endpoint", f"ipc://{where}/ev.sock",
+                     "--events-replay-endpoint", replay, tcp=False)
+    ctx = zmq.Context()
+    try:
+        with kvstore.connect(d.ipc, namespace="bench-events") as c:
+            t0 = time.perf_counter()
+            fill_engine_blocks(c, chunks)
+            fill_s = time.perf_counter() - t0
+            held = c.stats()
+            times, size, blocks = [], 0, 0
+            for _ in range(3):
+                elapsed, size, blocks = ask_snapshot(ctx, replay)
+                times.append(elapsed)
+    finally:
+        ctx.term()
+        d.stop()
+    return {"snapshot": {"chunks": chunks, "engine_blocks": blocks, "seconds": statistics.median(times),
+                         "all_seconds": times, "bytes": size, "fill_seconds": fill_s,
+                         "daemon_chunks": held.get("chunks", held.get("count"))}}
+
+
 def put_round(c: kvstore.Client, puts: int, chunk: int = CHUNK) -> float:
     """Puts per second over ``puts`` puts of 8 chunks of ``chunk`` bytes (each put's chunks deleted after it)."""
     payloads = [os.urandom(chunk) for _ in range(8)]
@@ -107,26 +241,36 @@ LOAD_FLAGS = ("--host-mem", "256MiB")   # bench/load.py's daemon
 STALLED_HWM = 1000   # batches ZeroMQ keeps for the stopped subscriber (the default keeps 100,000)
 
 
-def load_round(d: BenchDaemon, seconds: float, seed: int) -> Counts:
+def load_round(d: BenchDaemon, seconds: float, seed: int) -> tuple[Counts, float]:
     """``LOAD_PROCESSES`` workers of bench/load.py (half ipc://, half tcp://) on ``d`` for ``seconds``, seeded
-    from ``seed`` (the same prompts whichever daemon a round runs on)."""
+    from ``seed`` (the same prompts whichever daemon a round runs on); their counts and the daemon's CPU seconds
+    meanwhile."""
     addresses = [d.ipc if i % 2 == 0 else d.tcp for i in range(LOAD_PROCESSES)]
     procs = [subprocess.Popen(worker_command(a, seconds, seed=seed + i, timeout=30), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i, a in enumerate(addresses)]
+    cpu0 = cpu_seconds(d.proc.pid)
     results = []
     for p in procs:
         out, err = p.communicate()
         if p.returncode != 0 or not out.strip():
             raise RuntimeError(f"a load worker failed ({p.returncode}): {err[-500:]}")
         results.append(parse_counts(out))
-    return total(results)
+    return total(results), cpu_seconds(d.proc.pid) - cpu0
 
 
-def rates(c: Counts) -> dict[str, float]:
-    """Puts, gets and requests per second of one round."""
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process used so far, all its threads (ZeroMQ's I/O thread included), user and system."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rates(c: Counts, cpu: float) -> dict[str, float]:
+    """Puts, gets and requests per second of one round, and the daemon's CPU time per request."""
     seconds = max(c.seconds, 1e-9)
-    return {"puts_per_s": c.puts / seconds, "gets_per_s": c.gets / seconds,
-            "requests_per_s": (c.lookups + c.gets + c.puts + c.releases) / seconds}
+    requests = c.lookups + c.gets + c.puts + c.releases
+    return {"puts_per_s": c.puts / seconds, "gets_per_s": c.gets / seconds, "requests_per_s": requests / seconds,
+            "daemon_cpu_us_per_request": cpu / max(requests, 1) * 1e6}
 
 
 def load_compare(d_on: BenchDaemon, d_off: BenchDaemon, rounds: int, seconds: float) -> dict:
@@ -136,12 +280,12 @@ def load_compare(d_on: BenchDaemon, d_off: BenchDaemon, rounds: int, seconds: fl
     for i in range(rounds):
         order = (d_on, d_off) if i % 2 == 0 else (d_off, d_on)
         for d in order:
-            counts = load_round(d, seconds, seed=1000 * i)
+            counts, cpu = load_round(d, seconds, seed=1000 * i)
             errors += counts.errors + counts.corrupt
-            (on if d is d_on else off).append(rates(counts))
+            (on if d is d_on else off).append(rates(counts, cpu))
     out: dict = {"rounds": rounds, "seconds_per_round": seconds, "processes": LOAD_PROCESSES,
                  "errors_and_corrupt": errors}
-    for name in ("puts_per_s", "gets_per_s", "requests_per_s"):
+    for name in ("puts_per_s", "gets_per_s", "requests_per_s", "daemon_cpu_us_per_request"):
         out[f"{name}_events_on"] = statistics.median(r[name] for r in on)
         out[f"{name}_events_off"] = statistics.median(r[name] for r in off)
         out[f"{name}_on_over_off"] = statistics.median(a[name] / b[name] for a, b in zip(on, off))
@@ -149,12 +293,41 @@ def load_compare(d_on: BenchDaemon, d_off: BenchDaemon, rounds: int, seconds: fl
 
 
 def subscriber(endpoint: str, workdir: str) -> tuple[subprocess.Popen, str]:
-    """A real subscriber process (``kvstore events --json``) printing to a file; returns it and its gap log."""
-    gaps = os.path.join(workdir, "gaps.log")
-    with open(os.path.join(workdir, "events.jsonl"), "wb") as out, open(gaps, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "kvstore", "events", "--endpoint", endpoint, "--json"],
-                                stdout=out, stderr=err, env=sandbox_env(workdir))
-    return proc, gaps
+    """A subscriber process (``python -m bench.events --subscribe``: decodes every batch, counts events and gaps
+    in ``seq``) connected to ``endpoint``; returns it and the file it reports to when terminated."""
+    report = os.path.join(workdir, "subscriber.json")
+    proc = subprocess.Popen([sys.executable, "-m", "bench.events", "--subscribe", endpoint, "--out", report],
+                            env=sandbox_env(workdir))
+    return proc, report
+
+
+def subscribe(endpoint: str, report: str) -> None:
+    """Receive and decode every batch until SIGTERM, then write what was seen (events, batches, gaps) to
+    ``report``."""
+    stop: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    seen = {"batches": 0, "events": 0, "gaps": 0, "missed_batches": 0, "first_gap": None}
+    expected = None
+    while not stop:
+        if not sub.poll(100):
+            continue
+        _, seq_raw, payload = sub.recv_multipart()
+        seq = int.from_bytes(seq_raw, "big")
+        if expected is not None and seq > expected:
+            seen["gaps"] += 1
+            seen["missed_batches"] += seq - expected
+            seen["first_gap"] = seen["first_gap"] or [expected, seq - 1]
+        expected = seq + 1
+        seen["batches"] += 1
+        seen["events"] += len(msgpack.unpackb(payload)[1])
+    with open(report, "w") as f:
+        json.dump(seen, f)
+    sub.close(linger=0)
+    ctx.term()
 
 
 def load_section(quick: bool) -> dict:
@@ -167,7 +340,7 @@ def load_section(quick: bool) -> dict:
     d_on = start_daemon(*LOAD_FLAGS, "--events-endpoint", endpoint, "--events-replay-endpoint",
                         f"ipc://{where}/evr.sock", "--events-hwm", str(STALLED_HWM))
     d_off = start_daemon(*LOAD_FLAGS)
-    sub, gaps = subscriber(endpoint, where)
+    sub, report = subscriber(endpoint, where)
     try:
         time.sleep(1.0)   # the subscription reaches the publisher
         live = load_compare(d_on, d_off, rounds, seconds)
@@ -185,14 +358,14 @@ def load_section(quick: bool) -> dict:
         sub.wait(10)
         d_on.stop()
         d_off.stop()
-    with open(gaps) as f:
-        gap_lines = [line.strip() for line in f if line.startswith("gap:")]
+    with open(report) as f:
+        seen = json.load(f)
     return {"load": {"live_subscriber": live, "stalled_subscriber": stalled, "stalled_hwm_batches": STALLED_HWM,
-                     "stalled_subscriber_gaps": gap_lines[:5], "events_stats_after_stall": stats,
+                     "subscriber_saw": seen, "events_stats_after_stall": stats,
                      "load_average_1m": os.getloadavg()[0]}}
 
 
-SECTIONS = ("latency", "small", "load")
+SECTIONS = ("latency", "evict", "small", "snapshot", "load")
 
 
 def main() -> None:
@@ -200,12 +373,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default=",".join(SECTIONS),
                         help=f"comma-separated sections to run (of {', '.join(SECTIONS)}; default: all)")
+    parser.add_argument("--subscribe", metavar="ENDPOINT", help=argparse.SUPPRESS)   # the subscriber process
     add_output_flag(parser)
     args = parser.parse_args()
+    if args.subscribe:
+        subscribe(args.subscribe, args.out)
+        return
     sections = args.only.split(",")
     result: dict = {"load_average_start": os.getloadavg()}
     if "latency" in sections or "small" in sections:
         result.update(single_client_sections(args.quick, sections))
+    if "evict" in sections:
+        result.update(eviction_latency(100 if args.quick else 1000))
+    if "snapshot" in sections:
+        result.update(snapshot_section(args.quick))
     if "load" in sections:
         result.update(load_section(args.quick))
     result["load_average_end"] = os.getloadavg()

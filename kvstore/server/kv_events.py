@@ -39,9 +39,9 @@ from ..defaults import EVENTS_BUFFER, EVENTS_FORMAT, EVENTS_HWM
 from ..errors import ConfigError
 from ..protocol.engine_identity import EngineIdentity
 from ..protocol.kv_events import (
-    END_SEQ, SNAPSHOT_REQUEST, Event, array_header, batch_body, batch_bytes, encoded_events, seq_bytes,
+    END_SEQ, SNAPSHOT_REQUEST, Event, array_header, batch_bytes, encoded_events, seq_bytes,
 )
-from ..store.events import Holding, snapshot_events
+from ..store.events import Holding, snapshot_packed
 from .event_topics import DEFAULT_TOPIC, Audience, Target, TopicTemplate
 
 REPLAY_POLL_MS = 200     # how long the replay thread waits for a request before it looks for the stop flag
@@ -219,8 +219,8 @@ class EventPublisher:
         if target is None or self._pub is None:
             return
         rows = self.holdings([namespace]) if self.holdings is not None else []
-        events = snapshot_events(rows)
-        self._publish(time.time(), self._pack(events), len(events), [target])
+        count, packed = snapshot_packed(rows, self.settings.fmt, self.incarnation, self._packer)
+        self._publish(time.time(), packed, count, [target])
 
     def engine_left(self, namespace: str, identity: EngineIdentity) -> None:
         """A session of ``identity`` in ``namespace`` closed (the last one ends its stream)."""
@@ -314,8 +314,8 @@ class EventPublisher:
             if seq < 0:   # nothing was ever published on this topic: there is no stream to snapshot
                 replay.send_multipart((client, b"", b"", END_SEQ, b""))
                 return
-            s = self.settings
-            payload = packer.pack(batch_body(time.time(), snapshot_events(rows), s.fmt, self.incarnation, rank))
-            replay.send_multipart((client, b"", topic, seq_bytes(seq), payload))
+            _, packed = snapshot_packed(rows, self.settings.fmt, self.incarnation, packer)
+            payload = batch_bytes(packer, time.time(), packed, rank)
+            replay.send_multipart((client, b"", topic, seq_bytes(seq), payload), copy=False)
             self.counters.snapshots += 1
         replay.send_multipart((client, b"", b"", END_SEQ, b""))
