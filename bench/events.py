@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+import urllib.request
+from typing import Any, Callable
 
 import msgpack
 import zmq
-from bench._common import BenchDaemon, add_output_flag, short_tempdir, start_daemon, write_result
+from bench._common import BenchDaemon, add_output_flag, free_port, short_tempdir, start_daemon, write_result
 
 import kvstore
 from kvstore.protocol.engine_blocks import EngineBlocks
@@ -211,6 +213,97 @@ def snapshot_section(quick: bool) -> dict:
                          "daemon_chunks": held.get("chunks", held.get("count"))}}
 
 
+def dynamo_section(python: str) -> dict:
+    """Dynamo's standalone KV indexer (``python -m dynamo.indexer`` of ai-dynamo-runtime, in the virtualenv of
+    ``python``) subscribed to a daemon's events: engine chunks put, one deleted, one evicted; the indexer asked
+    what it holds (``/query`` with the token ids: its own hashes of them, matched against what it rebuilt from
+    the events) after each step."""
+    version = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('ai-dynamo-runtime'))"],
+                             capture_output=True, text=True, timeout=60)
+    if version.returncode != 0:
+        return {"dynamo": {"ran": False, "python": python, "error": version.stderr.strip()[-500:]}}
+    where = short_tempdir("evd-")
+    port, replay_port, http = free_port(), free_port(), free_port()
+    d = start_daemon("--host-mem", "1MiB", "--max-chunk", "256KiB", "--disk-size", "0", "--events-endpoint",
+                     f"tcp://127.0.0.1:{port}", "--events-replay-endpoint", f"tcp://127.0.0.1:{replay_port}",
+                     tcp=False)
+    log = open(os.path.join(where, "indexer.log"), "w")
+    indexer = subprocess.Popen([python, "-m", "dynamo.indexer", "--port", str(http), "--threads", "1"],
+                               stdout=log, stderr=subprocess.STDOUT, env=sandbox_env(where))
+    out: dict = {"ran": True, "package": f"ai-dynamo-runtime {version.stdout.strip()}", "steps": []}
+    try:
+        call = _http(f"http://127.0.0.1:{http}")
+        _wait_http(call)
+        out["register"] = call("/register", {"instance_id": 1, "endpoint": f"tcp://127.0.0.1:{port}",
+                                             "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
+                                             "model_name": "m", "block_size": 16})
+        time.sleep(1.0)   # the subscription reaches the publisher
+        prompts = [[p * 10_000 + i for i in range(256)] for p in range(1, 4)]   # 3 prompts, 4 chunks of 64 tokens
+        with kvstore.connect(d.ipc, namespace="bench-dynamo") as c:
+            keys = [_put_prompt(c, tokens) for tokens in prompts]
+            out["steps"].append(_ask(call, "3 prompts put", prompts))
+            c.delete(keys[1][2:])
+            out["steps"].append(_ask(call, "prompt 2's last 2 chunks deleted", prompts))
+            for filler in range(1, 40):   # DRAM (1 MiB) fills: prompt 1, the least recently used, goes first
+                c.put([os.urandom(16)], [os.urandom(64 << 10)])
+                if not _ask(call, "", prompts[:1])["matched_tokens"][0]:
+                    break
+            out["steps"].append(_ask(call, f"{filler} chunks of 64 KiB more put (LRU evictions)", prompts))
+    finally:
+        indexer.terminate()
+        indexer.wait(10)
+        log.close()
+        d.stop()
+    with open(os.path.join(where, "indexer.log")) as f:
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in f]
+    out["indexer_log"] = [line[-240:] for line in lines if "WARN" in line or "ERROR" in line or "eplay" in line][:8]
+    return {"dynamo": out}
+
+
+def _http(base: str) -> Callable[..., Any]:
+    def call(path: str, body: dict | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(base + path, data, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            text = r.read().decode()
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return call
+
+
+def _wait_http(call: Callable[..., Any], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            call("/workers")
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _put_prompt(c: kvstore.Client, tokens: list[int]) -> list[bytes]:
+    """``tokens`` as chunks of 64 tokens (4 engine blocks of 16 each; the hashes are arbitrary, Dynamo keys blocks
+    by its own hash of their token ids); returns the chunk keys."""
+    keys, engine, parent = [], [], None
+    for first in range(0, len(tokens), 64):
+        hashes = tuple(hash((tuple(tokens[:first + 16 * (b + 1)]),)) & (2**63 - 1) for b in range(4))
+        engine.append(EngineBlocks(16, hashes, parent, tuple(tokens[first:first + 64])))
+        keys.append(os.urandom(16))
+        parent = hashes[-1]
+    c.put(keys, [os.urandom(1024)] * len(keys), engine=engine)
+    return keys
+
+
+def _ask(call: Callable[..., Any], step: str, prompts: list[list[int]]) -> dict:
+    time.sleep(0.5)   # the events reach the indexer
+    return {"step": step, "matched_tokens": [call("/query", {"token_ids": t, "model_name": "m"}).get("instances")
+                                             for t in prompts]}
+
+
 def put_round(c: kvstore.Client, puts: int, chunk: int = CHUNK) -> float:
     """Puts per second over ``puts`` puts of 8 chunks of ``chunk`` bytes (each put's chunks deleted after it)."""
     payloads = [os.urandom(chunk) for _ in range(8)]
@@ -365,7 +458,7 @@ def load_section(quick: bool) -> dict:
                      "load_average_1m": os.getloadavg()[0]}}
 
 
-SECTIONS = ("latency", "evict", "small", "snapshot", "load")
+SECTIONS = ("latency", "evict", "small", "snapshot", "load", "dynamo")
 
 
 def main() -> None:
@@ -373,6 +466,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default=",".join(SECTIONS),
                         help=f"comma-separated sections to run (of {', '.join(SECTIONS)}; default: all)")
+    parser.add_argument("--dynamo-python", metavar="PYTHON",
+                        help="the python of a virtualenv with ai-dynamo-runtime installed (the dynamo section)")
     parser.add_argument("--subscribe", metavar="ENDPOINT", help=argparse.SUPPRESS)   # the subscriber process
     add_output_flag(parser)
     args = parser.parse_args()
@@ -389,6 +484,9 @@ def main() -> None:
         result.update(snapshot_section(args.quick))
     if "load" in sections:
         result.update(load_section(args.quick))
+    if "dynamo" in sections:
+        result.update(dynamo_section(args.dynamo_python) if args.dynamo_python else
+                      {"dynamo": {"ran": False, "error": "no --dynamo-python given"}})
     result["load_average_end"] = os.getloadavg()
     path = write_result("events", result, quick=args.quick, out=args.out)
     print(json.dumps(result, indent=1))
