@@ -244,11 +244,11 @@ def dynamo_section(python: str) -> dict:
             out["steps"].append(_ask(call, "3 prompts put", prompts))
             c.delete(keys[1][2:])
             out["steps"].append(_ask(call, "prompt 2's last 2 chunks deleted", prompts))
-            for filler in range(1, 40):   # DRAM (1 MiB) fills: prompt 1, the least recently used, goes first
-                c.put([os.urandom(16)], [os.urandom(64 << 10)])
-                if not _ask(call, "", prompts[:1])["matched_tokens"][0]:
-                    break
-            out["steps"].append(_ask(call, f"{filler} chunks of 64 KiB more put (LRU evictions)", prompts))
+            fillers = 0
+            while fillers < 40 and _ask(call, "", prompts[:1])["matched_tokens"][0]:
+                c.put([os.urandom(16)], [os.urandom(64 << 10)])   # DRAM (1 MiB) fills: the oldest chunks go first
+                fillers += 1
+            out["steps"].append(_ask(call, f"{fillers} chunks of 64 KiB more put (LRU evictions)", prompts))
     finally:
         indexer.terminate()
         indexer.wait(10)
@@ -334,13 +334,14 @@ LOAD_FLAGS = ("--host-mem", "256MiB")   # bench/load.py's daemon
 STALLED_HWM = 1000   # batches ZeroMQ keeps for the stopped subscriber (the default keeps 100,000)
 
 
-def load_round(d: BenchDaemon, seconds: float, seed: int) -> tuple[Counts, float]:
-    """``LOAD_PROCESSES`` workers of bench/load.py (half ipc://, half tcp://) on ``d`` for ``seconds``, seeded
-    from ``seed`` (the same prompts whichever daemon a round runs on); their counts and the daemon's CPU seconds
-    meanwhile."""
+def load_round(d: BenchDaemon, prompts: int, seed: int) -> tuple[Counts, float]:
+    """``LOAD_PROCESSES`` workers of bench/load.py (half ipc://, half tcp://) on ``d``, each serving ``prompts``
+    prompts seeded from ``seed`` (the same work whichever daemon a round runs on); their counts and the daemon's
+    CPU seconds meanwhile."""
     addresses = [d.ipc if i % 2 == 0 else d.tcp for i in range(LOAD_PROCESSES)]
-    procs = [subprocess.Popen(worker_command(a, seconds, seed=seed + i, timeout=30), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i, a in enumerate(addresses)]
+    procs = [subprocess.Popen(worker_command(a, 600, seed=seed + i, timeout=30, requests=prompts),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, a in enumerate(addresses)]
     cpu0 = cpu_seconds(d.proc.pid)
     results = []
     for p in procs:
@@ -366,22 +367,26 @@ def rates(c: Counts, cpu: float) -> dict[str, float]:
             "daemon_cpu_us_per_request": cpu / max(requests, 1) * 1e6}
 
 
-def load_compare(d_on: BenchDaemon, d_off: BenchDaemon, rounds: int, seconds: float) -> dict:
+def load_compare(d_on: BenchDaemon, d_off: BenchDaemon, rounds: int, prompts: int, seed: int) -> dict:
     """bench/load.py's workload on the daemon with events and the one without, interleaved in rounds (the order
     swapped each round, the same seeds on both): median rates and the median of the rounds' on/off ratios."""
     on, off, errors = [], [], 0
+    for d in (d_on, d_off):   # a warm-up round each, not counted: both daemons' DRAM full, as in the rounds after
+        load_round(d, prompts, seed=seed + 999_000)
     for i in range(rounds):
         order = (d_on, d_off) if i % 2 == 0 else (d_off, d_on)
         for d in order:
-            counts, cpu = load_round(d, seconds, seed=1000 * i)
+            counts, cpu = load_round(d, prompts, seed=seed + 1000 * i)
             errors += counts.errors + counts.corrupt
             (on if d is d_on else off).append(rates(counts, cpu))
-    out: dict = {"rounds": rounds, "seconds_per_round": seconds, "processes": LOAD_PROCESSES,
+    out: dict = {"rounds": rounds, "prompts_per_process": prompts, "processes": LOAD_PROCESSES,
                  "errors_and_corrupt": errors}
     for name in ("puts_per_s", "gets_per_s", "requests_per_s", "daemon_cpu_us_per_request"):
         out[f"{name}_events_on"] = statistics.median(r[name] for r in on)
         out[f"{name}_events_off"] = statistics.median(r[name] for r in off)
-        out[f"{name}_on_over_off"] = statistics.median(a[name] / b[name] for a, b in zip(on, off))
+        ratios = [a[name] / b[name] for a, b in zip(on, off) if b[name] > 0]
+        out[f"{name}_on_over_off"] = statistics.median(ratios) if ratios else None
+    out["requests_per_s_round_ratios"] = [round(a["requests_per_s"] / b["requests_per_s"], 3) for a, b in zip(on, off)]
     return out
 
 
@@ -427,7 +432,7 @@ def load_section(quick: bool) -> dict:
     """bench/load.py's 8 processes on a daemon with events and one without, first with a real subscriber
     process reading, then with that subscriber stopped (SIGSTOP): throughput ratios, and the gap it sees once it
     runs again (its queue is ``--events-hwm`` batches)."""
-    rounds, seconds = (2, 3.0) if quick else (7, 6.0)
+    rounds, prompts = (2, 50) if quick else (9, 400)
     where = short_tempdir("evl-")
     endpoint = f"ipc://{where}/ev.sock"
     d_on = start_daemon(*LOAD_FLAGS, "--events-endpoint", endpoint, "--events-replay-endpoint",
@@ -436,9 +441,9 @@ def load_section(quick: bool) -> dict:
     sub, report = subscriber(endpoint, where)
     try:
         time.sleep(1.0)   # the subscription reaches the publisher
-        live = load_compare(d_on, d_off, rounds, seconds)
+        live = load_compare(d_on, d_off, rounds, prompts, seed=0)
         sub.send_signal(signal.SIGSTOP)
-        stalled = load_compare(d_on, d_off, rounds, seconds)
+        stalled = load_compare(d_on, d_off, rounds, prompts, seed=1_000_000)
         with kvstore.connect(d_on.ipc, namespace="bench-events") as c:
             stats = c.stats()["events"]
             sub.send_signal(signal.SIGCONT)

@@ -4,9 +4,9 @@ by a thread of its own.
 Publishing never waits. A change to the Store only notes the key (``store/events.py``: ``EventLog.changed``) and
 wakes the publisher (``wake``); at the end of that turn of the event loop (``flush``, scheduled with
 ``call_soon``; before the loop runs, at start-up, at once) the log turns the keys noted into events (``drain``),
-which are sent as one batch: one msgpack pack and one non-blocking send. The PUB socket never blocks a send: a subscriber more than
-``--events-hwm`` batches behind loses the batches past that in ZeroMQ, and sees the gap in ``seq`` (it can ask
-the replay socket for them). A send the socket refuses outright is counted as dropped
+which are sent as one batch: one msgpack pack and one non-blocking send. The PUB socket never blocks a send: a
+subscriber more than ``--events-hwm`` batches behind loses the batches past that in ZeroMQ, and sees the gap in
+``seq`` (it can ask the replay socket for them). A send the socket refuses outright is counted as dropped
 (``kvstore_events_dropped_total``) and leaves its sequence number unused on the wire, a gap too. Sending on the
 loop thread rather than a sender thread keeps the loop from ever waiting for another thread to hand back the
 interpreter lock, which on a loaded machine costs far more than the pack and send themselves.

@@ -24,7 +24,7 @@ def held_log() -> EventLog:
     next_hash = 2**40
     for chain in range(6):
         parent = None
-        for i in range(20 if chain == 0 else 3):
+        for _ in range(20 if chain == 0 else 3):
             hashes = tuple(range(next_hash, next_hash + 16))
             next_hash += 16
             entry = Entry(os.urandom(16), 512, "ns", None, State.COMMITTED, host_offset=None if chain == 1 else 0,
@@ -33,7 +33,7 @@ def held_log() -> EventLog:
             parent = hashes[-1]
             log.changed(entry.key, entry)
     parent_key = None
-    for i in range(5):
+    for _ in range(5):
         entry = Entry(os.urandom(16), 512, "ns", parent_key, State.COMMITTED, host_offset=0)
         parent_key = entry.key
         log.changed(entry.key, entry)
