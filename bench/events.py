@@ -1,19 +1,27 @@
 """What KV cache events cost and how fast a subscriber sees them.
 
-    python -m bench.events [--quick] [--out JSON]
+    python -m bench.events [--quick] [--only SECTIONS] [--dynamo-python PYTHON] [--out JSON]
 
-Two daemons of the same size run side by side, one publishing events (``--events-endpoint``, with replay) and
-one not. Measured in the same run:
+Sections (all by default; each starts daemons of its own, in the tests' sandbox):
 
-* put → ``BlockStored``: a subscriber in this process, connected to the publishing daemon, times from just
-  before a one-chunk put to the moment the batch naming that chunk arrives (p50, p99 over many puts); and
-  delete → ``BlockRemoved`` the same way.
-* put throughput with events on and off: rounds of puts (8 chunks each, deleted after), the two daemons
-  interleaved in short rounds (the order swapped each round) so both see the same machine load; the ratio is
-  the median of the rounds' on/off ratios; once with 64 KiB chunks (the events' share of a put at its largest)
-  and once with 1 MiB ones. A second subscriber is connected throughout and never reads (a stalled consumer).
+* ``latency``: put → ``BlockStored`` and delete → ``BlockRemoved`` as a subscriber in this process sees them, from
+  just before the call to the arrival of the batch naming the chunk (p50, p99 over 1,000 of each).
+* ``evict``: put → ``BlockRemoved`` of the chunk that put evicts (a daemon whose DRAM is full, no disk tier).
+* ``small``: one client's puts/s with events on and off, two daemons interleaved in short rounds (the order
+  swapped each round), the median of the rounds' on/off ratios; 8 × 64 KiB chunks and 8 × 1 MiB ones, a
+  subscriber connected that never reads.
+* ``snapshot``: a late joiner's snapshot of 1 M engine blocks (62,500 chunks of 16 blocks of 16 tokens, with their
+  token ids) through the replay socket, from the request to its last frame.
+* ``load``: bench/load.py's workload (8 processes, half ipc://, half tcp://, every chunk verified) on a daemon with
+  events and one without, interleaved rounds of the same work (a fixed number of prompts per process, the same
+  seeds on both): requests, puts and gets per second, the daemon's CPU time per request, the median of the
+  rounds' on/off ratios. First with a subscriber process reading every batch, then with that process stopped
+  (SIGSTOP); once it runs again, the gap in ``seq`` it saw.
+* ``dynamo``: Dynamo's standalone KV indexer (``--dynamo-python``: a virtualenv's python with ai-dynamo-runtime)
+  subscribed to a daemon, asked what it holds after puts, a delete and evictions.
 
-Writes bench/results/events-latest.json; ``--quick`` writes a temporary file.
+Writes bench/results/events-latest.json (with the machine's load average at start and end); ``--quick`` writes a
+temporary file, as does ``--out``.
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ published as the engine's blocks: its ``BlockStored`` carries the engine's hashe
 block size, its ``BlockRemoved`` the engine's hashes, so a router keys it as it keys the engine's own blocks. A
 chunk without them (the transformers connector, the raw client) is one block named by its chunk key.
 
-Cost per change on the event loop: a dict lookup, a few integer operations and, when something changed, one
-small record handed to the publisher's queue (``server/kv_events.py``), which never blocks.
+Cost per change on the event loop: a dict store (the key and its entry are noted); at the end of the turn, once per
+key noted, a dict lookup, a few integer operations and, when something changed, the events handed to the
+publisher (``server/kv_events.py``), which never blocks. A chunk's names are packed once, when it is first held
+(``Packed``), so that a snapshot is assembled from bytes (``snapshot_packed``).
 """
 
 from __future__ import annotations
