@@ -157,8 +157,9 @@ def open_events(config: ServerConfig, claims: Claims) -> tuple[EventPublisher | 
         config.events_endpoint, config.events_replay_endpoint, config.events_buffer, config.events_hwm,
         config.events_format, config.events_topic))
     claims.take(publisher.close)   # after the Store's last change: registered before the movers' closers
-    event_log = EventLog(publisher.submit)
+    event_log = EventLog(publisher.submit, publisher.wake)
     publisher.holdings = event_log.snapshot
+    publisher.drain = event_log.drain
     event_log.all_cleared()
     logs.info("kv_events", endpoint=config.events_endpoint, replay=config.events_replay_endpoint or None,
               format=config.events_format, incarnation=publisher.incarnation)
