@@ -74,11 +74,19 @@ def affinity_ceiling(rows: list[dict], engines: int = 2) -> dict[str, float]:
     return {"round_robin": rr, "session_affinity": sticky, "ratio": sticky / rr if rr else 0.0}
 
 
-def events_daemon(bench: Bench, i: int) -> tuple[BenchDaemon, str, str]:
+def daemon_mem(bench: Bench, c: Conversations, share: float) -> str:
+    """A daemon's DRAM: `share` of the trace's working set (0: the profile's whole host_mem)."""
+    if share <= 0:
+        return bench.profile.host_mem
+    need = c.unique_tokens() * bench.profile.kv_bytes_per_token() * share
+    return f"{max(16, -(-int(need) // (1 << 20)))}MiB"
+
+
+def events_daemon(bench: Bench, i: int, host_mem: str) -> tuple[BenchDaemon, str, str]:
     """Engine ``e<i>``'s daemon, publishing events; (the daemon, its events endpoint, its replay endpoint)."""
     pub = "ipc://" + os.path.join(bench.workdir, f"ev{i}.sock")
     replay = "ipc://" + os.path.join(bench.workdir, f"evr{i}.sock")
-    daemon = start_daemon("--host-mem", bench.profile.host_mem, "--events-endpoint", pub,
+    daemon = start_daemon("--host-mem", host_mem, "--events-endpoint", pub,
                           "--events-replay-endpoint", replay, tcp=False)
     return daemon, pub, replay
 
@@ -163,12 +171,15 @@ def replay_all(bench: Bench, proxy: RouterProxy, engines: list[Server], daemons:
     return runs
 
 
-def routing(bench: Bench, c: Conversations) -> dict[str, Any]:
-    """The scenario: two engines, a daemon each, three routing policies through one proxy."""
+def routing(bench: Bench, c: Conversations, share: float) -> dict[str, Any]:
+    """The scenario: two engines, a daemon each holding `share` of the trace's working set (a fleet whose
+    working set outgrows one host's cache but not two: where a router decides how much is found), three
+    routing policies through one proxy."""
     blocks = engine_blocks(c)
     rows = conversation_trace(c)
     trace = trace_file(bench, "routing", rows)
-    started = [events_daemon(bench, i) for i in range(2)]
+    host_mem = daemon_mem(bench, c, share)
+    started = [events_daemon(bench, i, host_mem) for i in range(2)]
     daemons = [d for d, _, _ in started]
     try:
         arms = [engine_arm(i, d, bench.profile.chunk_tokens) for i, d in enumerate(daemons)]
@@ -189,7 +200,7 @@ def routing(bench: Bench, c: Conversations) -> dict[str, Any]:
         bench.keep()
         for d in daemons:
             d.stop()
-    return finish(runs, c, blocks, rows, check, hashes)
+    return {**finish(runs, c, blocks, rows, check, hashes), "daemon_host_mem": host_mem, "daemon_share": share}
 
 
 def finish(runs: dict[str, list[dict[str, Any]]], c: Conversations, blocks: int, rows: list[dict],
@@ -229,7 +240,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--venv", default=os.environ.get("KVSTORE_VLLM_VENV") or str(_repo / ".venv-vllm"),
                         help=f"the vLLM CPU engine's virtualenv (`{INSTALL_HINT}`)")
     parser.add_argument("--out", default=None, help="write the result here instead")
+    parser.add_argument("--daemon-share", type=float, default=0.7,
+                        help="each daemon's DRAM as a share of the trace's working set (0: the profile's host_mem)")
     args = parser.parse_args(argv)
+    if not 0 <= args.daemon_share <= 4:
+        parser.error(f"--daemon-share must be between 0 and 4, got {args.daemon_share}")
     for name in ("repeats", "concurrency"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -246,7 +261,8 @@ def profile(args: argparse.Namespace) -> Profile:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     c = QUICK_TRACE if args.quick else FULL_TRACE
-    return run(args, {"routing": lambda bench: routing(bench, c)}, name="serve-routing", profile=profile(args))
+    scenario = {"routing": lambda bench: routing(bench, c, args.daemon_share)}
+    return run(args, scenario, name="serve-routing", profile=profile(args))
 
 
 if __name__ == "__main__":

@@ -276,7 +276,7 @@ EVENT_SETTINGS = (
     Setting("events_format", _read_events_format, lambda: EVENTS_FORMAT,
             "map (vLLM's tagged maps, current releases) or array (the older positional events)", "FORMAT"),
     Setting("events_topic", _read_events_topic, _default_events_topic,
-            "topic of each engine's events, a template of {engine_id}, {model} and {dp_rank} (llm-d's "
+            "topic of each engine's events, a template of {engine_id}, {model}, {dp_rank} and {tenant} (llm-d's "
             "kv@{engine_id}@{model} by default; the daemon-wide stream's topic is then empty), or a plain topic "
             "for every event message", "TOPIC"),
 )

@@ -42,6 +42,7 @@ from ..protocol.kv_events import (
     END_SEQ, SNAPSHOT_REQUEST, Event, array_header, batch_bytes, encoded_events, seq_bytes,
 )
 from ..store.events import Holding, snapshot_packed
+from ..tenants.table import DEFAULT_TENANT
 from .event_topics import DEFAULT_TOPIC, Audience, Target, TopicTemplate
 
 REPLAY_POLL_MS = 200     # how long the replay thread waits for a request before it looks for the stop flag
@@ -211,11 +212,11 @@ class EventPublisher:
         with self._buffer_lock:
             self._buffer.append((topic, seq, payload))
 
-    def engine_joined(self, namespace: str, identity: EngineIdentity) -> None:
-        """A session of ``identity`` opened in ``namespace``: when it is the engine's first there, its stream
-        starts with ``AllBlocksCleared`` and what the namespace holds now, on its topic alone."""
+    def engine_joined(self, namespace: str, identity: EngineIdentity, tenant: str = DEFAULT_TENANT) -> None:
+        """A session of ``identity`` opened in ``namespace`` (owned by ``tenant``): when it is the engine's first
+        there, its stream starts with ``AllBlocksCleared`` and what the namespace holds now, on its topic alone."""
         self.flush()   # what changed before goes out without it: the holdings below include it
-        target = self.audience.join(namespace, identity)
+        target = self.audience.join(namespace, identity, tenant)
         if target is None or self._pub is None:
             return
         rows = self.holdings([namespace]) if self.holdings is not None else []

@@ -22,6 +22,7 @@ from ..tiers.disk.mover import DiskMover
 from ..store.published_index import PublishedIndex
 from ..tiers.remote.mover import RemoteMover
 from ..store.store import LookupResult, Store
+from ..tenants.table import DEFAULT_TENANT
 from ..tiers.host.adoption import Adoption
 from .kv_events import EventPublisher
 from .safeguards import Safeguards
@@ -131,7 +132,8 @@ class Service:
         """A session opened: when it named its engine, KV cache events are published for that engine from now on
         (``event_topics.py``)."""
         if self.events is not None and session.identity is not None:
-            self.events.engine_joined(session.namespace, session.identity)
+            tenant = self.tenants.tenant_for(session.namespace).name if self.tenants is not None else DEFAULT_TENANT
+            self.events.engine_joined(session.namespace, session.identity, tenant)
 
     def engine_left(self, session: Session) -> None:
         """A session closed: the last one of its engine ends that engine's events."""
