@@ -62,6 +62,7 @@ from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor
 from .refusals import RefusalLog
+from .reload import ConfigSource, ReloadReport, reload_tenants
 from .service import Service
 from .session import Session
 from .stats import connector_stats, daemon_stats
@@ -82,9 +83,11 @@ FINISHING_OPS = frozenset({Op.PING, Op.COMMIT, Op.ABORT, Op.RELEASE, Op.EXTEND, 
 
 
 class Daemon:
-    def __init__(self, config: ServerConfig, tenants: "TenantTable | None" = None) -> None:
+    def __init__(self, config: ServerConfig, tenants: "TenantTable | None" = None,
+                 source: ConfigSource | None = None) -> None:
         self.config = config
-        self.tenants = tenants              # the config file's tenants table, or None (one shared tenant)
+        self.tenants = tenants              # the config file's tenants table at start, or None (one shared tenant)
+        self.source = source                # the config file and flags, read again by a reload (reload.py)
         self.sessions: dict[bytes, Session] = {}
         self.svc: Service                   # what handlers may touch: store, tiers, config, counters (``open``)
         self._claims = Claims()             # what start-up took (startup.py), released by close(), newest first
@@ -141,7 +144,8 @@ class Daemon:
             claims.leftovers.append(journal_path_for(arena.path))
         tiers = open_tiers(self.config, self.tenants, host, disk, arena, claims, lambda: self._remote_close_wait,
                            kept)
-        self.svc = Service(self.config, tiers, self.tenants, stats=self.stats, stream_path=self._stream_path)
+        self.svc = Service(self.config, tiers, self.tenants, stats=self.stats, stream_path=self._stream_path,
+                           reload=self.reload if self.source is not None else None)
         take(self._remove_socket_file)   # after the ipc socket is closed (registered below)
         self._bind("ipc", "ipc://" + path)
         claims.leftovers.append(path)
@@ -205,6 +209,8 @@ class Daemon:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if self.source is not None:
+            loop.add_signal_handler(signal.SIGHUP, self.reload)   # the outcome is logged (reload.py)
         for mover in self.svc.movers():
             mover.start(loop)
         if self.svc.adoption is not None:
@@ -452,6 +458,10 @@ class Daemon:
         session = self.sessions.get(owner)
         return session is not None and session.pid > 0 and not session.process_gone()
 
+    def reload(self) -> ReloadReport:
+        """Read the config file's tenants table again and apply it, or keep the one in force (``reload.py``)."""
+        return reload_tenants(self.svc, self.source or ConfigSource())
+
     def stats(self) -> dict[str, Any]:
         return daemon_stats(self.svc, len(self.sessions), self.auth_rejected(), connector_stats(self.sessions.values()))
 
@@ -479,15 +489,16 @@ def _drop_late_reply(task: asyncio.Future) -> None:
         logs.debug("late_request_failed", error=repr(task.exception()))
 
 
-def run_daemon(config: ServerConfig, tenants: "TenantTable | None" = None) -> int:
-    """Run until SIGTERM/SIGINT (``tenants``: the config file's tenants table). Returns the process exit code."""
+def run_daemon(config: ServerConfig, tenants: "TenantTable | None" = None, source: ConfigSource | None = None) -> int:
+    """Run until SIGTERM/SIGINT (``tenants``: the config file's tenants table; ``source``: that file and the flags,
+    read again at SIGHUP and ``kvstore reload``). Returns the process exit code."""
     run_loop: Callable[[Coroutine[Any, Any, Any]], Any]
     try:
         from uvloop import run as uvloop_run
         run_loop = uvloop_run
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         run_loop = asyncio.run
-    daemon = Daemon(config, tenants)
+    daemon = Daemon(config, tenants, source)
     try:
         daemon.open()
         run_loop(daemon.serve())

@@ -11,10 +11,12 @@ trust the header: every field goes through ``protocol/messages.py``.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Callable
 
 from .._version import __version__
-from ..errors import BadRequestError, LimitError, PermissionDeniedError, StoreFullError, VersionError
+from ..errors import (BadRequestError, LimitError, PermissionDeniedError, StoreFullError,
+                      UnavailableError, VersionError)
 from ..protocol import messages as m
 from ..protocol.engine_blocks import EngineBlocks, read_engine
 from ..protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
@@ -250,6 +252,19 @@ def handle_stats(svc: Service, s: Session, h: dict, frames: list) -> Frames:
     return [ok_reply(h["id"], stats=svc.stats())]
 
 
+def handle_reload(svc: Service, s: Session, h: dict, frames: list) -> Frames:
+    """Read the config file's tenants table again and apply it, or say in one line why it was refused. Taken only
+    from a local client the daemon's own user runs (or root): the ZeroMQ ipc socket is the owner's alone, and a
+    stream connection's uid is the kernel's word."""
+    local_owner = s.transport == "ipc" and (s.principal.uid is None or s.principal.uid in (0, os.getuid()))
+    if not local_owner:
+        raise PermissionDeniedError("reload is taken only from a local client run by the daemon's user or root; "
+                                    "run kvstore reload on the daemon's host as that user, or send it SIGHUP")
+    if svc.reload is None:
+        raise UnavailableError("this daemon cannot reload (it was not started by kvstore serve); restart it")
+    return [ok_reply(h["id"], **svc.reload().wire())]
+
+
 HANDLERS: dict[Op, Handler] = {
     Op.PING: handle_ping,
     Op.LOOKUP: handle_lookup,
@@ -265,6 +280,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.DELETE: handle_delete,
     Op.CLEAR: handle_clear,
     Op.STATS: handle_stats,
+    Op.RELOAD: handle_reload,
     **INTEGRITY_HANDLERS,
 }
 # HELLO is handled by the daemon itself, since it creates the session.

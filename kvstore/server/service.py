@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from .. import logs
 from ..config import ServerConfig
 from ..store.events import EventLog
+from ..tenants.access import private_namespaces
 from ..tiers.gpu.mover import GpuMover
 from ..tiers.disk.mover import DiskMover
 from ..store.published_index import PublishedIndex
@@ -29,6 +30,7 @@ from .session import Session
 
 if TYPE_CHECKING:
     from ..tenants.table import TenantTable
+    from .reload import ReloadReport
 
 
 @dataclass
@@ -59,7 +61,8 @@ class Tiers:
 class Service:
     def __init__(self, config: ServerConfig, tiers: Tiers, tenants: "TenantTable | None" = None,
                  stats: Callable[[], dict[str, Any]] = dict,
-                 stream_path: Callable[[], str | None] = lambda: None) -> None:
+                 stream_path: Callable[[], str | None] = lambda: None,
+                 reload: Callable[[], "ReloadReport"] | None = None) -> None:
         """What handlers may touch, complete from the start.
 
         Args:
@@ -68,6 +71,7 @@ class Service:
             tenants: the config file's tenants table; None: one shared tenant.
             stats: the daemon's ``stats`` reply.
             stream_path: the listening stream socket's path, if any.
+            reload: reads the config file's tenants table again and applies it (``reload.py``); None: no file.
         """
         self.config = config
         self.started = time.time()
@@ -85,6 +89,21 @@ class Service:
         self.stream_path = stream_path
         self.stats = stats
         self.tenants = tenants
+        self.reload = reload
+
+    # -- tenants --------------------------------------------------------------------------------------------
+    def capacities(self) -> dict[str, int | None]:
+        """Each tier's size in force, which the tenants' guarantees must fit (``check_capacities``)."""
+        disk = self.store.disk
+        return {"dram": self.store.host.capacity_bytes, "disk": disk.capacity_bytes if disk is not None else 0,
+                "gpu": self.config.gpu_mem}
+
+    def set_tenants(self, table: "TenantTable") -> None:
+        """Apply a reloaded tenants table at once: the access checks, every tier's budgets, and which namespaces
+        the shared index keeps out (a namespace that became restricted is unlisted, one that became open listed)."""
+        self.tenants = table
+        self.store.set_tenants(table)
+        self.store.set_private(private_namespaces(table))
 
     def movers(self) -> list[Any]:
         """The movers of the tiers below DRAM (``store/movers.py``), in start order."""
