@@ -53,7 +53,7 @@ from ..metrics.collector import StatsCollector
 from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, header_hints, op_of, request_id_of
-from ..security.curve import ServerCurve
+from ..security.curve import ServerCurve, peer_curve_key
 from ..tiers.host.adoption import keep_arena, open_host_arena, open_journal, take_kept_slots
 from ..tiers.host.journal import journal_path_for
 from ..tiers.host.tier import HostTier
@@ -359,14 +359,20 @@ class Daemon:
         if len(msg) < 2:
             return None  # nothing to answer: no routing id and header
         routing_id = msg[0].bytes
-        reply = self.handle_request(transport, transport[0].encode() + routing_id, msg[1].buffer, msg[2:])
+        owner = transport[0].encode() + routing_id
+        principal = None
+        if transport == "tcp" and self._curve is not None:
+            principal = self._curve_principal(owner, msg[1])
+        reply = self.handle_request(transport, owner, msg[1].buffer, msg[2:], principal)
         if type(reply) is not list:
             return _routed(routing_id, reply)
         return [routing_id] + reply
 
-    def handle_request(self, transport: str, owner: bytes, raw_header: Any, payload: list[Any]) -> Any:
+    def handle_request(self, transport: str, owner: bytes, raw_header: Any, payload: list[Any],
+                       principal: Principal | None = None) -> Any:
         """Handle one request of ``owner`` (whatever carried it: ZeroMQ or the stream socket); return the reply
-        frames (header first), or a coroutine returning them."""
+        frames (header first), or a coroutine returning them. ``principal``: who sent it, when its transport
+        says (a CURVE key on ``tcp://``); else the stream socket's peer credentials, or unknown."""
         rid: int | None = None
         op: Op | None = None
         self.svc.counters.requests += 1
@@ -379,7 +385,8 @@ class Daemon:
             if self.stopping and op not in FINISHING_OPS:
                 raise UnavailableError("the daemon is shutting down; retry once it is back")
             if op is Op.HELLO:
-                principal = self.stream.principal_of(owner) if self.stream is not None else Principal()
+                if principal is None:
+                    principal = self.stream.principal_of(owner) if self.stream is not None else Principal()
                 session, reply = hello_reply(self.svc, owner, transport, header, principal)
                 self._add_session(session)
             else:
@@ -394,6 +401,16 @@ class Daemon:
         if op is not None:
             self.latency.observe(op, time.perf_counter() - started)
         return reply
+
+    def _curve_principal(self, owner: bytes, frame: Any) -> Principal:
+        """The CURVE key that sent ``frame`` on ``tcp://``, read from every message (a routing id could be taken
+        over by another connection after its own closed): a session whose key is not the one it said hello with
+        is dropped, so its successor must say hello as itself."""
+        principal = Principal(curve_key=peer_curve_key(frame))
+        session = self.sessions.get(owner)
+        if session is not None and session.principal != principal:
+            self.drop_session(owner, "curve_key_changed")
+        return principal
 
     def refuse_request(self, transport: str, owner: bytes, head: bytes, length: int, exc: LimitError) -> list[Any]:
         """Answer a request too long to keep (the stream read past it): ``head`` is its start, ``length`` its size."""
