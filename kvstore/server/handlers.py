@@ -47,14 +47,18 @@ def _require_access(svc: Service, s: Session) -> None:
 
 def _readable(svc: Service, s: Session, keys: list) -> list:
     """The leading ``keys`` the session may read: a chunk of a namespace it may not touch, and every key after it,
-    is a miss, as if it were absent."""
+    is a miss, as if it were absent.
+
+    A forbidden chunk must cost what a miss costs (no timing side channel): the walk stops at the first key that
+    is absent *or* forbidden, after the same work for either (one index probe and one access check per key), and
+    the Store then walks the same all-readable prefix in both cases."""
     if svc.tenants is None:
         return keys
-    if not _may_touch(svc, s, s.namespace):
-        return []
+    own = _may_touch(svc, s, s.namespace)
     for i, key in enumerate(keys):
         namespace = svc.store.namespace_of(key)
-        if namespace is not None and not _may_touch(svc, s, namespace):
+        allowed = _may_touch(svc, s, namespace if namespace is not None else s.namespace)
+        if namespace is None or not (own and allowed):
             return keys[:i]
     return keys
 
@@ -73,7 +77,11 @@ def handle_lookup(svc: Service, s: Session, h: dict, frames: list) -> Any:
     for name in result.tiers:
         tiers[name] = tiers.get(name, 0) + 1
     remote = svc.remote
-    if remote is None or not req.promote or result.count == len(req.keys) or len(keys) < len(req.keys):
+    # A walk cut short by a forbidden chunk (or a session of a forbidden namespace) does not ask the remote store:
+    # it would fetch what the session may not read.
+    forbidden = len(keys) < len(req.keys) and (not _may_touch(svc, s, s.namespace)
+                                               or svc.store.namespace_of(req.keys[len(keys)]) is not None)
+    if remote is None or not req.promote or result.count == len(req.keys) or forbidden:
         svc.count_lookup_tokens(s, len(req.keys), result.count)
         return [ok_reply(h["id"], count=result.count, tiers=tiers)]
 
