@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-import kvstore
 from support.daemons import run_cli
 
 pytestmark = pytest.mark.integration
