@@ -42,6 +42,14 @@ class ServiceCounters:
 
 
 @dataclass
+class TenantTokens:
+    """One tenant's lookups, in tokens: asked and found (its sessions' namespaces decide the tenant)."""
+
+    lookup_tokens: int = 0
+    hit_tokens: int = 0
+
+
+@dataclass
 class Tiers:
     """What start-up opened for the service (``tier_setup.open_tiers``): the Store, the movers of the tiers below
     DRAM, and what publishes and watches them."""
@@ -89,6 +97,7 @@ class Service:
         self.stream_path = stream_path
         self.stats = stats
         self.tenants = tenants
+        self.tenant_tokens: dict[str, TenantTokens] = {}   # by tenant name (names come from the config file)
         self.reload = reload
 
     # -- tenants --------------------------------------------------------------------------------------------
@@ -113,6 +122,22 @@ class Service:
     def count_lookup_tokens(self, session: Session, asked: int, found: int) -> None:
         self.counters.lookup_tokens += asked * session.chunk_tokens
         self.counters.hit_tokens += found * session.chunk_tokens
+        if self.tenants is not None and self.tenants.configured:
+            name = self.tenants.tenant_for(session.namespace).name
+            tokens = self.tenant_tokens.get(name)
+            if tokens is None:
+                tokens = self.tenant_tokens[name] = TenantTokens()
+            tokens.lookup_tokens += asked * session.chunk_tokens
+            tokens.hit_tokens += found * session.chunk_tokens
+
+    def tenant_stats(self) -> dict[str, dict[str, Any]]:
+        """Per tenant of the table in force: its use of every tier against its budget (``tenant_budgets.py``) and
+        its lookups' tokens asked and found (``lookup_tokens``, ``hit_tokens``)."""
+        out = self.store.budgets.stats()
+        for name, row in out.items():
+            tokens = self.tenant_tokens.get(name, TenantTokens())
+            row.update(lookup_tokens=tokens.lookup_tokens, hit_tokens=tokens.hit_tokens)
+        return out
 
     def promote_after_lookup(self, keys: Sequence[bytes], result: LookupResult) -> None:
         """A lookup that found disk-only chunks starts reading them into DRAM, so the get that follows hits."""

@@ -111,3 +111,19 @@ def test_a_newly_restricted_namespace_leaves_the_shared_index_and_refuses_us(sta
     assert _reload(daemon).returncode == 0
     with daemon.client(namespace="team:a") as reopened:   # open again: listed again, readable by all
         assert reopened.lookup(keys) == 2
+
+
+def test_stats_and_watch_show_each_tenant(start_daemon, tmp_path):
+    _config, daemon = _start(start_daemon, tmp_path, SMALL.format(ceiling="3MiB"))
+    keys = _keys(2)
+    with daemon.client(namespace="small:a", chunk_tokens=16) as small:
+        small.put(keys, [b"s" * CHUNK] * 2)
+        assert small.lookup(keys + _keys(2)) == 2
+        row = small.stats()["tenants"]["small"]
+    assert (row["lookup_tokens"], row["hit_tokens"]) == (64, 32)
+    for flags in ((), ("--watch", "--count", "1", "--interval", "0.1")):
+        done = run_cli("stats", "--socket", daemon.socket_path, *flags, env={"COLUMNS": "200"}, timeout=60)
+        assert done.returncode == 0, done.stderr
+        line = next(x for x in done.stdout.splitlines() if "│ small" in x)
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        assert cells == ["small", "dram", "1.9 MiB", "0 B", "3.0 MiB", "63.6 %", "0", "0", "50.0 %"], line
