@@ -31,6 +31,7 @@ from ..tiers.host.arena import SharedArena, arena_path_for
 from ..tiers.disk.tier import DiskTier, disk_room
 from ..tiers.host.tier import HostTier
 from ..tiers.host.adoption import Adoption, KeptArena
+from ..tenants.access import private_namespaces
 from .kv_events import EventPublisher, EventSettings
 from .local_access import open_index
 from .safeguards import Safeguards
@@ -137,14 +138,6 @@ def open_adoption(store: Store, kept: KeptArena | None, lease_ttl: float, claims
                                    {"state": kept.report.state, "chunks": len(kept.chunks),
                                     "unfit_chunks": kept.report.unfit_chunks}))
     return adoption
-
-
-def private_namespaces(tenants: "TenantTable | None") -> Callable[[str], bool] | None:
-    """Whether a namespace is a restricted tenant's, kept out of the shared index (any local reader could map it);
-    None without a tenants table."""
-    if tenants is None:
-        return None
-    return lambda namespace: tenants.tenant_for(namespace).restricted
 
 
 def open_events(config: ServerConfig, claims: Claims) -> tuple[EventPublisher | None, EventLog | None]:

@@ -124,6 +124,20 @@ class Store(PutMixin, DamageMixin):
         for ledger in self.ledgers:
             ledger.budgets_changed()
 
+    def set_private(self, private: Callable[[str], bool] | None) -> None:
+        """Which namespaces are kept out of the shared index from now on (a reload's new table): every chunk of a
+        namespace that became private leaves the index at once, every chunk of one that became open is listed."""
+        self.private = private
+        if self.published is None:
+            return
+        listed = []
+        for key, entry in self.index.items():
+            if entry.readable and not self._private(entry):
+                listed.append((key, STATE_OF_TIER[top_tier(entry)], entry.host_offset, entry.size))
+            else:
+                self.published.remove(key)
+        self.published.set_many(listed)
+
     def charge_host(self, entry: Entry) -> None:
         """``entry`` now holds a DRAM slot: its bytes count against its tenant's budget."""
         self.budgets.charge(entry)
