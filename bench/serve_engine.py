@@ -38,6 +38,9 @@ REPO = Path(__file__).resolve().parents[1]
 HASH_SEED = "0"
 COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
             "external_prefix_cache_hits", "prompt_tokens", "generation_tokens", "num_preemptions")
+# vllm:prompt_tokens_by_source (vLLM's PromptTokenStats), counted at the end of each prefill: prompt tokens computed,
+# found in vLLM's own prefix cache, or loaded by the connector (kept as "prompt_tokens_<source>")
+SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
 @dataclass(frozen=True)
@@ -98,12 +101,19 @@ def http(url: str, body: dict | None = None, timeout: float = 300.0) -> Any:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """vLLM's counters in `COUNTERS` from a Prometheus page, summed over their labels."""
-    out = {name: 0.0 for name in COUNTERS}
+    """vLLM's counters in `COUNTERS` from a Prometheus page, summed over their labels, and its prompt tokens
+    by source (`SOURCES`, as ``prompt_tokens_<source>``)."""
+    out = {name: 0.0 for name in (*COUNTERS, *(f"prompt_tokens_{s}" for s in SOURCES))}
     for line in text.splitlines():
-        m = re.match(r"vllm:([a-z_]+)_total(?:\{[^}]*\})? ([0-9.eE+-]+)$", line)
-        if m and m.group(1) in out:
-            out[m.group(1)] += float(m.group(2))
+        m = re.match(r"vllm:([a-z_]+)_total(\{[^}]*\})? ([0-9.eE+-]+)$", line)
+        if not m:
+            continue
+        name = m.group(1)
+        if name == "prompt_tokens_by_source":
+            source = re.search(r'source="([a-z_]+)"', m.group(2) or "")
+            name = f"prompt_tokens_{source.group(1)}" if source else ""
+        if name in out:
+            out[name] += float(m.group(3))
     return out
 
 

@@ -10,12 +10,14 @@ import shutil
 import statistics
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from bench._common import free_port, start_daemon
 from bench.serve_engine import EngineFailed, Server, Venv, bench_serve, engine_env, make_shim
 from bench.serve_traces import Conversations
+from connectors.common.layout import session_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -57,8 +59,8 @@ class Profile:
 
 FULL = Profile("full", hidden=1024, layers=8, heads=16, kv_heads=4, repeats=2, ws_concurrency=1,
                unique_requests=6, conversations=Conversations(
-                   sessions=4, turns=6, systems=2, system_blocks=4, turn_blocks=1, block_tokens=256,
-                   output_tokens=8, session_gap_ms=800, turn_gap_ms=2500))
+                   sessions=4, turns=6, systems=2, system_blocks=8, turn_blocks=1, block_tokens=256,
+                   output_tokens=8, session_gap_ms=800, turn_gap_ms=1500))
 QUICK = Profile("quick", hidden=256, layers=4, heads=4, kv_heads=2, repeats=1, concurrency=2, max_model_len=2048,
                 unique_requests=4, unique_blocks=4, slice_conversations=4, slice_max_blocks=6, slice_span_ms=4000,
                 check_prompts=2, check_tokens=4, host_mem="512MiB", conversations=Conversations(
@@ -76,10 +78,14 @@ class Arm:
     env: tuple[tuple[str, str], ...] = ()
 
 
+MODEL_ID = "serve-bench"   # every engine's connector files its chunks under one namespace, so a repeat can empty it
+
+
 def connector_config(address: str, chunk_tokens: int) -> dict[str, Any]:
     return {"kv_connector": "KVStoreConnector", "kv_connector_module_path": "kvstore.connectors.vllm",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"address": address, "chunk_tokens": chunk_tokens, "timeout": 5.0}}
+            "kv_connector_extra_config": {"address": address, "chunk_tokens": chunk_tokens, "timeout": 5.0,
+                                          "model_id": MODEL_ID}}
 
 
 def rate(hits: float, queries: float) -> float | None:
@@ -89,13 +95,17 @@ def rate(hits: float, queries: float) -> float | None:
 def summarize(client: dict[str, Any], before: dict[str, float], after: dict[str, float],
               daemon_before: dict[str, Any] | None, daemon_after: dict[str, Any] | None) -> dict[str, Any]:
     """One measured replay: the client's figures and the hit rates over it (vLLM's, the connector's as vLLM
-    counts it, and the daemon's own)."""
+    counts it, both together over every prompt token, and the daemon's own)."""
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     out = {k: client.get(k) for k in ("completed", "failed", "duration", "request_throughput",
                                       "total_token_throughput", "output_throughput", "mean_ttft_ms",
                                       "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "total_input_tokens")}
     out["vllm_hit_rate"] = rate(d["prefix_cache_hits"], d["prefix_cache_queries"])
     out["external_hit_rate"] = rate(d["external_prefix_cache_hits"], d["external_prefix_cache_queries"])
+    # prompt tokens not prefilled (vLLM's own hits and the connector's loads) over every prompt token, each request
+    # counted once, from vllm:prompt_tokens_by_source
+    cached = d.get("prompt_tokens_local_cache_hit", 0.0) + d.get("prompt_tokens_external_kv_transfer", 0.0)
+    out["token_hit_rate"] = rate(cached, cached + d.get("prompt_tokens_local_compute", 0.0))
     out["preemptions"] = d["num_preemptions"]
     if daemon_before is not None and daemon_after is not None:
         out["daemon_hit_rate"] = rate(daemon_after["hit_tokens"] - daemon_before["hit_tokens"],
@@ -222,27 +232,47 @@ class Bench:
         if server in self.servers:
             self.servers.remove(server)
 
-    def daemon_stats(self) -> dict[str, Any]:
-        with self.daemon.daemon.client() as c:
-            return c.stats()
+    def daemon_stats(self, daemons: list[Any] | None = None) -> dict[str, Any]:
+        """The run's daemon's stats, or the lookup and hit tokens summed over ``daemons``."""
+        if daemons is None:
+            with self.daemon.daemon.client() as c:
+                return c.stats()
+        totals = {"hit_tokens": 0, "lookup_tokens": 0}
+        for d in daemons:
+            with d.daemon.client() as c:
+                stats = c.stats()
+            for k in totals:
+                totals[k] += stats[k]
+        return totals
 
-    def clear_daemon(self) -> None:
-        with self.daemon.daemon.client() as c:
-            c.clear()
+    def clear_daemon(self, daemon: Any = None) -> None:
+        """Delete every chunk the engines saved (their connector's namespace) from the run's daemon (or `daemon`),
+        so a repeat starts cold."""
+        with (daemon or self.daemon).daemon.client(namespace=session_namespace(f"vllm:{MODEL_ID}")) as c:
+            for _ in range(10):   # a save the engine acknowledged may still be landing
+                c.clear()
+                left = c.stats()["chunks"]
+                if not left:
+                    return
+                time.sleep(0.5)
+        if left:   # a repeat that inherited the last one's chunks would measure nothing
+            raise RuntimeError(f"the daemon still holds {left} chunks after clearing the engines' namespace")
 
     def replay(self, url: str, servers: list[Server], trace: str, num: int, connector: bool,
-               concurrency: int | None = None) -> dict[str, Any]:
-        """`vllm bench serve` of `trace` against `url`; the summary with the servers' counters summed."""
+               concurrency: int | None = None, daemons: list[Any] | None = None) -> dict[str, Any]:
+        """`vllm bench serve` of `trace` against `url`; the summary with the servers' counters summed (and the
+        daemon's, or those of `daemons` when the servers have their own)."""
         self.counter += 1
         before = [s.metrics() for s in servers]
-        dbefore = self.daemon_stats() if connector else None
+        dbefore = self.daemon_stats(daemons) if connector else None
         client = bench_serve(self.venv, self.env, url, self.model, trace, self.profile.conversations.block_tokens,
                              num, concurrency or self.profile.concurrency, self.workdir, f"bench-{self.counter}")
         after = [s.metrics() for s in servers]
         def total(ms: list[dict]) -> dict:
             return {k: sum(m[k] for m in ms) for k in ms[0]}
 
-        return summarize(client, total(before), total(after), dbefore, self.daemon_stats() if connector else None)
+        return summarize(client, total(before), total(after), dbefore,
+                         self.daemon_stats(daemons) if connector else None)
 
     def close(self) -> None:
         for s in list(self.servers):

@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-COLUMNS = ("TTFT p50 ms", "p90 ms", "p99 ms", "req/s", "tok/s", "vLLM hits", "daemon hits")
+COLUMNS = ("TTFT p50 ms", "p90 ms", "p99 ms", "req/s", "tok/s", "vLLM hits", "daemon hits", "token hits")
 
 
 def cell(value: Any, kind: str) -> str:
@@ -25,17 +25,19 @@ def cell(value: Any, kind: str) -> str:
 def arm_row(scenario: str, arm: str, m: dict[str, Any]) -> str:
     vals = [cell(m.get("p50_ttft_ms"), "ms"), cell(m.get("p90_ttft_ms"), "ms"), cell(m.get("p99_ttft_ms"), "ms"),
             cell(m.get("request_throughput"), "num"), cell(m.get("total_token_throughput"), "num"),
-            cell(m.get("vllm_hit_rate"), "pct"), cell(m.get("daemon_hit_rate"), "pct")]
+            cell(m.get("vllm_hit_rate"), "pct"), cell(m.get("daemon_hit_rate"), "pct"),
+            cell(m.get("token_hit_rate"), "pct")]
     return f"| {scenario} | {arm} | " + " | ".join(vals) + " |"
 
 
 def ratio_line(name: str, scenario: dict[str, Any]) -> str:
-    goals = scenario.get("goals", {})
+    goals, directions = scenario.get("goals", {}), scenario.get("goal_directions", {})
     parts = []
     for key, value in scenario.get("ratios", {}).items():
         goal = goals.get(key)
         shown = "–" if value is None else f"{value:.2f}x"
-        parts.append(f"{key.replace('_', ' ')} {shown}" + (f" (goal ≥ {goal}x)" if goal else ""))
+        sign = "≤" if directions.get(key) == "<=" else "≥"
+        parts.append(f"{key.replace('_', ' ')} {shown}" + (f" (goal {sign} {goal}x)" if goal else ""))
     return f"- **{name}**: " + "; ".join(parts)
 
 

@@ -22,7 +22,9 @@ class Conversations:
 
     Turn t of a session sends the system prompt, then every earlier turn's blocks, then `turn_blocks` new
     ones: the context grows by `turn_blocks` blocks a turn. Sessions start `session_gap_ms` apart and a
-    session's turns come `turn_gap_ms` apart (a user reading and typing)."""
+    session's turns come `turn_gap_ms` apart (a user reading and typing), each request up to `jitter_ms` later
+    (seeded): without it, arrivals of a fixed rhythm would give a round-robin router the same replica for every
+    turn of a session, or never the same one, by the arithmetic of the gaps alone."""
 
     sessions: int = 16
     turns: int = 6
@@ -34,14 +36,18 @@ class Conversations:
     session_gap_ms: int = 500
     turn_gap_ms: int = 4000
     seed: int = 0
+    jitter_ms: int = 0
 
     def __post_init__(self) -> None:
         for name in ("sessions", "turns", "systems", "system_blocks", "turn_blocks", "block_tokens",
                      "output_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"conversations: {name} must be at least 1, got {getattr(self, name)}")
-        if self.session_gap_ms < 0 or self.turn_gap_ms < 0:
-            raise ValueError("conversations: session_gap_ms and turn_gap_ms must be >= 0")
+        if min(self.session_gap_ms, self.turn_gap_ms, self.jitter_ms) < 0:
+            raise ValueError("conversations: session_gap_ms, turn_gap_ms and jitter_ms must be >= 0")
+        if self.turns > 1 and self.jitter_ms >= self.turn_gap_ms:
+            raise ValueError(f"conversations: jitter_ms ({self.jitter_ms}) must be below turn_gap_ms "
+                             f"({self.turn_gap_ms}), or a session's turns could arrive out of order")
 
     def longest_prompt(self) -> int:
         return (self.system_blocks + self.turns * self.turn_blocks) * self.block_tokens
@@ -54,6 +60,7 @@ class Conversations:
 def conversation_trace(c: Conversations) -> list[dict]:
     """The rows of `c`, in arrival order."""
     rng = random.Random(c.seed)
+    late = random.Random(c.seed + 1)   # its own stream: a trace without jitter is what it was before jitter
     next_id = c.systems * c.system_blocks  # ids below this are the system prompts'
     rows = []
     for s in range(c.sessions):
@@ -62,7 +69,8 @@ def conversation_trace(c: Conversations) -> list[dict]:
         for t in range(c.turns):
             context = context + list(range(next_id, next_id + c.turn_blocks))
             next_id += c.turn_blocks
-            rows.append({"timestamp": s * c.session_gap_ms + t * c.turn_gap_ms,
+            jitter = late.randint(0, c.jitter_ms) if c.jitter_ms else 0
+            rows.append({"timestamp": s * c.session_gap_ms + t * c.turn_gap_ms + jitter,
                          "input_length": len(context) * c.block_tokens, "output_length": c.output_tokens,
                          "hash_ids": list(context), "session": s, "turn": t})
     rows.sort(key=lambda r: (r["timestamp"], r["session"]))

@@ -289,7 +289,7 @@ EVENT_SETTINGS = (
     Setting("events_format", _read_events_format, lambda: EVENTS_FORMAT,
             "map (vLLM's tagged maps, current releases) or array (the older positional events)", "FORMAT"),
     Setting("events_topic", _read_events_topic, _default_events_topic,
-            "topic of each engine's events, a template of {engine_id}, {model} and {dp_rank} (llm-d's "
+            "topic of each engine's events, a template of {engine_id}, {model}, {dp_rank} and {tenant} (llm-d's "
             "kv@{engine_id}@{model} by default; the daemon-wide stream's topic is then empty), or a plain topic "
             "for every event message", "TOPIC"),
 )
@@ -403,17 +403,7 @@ def build_config(flags: dict[str, Any] | None = None, config_file: str | None = 
         ConfigError: naming the flag, or the config file and its key, that holds the bad value.
     """
     origins = Origins(config_file)
-    raw: dict[str, Any] = {}
-    if config_file:
-        raw = read_config_file(config_file, origins, _BY_NAME, {s.name for s in SETTINGS if s.path})
-    for name, value in (flags or {}).items():
-        if value is not None and name in _BY_NAME:
-            raw[name] = value
-            origins.keys.pop(name, None)
-    values = {}
-    for s in SETTINGS:
-        values[s.name] = s.read(raw[s.name], origins.label(s.name)) if s.name in raw else s.default()
-    config = ServerConfig(**values)
+    config = ServerConfig(**read_settings(flags, config_file, origins))
     try:
         check_config(config)
         for check in checks:
@@ -421,6 +411,26 @@ def build_config(flags: dict[str, Any] | None = None, config_file: str | None = 
     except ConfigError as exc:
         raise origins.reword(exc) from None
     return config
+
+
+def read_settings(flags: dict[str, Any] | None, config_file: str | None,
+                  origins: Origins | None = None) -> dict[str, Any]:
+    """Every setting's value, defaults < config file < flags, each read and checked on its own (not against the
+    others nor the machine: ``build_config`` does that). ``kvstore reload`` compares these with the settings in
+    force.
+
+    Raises:
+        ConfigError: naming the flag, or the config file and its key, that holds the bad value.
+    """
+    origins = origins if origins is not None else Origins(config_file)
+    raw: dict[str, Any] = {}
+    if config_file:
+        raw = read_config_file(config_file, origins, _BY_NAME, {s.name for s in SETTINGS if s.path})
+    for name, value in (flags or {}).items():
+        if value is not None and name in _BY_NAME:
+            raw[name] = value
+            origins.keys.pop(name, None)
+    return {s.name: s.read(raw[s.name], origins.label(s.name)) if s.name in raw else s.default() for s in SETTINGS}
 
 
 def check_config(config: ServerConfig) -> None:

@@ -25,9 +25,11 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     from ..server.daemon import run_daemon  # imported here so that `kvstore stats` starts fast
 
+    from ..server.reload import ConfigSource
     from ..tenants.table import load_tenants
 
-    status = run_daemon(config, load_tenants(args.config))
+    source = ConfigSource(os.path.abspath(args.config) if args.config else None, dict(vars(args)))
+    status = run_daemon(config, load_tenants(args.config), source)
     end_process(status)
     return status   # not reached
 

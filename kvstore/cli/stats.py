@@ -145,6 +145,11 @@ def render_table(stats: dict[str, Any]) -> None:
     if adoption:
         summary.add_row("warm restart", adoption_text(adoption))
     console.print(summary)
+    from .watch import tenant_table
+
+    tenants = tenant_table(stats)
+    if tenants is not None:
+        console.print(tenants)
     connectors = stats.get("connector_list") or []
     if connectors:
         table = Table(title="engine connectors")

@@ -4,7 +4,8 @@ Each refresh fetches ``stats`` over one kept-open connection and compares it wit
 lookups, hit tokens and bytes per second over the last interval, the hit rate over that interval and since the
 daemon started. Bytes moved are puts (in), gets (out) and promotions plus demotions (between tiers). Below
 them, the integrity of what is stored: damaged copies found (any tier, any check) and what became of them,
-scrubs, and engines' verification; a line turns red while anything there is non-zero.
+scrubs, and engines' verification; a line turns red while anything there is non-zero. With a tenants table,
+last, each tenant's use of every tier against its budget, evictions by others, ceiling refusals and hit rate.
 """
 
 from __future__ import annotations
@@ -102,7 +103,29 @@ def render(stats: dict[str, Any], prev: Sample | None, cur: Sample, address: str
                  format_size(int(quantity(cur, "scrubbed"))))
     for label, text, bad in integrity_rows(cur):
         live.add_row(f"[red]{label}[/red]" if bad else label, "", f"[red]{text}[/red]" if bad else text)
-    return Group(tiers, live)
+    tenants = tenant_table(stats)
+    return Group(tiers, live, *([tenants] if tenants is not None else []))
+
+
+def tenant_table(stats: dict[str, Any]) -> Table | None:
+    """Each tenant's use of every budgeted tier against its guarantee and ceiling, the chunks other tenants'
+    puts evicted, its refusals at the ceiling, and its token hit rate (None: no tenants table)."""
+    tenants = stats.get("tenants")
+    if not tenants:
+        return None
+    table = Table(title="tenants")
+    for col in ("tenant", "tier", "used", "guaranteed", "ceiling", "% of ceiling", "evicted by others",
+                "ceiling refusals", "hit rate (tokens)"):
+        table.add_column(col, justify="left" if col in ("tenant", "tier") else "right")
+    for name, row in tenants.items():
+        rate = percent(row.get("hit_tokens", 0), row.get("lookup_tokens", 0))
+        for i, (tier, t) in enumerate(row.get("tiers", {}).items()):
+            ceiling = t["ceiling"]
+            table.add_row(name if i == 0 else "", tier, format_size(t["bytes"]), format_size(t["guaranteed"]),
+                          "-" if ceiling is None else format_size(ceiling),
+                          "-" if ceiling is None else percent(t["bytes"], ceiling), str(t["evicted_by_others"]),
+                          str(t["ceiling_refusals"]), rate if i == 0 else "")
+    return table
 
 
 def integrity_rows(s: Sample) -> list[tuple[str, str, bool]]:

@@ -408,6 +408,16 @@ class Client(Session):
         header, _ = self._call({"op": Op.STATS})
         return header["stats"]
 
+    def reload(self) -> dict[str, Any]:
+        """Have the daemon read its config file's tenants table again and apply it (``kvstore reload``).
+
+        Returns:
+            ``applied`` (bool), ``tenants`` (the names in force), ``needs_restart`` (settings that changed in the
+            file and wait for a restart) and ``error`` (why the table was refused; the old one stays in force).
+        """
+        header, _ = self._call({"op": Op.RELOAD})
+        return {k: header[k] for k in ("applied", "tenants", "needs_restart", "error")}
+
     def __enter__(self) -> "Client":
         return self
 

@@ -76,10 +76,11 @@ def alert_rules() -> list[AlertRule]:
                   "layout or kernel change, or wrong bytes written at put: see the verify_mismatch log line "
                   "for the namespace."),
         AlertRule("KVStoreTenantAtCeiling", f"{q.tenant_ceiling_fill()} > {TENANT_CEILING_FILL}", "10m", "warning",
-                  "kvstore tenant {{ $labels.tenant }} held at its DRAM ceiling",
+                  "kvstore tenant {{ $labels.tenant }} held at its {{ $labels.tier }} ceiling",
                   "{{ $labels.instance }}: tenant {{ $labels.tenant }} has used {{ $value | humanizePercentage }} "
-                  "of its DRAM ceiling for 10 minutes: its own oldest chunks are evicted for its puts, or its "
-                  "puts refused. Raise its ceiling in the [tenants] table if its hit rate matters."),
+                  "of its {{ $labels.tier }} ceiling for 10 minutes: its own oldest chunks there are evicted "
+                  "for its new ones, or its puts refused (dram) and its copies not made (disk, gpu). Raise its "
+                  "ceiling in the [tenants] table if its hit rate matters."),
         AlertRule("KVStoreDiskIOErrors", f"{q.increase('io_errors')} > 0", "0m", "critical",
                   "kvstore disk I/O errors",
                   "{{ $labels.instance }}: {{ $value }} disk I/O errors in 5 minutes. Check the disk tier's "

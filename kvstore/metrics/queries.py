@@ -32,8 +32,8 @@ def tier_fill() -> str:
 
 
 def tenant_ceiling_fill() -> str:
-    """Fraction of each tenant's DRAM ceiling in use (tenants without a ceiling have no series)."""
-    return f"{series('tenant_dram_bytes')} / {series('tenant_dram_ceiling_bytes')}"
+    """Fraction of each tenant's ceiling in use, per tier (a tenant without a ceiling in a tier has no series)."""
+    return f"{series('tenant_bytes')} / {series('tenant_ceiling_bytes')}"
 
 
 def latency_quantile(q: float, op: str | None = None, window: str = "5m", by: str = "instance") -> str:

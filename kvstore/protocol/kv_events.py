@@ -41,6 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
@@ -140,6 +142,56 @@ def batch_bytes(packer: Any, ts: float, packed_events: bytes, rank: int) -> byte
     what packing ``[ts, events, rank]`` gives, so a batch sent to several engines of different ranks packs its
     events once."""
     return b"".join((_ARRAY_OF_3, packer.pack(ts), packed_events, packer.pack(rank)))
+
+
+def packed_ints(packer: Any, values: tuple[int, ...] | list[int]) -> bytes:
+    """``values`` packed one after the other, without the array header (``array_header(len(values))`` before them
+    gives exactly ``packer.pack(list(values))``)."""
+    n = len(values)
+    packed = packer.pack(values)
+    return packed[1 if n < 16 else 3 if n < 1 << 16 else 5:]
+
+
+def packed_hash(h: int) -> bytes:
+    """One 64-bit block hash packed as msgpack packs it (the usual case, at least 2**32, without a packer)."""
+    return b"\xcf" + h.to_bytes(8, "big") if h >> 32 else packed_ints(_PACKER, (h,))
+
+
+@dataclass(slots=True)
+class PackedRun:
+    """A ``BlockStored`` of one chain run whose hashes and token ids are already packed (``packed_ints``), in
+    pieces: a snapshot assembled from the pieces each held chunk keeps, without packing an integer again."""
+
+    hashes: list[bytes]
+    n_hashes: int
+    parent: int | None
+    block_size: int
+    tokens: list[bytes]
+    n_tokens: int
+
+
+def packed_stored(packer: Any, run: PackedRun, medium: str, fmt: str, incarnation: str) -> bytes:
+    """``run`` as one packed event: byte for byte ``packer.pack`` of what ``encoded_events`` makes of the same
+    ``Stored``."""
+    hashes = array_header(run.n_hashes) + b"".join(run.hashes)
+    tokens = array_header(run.n_tokens) + b"".join(run.tokens)
+    pack = packer.pack
+    if fmt == "map":
+        return b"".join((_STORED_MAP_HEAD, hashes, _PARENT_KEY, pack(run.parent), _TOKENS_KEY, tokens,
+                         _SIZE_KEY, pack(run.block_size), _LORA_ID_KEY, pack(medium), _LORA_NAME_KEY,
+                         pack(incarnation)))
+    return b"".join((_STORED_ARRAY_HEAD, hashes, pack(run.parent), tokens, pack(run.block_size), b"\xc0",
+                     pack(medium), pack(incarnation)))
+
+
+_PACKER = msgpack.Packer()   # constants only, at import
+_STORED_MAP_HEAD = b"\x89" + b"".join(_PACKER.pack(x) for x in ("type", "BlockStored", "block_hashes"))
+_PARENT_KEY = _PACKER.pack("parent_block_hash")
+_TOKENS_KEY = _PACKER.pack("token_ids")
+_SIZE_KEY = _PACKER.pack("block_size")
+_LORA_ID_KEY = _PACKER.pack("lora_id") + b"\xc0" + _PACKER.pack("medium")
+_LORA_NAME_KEY = _PACKER.pack("lora_name") + b"\xc0" + _PACKER.pack(INCARNATION_KEY)
+_STORED_ARRAY_HEAD = b"\x98" + _PACKER.pack("BlockStored")
 
 
 _ARRAY_FIELDS = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",

@@ -62,6 +62,7 @@ class Op(enum.IntEnum):
     SCRUB_START = 19   # start a scrub pass and answer at once with its id (server/scrub_passes.py)
     SCRUB_STATUS = 20  # a pass's progress, its report once ended; keeps the pass alive
     SCRUB_CANCEL = 21  # stop one scrub pass, or (pass 0) every pass clients started
+    RELOAD = 22        # read the config file's tenants table again and apply it (kvstore reload, server/reload.py)
 
 
 def _check_unique_ops() -> None:

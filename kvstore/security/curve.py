@@ -11,6 +11,11 @@ the daemon's ZeroMQ context. The handler asks ``AllowList.callback`` for each ne
 directory of public key files, re-read when its modification time changes, so a key is added or revoked
 without a restart (existing connections stay up until they reconnect). A rejected handshake never reaches the
 request loop: the client sees no answer and reports the daemon as unavailable.
+
+Who a connection is: the ZAP handler's reply names the admitted client (its User-Id: the Z85 text of its public
+key, pyzmq's ``Authenticator.curve_user_id``), and ZeroMQ attaches that name to every message the connection
+sends. ``peer_curve_key`` reads it from a received frame, so the daemon knows a ``tcp://`` session's principal
+(its CURVE key) without a table of its own, and the tenants' ``curve_keys`` admit it (``tenants/access.py``).
 """
 
 from __future__ import annotations
@@ -56,6 +61,16 @@ def check_tcp_exposure(tcp: str | None, server_key: str, client_keys: str) -> No
     if not is_loopback(host) and not server_key:
         raise ConfigError(f"--tcp {tcp} listens beyond this machine; that needs CURVE authentication: pass "
                           f"--curve-server-key and --curve-client-keys (see `kvstore keygen`), or bind 127.0.0.1")
+
+
+def peer_curve_key(frame: zmq.Frame) -> str | None:
+    """The Z85 public key of the CURVE client that sent ``frame`` (a frame received with ``copy=False`` on a CURVE
+    server socket), as the ZAP handler named it; None when the message carries no such name."""
+    try:
+        user = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None   # not a CURVE connection (ZeroMQ has no User-Id for it)
+    return user if isinstance(user, str) and len(user) == 40 else None
 
 
 @dataclass

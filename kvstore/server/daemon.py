@@ -53,7 +53,7 @@ from ..metrics.collector import StatsCollector
 from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, header_hints, op_of, request_id_of
-from ..security.curve import ServerCurve
+from ..security.curve import ServerCurve, peer_curve_key
 from ..tiers.host.adoption import keep_arena, open_host_arena, open_journal, take_kept_slots
 from ..tiers.host.journal import journal_path_for
 from ..tiers.host.tier import HostTier
@@ -62,6 +62,7 @@ from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor
 from .refusals import RefusalLog
+from .reload import ConfigSource, ReloadReport, reload_tenants
 from .service import Service
 from .session import Session
 from .stats import connector_stats, daemon_stats
@@ -82,9 +83,11 @@ FINISHING_OPS = frozenset({Op.PING, Op.COMMIT, Op.ABORT, Op.RELEASE, Op.EXTEND, 
 
 
 class Daemon:
-    def __init__(self, config: ServerConfig, tenants: "TenantTable | None" = None) -> None:
+    def __init__(self, config: ServerConfig, tenants: "TenantTable | None" = None,
+                 source: ConfigSource | None = None) -> None:
         self.config = config
-        self.tenants = tenants              # the config file's tenants table, or None (one shared tenant)
+        self.tenants = tenants              # the config file's tenants table at start, or None (one shared tenant)
+        self.source = source                # the config file and flags, read again by a reload (reload.py)
         self.sessions: dict[bytes, Session] = {}
         self.svc: Service                   # what handlers may touch: store, tiers, config, counters (``open``)
         self._claims = Claims()             # what start-up took (startup.py), released by close(), newest first
@@ -141,7 +144,8 @@ class Daemon:
             claims.leftovers.append(journal_path_for(arena.path))
         tiers = open_tiers(self.config, self.tenants, host, disk, arena, claims, lambda: self._remote_close_wait,
                            kept)
-        self.svc = Service(self.config, tiers, self.tenants, stats=self.stats, stream_path=self._stream_path)
+        self.svc = Service(self.config, tiers, self.tenants, stats=self.stats, stream_path=self._stream_path,
+                           reload=self.reload if self.source is not None else None)
         take(self._remove_socket_file)   # after the ipc socket is closed (registered below)
         self._bind("ipc", "ipc://" + path)
         claims.leftovers.append(path)
@@ -205,6 +209,8 @@ class Daemon:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if self.source is not None:
+            loop.add_signal_handler(signal.SIGHUP, self.reload)   # the outcome is logged (reload.py)
         for mover in self.svc.movers():
             mover.start(loop)
         if self.svc.adoption is not None:
@@ -353,14 +359,20 @@ class Daemon:
         if len(msg) < 2:
             return None  # nothing to answer: no routing id and header
         routing_id = msg[0].bytes
-        reply = self.handle_request(transport, transport[0].encode() + routing_id, msg[1].buffer, msg[2:])
+        owner = transport[0].encode() + routing_id
+        principal = None
+        if transport == "tcp" and self._curve is not None:
+            principal = self._curve_principal(owner, msg[1])
+        reply = self.handle_request(transport, owner, msg[1].buffer, msg[2:], principal)
         if type(reply) is not list:
             return _routed(routing_id, reply)
         return [routing_id] + reply
 
-    def handle_request(self, transport: str, owner: bytes, raw_header: Any, payload: list[Any]) -> Any:
+    def handle_request(self, transport: str, owner: bytes, raw_header: Any, payload: list[Any],
+                       principal: Principal | None = None) -> Any:
         """Handle one request of ``owner`` (whatever carried it: ZeroMQ or the stream socket); return the reply
-        frames (header first), or a coroutine returning them."""
+        frames (header first), or a coroutine returning them. ``principal``: who sent it, when its transport
+        says (a CURVE key on ``tcp://``); else the stream socket's peer credentials, or unknown."""
         rid: int | None = None
         op: Op | None = None
         self.svc.counters.requests += 1
@@ -373,7 +385,8 @@ class Daemon:
             if self.stopping and op not in FINISHING_OPS:
                 raise UnavailableError("the daemon is shutting down; retry once it is back")
             if op is Op.HELLO:
-                principal = self.stream.principal_of(owner) if self.stream is not None else Principal()
+                if principal is None:
+                    principal = self.stream.principal_of(owner) if self.stream is not None else Principal()
                 session, reply = hello_reply(self.svc, owner, transport, header, principal)
                 self._add_session(session)
             else:
@@ -388,6 +401,16 @@ class Daemon:
         if op is not None:
             self.latency.observe(op, time.perf_counter() - started)
         return reply
+
+    def _curve_principal(self, owner: bytes, frame: Any) -> Principal:
+        """The CURVE key that sent ``frame`` on ``tcp://``, read from every message (a routing id could be taken
+        over by another connection after its own closed): a session whose key is not the one it said hello with
+        is dropped, so its successor must say hello as itself."""
+        principal = Principal(curve_key=peer_curve_key(frame))
+        session = self.sessions.get(owner)
+        if session is not None and session.principal != principal:
+            self.drop_session(owner, "curve_key_changed")
+        return principal
 
     def refuse_request(self, transport: str, owner: bytes, head: bytes, length: int, exc: LimitError) -> list[Any]:
         """Answer a request too long to keep (the stream read past it): ``head`` is its start, ``length`` its size."""
@@ -452,6 +475,10 @@ class Daemon:
         session = self.sessions.get(owner)
         return session is not None and session.pid > 0 and not session.process_gone()
 
+    def reload(self) -> ReloadReport:
+        """Read the config file's tenants table again and apply it, or keep the one in force (``reload.py``)."""
+        return reload_tenants(self.svc, self.source or ConfigSource())
+
     def stats(self) -> dict[str, Any]:
         return daemon_stats(self.svc, len(self.sessions), self.auth_rejected(), connector_stats(self.sessions.values()))
 
@@ -479,15 +506,16 @@ def _drop_late_reply(task: asyncio.Future) -> None:
         logs.debug("late_request_failed", error=repr(task.exception()))
 
 
-def run_daemon(config: ServerConfig, tenants: "TenantTable | None" = None) -> int:
-    """Run until SIGTERM/SIGINT (``tenants``: the config file's tenants table). Returns the process exit code."""
+def run_daemon(config: ServerConfig, tenants: "TenantTable | None" = None, source: ConfigSource | None = None) -> int:
+    """Run until SIGTERM/SIGINT (``tenants``: the config file's tenants table; ``source``: that file and the flags,
+    read again at SIGHUP and ``kvstore reload``). Returns the process exit code."""
     run_loop: Callable[[Coroutine[Any, Any, Any]], Any]
     try:
         from uvloop import run as uvloop_run
         run_loop = uvloop_run
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         run_loop = asyncio.run
-    daemon = Daemon(config, tenants)
+    daemon = Daemon(config, tenants, source)
     try:
         daemon.open()
         run_loop(daemon.serve())

@@ -1,7 +1,8 @@
 """Who the KV cache events are published for: the daemon-wide stream, and one stream per connected engine.
 
 ``--events-topic`` is a template. A plain string (no placeholder; vLLM's default, the empty string, is one) is
-the topic of every batch, as it always was. A template with ``{engine_id}``, ``{model}`` or ``{dp_rank}`` (the
+the topic of every batch, as it always was. A template with ``{engine_id}``, ``{model}``, ``{dp_rank}`` or
+``{tenant}`` (the tenant owning the engine's namespace, from the tenants table when the engine joined) (the
 default, ``kv@{engine_id}@{model}``, is the topic llm-d's indexer parses) is rendered per engine identity
 (``protocol/engine_identity.py``) that a connected client gave at hello: each such engine gets the events of the
 chunks of its namespace on its own topic, with its data-parallel rank in the batch, while everything (raw
@@ -19,8 +20,9 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..protocol.engine_identity import EngineIdentity
+from ..tenants.table import DEFAULT_TENANT
 
-PLACEHOLDERS = ("engine_id", "model", "dp_rank")
+PLACEHOLDERS = ("engine_id", "model", "dp_rank", "tenant")
 DEFAULT_TOPIC = "kv@{engine_id}@{model}"
 
 
@@ -56,10 +58,10 @@ class TopicTemplate:
         """The daemon-wide stream's topic: the text itself, or the empty string for a per-engine template."""
         return b"" if self.per_engine else self.text.encode()
 
-    def render(self, identity: EngineIdentity) -> bytes:
-        """``identity``'s topic."""
-        return self.text.format(engine_id=identity.engine_id, model=identity.model,
-                                dp_rank=identity.dp_rank).encode()
+    def render(self, identity: EngineIdentity, tenant: str = DEFAULT_TENANT) -> bytes:
+        """The topic of ``identity``, an engine of ``tenant``."""
+        return self.text.format(engine_id=identity.engine_id, model=identity.model, dp_rank=identity.dp_rank,
+                                tenant=tenant).encode()
 
 
 @dataclass(frozen=True)
@@ -78,15 +80,15 @@ class Audience:
         self._sessions: dict[tuple[str, EngineIdentity], int] = {}
         self._targets: dict[str, dict[EngineIdentity, Target]] = {}
 
-    def join(self, namespace: str, identity: EngineIdentity) -> Target | None:
-        """A session of ``identity`` opened in ``namespace``. Returns its target when this is the first open
-        session of that engine there (its stream starts), else None (already published for, or the topic is
-        plain: the daemon-wide stream serves it)."""
+    def join(self, namespace: str, identity: EngineIdentity, tenant: str = DEFAULT_TENANT) -> Target | None:
+        """A session of ``identity`` opened in ``namespace`` (owned by ``tenant``). Returns its target when this
+        is the first open session of that engine there (its stream starts), else None (already published for,
+        or the topic is plain: the daemon-wide stream serves it)."""
         slot = (namespace, identity)
         self._sessions[slot] = self._sessions.get(slot, 0) + 1
         if self._sessions[slot] > 1 or not self.template.per_engine:
             return None
-        target = Target(self.template.render(identity), identity.dp_rank)
+        target = Target(self.template.render(identity, tenant), identity.dp_rank)
         self._targets.setdefault(namespace, {})[identity] = target
         return target
 

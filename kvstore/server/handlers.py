@@ -11,10 +11,12 @@ trust the header: every field goes through ``protocol/messages.py``.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Callable
 
 from .._version import __version__
-from ..errors import BadRequestError, LimitError, PermissionDeniedError, StoreFullError, VersionError
+from ..errors import (BadRequestError, LimitError, PermissionDeniedError, StoreFullError,
+                      UnavailableError, VersionError)
 from ..protocol import messages as m
 from ..protocol.engine_blocks import EngineBlocks, read_engine
 from ..protocol.retention import RetentionAsk, read_retention
@@ -46,14 +48,18 @@ def _require_access(svc: Service, s: Session) -> None:
 
 def _readable(svc: Service, s: Session, keys: list) -> list:
     """The leading ``keys`` the session may read: a chunk of a namespace it may not touch, and every key after it,
-    is a miss, as if it were absent."""
+    is a miss, as if it were absent.
+
+    A forbidden chunk must cost what a miss costs (no timing side channel): the walk stops at the first key that
+    is absent *or* forbidden, after the same work for either (one index probe and one access check per key), and
+    the Store then walks the same all-readable prefix in both cases."""
     if svc.tenants is None:
         return keys
-    if not _may_touch(svc, s, s.namespace):
-        return []
+    own = _may_touch(svc, s, s.namespace)
     for i, key in enumerate(keys):
         namespace = svc.store.namespace_of(key)
-        if namespace is not None and not _may_touch(svc, s, namespace):
+        allowed = _may_touch(svc, s, namespace if namespace is not None else s.namespace)
+        if namespace is None or not (own and allowed):
             return keys[:i]
     return keys
 
@@ -72,7 +78,11 @@ def handle_lookup(svc: Service, s: Session, h: dict, frames: list) -> Any:
     for name in result.tiers:
         tiers[name] = tiers.get(name, 0) + 1
     remote = svc.remote
-    if remote is None or not req.promote or result.count == len(req.keys) or len(keys) < len(req.keys):
+    # A walk cut short by a forbidden chunk (or a session of a forbidden namespace) does not ask the remote store:
+    # it would fetch what the session may not read.
+    forbidden = len(keys) < len(req.keys) and (not _may_touch(svc, s, s.namespace)
+                                               or svc.store.namespace_of(req.keys[len(keys)]) is not None)
+    if remote is None or not req.promote or result.count == len(req.keys) or forbidden:
         svc.count_lookup_tokens(s, len(req.keys), result.count)
         return [ok_reply(h["id"], count=result.count, tiers=tiers)]
 
@@ -263,6 +273,19 @@ def handle_stats(svc: Service, s: Session, h: dict, frames: list) -> Frames:
     return [ok_reply(h["id"], stats=svc.stats())]
 
 
+def handle_reload(svc: Service, s: Session, h: dict, frames: list) -> Frames:
+    """Read the config file's tenants table again and apply it, or say in one line why it was refused. Taken only
+    from a local client the daemon's own user runs (or root): the ZeroMQ ipc socket is the owner's alone, and a
+    stream connection's uid is the kernel's word."""
+    local_owner = s.transport == "ipc" and (s.principal.uid is None or s.principal.uid in (0, os.getuid()))
+    if not local_owner:
+        raise PermissionDeniedError("reload is taken only from a local client run by the daemon's user or root; "
+                                    "run kvstore reload on the daemon's host as that user, or send it SIGHUP")
+    if svc.reload is None:
+        raise UnavailableError("this daemon cannot reload (it was not started by kvstore serve); restart it")
+    return [ok_reply(h["id"], **svc.reload().wire())]
+
+
 HANDLERS: dict[Op, Handler] = {
     Op.PING: handle_ping,
     Op.LOOKUP: handle_lookup,
@@ -278,6 +301,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.DELETE: handle_delete,
     Op.CLEAR: handle_clear,
     Op.STATS: handle_stats,
+    Op.RELOAD: handle_reload,
     **INTEGRITY_HANDLERS,
 }
 # HELLO is handled by the daemon itself, since it creates the session.

@@ -1,11 +1,12 @@
 """The KV cache event publisher: a ZeroMQ PUB socket written on the event loop, and a ROUTER for replay served
 by a thread of its own.
 
-Publishing never waits. The Store's changes within one turn of the event loop are gathered (``submit``) and sent
-as one batch at the end of that turn (``flush``, scheduled with ``call_soon``; before the loop runs, at start-up,
-at once): one msgpack pack and one non-blocking send. The PUB socket never blocks a send: a subscriber more than
-``--events-hwm`` batches behind loses the batches past that in ZeroMQ, and sees the gap in ``seq`` (it can ask
-the replay socket for them). A send the socket refuses outright is counted as dropped
+Publishing never waits. A change to the Store only notes the key (``store/events.py``: ``EventLog.changed``) and
+wakes the publisher (``wake``); at the end of that turn of the event loop (``flush``, scheduled with
+``call_soon``; before the loop runs, at start-up, at once) the log turns the keys noted into events (``drain``),
+which are sent as one batch: one msgpack pack and one non-blocking send. The PUB socket never blocks a send: a
+subscriber more than ``--events-hwm`` batches behind loses the batches past that in ZeroMQ, and sees the gap in
+``seq`` (it can ask the replay socket for them). A send the socket refuses outright is counted as dropped
 (``kvstore_events_dropped_total``) and leaves its sequence number unused on the wire, a gap too. Sending on the
 loop thread rather than a sender thread keeps the loop from ever waiting for another thread to hand back the
 interpreter lock, which on a loaded machine costs far more than the pack and send themselves.
@@ -38,9 +39,10 @@ from ..defaults import EVENTS_BUFFER, EVENTS_FORMAT, EVENTS_HWM
 from ..errors import ConfigError
 from ..protocol.engine_identity import EngineIdentity
 from ..protocol.kv_events import (
-    END_SEQ, SNAPSHOT_REQUEST, Event, array_header, batch_body, batch_bytes, encoded_events, seq_bytes,
+    END_SEQ, SNAPSHOT_REQUEST, Event, array_header, batch_bytes, encoded_events, seq_bytes,
 )
-from ..store.events import Holding, snapshot_events
+from ..store.events import Holding, snapshot_packed
+from ..tenants.table import DEFAULT_TENANT
 from .event_topics import DEFAULT_TOPIC, Audience, Target, TopicTemplate
 
 REPLAY_POLL_MS = 200     # how long the replay thread waits for a request before it looks for the stop flag
@@ -88,6 +90,7 @@ class EventPublisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         # the Store's event log's (of the namespaces given; None: all)
         self.holdings: Callable[[list[str] | None], list[tuple[bytes, Holding]]] | None = None
+        self.drain: Callable[[], None] | None = None   # the Store's event log's: its changes become events
         self._thread: threading.Thread | None = None
         self._ctx = zmq.Context()
         self._pub: zmq.Socket | None = None
@@ -126,22 +129,37 @@ class EventPublisher:
             self._pending.append((namespace, list(events)))
         self._pending_events += len(events)
         if self._pending_events >= MAX_BATCH_EVENTS:
-            self.flush()
+            self._send_pending()
             return
+        self.wake()
+
+    def wake(self) -> None:
+        """Something is to be sent: flush at the end of this turn of the event loop (at once when no loop runs;
+        start-up: the adopted chunks are announced as they are found)."""
         if self._scheduled:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self.flush()   # start-up: the adopted chunks are announced as they are found
+            self.flush()
             return
         self._scheduled = True
         loop.call_soon(self.flush)
 
     def flush(self) -> None:
+        """Drain the Store's event log (``drain``: the keys changed this turn become events), then send what was
+        gathered. Never blocks."""
+        self._scheduled = True   # what the drain submits joins this flush rather than scheduling another
+        try:
+            if self.drain is not None:
+                self.drain()
+        finally:
+            self._scheduled = False
+        self._send_pending()
+
+    def _send_pending(self) -> None:
         """Send what was gathered: one batch on the daemon-wide stream, and per engine of a namespace changed one
-        batch of that namespace's events on its topic; numbered per topic and kept for replay. Never blocks."""
-        self._scheduled = False
+        batch of that namespace's events on its topic; numbered per topic and kept for replay."""
         groups, self._pending, self._pending_events = self._pending, [], 0
         if not groups or self._pub is None:
             return
@@ -194,16 +212,16 @@ class EventPublisher:
         with self._buffer_lock:
             self._buffer.append((topic, seq, payload))
 
-    def engine_joined(self, namespace: str, identity: EngineIdentity) -> None:
-        """A session of ``identity`` opened in ``namespace``: when it is the engine's first there, its stream
-        starts with ``AllBlocksCleared`` and what the namespace holds now, on its topic alone."""
+    def engine_joined(self, namespace: str, identity: EngineIdentity, tenant: str = DEFAULT_TENANT) -> None:
+        """A session of ``identity`` opened in ``namespace`` (owned by ``tenant``): when it is the engine's first
+        there, its stream starts with ``AllBlocksCleared`` and what the namespace holds now, on its topic alone."""
         self.flush()   # what changed before goes out without it: the holdings below include it
-        target = self.audience.join(namespace, identity)
+        target = self.audience.join(namespace, identity, tenant)
         if target is None or self._pub is None:
             return
         rows = self.holdings([namespace]) if self.holdings is not None else []
-        events = snapshot_events(rows)
-        self._publish(time.time(), self._pack(events), len(events), [target])
+        count, packed = snapshot_packed(rows, self.settings.fmt, self.incarnation, self._packer)
+        self._publish(time.time(), packed, count, [target])
 
     def engine_left(self, namespace: str, identity: EngineIdentity) -> None:
         """A session of ``identity`` in ``namespace`` closed (the last one ends its stream)."""
@@ -220,7 +238,7 @@ class EventPublisher:
 
     def close(self) -> None:
         """Send what is gathered, stop the replay thread, close the sockets."""
-        if self._pub is not None and self._pending:
+        if self._pub is not None:
             self.flush()
         self._stopping.set()
         if self._thread is not None:
@@ -297,8 +315,8 @@ class EventPublisher:
             if seq < 0:   # nothing was ever published on this topic: there is no stream to snapshot
                 replay.send_multipart((client, b"", b"", END_SEQ, b""))
                 return
-            s = self.settings
-            payload = packer.pack(batch_body(time.time(), snapshot_events(rows), s.fmt, self.incarnation, rank))
-            replay.send_multipart((client, b"", topic, seq_bytes(seq), payload))
+            _, packed = snapshot_packed(rows, self.settings.fmt, self.incarnation, packer)
+            payload = batch_bytes(packer, time.time(), packed, rank)
+            replay.send_multipart((client, b"", topic, seq_bytes(seq), payload), copy=False)
             self.counters.snapshots += 1
         replay.send_multipart((client, b"", b"", END_SEQ, b""))

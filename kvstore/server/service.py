@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from .. import logs
 from ..config import ServerConfig
 from ..store.events import EventLog
+from ..tenants.access import private_namespaces
 from ..tiers.gpu.mover import GpuMover
 from ..tiers.disk.mover import DiskMover
 from ..store.published_index import PublishedIndex
 from ..tiers.remote.mover import RemoteMover
 from ..store.store import LookupResult, Store
+from ..tenants.table import DEFAULT_TENANT
 from ..tiers.host.adoption import Adoption
 from .kv_events import EventPublisher
 from .safeguards import Safeguards
@@ -29,6 +31,7 @@ from .session import Session
 
 if TYPE_CHECKING:
     from ..tenants.table import TenantTable
+    from .reload import ReloadReport
 
 
 @dataclass
@@ -37,6 +40,14 @@ class ServiceCounters:
     hit_tokens: int = 0
     requests: int = 0
     errors: int = 0
+
+
+@dataclass
+class TenantTokens:
+    """One tenant's lookups, in tokens: asked and found (its sessions' namespaces decide the tenant)."""
+
+    lookup_tokens: int = 0
+    hit_tokens: int = 0
 
 
 @dataclass
@@ -59,7 +70,8 @@ class Tiers:
 class Service:
     def __init__(self, config: ServerConfig, tiers: Tiers, tenants: "TenantTable | None" = None,
                  stats: Callable[[], dict[str, Any]] = dict,
-                 stream_path: Callable[[], str | None] = lambda: None) -> None:
+                 stream_path: Callable[[], str | None] = lambda: None,
+                 reload: Callable[[], "ReloadReport"] | None = None) -> None:
         """What handlers may touch, complete from the start.
 
         Args:
@@ -68,6 +80,7 @@ class Service:
             tenants: the config file's tenants table; None: one shared tenant.
             stats: the daemon's ``stats`` reply.
             stream_path: the listening stream socket's path, if any.
+            reload: reads the config file's tenants table again and applies it (``reload.py``); None: no file.
         """
         self.config = config
         self.started = time.time()
@@ -85,6 +98,22 @@ class Service:
         self.stream_path = stream_path
         self.stats = stats
         self.tenants = tenants
+        self.tenant_tokens: dict[str, TenantTokens] = {}   # by tenant name (names come from the config file)
+        self.reload = reload
+
+    # -- tenants --------------------------------------------------------------------------------------------
+    def capacities(self) -> dict[str, int | None]:
+        """Each tier's size in force, which the tenants' guarantees must fit (``check_capacities``)."""
+        disk = self.store.disk
+        return {"dram": self.store.host.capacity_bytes, "disk": disk.capacity_bytes if disk is not None else 0,
+                "gpu": self.config.gpu_mem}
+
+    def set_tenants(self, table: "TenantTable") -> None:
+        """Apply a reloaded tenants table at once: the access checks, every tier's budgets, and which namespaces
+        the shared index keeps out (a namespace that became restricted is unlisted, one that became open listed)."""
+        self.tenants = table
+        self.store.set_tenants(table)
+        self.store.set_private(private_namespaces(table))
 
     def movers(self) -> list[Any]:
         """The movers of the tiers below DRAM (``store/movers.py``), in start order."""
@@ -94,6 +123,22 @@ class Service:
     def count_lookup_tokens(self, session: Session, asked: int, found: int) -> None:
         self.counters.lookup_tokens += asked * session.chunk_tokens
         self.counters.hit_tokens += found * session.chunk_tokens
+        if self.tenants is not None and self.tenants.configured:
+            name = self.tenants.tenant_for(session.namespace).name
+            tokens = self.tenant_tokens.get(name)
+            if tokens is None:
+                tokens = self.tenant_tokens[name] = TenantTokens()
+            tokens.lookup_tokens += asked * session.chunk_tokens
+            tokens.hit_tokens += found * session.chunk_tokens
+
+    def tenant_stats(self) -> dict[str, dict[str, Any]]:
+        """Per tenant of the table in force: its use of every tier against its budget (``tenant_budgets.py``) and
+        its lookups' tokens asked and found (``lookup_tokens``, ``hit_tokens``)."""
+        out = self.store.budgets.stats()
+        for name, row in out.items():
+            tokens = self.tenant_tokens.get(name, TenantTokens())
+            row.update(lookup_tokens=tokens.lookup_tokens, hit_tokens=tokens.hit_tokens)
+        return out
 
     def promote_after_lookup(self, keys: Sequence[bytes], result: LookupResult) -> None:
         """A lookup that found disk-only chunks starts reading them into DRAM, so the get that follows hits."""
@@ -131,7 +176,8 @@ class Service:
         """A session opened: when it named its engine, KV cache events are published for that engine from now on
         (``event_topics.py``)."""
         if self.events is not None and session.identity is not None:
-            self.events.engine_joined(session.namespace, session.identity)
+            tenant = self.tenants.tenant_for(session.namespace).name if self.tenants is not None else DEFAULT_TENANT
+            self.events.engine_joined(session.namespace, session.identity, tenant)
 
     def engine_left(self, session: Session) -> None:
         """A session closed: the last one of its engine ends that engine's events."""

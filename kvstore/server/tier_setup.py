@@ -31,6 +31,7 @@ from ..tiers.host.arena import SharedArena, arena_path_for
 from ..tiers.disk.tier import DiskTier, disk_room
 from ..tiers.host.tier import HostTier
 from ..tiers.host.adoption import Adoption, KeptArena
+from ..tenants.access import private_namespaces
 from .kv_events import EventPublisher, EventSettings
 from .local_access import open_index
 from .safeguards import Safeguards
@@ -140,14 +141,6 @@ def open_adoption(store: Store, kept: KeptArena | None, lease_ttl: float, claims
     return adoption
 
 
-def private_namespaces(tenants: "TenantTable | None") -> Callable[[str], bool] | None:
-    """Whether a namespace is a restricted tenant's, kept out of the shared index (any local reader could map it);
-    None without a tenants table."""
-    if tenants is None:
-        return None
-    return lambda namespace: tenants.tenant_for(namespace).restricted
-
-
 def open_events(config: ServerConfig, claims: Claims) -> tuple[EventPublisher | None, EventLog | None]:
     """The KV cache event publisher and the Store's event log, when ``--events-endpoint`` asks for them (else
     None and None). The first event of every start is ``AllBlocksCleared``; the chunks adopted after it are
@@ -158,8 +151,9 @@ def open_events(config: ServerConfig, claims: Claims) -> tuple[EventPublisher | 
         config.events_endpoint, config.events_replay_endpoint, config.events_buffer, config.events_hwm,
         config.events_format, config.events_topic))
     claims.take(publisher.close)   # after the Store's last change: registered before the movers' closers
-    event_log = EventLog(publisher.submit)
+    event_log = EventLog(publisher.submit, publisher.wake)
     publisher.holdings = event_log.snapshot
+    publisher.drain = event_log.drain
     event_log.all_cleared()
     logs.info("kv_events", endpoint=config.events_endpoint, replay=config.events_replay_endpoint or None,
               format=config.events_format, incarnation=publisher.incarnation)

@@ -15,27 +15,36 @@ published as the engine's blocks: its ``BlockStored`` carries the engine's hashe
 block size, its ``BlockRemoved`` the engine's hashes, so a router keys it as it keys the engine's own blocks. A
 chunk without them (the transformers connector, the raw client) is one block named by its chunk key.
 
-Cost per change on the event loop: a dict lookup, a few integer operations and, when something changed, one
-small record handed to the publisher's queue (``server/kv_events.py``), which never blocks.
+Cost per change on the event loop: a dict store (the key and its entry are noted); at the end of the turn, once per
+key noted, a dict lookup, a few integer operations and, when something changed, the events handed to the
+publisher (``server/kv_events.py``), which never blocks. A chunk's names are packed once, when it is first held
+(``Packed``), so that a snapshot is assembled from bytes (``snapshot_packed``).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Sequence
+
+import msgpack
 
 from ..protocol.kv_events import (
-    MEDIUM_CPU, MEDIUM_GPU, MEDIUM_STORAGE, Cleared, Event, Removed, Stored, block_hash,
+    MEDIUM_CPU, MEDIUM_GPU, MEDIUM_STORAGE, Cleared, Event, PackedRun, Removed, Stored, array_header, block_hash,
+    encoded_events, packed_hash, packed_ints, packed_stored,
 )
 from ..protocol.engine_blocks import EngineBlocks
 from .entry import DiskState, Entry
 
 GPU, CPU, STORAGE = 1, 2, 4
+# a held chunk's names, packed once when it is first held (``packed_ints``), for snapshots: its last block hash,
+# how many block hashes, them packed, how many token ids, them packed
+Packed = tuple[int, int, bytes, int, bytes]
 # media mask, parent block hash, block size, the engine's names of its blocks (None: named by the chunk key),
-# the chunk's namespace
-Holding = tuple[int, "int | None", int, "EngineBlocks | None", str]
+# the chunk's namespace, its names packed
+Holding = tuple[int, "int | None", int, "EngineBlocks | None", str, Packed]
 # where events go: (events, the namespace they are of; None: of every namespace)
 Outbox = Callable[[list[Event], "str | None"], None]
 MEDIA = ((GPU, MEDIUM_GPU), (CPU, MEDIUM_CPU), (STORAGE, MEDIUM_STORAGE))
+MEDIUM_OF = {bit: medium for bit, medium in MEDIA}   # a mask of one medium: its name
 
 
 def media_of(entry: Entry | None) -> int:
@@ -51,12 +60,21 @@ def media_of(entry: Entry | None) -> int:
 
 
 class EventLog:
-    """The media each key was last published in, and the events that move it to the Store's present state."""
+    """The media each key was last published in, and the events that move it to the Store's present state.
 
-    def __init__(self, outbox: Outbox) -> None:
+    With ``schedule`` (the publisher's ``wake``), a change only notes the key and its entry (a dict store): the
+    keys noted in one turn of the event loop are diffed together when the publisher drains the log (``drain``,
+    at the end of that turn, before it sends the batch), each key once however often it changed meanwhile.
+    Without it (tests, tools), every change is diffed and handed to ``outbox`` at once."""
+
+    def __init__(self, outbox: Outbox, schedule: Callable[[], None] | None = None) -> None:
         self._outbox = outbox
+        self._schedule = schedule
+        self._waiting = False   # a drain is scheduled
+        self._dirty: dict[bytes, Entry | None] = {}   # keys changed since the last drain, with their entry now
         self._held: dict[bytes, Holding] = {}
         self._block_size: dict[str, int] = {}
+        self._packer = msgpack.Packer()   # on the thread that drains only
 
     def note_block_size(self, namespace: str, tokens: int) -> None:
         """Chunks of ``namespace`` hold ``tokens`` tokens each (said at hello): their events' ``block_size``."""
@@ -64,31 +82,46 @@ class EventLog:
 
     def changed(self, key: bytes, entry: Entry | None) -> None:
         """``key``'s readable entry now (None: not readable): publish what moved."""
-        events: dict[str, list[Event]] = {}
-        self._diff(key, entry, events)
-        self._send(events)
+        self._dirty[key] = entry
+        self._due()
 
     def changed_many(self, items: Sequence[tuple[bytes, Entry | None]]) -> None:
         """``changed`` of several keys (a put's chain), in one hand-off: a chain entering a tier is one event."""
-        events: dict[str, list[Event]] = {}
-        for key, entry in items:
-            self._diff(key, entry, events)
-        self._send(events)
+        self._dirty.update(items)
+        self._due()
 
-    def _send(self, events: dict[str, list[Event]]) -> None:
+    def _due(self) -> None:
+        if self._schedule is None:
+            self.drain()
+        elif not self._waiting:
+            self._waiting = True
+            self._schedule()
+
+    def drain(self) -> None:
+        """Diff every key changed since the last drain, in the order first changed, and hand the events over (one
+        list per namespace)."""
+        self._waiting = False
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, {}
+        events: dict[str, list[Event]] = {}
+        diff = self._diff
+        for key, entry in dirty.items():
+            diff(key, entry, events)
         for namespace, of_namespace in events.items():
             if of_namespace:
                 self._outbox(of_namespace, namespace)
 
     def all_cleared(self) -> None:
-        """Everything published is gone at once (a start, or a clear of all the daemon held)."""
+        """Everything published is gone at once (a start, or a clear of all the daemon held): the keys changed
+        before it in this turn are diffed after it, against nothing held."""
         self._held.clear()
         self._outbox([Cleared()], None)
 
     def snapshot(self, namespaces: Collection[str] | None = None) -> list[tuple[bytes, Holding]]:
         """Every key published as held (of ``namespaces`` only, when given), with its media mask, parent hash and
         block size: a copy, cheap enough for the event loop (the events are built from it elsewhere:
-        ``snapshot_events``)."""
+        ``snapshot_events``). The caller drains first (the publisher's ``flush``)."""
         if namespaces is None:
             return list(self._held.items())
         return [(key, held) for key, held in self._held.items() if held[4] in namespaces]
@@ -99,37 +132,50 @@ class EventLog:
         before = held[0] if held is not None else 0
         if now == before:
             return
-        namespace = held[4] if held is not None else entry.namespace if entry is not None else ""
-        events = out.setdefault(namespace, [])
+        holding = None
         if now and entry is not None:
-            self._held[key] = self._holding(now, entry)
+            holding = self._held[key] = self._holding(now, entry)
         else:
             del self._held[key]
-        gained, lost = now & ~before, before & ~now
-        for bit, medium in MEDIA:
-            if lost & bit and held is not None:   # removed under the names it was stored under
-                _append_removed(events, _hashes_of(key, held), medium)
-            if gained & bit:
-                _append_stored(events, key, self._held[key], medium)
+        namespace = held[4] if held is not None else entry.namespace if entry is not None else ""
+        events = out.get(namespace)
+        if events is None:
+            events = out[namespace] = []
+        if holding is not None and not before and now in MEDIUM_OF:   # the usual: it entered its first tier
+            _append_stored(events, key, holding, MEDIUM_OF[now])
+        elif held is not None and not now and before in MEDIUM_OF:    # or it left its only one
+            _append_removed(events, _hashes_of(key, held), MEDIUM_OF[before])
+        else:
+            gained, lost = now & ~before, before & ~now
+            for bit, medium in MEDIA:
+                if lost & bit and held is not None:   # removed under the names it was stored under
+                    _append_removed(events, _hashes_of(key, held), medium)
+                if gained & bit and holding is not None:
+                    _append_stored(events, key, holding, medium)
 
     def _holding(self, mask: int, entry: Entry) -> Holding:
         engine = entry.engine
         if engine is not None:
-            return (mask, engine.parent, engine.block_size, engine, entry.namespace)
+            hashes, tokens = engine.hashes, engine.token_ids
+            packed = (hashes[-1], len(hashes), packed_ints(self._packer, hashes), len(tokens),
+                      packed_ints(self._packer, tokens))
+            return (mask, engine.parent, engine.block_size, engine, entry.namespace, packed)
         parent = block_hash(entry.parent) if entry.parent is not None else None
-        return (mask, parent, self._block_size.get(entry.namespace, 0), None, entry.namespace)
+        h = block_hash(entry.key)
+        return (mask, parent, self._block_size.get(entry.namespace, 0), None, entry.namespace,
+                (h, 1, packed_hash(h), 0, b""))
 
 
 def _hashes_of(key: bytes, holding: Holding) -> list[int]:
     """The block hashes a held chunk is published under: the engine's, else its chunk key's."""
     engine = holding[3]
-    return list(engine.hashes) if engine is not None else [block_hash(key)]
+    return list(engine.hashes) if engine is not None else [holding[5][0]]
 
 
 def _append_stored(events: list[Event], key: bytes, holding: Holding, medium: str) -> None:
     """A ``BlockStored``, merged into the previous event when it continues the same chain in the same tier at the
     same block size."""
-    _, parent, size, engine, _ = holding
+    _, parent, size, engine, _, _ = holding
     hashes = _hashes_of(key, holding)
     tokens = list(engine.token_ids) if engine is not None else []
     last = events[-1] if events else None
@@ -161,3 +207,31 @@ def snapshot_events(rows: list[tuple[bytes, Holding]]) -> list[Event]:
                 _append_stored(run, key, holding, medium)
         events.extend(run)
     return events
+
+
+def snapshot_packed(rows: list[tuple[bytes, Holding]], fmt: str, incarnation: str, packer: Any) -> tuple[int, bytes]:
+    """``snapshot_events(rows)`` packed as a batch's events element (``fmt``, ``incarnation`` as the publisher's),
+    and how many events it holds: assembled from the names each chunk keeps packed, so that no integer is packed
+    again (a snapshot of a million engine blocks and their token ids is mostly copying bytes)."""
+    parts = [packer.pack(encoded_events([Cleared()], fmt, incarnation)[0])]
+    for bit, medium in MEDIA:
+        run: PackedRun | None = None
+        last = -1
+        for _, holding in rows:
+            if not holding[0] & bit:
+                continue
+            _, parent, size, _, _, (tail, n_hashes, hashes, n_tokens, tokens) = holding
+            if (run is not None and last == parent and run.block_size == size
+                    and bool(run.n_tokens) == bool(n_tokens)):
+                run.hashes.append(hashes)
+                run.tokens.append(tokens)
+                run.n_hashes += n_hashes
+                run.n_tokens += n_tokens
+            else:
+                if run is not None:
+                    parts.append(packed_stored(packer, run, medium, fmt, incarnation))
+                run = PackedRun([hashes], n_hashes, parent, size, [tokens], n_tokens)
+            last = tail
+        if run is not None:
+            parts.append(packed_stored(packer, run, medium, fmt, incarnation))
+    return len(parts), array_header(len(parts)) + b"".join(parts)

@@ -3,19 +3,21 @@
 Order. ``RetentionQueue`` holds one queue of the tier's policy (``policies.py``) for each of ``low``, ``normal``
 and ``high`` and takes a victim from the lowest class that has one, so a class is never evicted while a lower one
 could make the room, and inside a class the policy's order holds. Each operation routes the entry by its
-``Entry.retention`` to one queue: no scan, one more dict lookup than the plain queue. The Store keeps the plain
-queue until the first put that asks for a class other than ``normal`` (``Store.retention_queue``); that queue
-then becomes the ``normal`` class of a ``RetentionQueue`` as it stands, so a daemon whose puts ask nothing pays
-nothing.
+``Entry.retention`` to one queue: no scan, one more dict lookup than the plain queue. DRAM's tier guard
+(``tier_guard.py``) keeps plain queues until the first put that asks for a class other than ``normal``
+(``Store.retention_queues``); then each of its queues (the shared one, each tenant's parked one) becomes the
+``normal`` class of a ``RetentionQueue`` as it stands, so a daemon whose puts ask nothing pays nothing, and the
+guard's parking of guarantees works on the split queues unchanged (a tenant's chunks spill lowest class first).
 
-Soft pins. A ``pin`` chunk sits in the queue's *pinned* set, which no victim is taken from (it counts as queued:
-a lease takes it out and gives it back like any other). ``SoftPins`` keeps the deadlines in a heap; whenever a
-victim is looked for (and at each ``Store.expire``), the pins whose deadline passed become ``high`` chunks, at
-the new end of that queue: O(log n) per pin, once. A pin is bounded when it is made (at publish): its tenant's
-pinned bytes stay within ``Tenant.pin_limit`` (its DRAM guarantee and ``max_pin_bytes``), or, without a tenants
-table, the daemon's within ``--max-pin-share`` of DRAM; a pin over the bound is stored as ``high`` and counted.
-A put that finds only pinned chunks left to evict gets a StoreFullError naming them (``host_full.py``): the TTL,
-at most ``--max-pin-ttl``, bounds how long.
+Soft pins. A ``pin`` chunk sits in its queue's *pinned* set, which no victim is taken from (it counts as queued:
+a lease takes it out and gives it back like any other; since a guard spills only what its parked queue would
+evict, a pinned chunk never spills). ``SoftPins`` keeps the deadlines in a heap; before each DRAM allocation and
+at each ``Store.expire`` the pins whose deadline passed become ``high`` chunks, at the new end of that class:
+O(log n) per pin, once. A pin is bounded when it is made (at publish): its tenant's pinned bytes stay within
+``Tenant.pin_limit`` (its DRAM guarantee and ``max_pin_bytes``), or, without a tenants table, the daemon's within
+``--max-pin-share`` of DRAM; a pin over the bound is stored as ``high`` and counted. A put that finds only pinned
+chunks left to evict gets a StoreFullError naming them (``host_full.py``): the TTL, at most ``--max-pin-ttl``,
+bounds how long.
 """
 
 from __future__ import annotations
@@ -112,18 +114,17 @@ class SoftPins:
             if entry.pin_until:
                 self.by_tenant[entry.tenant] += entry.size
 
-    def expired(self) -> list[Entry]:
-        """Unpin and return every chunk whose pin's deadline passed (stale heap items are dropped)."""
+    def due(self) -> list[Entry]:
+        """Every chunk whose pin's deadline passed, still pinned (the caller unpins each, moving it to its new
+        queue: ``Store.expire_pins``); stale heap items are dropped."""
         now = self.clock()
         heap = self._deadlines
-        gone = []
+        due = []
         while heap and heap[0][0] <= now:
             until, _, entry = heapq.heappop(heap)
             if entry.pin_until == until:
-                self.unpin(entry)
-                self.counters.pins_expired += 1
-                gone.append(entry)
-        return gone
+                due.append(entry)
+        return due
 
     def soonest(self) -> float | None:
         """Seconds until the next pin ends (None: none held)."""
@@ -141,10 +142,9 @@ class SoftPins:
 class RetentionQueue:
     """An ``EvictionQueue`` of one policy queue per class and a pinned set (see the module docstring)."""
 
-    def __init__(self, make: Callable[[], EvictionQueue], normal: EvictionQueue, pins: SoftPins) -> None:
+    def __init__(self, make: Callable[[], EvictionQueue], normal: EvictionQueue) -> None:
         self._queues = {Retention.LOW: make(), Retention.NORMAL: normal, Retention.HIGH: make()}
         self._pinned: dict[bytes, Entry] = {}
-        self.pins = pins
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues.values()) + len(self._pinned)
@@ -155,9 +155,8 @@ class RetentionQueue:
         return entry in self._queues[entry.retention]
 
     def __iter__(self) -> Iterator[Entry]:
-        """The evictable chunks, lowest class first, each class oldest first (pinned ones are not evictable)."""
-        self._expire()
-        return itertools.chain.from_iterable([list(self._queues[c]) for c in EVICTABLE])
+        """Every queued chunk: the evictable ones lowest class first (each class oldest first), then the pinned."""
+        return itertools.chain.from_iterable([list(self._queues[c]) for c in EVICTABLE] + [list(self._pinned.values())])
 
     def add_chain(self, chain: Iterable[Entry]) -> None:
         for cls, part in self._split(chain):
@@ -183,7 +182,6 @@ class RetentionQueue:
             self._queue(cls).push_oldest(part) if cls is not Retention.PIN else self._pin_all(part)
 
     def peek_oldest(self) -> Entry | None:
-        self._expire()
         for cls in EVICTABLE:
             victim = self._queues[cls].peek_oldest()
             if victim is not None:
@@ -191,32 +189,13 @@ class RetentionQueue:
         return None
 
     def pop_oldest(self) -> Entry | None:
-        self._expire()
         for cls in EVICTABLE:
             victim = self._queues[cls].pop_oldest()
             if victim is not None:
                 return victim
         return None
 
-    def reclass(self, entry: Entry, change: Callable[[], object]) -> None:
-        """Run ``change`` (which sets ``entry.retention``), moving ``entry`` to its new class if it was queued."""
-        queued = entry in self
-        if queued:
-            self.remove(entry)
-        change()
-        if queued:
-            self.add_chain([entry])
-
-    def expire(self) -> None:
-        """Pins past their deadline become ``high`` chunks (the newest of that class)."""
-        self._expire()
-
     # -- internals ---------------------------------------------------------------------------------------------
-    def _expire(self) -> None:
-        for entry in self.pins.expired():
-            if self._pinned.pop(entry.key, None) is entry:
-                self._queues[Retention.HIGH].add_newest(entry)
-
     def _queue(self, cls: Retention) -> EvictionQueue:
         return self._queues[cls]
 

@@ -14,15 +14,23 @@ the daemon's GPU mover and the simulator's) share it.
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import Callable, Protocol, TypeVar
 
 from .entry import Entry
-from .eviction import EvictionQueue
 
 T = TypeVar("T")
 
 
-def make_room(attempt: Callable[[], T | None], queue: EvictionQueue, may_leave: Callable[[Entry], bool],
+class Victims(Protocol):
+    """Where ``make_room`` takes its victims from: an ``eviction.EvictionQueue``, or one tenant's chunks of a
+    guarded tier (``tier_guard.OwnChunks``)."""
+
+    def pop_oldest(self) -> Entry | None: ...
+
+    def push_oldest(self, entries: list[Entry]) -> None: ...
+
+
+def make_room(attempt: Callable[[], T | None], queue: Victims, may_leave: Callable[[Entry], bool],
               leave: Callable[[Entry], object]) -> T | None:
     """``attempt()`` until it returns something other than None, evicting ``queue``'s oldest chunks (those that
     ``may_leave``) in between; None when the queue runs out. Skipped chunks go back to the old end, in order."""

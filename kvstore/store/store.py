@@ -45,7 +45,7 @@ from .entry import Entry, State
 from .handles import Handle, HandleTable
 from .host_full import count_holders, host_full_message
 from .ledger import TierLedger
-from .policies import POLICIES, make_queue
+from .policies import make_queue
 from .puts import PutMixin, Reservation, Slot
 from .retention import RetentionQueue, SoftPins
 from .room import make_room
@@ -56,7 +56,7 @@ from .tenant_budgets import TenantBudgets
 if TYPE_CHECKING:
     from ..tiers.gpu.tier import GpuTier
     from ..tiers.ledgers import TierLedgers
-    from ..tenants.table import Tenant, TenantTable
+    from ..tenants.table import TenantTable
 
 
 KEPT_READERS = b"\0kept-readers"   # the owner of the leases that shield chunks read across a restart
@@ -92,7 +92,7 @@ class Store(PutMixin, DamageMixin):
             reserve_ttl: seconds a reservation (or a credit) lives unless used.
             ledgers: the ledgers of the tiers below DRAM, and the eviction policy of every tier's queue.
             clock: the time leases and reservations are measured on.
-            tenants: the tenants table whose DRAM budgets apply; None: one shared tenant.
+            tenants: the tenants table whose budgets apply (held in DRAM, disk and GPU); None: one shared tenant.
             after_reply: where a put leaves the work no reader sees, to run after its reply (the daemon's).
             private: whether a namespace is kept out of the shared index (a restricted tenant's).
             events: the KV cache event sink, when the daemon publishes events.
@@ -107,7 +107,9 @@ class Store(PutMixin, DamageMixin):
         self.reserve_ttl = reserve_ttl
         self.clock = clock
         self.index: dict[bytes, Entry] = {}
-        self.lru = make_queue(self.policy)
+        # Each tenant's bytes in every tier, and the queues that hold its guarantee (tenant_budgets.py).
+        self.budgets = TenantBudgets(tenants, self.policy)
+        self.lru = self.budgets.queue("dram")
         self.leases: HandleTable[list[Entry]] = HandleTable("lease", LeaseError)
         self.reservations: HandleTable[Reservation] = HandleTable("reservation", ReservationError)
         self.counters = StoreCounters()
@@ -126,16 +128,34 @@ class Store(PutMixin, DamageMixin):
         for ledger in self.ledgers:
             ledger.attach(self)
         self.credits = CreditBook(self)   # free arena space lent to writers, so a put needs no RESERVE
-        self.budgets = TenantBudgets(tenants)   # each tenant's DRAM bytes; inactive without a tenants table
         self.soft_pins = SoftPins(self.budgets, host.capacity_bytes, clock, pins.default_ttl, pins.max_ttl,
                                   pins.max_share)
 
-    def retention_queue(self) -> RetentionQueue:
-        """The DRAM queue split by retention class, made from the plain one (as its ``normal`` class) the first
-        time a put asks for another class (``store/retention.py``)."""
-        if not isinstance(self.lru, RetentionQueue):
-            self.lru = RetentionQueue(POLICIES[self.policy], self.lru, self.soft_pins)
-        return self.lru
+        self.classes = False   # whether the DRAM queues are split by retention class (``retention_queues``)
+
+    def retention_queues(self) -> None:
+        """Split every DRAM queue (the shared one, each tenant's parked one: ``tier_guard.py``) by retention class,
+        each queue as it stands becoming its ``normal`` class, the first time a put asks for another class
+        (``store/retention.py``): until then a daemon pays nothing for classes."""
+        if not self.classes:
+            self.classes = True
+            self.budgets.dram.wrap_queues(lambda queue: RetentionQueue(partial(make_queue, self.policy), queue))
+            self.lru = self.budgets.queue("dram")
+
+    def reclass(self, entry: Entry, change: Callable[[], object]) -> None:
+        """Run ``change`` (which sets ``entry.retention``), moving ``entry`` to its new class's queue if queued."""
+        queued = entry in self.lru
+        if queued:
+            self.lru.remove(entry)
+        change()
+        if queued:
+            self.lru.add_chain([entry])
+
+    def expire_pins(self) -> None:
+        """Pins past their deadline become ``high`` chunks (a heap pop each: ``SoftPins.due``)."""
+        for entry in self.soft_pins.due():
+            self.reclass(entry, partial(self.soft_pins.unpin, entry))
+            self.soft_pins.counters.pins_expired += 1
 
     def apply_retention(self, entries: Sequence[Entry], ask: RetentionAsk, fresh: bool = False) -> None:
         """Give chunks a put just published (``fresh``) the class ``ask`` names; chunks a put stored again are
@@ -143,14 +163,14 @@ class Store(PutMixin, DamageMixin):
         cls = ask.cls
         if cls is None or cls is Retention.NORMAL:
             return
-        queue = self.retention_queue()
+        self.retention_queues()
         for entry in entries:
             if entry.host_offset is None:
                 continue   # a class is about the DRAM order: a chunk held only below keeps its own
             if cls is Retention.PIN:
-                queue.reclass(entry, partial(self.soft_pins.pin, entry, ask.pin_ttl))
+                self.reclass(entry, partial(self.soft_pins.pin, entry, ask.pin_ttl))
             elif fresh or cls > entry.retention:
-                queue.reclass(entry, partial(setattr, entry, "retention", cls))
+                self.reclass(entry, partial(setattr, entry, "retention", cls))
 
     def count_no_store(self, chunks: int) -> None:
         """A ``no-store`` put was acknowledged: nothing stored, counted."""
@@ -162,9 +182,27 @@ class Store(PutMixin, DamageMixin):
         self.published = None
 
     def set_tenants(self, table: "TenantTable") -> None:
-        """Apply a (re)loaded tenants table at once; chunks are charged again to the tenants it names."""
+        """Apply a (re)loaded tenants table at once; chunks are charged again, in every tier, to the tenants it
+        names, and every tier's queue follows its new budgets."""
         self.budgets.replace(table, list(self.index.values()))
+        self.lru = self.budgets.queue("dram")
+        for ledger in self.ledgers:
+            ledger.budgets_changed()
         self.soft_pins.recount(self.index.values())
+
+    def set_private(self, private: Callable[[str], bool] | None) -> None:
+        """Which namespaces are kept out of the shared index from now on (a reload's new table): every chunk of a
+        namespace that became private leaves the index at once, every chunk of one that became open is listed."""
+        self.private = private
+        if self.published is None:
+            return
+        listed = []
+        for key, entry in self.index.items():
+            if entry.readable and not self._private(entry):
+                listed.append((key, STATE_OF_TIER[top_tier(entry)], entry.host_offset, entry.size))
+            else:
+                self.published.remove(key)
+        self.published.set_many(listed)
 
     def charge_host(self, entry: Entry) -> None:
         """``entry`` now holds a DRAM slot: its bytes count against its tenant's budget."""
@@ -301,8 +339,7 @@ class Store(PutMixin, DamageMixin):
         for reservation in reservations:
             self.drop_reserved(reservation.payload.entries)
         self.credits.expire(now, keep_leases_of)
-        if isinstance(self.lru, RetentionQueue):
-            self.lru.expire()   # pins past their TTL become high, with or without pressure
+        self.expire_pins()   # pins past their TTL become high, with or without pressure
         self.counters.expired_leases += len(leases)
         self.counters.expired_reservations += len(reservations)
         return len(leases), len(reservations)
@@ -419,22 +456,20 @@ class Store(PutMixin, DamageMixin):
         lower tier's I/O uses, or a check reads, keeps its slot (and its place in the queue). ``owner`` and
         ``taken`` (what its request reserved so far) let a StoreFullError say who holds the room. With tenants,
         ``namespace`` names the tenant the slot is for: it is held to its ceiling, and no other tenant's
-        guaranteed bytes leave for it (``tenant_budgets.py``)."""
-        may_leave: Callable[[Entry], bool] = self._may_leave_dram
-        if self.budgets.active:
-            tenant = self.budgets.tenant_of(namespace) if namespace is not None else None
-            if tenant is not None:
-                self._keep_under_ceiling(tenant, size)
-            name = tenant.name if tenant is not None else None
-            leave = lambda e: self._leave_for(e, name)  # noqa: E731
-            shared = lambda e: self._may_leave_dram(e) and not self.budgets.protected(e, None)  # noqa: E731
-            offset = make_room(lambda: self.host.allocate(size), self.lru, shared, leave)
-            if offset is not None or name is None:
-                return self._allocated(offset, size, owner, taken)
-            may_leave = lambda e: self._may_leave_dram(e) and not self.budgets.protected(e, name)  # noqa: E731
-        else:
-            leave = self.drop_host_copy
-        offset = make_room(lambda: self.host.allocate(size), self.lru, may_leave, leave)
+        guaranteed bytes leave for it (``tenant_budgets.py``). Pins past their TTL end first."""
+        if self.classes:
+            self.expire_pins()
+        guard = self.budgets.held("dram")
+        if guard is None:
+            offset = make_room(lambda: self.host.allocate(size), self.lru, self._may_leave_dram,
+                               self.drop_host_copy)
+            return self._allocated(offset, size, owner, taken)
+        tenant = self.budgets.tenant_of(namespace) if namespace is not None else None
+        if tenant is not None and not guard.keep_under_ceiling(tenant.name, size, self._may_leave_dram,
+                                                               self.drop_host_copy):
+            raise StoreFullError(self.budgets.ceiling_message(tenant, size))
+        offset = guard.make_room(tenant.name if tenant is not None else None, lambda: self.host.allocate(size),
+                                 self._may_leave_dram, self.drop_host_copy)
         return self._allocated(offset, size, owner, taken)
 
     def _allocated(self, offset: int | None, size: int, owner: bytes | None, taken: Sequence[Entry]) -> int:
@@ -443,24 +478,6 @@ class Store(PutMixin, DamageMixin):
             held = count_holders(self, owner, taken, self._may_leave_dram)
             raise StoreFullError(host_full_message(self.host.capacity_bytes, size, held))
         return offset
-
-    def _keep_under_ceiling(self, tenant: "Tenant", size: int) -> None:
-        """Evict ``tenant``'s own oldest chunks until ``size`` more bytes fit under its DRAM ceiling; else refuse."""
-        if not self.budgets.over_ceiling(tenant, size):
-            return
-        for entry in self.lru:   # oldest first
-            if entry.tenant == tenant.name and entry.dram_charge and self._may_leave_dram(entry):
-                self.lru.remove(entry)
-                self.drop_host_copy(entry)
-                if not self.budgets.over_ceiling(tenant, size):
-                    return
-        self.budgets.refusals[tenant.name] += 1
-        raise StoreFullError(self.budgets.ceiling_message(tenant, size))
-
-    def _leave_for(self, entry: Entry, tenant: str | None) -> None:
-        if entry.tenant != tenant and entry.dram_charge:
-            self.budgets.evicted_by_others[entry.tenant] += 1
-        self.drop_host_copy(entry)
 
     def _may_leave_dram(self, entry: Entry) -> bool:
         """Whether nothing but the index uses the chunk's DRAM slot (a lower tier's I/O or a check reads it)."""
@@ -519,8 +536,8 @@ class Store(PutMixin, DamageMixin):
             ledger.on_free(entry)
 
     def free_host(self, entry: Entry) -> None:
-        if entry.pin_until and isinstance(self.lru, RetentionQueue):
-            self.lru.reclass(entry, lambda: self.soft_pins.unpin(entry))   # a pin holds a DRAM copy, or nothing
+        if entry.pin_until:
+            self.reclass(entry, partial(self.soft_pins.unpin, entry))   # a pin holds a DRAM copy, or nothing
         if entry.host_offset is not None:
             self.host.free(entry.host_offset)
             entry.host_offset = None

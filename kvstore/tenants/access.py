@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import struct
 from dataclasses import dataclass
+from typing import Callable
 
 from .table import Tenant, TenantTable
 
@@ -51,3 +52,11 @@ def may_access(table: TenantTable, who: Principal, namespace: str) -> bool:
     """Whether ``who`` may read, write, delete or clear ``namespace`` (open unless its tenant lists identities)."""
     tenant = table.tenant_for(namespace)
     return not tenant.restricted or is_member(tenant, who)
+
+
+def private_namespaces(tenants: TenantTable | None) -> Callable[[str], bool] | None:
+    """Whether a namespace is a restricted tenant's, kept out of the shared index (any local reader could map it);
+    None without a tenants table."""
+    if tenants is None:
+        return None
+    return lambda namespace: tenants.tenant_for(namespace).restricted

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -172,7 +173,10 @@ def test_metrics_and_hit_rates_come_from_counter_deltas():
             'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 250.0\n'
             'vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e+09\n'
             'vllm:external_prefix_cache_queries_total{engine="0"} 600.0\n'
-            'vllm:external_prefix_cache_hits_total{engine="0"} 300.0\n')
+            'vllm:external_prefix_cache_hits_total{engine="0"} 300.0\n'
+            'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 200.0\n'
+            'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 100.0\n'
+            'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 100.0\n')
     after = parse_metrics(page)
     assert after["prefix_cache_queries"] == 1000 and after["prefix_cache_hits"] == 250
     before = dict.fromkeys(after, 0.0) | {"prefix_cache_queries": 200.0, "prefix_cache_hits": 50.0}
@@ -181,6 +185,7 @@ def test_metrics_and_hit_rates_come_from_counter_deltas():
     s = summarize(client, before, after, {"hit_tokens": 0, "lookup_tokens": 100},
                   {"hit_tokens": 75, "lookup_tokens": 200})
     assert s["vllm_hit_rate"] == 0.25 and s["external_hit_rate"] == 0.5 and s["daemon_hit_rate"] == 0.75
+    assert after["prompt_tokens_local_compute"] == 200 and s["token_hit_rate"] == 0.5   # (100 + 100) / 400
     assert summarize(client, after, after, None, None)["vllm_hit_rate"] is None
     assert "daemon_hit_rate" not in summarize(client, before, after, None, None)
 
@@ -220,3 +225,51 @@ def test_the_table_shows_every_arm_and_each_ratio_against_its_goal():
     assert "| restart | vllm_restarted | 500 | – | – | 1.60 | – | 30% | – |" in text
     assert "kvstore vs restarted 2.00x (goal ≥ 1.5x)" in text
     assert "**lmcache** did not run: `ImportError: no CUDA`" in text
+
+
+def test_jitter_moves_arrivals_but_never_a_turn_before_the_previous_one():
+    jittered = replace(SMALL, jitter_ms=900)
+    rows = conversation_trace(jittered)
+    assert rows == conversation_trace(jittered)                               # seeded
+    plain = {(r["session"], r["turn"]): r["timestamp"] for r in conversation_trace(SMALL)}
+    moved = {(r["session"], r["turn"]): r["timestamp"] - plain[(r["session"], r["turn"])] for r in rows}
+    assert all(0 <= m <= 900 for m in moved.values()) and len(set(moved.values())) > 1
+    for turns in by_session(rows).values():
+        assert [r["turn"] for r in turns] == sorted(r["turn"] for r in turns)
+        assert all(a["timestamp"] < b["timestamp"] for a, b in itertools.pairwise(turns))
+    with pytest.raises(ValueError, match=r"jitter_ms \(1000\) must be below turn_gap_ms \(1000\)"):
+        replace(SMALL, jitter_ms=1000)
+
+
+def test_the_routing_table_shows_token_hits_and_a_goal_to_stay_under():
+    result = {"scenarios": {"routing": {
+        "median": {"events": {"p50_ttft_ms": 100.0, "token_hit_rate": 0.8}},
+        "ratios": {"p50_ttft_ms_events_vs_round_robin": 0.5, "token_hit_rate_events_vs_round_robin": 1.6},
+        "goals": {"p50_ttft_ms_events_vs_round_robin": 0.6, "token_hit_rate_events_vs_round_robin": 1.8},
+        "goal_directions": {"p50_ttft_ms_events_vs_round_robin": "<="}}}}
+    text = serve_report.table(result)
+    assert "| routing | events | 100 | – | – | – | – | – | – | 80% |" in text
+    assert "p50 ttft ms events vs round robin 0.50x (goal ≤ 0.6x)" in text
+    assert "token hit rate events vs round robin 1.60x (goal ≥ 1.8x)" in text
+
+
+def test_routing_engines_hold_two_of_the_longest_requests():
+    from bench.serve_routing import FULL_TRACE, engine_blocks, parse_args
+
+    blocks = engine_blocks(FULL_TRACE)
+    assert (blocks - 1) * CPU_BLOCK >= 2 * (FULL_TRACE.longest_prompt() + FULL_TRACE.output_tokens)
+    assert blocks * CPU_BLOCK < FULL_TRACE.unique_tokens() / 2    # less than an engine's share of the trace
+    assert parse_args(["--repeats", "2"]).scenarios == ["routing"]
+
+
+def test_the_affinity_ceiling_counts_leading_blocks_held_by_the_engine_chosen():
+    from bench.serve_routing import affinity_ceiling
+
+    rows = [{"session": 0, "hash_ids": [0, 1]}, {"session": 1, "hash_ids": [0, 2]},
+            {"session": 0, "hash_ids": [0, 1, 3]}, {"session": 1, "hash_ids": [0, 2, 4]}]
+    got = affinity_ceiling(rows)
+    # round robin: e0, e1, e0, e1 is session affinity here; both find the earlier turn on their engine
+    assert got == {"round_robin": 4 / 10, "session_affinity": 4 / 10, "ratio": 1.0}
+    swapped = [rows[0], rows[1], rows[3], rows[2]]   # round robin now sends each follow-up to the other engine
+    got = affinity_ceiling(swapped)
+    assert got["round_robin"] == 2 / 10 and got["session_affinity"] == 4 / 10 and got["ratio"] == 2.0

@@ -215,10 +215,31 @@ def test_a_topic_template_is_checked():
 
     assert TopicTemplate.parse("kv@{engine_id}@{model}").render(EngineIdentity("p", "m", 3)) == b"kv@p@m"
     assert TopicTemplate.parse("r{dp_rank}").render(EngineIdentity("p", "m", 3)) == b"r3"
+    assert TopicTemplate.parse("kv@{tenant}@{engine_id}").render(EngineIdentity("p", "m", 3), "chat") == b"kv@chat@p"
     assert TopicTemplate.parse("plain").plain == b"plain" and TopicTemplate.parse("a{model}").plain == b""
     for bad in ("kv@{pod}", "kv@{model!r}", "kv@{model:>4}", "kv@{", "kv@}"):
         with pytest.raises(ConfigError, match="--events-topic"):
             TopicTemplate.parse(bad)
+
+
+def test_an_engines_topic_names_the_tenant_owning_its_namespace(start_daemon, tmp_path):
+    config = tmp_path / "kvstore.toml"
+    config.write_text('[tenants.chat]\nnamespaces = ["vllm:chat-"]\n')
+    d, pub, replay = start(start_daemon, "--config", str(config), "--events-topic", "kv@{tenant}@{engine_id}")
+    chat = Consumer(pub, replay, topic="kv@chat@pod-a", exact=True)
+    shared = Consumer(pub, replay, topic="kv@default@pod-b", exact=True)
+    a = d.client(namespace="vllm:chat-llama", identity=EngineIdentity("pod-a", "chat-llama", 0))
+    b = d.client(namespace="vllm:other", identity=EngineIdentity("pod-b", "other", 0))
+    try:
+        mine, theirs = put(a, 1), put(b, 2)
+        settle([chat, shared], lambda: mine <= set(chat.held) and theirs <= set(shared.held))
+        assert not theirs & set(chat.held) and not mine & set(shared.held)
+        assert chat.kinds[0] == "AllBlocksCleared" and shared.kinds[0] == "AllBlocksCleared"
+    finally:
+        for c in (a, b):
+            c.close()
+        chat.close()
+        shared.close()
 
 
 def test_one_turn_of_several_namespaces_packs_each_event_once_and_every_stream_decodes(tmp_path):

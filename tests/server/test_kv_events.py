@@ -273,6 +273,48 @@ def test_a_stalled_subscriber_never_blocks_publishing_and_replays_its_gap(fmt, t
         ctx.term()
 
 
+def test_a_stopped_subscriber_process_never_slows_puts_and_sees_its_gap(start_daemon):
+    """A real subscriber process (``kvstore events``) stopped with SIGSTOP while the daemon publishes a batch per
+    put: every put still completes at once (the publisher never waits for it), and once it runs again it reports
+    the batches ZeroMQ dropped for it (``--events-hwm``) as a gap in ``seq``."""
+    import subprocess
+    import sys
+    import time
+
+    from support.daemons import sandbox_env
+
+    d, pub, _ = start_publishing(start_daemon, "--events-hwm", "5")
+    c = d.client(namespace="events")
+    where = short_tempdir("sub-")
+    out_path, err_path = os.path.join(where, "out"), os.path.join(where, "err")
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        sub = subprocess.Popen([sys.executable, "-m", "kvstore", "events", "--endpoint", pub], stdout=out,
+                               stderr=err, env=sandbox_env(where))
+    try:
+        assert wait_for(lambda: c.put([os.urandom(16)], [b"x" * 64]) is not None and os.path.getsize(out_path) > 0)
+        sub.send_signal(signal.SIGSTOP)
+        slowest = 0.0
+        for _ in range(3000):   # a batch each: far more than ZeroMQ and the socket buffers hold for it
+            t0 = time.perf_counter()
+            c.put([os.urandom(16)], [b"x" * 64])
+            slowest = max(slowest, time.perf_counter() - t0)
+        assert slowest < 2.0   # a loaded machine's scheduling, never a wait for the subscriber
+        sub.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: c.put([os.urandom(16)], [b"x" * 64]) is not None and "gap: batches" in
+                        _text(err_path), timeout=20)
+        assert c.stats()["events"]["batches"] >= 3000
+    finally:
+        sub.send_signal(signal.SIGCONT)
+        sub.terminate()
+        sub.wait(10)
+        c.close()
+
+
+def _text(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
 def _probe(publisher, sub, event) -> bool:
     """Send one batch until the subscriber gets one (ZeroMQ subscriptions take a moment to arrive)."""
     publisher.submit([event])

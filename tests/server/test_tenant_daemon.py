@@ -4,11 +4,13 @@ the start in one line."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 import kvstore
 from support.daemons import run_cli
+from support.scrape import free_port, scrape, value
 
 CHUNK = 1_000_000
 TABLE = """
@@ -44,3 +46,41 @@ def test_a_bad_tenants_table_stops_the_start_naming_file_and_key(tmp_path):
                    "--disk-size", "0", timeout=60)
     assert done.returncode != 0
     assert f"{config}: tenants.small.dram: guaranteed 4.0 MiB is above the ceiling 3.0 MiB" in done.stderr
+
+
+DISK_TABLE = """
+[tenants.small]
+namespaces = ["small:"]
+[tenants.small.disk]
+ceiling = "3MiB"
+[tenants.default.disk]
+guaranteed = "2MiB"
+"""
+
+
+def test_disk_budgets_are_held_and_shown_per_tier_in_stats_and_metrics(start_daemon, tmp_path):
+    config = tmp_path / "kvstore.toml"
+    config.write_text(DISK_TABLE)
+    port = free_port()
+    daemon = start_daemon("--config", str(config), "--host-mem", "32MiB", "--disk-size", "64MiB",
+                          "--metrics-port", str(port))
+    with daemon.client(namespace="small:a") as small:
+        for _ in range(8):
+            small.put(_keys(1), [b"s" * CHUNK])
+        deadline = time.monotonic() + 20
+        while small.stats()["disk"]["write_queue_chunks"] or small.stats()["disk"]["writes_in_flight"]:
+            assert time.monotonic() < deadline, "the write-back queue did not drain"
+            time.sleep(0.05)
+        disk = small.stats()["tenants"]["small"]["tiers"]["disk"]
+    assert 0 < disk["bytes"] <= 3 << 20 and disk["ceiling"] == 3 << 20   # its own oldest files went
+    samples = scrape(port)
+    assert value(samples, "kvstore_tenant_bytes", tenant="small", tier="disk") == disk["bytes"]
+    assert value(samples, "kvstore_tenant_ceiling_bytes", tenant="small", tier="disk") == 3 << 20
+    assert value(samples, "kvstore_tenant_guaranteed_bytes", tenant="default", tier="disk") == 2 << 20
+    assert value(samples, "kvstore_tenant_bytes", tenant="small", tier="dram") == 8 * CHUNK
+    daemon.restart()   # the disk index is rebuilt (no warm restart of DRAM): each file charged to its namespace's
+    with daemon.client(namespace="other") as other:
+        tenants = other.stats()["tenants"]
+    assert tenants["small"]["tiers"]["disk"]["bytes"] == disk["bytes"]
+    assert tenants["small"]["tiers"]["dram"]["bytes"] == 0
+

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant, precondition, rule
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
-from kvstore.protocol.kv_events import Event, batch_body, block_hash
-from kvstore.store.events import MEDIA, EventLog, media_of, snapshot_events
+from kvstore.protocol.kv_events import FORMATS, Event, batch_body, block_hash, encoded_events
+from kvstore.store.events import MEDIA, EventLog, media_of, snapshot_events, snapshot_packed
 from support.store_machine import StoreMachine
 
 
@@ -59,8 +59,14 @@ class EventsMachine(StoreMachine):
                 expected[block_hash(key)] = {name for bit, name in MEDIA if mask & bit}
         assert self.rebuilt.held == expected
         fresh = Rebuilt()   # a late joiner: the snapshot alone says the same
-        fresh.take(snapshot_events(self.store.events.snapshot()))
+        rows = self.store.events.snapshot()
+        events = snapshot_events(rows)
+        fresh.take(events)
         assert fresh.held == expected
+        packer = msgpack.Packer()   # the publisher's snapshot, from the names each chunk keeps packed: the same bytes
+        for fmt in FORMATS:
+            count, packed = snapshot_packed(rows, fmt, "0" * 16, packer)
+            assert (count, packed) == (len(events), packer.pack(encoded_events(events, fmt, "0" * 16)))
 
     @precondition(lambda self: self.store is not None)
     @rule()

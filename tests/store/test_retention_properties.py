@@ -4,8 +4,9 @@ and clock steps, under every eviction policy —
 - no tenant's guaranteed bytes are evicted by another tenant's put, and no tenant passes its DRAM ceiling;
 - a pin is never evicted before its TTL, and pins expire (then they are ``high``);
 - pinned bytes stay within each tenant's bound (its guarantee and ``max_pin_bytes``) and match the chunks pinned;
-- a lower class is never evicted while a higher one of the same tenant is (within one put, nothing of a lower
-  class is left behind by an eviction of a higher one).
+- a lower class is never evicted while a higher one of the same tenant and pool is (within one put, nothing of
+  a lower class is left behind by an eviction of a higher one): a pool is the shared queue, or a tenant's parked
+  guarantee (``tier_guard.py``), whose chunks spill into the shared queue in class order but, once spilled, stay.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def effective(entry) -> int:
     return Retention.PIN if entry.pin_until else entry.retention
 
 
+def pool_of(store, entry) -> str:
+    """Which of the DRAM guard's queues holds ``entry``: the shared one, or its tenant's parked one."""
+    guard = store.budgets.held("dram")
+    return "shared" if guard is None or guard._queue_of(entry) is guard.shared else "parked"
+
+
 @pytest.mark.parametrize("policy", ["chain-lru", "lru", "s3-fifo"])
 @settings(max_examples=40, deadline=None)
 @given(puts=st.lists(PUTS, min_size=1, max_size=30))
@@ -57,7 +64,8 @@ def test_retention_holds_within_budgets(policy, puts):
         store.expire()
         assert all(e.pin_until > clock.now for e in store.index.values() if e.pin_until), "a pin outlived its TTL"
         before = dict(budgets.use)
-        queued = {e.key: (e.tenant, effective(e)) for e in store.index.values() if e in store.lru}
+        queued = {e.key: ((e.tenant, pool_of(store, e)), effective(e)) for e in store.index.values()
+                  if e in store.lru}
         pinned = {e.key for e in store.index.values() if e.pin_until}
         mine = budgets.tenant_of(namespace).name
         keys = [f"{namespace}{serial}.{i}".encode().ljust(16, b".") for i in range(count)]
@@ -76,10 +84,11 @@ def test_retention_holds_within_budgets(policy, puts):
             if tenant.name != mine:
                 assert used >= min(before.get(tenant.name, 0), tenant.budget("dram").guaranteed_bytes)
             assert pins.by_tenant[tenant.name] <= tenant.pin_limit("dram")
-            evicted = [cls for t, cls in gone.values() if t == tenant.name]
-            left = [cls for k, (t, cls) in queued.items() if t == tenant.name and k in store.index]
-            if evicted and left:
-                assert max(evicted) <= min(left), f"{tenant.name}: evicted {evicted} while {left} stayed"
+            for pool in ("shared", "parked"):
+                evicted = [cls for t, cls in gone.values() if t == (tenant.name, pool)]
+                left = [cls for k, (t, cls) in queued.items() if t == (tenant.name, pool) and k in store.index]
+                if evicted and left:
+                    assert max(evicted) <= min(left), f"{tenant.name} {pool}: evicted {evicted}, {left} stayed"
         assert pins.bytes == sum(e.size for e in store.index.values() if e.pin_until)
         assert pins.chunks == sum(1 for e in store.index.values() if e.pin_until)
     clock.now += 21.0   # past the longest TTL: every pin has ended

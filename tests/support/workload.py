@@ -111,9 +111,10 @@ def one_request(client, rng: random.Random, counts: Counts, prefixes: int, max_c
 
 def run_worker(address: str, seconds: float, seed: int, prefixes: int = 64, max_chunks: int = 8,
                tolerate_outage: bool = False, acked_path: str | None = None, timeout: float = 5.0,
-               stop_path: str | None = None) -> Counts:
+               stop_path: str | None = None, requests: int | None = None) -> Counts:
     """Loop like an engine for ``seconds``, or until a file appears at ``stop_path`` if one is given first (so
-    that a test's own loop, however slow the machine, decides how long the workers run)."""
+    that a test's own loop, however slow the machine, decides how long the workers run), or until ``requests``
+    prompts were served (the same work on every run of a seed: what a benchmark compares)."""
     import kvstore
 
     rng = random.Random(seed)
@@ -121,7 +122,11 @@ def run_worker(address: str, seconds: float, seed: int, prefixes: int = 64, max_
     acked = open(acked_path, "a") if acked_path else None
     start = time.monotonic()
     client = None
+    served = 0
     while time.monotonic() - start < seconds and not (stop_path and os.path.exists(stop_path)):
+        if requests is not None and served >= requests:
+            break
+        served += 1
         try:
             if client is None:
                 client = kvstore.connect(address, namespace=NAMESPACE, chunk_tokens=CHUNK_TOKENS, timeout=timeout)
@@ -221,9 +226,10 @@ def main() -> None:
     p.add_argument("--acked-path", default=None)
     p.add_argument("--timeout", type=float, default=5.0)
     p.add_argument("--stop-path", default=None, help="stop as soon as this file exists (--seconds is the cap)")
+    p.add_argument("--requests", type=int, default=None, help="stop after this many prompts (--seconds is the cap)")
     a = p.parse_args()
     counts = run_worker(a.address, a.seconds, a.seed, a.prefixes, a.max_chunks, a.tolerate_outage,
-                        a.acked_path, a.timeout, a.stop_path)
+                        a.acked_path, a.timeout, a.stop_path, a.requests)
     print(json.dumps(asdict(counts)), flush=True)
 
 

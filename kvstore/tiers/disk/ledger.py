@@ -20,9 +20,10 @@ from ...errors import ChecksumError, DamagedSource, FormatError, StoreFullError
 from ...protocol.engine_blocks import EngineBlocks
 from .tier import DiskTier
 from ...store.entry import DiskState, Entry, State
-from ...store.ledger import TierLedger
+from ...store.ledger import StoreCore, TierLedger
 from ...store.policies import make_queue
 from ...store.room import make_room, shed_to_low
+from ...store.tier_guard import TierGuard
 
 HOST_HIGH_WATERMARK = 0.95
 HOST_LOW_WATERMARK = 0.85
@@ -48,6 +49,15 @@ class DiskLedger(TierLedger):
         self.full_reason = ""                # set when the filesystem said ENOSPC, until it has room again
         self.full_need = 0                   # free bytes that clear it (checked by the mover)
         self.mover: DiskMoverHooks | None = None
+        self.guard: TierGuard | None = None  # each tenant's disk bytes (``store/tier_guard.py``), from ``attach``
+
+    def attach(self, store: StoreCore) -> None:
+        super().attach(store)
+        self.budgets_changed()
+
+    def budgets_changed(self) -> None:
+        self.guard = self.store.budgets.guards["disk"]
+        self.lru = self.store.budgets.queue("disk")
 
     # -- hooks (ledger.py) -------------------------------------------------------------------------------------
     # No refusal: a full filesystem costs chunks their disk copy, never a put (they are served from DRAM).
@@ -107,10 +117,14 @@ class DiskLedger(TierLedger):
               parent: bytes | None = None, engine: EngineBlocks | None = None) -> bool:
         """Index a chunk found on disk at start (call oldest first). False when it does not fit the cap."""
         store = self.store
-        if key in store.index or not self._charge(footprint):
+        if key in store.index:
             return False
-        entry = Entry(key, size, namespace, parent, State.COMMITTED, disk=DiskState.STORED, disk_bytes=footprint,
-                      checksum=checksum, engine=engine)
+        entry = Entry(key, size, namespace, parent, State.COMMITTED, disk=DiskState.STORED, checksum=checksum,
+                      engine=engine)
+        store.budgets.assign(entry)   # its disk bytes are charged again to the tenant of its namespace
+        if not self._charge(footprint, entry):
+            return False
+        self._set_disk_bytes(entry, footprint)
         store.index[key] = entry
         self.lru.add_newest(entry)
         store.sync(key)
@@ -147,12 +161,12 @@ class DiskLedger(TierLedger):
                     or entry.host_offset is None:
                 continue  # deleted or evicted while queued
             footprint = self.disk.footprint(entry.size)
-            if not self._charge(footprint):
+            if not self._charge(footprint, entry):
                 self.forget(entry)
                 self.store.tier_counters.disk_write_skipped += 1
                 continue
             entry.disk = DiskState.WRITING
-            entry.disk_bytes = footprint
+            self._set_disk_bytes(entry, footprint)
             self.dirty_bytes += entry.size
             return entry
         return None
@@ -173,7 +187,7 @@ class DiskLedger(TierLedger):
                 self.full_need = 2 * entry.disk_bytes
             entry.disk = DiskState.NONE
             self.disk.uncharge(entry.disk_bytes)
-            entry.disk_bytes = 0
+            self._set_disk_bytes(entry, 0)
             self.lru.remove(entry)
             if entry.doomed:
                 self.store.release_if_idle(entry)
@@ -184,7 +198,7 @@ class DiskLedger(TierLedger):
         entry.disk = DiskState.STORED
         actual = self.disk.footprint(stored)
         self.disk.used_bytes -= entry.disk_bytes - actual
-        entry.disk_bytes = actual
+        self._set_disk_bytes(entry, actual)
         tc.disk_writes += 1
         tc.disk_write_bytes += stored
         self.full_reason = ""
@@ -219,7 +233,7 @@ class DiskLedger(TierLedger):
                 or entry.disk is not DiskState.STORED or not entry.readable:
             return None
         try:
-            offset = self.store.allocate_host(entry.size)
+            offset = self.store.allocate_host(entry.size, namespace=entry.namespace)   # held to its budget
         except StoreFullError:
             return None
         entry.loading = offset
@@ -265,14 +279,29 @@ class DiskLedger(TierLedger):
         self.lru.remove(entry)
         self.queue_writes([entry])   # written again from DRAM, after its own check
 
-    def _charge(self, footprint: int) -> bool:
-        """Make room on disk (evicting its LRU chunks) and charge ``footprint`` bytes; False if impossible. Chunks
-        queued or being written are not evictable from disk yet."""
+    def _charge(self, footprint: int, entry: Entry) -> bool:
+        """Make room on disk and charge ``footprint`` bytes for ``entry``; False if impossible. With tenants'
+        disk budgets the room is made as in DRAM (``store/tier_guard.py``): ``entry``'s tenant's own files while
+        it would pass its ceiling (else False, counted against it), then the shared disk pool, which holds no
+        file whose loss would take its tenant below its guarantee, then its own guaranteed files. Chunks queued
+        or being written are not evictable from disk yet."""
         if footprint > self.disk.capacity_bytes:
             return False
         disk = self.disk
-        return make_room(lambda: True if disk.charge(footprint) else None, self.lru,
-                         lambda e: e.disk is DiskState.STORED, self._evict) is not None
+        attempt = lambda: True if disk.charge(footprint) else None  # noqa: E731
+        guard = self.store.budgets.held("disk")
+        if guard is None:
+            return make_room(attempt, self.lru, stored, self._evict) is not None
+        if not guard.keep_under_ceiling(entry.tenant, footprint, stored, self._evict):
+            return False
+        return guard.make_room(entry.tenant, attempt, stored, self._evict) is not None
+
+    def _set_disk_bytes(self, entry: Entry, nbytes: int) -> None:
+        """The one place ``Entry.disk_bytes`` changes: the tenant's disk use follows it."""
+        if nbytes != entry.disk_bytes:
+            assert self.guard is not None
+            delta, entry.disk_bytes = nbytes - entry.disk_bytes, nbytes
+            self.guard.charge(entry, delta)   # after the field: the guard reads it
 
     def _evict(self, entry: Entry) -> None:
         """A chunk leaves the disk tier (already out of the disk LRU); it is lost unless held in memory."""
@@ -284,13 +313,18 @@ class DiskLedger(TierLedger):
             self.store.lost(entry)
 
     def drop_copy(self, entry: Entry, quarantine: str | None = None) -> None:
-        """The chunk's file goes (uncharged now, removed by the mover in order with its writes)."""
+        """The chunk's file goes (uncharged now, removed by the mover in order with its writes; at once before the
+        mover exists, as files evicted while the index is rebuilt)."""
         if entry.disk is DiskState.STORED:
             self.disk.uncharge(entry.disk_bytes)
-            entry.disk_bytes = 0
+            self._set_disk_bytes(entry, 0)
             entry.disk = DiskState.NONE
             if self.mover is not None:
                 self.mover.remove_file(entry.key, quarantine)
+            elif quarantine is None:
+                self.disk.remove(entry.key)   # at start-up (the index rebuild), before the mover exists
+            else:
+                self.disk.quarantine(entry.key, quarantine)
             if quarantine is not None:
                 self.store.tier_counters.quarantined += 1
             self.store.sync(entry.key)
@@ -305,3 +339,8 @@ class DiskLedger(TierLedger):
             entry.disk = DiskState.NONE
         if entry.disk is DiskState.NONE:
             self.lru.remove(entry)
+
+
+def stored(entry: Entry) -> bool:
+    """Whether a chunk's disk copy may be evicted: only a complete file (not one queued or being written)."""
+    return entry.disk is DiskState.STORED

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from ...errors import StoreFullError
 from ...store.entry import DiskState, Entry
-from ...store.ledger import Mover, TierLedger
+from ...store.ledger import Mover, StoreCore, TierLedger
 from ...store.policies import make_queue
 from ...store.room import make_room, shed_to_low
 
@@ -33,6 +33,13 @@ class GpuLedger(TierLedger):
         self.lru = make_queue(policy)
         self.wanted: dict[bytes, Entry] = {}      # promotion requests, oldest first (taken by the mover)
         self.mover: Mover | None = None
+
+    def attach(self, store: StoreCore) -> None:
+        super().attach(store)
+        self.budgets_changed()
+
+    def budgets_changed(self) -> None:
+        self.lru = self.store.budgets.queue("gpu")
 
     # -- hooks (ledger.py) -------------------------------------------------------------------------------------
     def on_touch(self, entries: Sequence[Entry]) -> None:
@@ -89,9 +96,10 @@ class GpuLedger(TierLedger):
         if not entry.readable or self.store.index.get(entry.key) is not entry \
                 or entry.host_offset is None or entry.gpu_offset is not None or entry.gpu_loading is not None:
             return None
-        offset = self._allocate(entry.size)
+        offset = self._allocate(entry)
         if offset is not None:
             entry.gpu_loading = offset
+            self.store.budgets.guards["gpu"].charge(entry, entry.size)   # its tenant's from the copy's start
         return offset
 
     def finish_promote(self, entry: Entry, ok: bool) -> bool:
@@ -99,6 +107,7 @@ class GpuLedger(TierLedger):
         offset, entry.gpu_loading = entry.gpu_loading, None
         if not ok or entry.doomed:
             self.gpu.free(offset)
+            self.store.budgets.guards["gpu"].charge(entry, -entry.size)
             if entry.doomed:
                 self.store.release_if_idle(entry)
             return False
@@ -137,7 +146,7 @@ class GpuLedger(TierLedger):
             self._count_demotion(entry, "host" if to_host else "disk")
             return None
         try:
-            entry.loading = self.store.allocate_host(entry.size)
+            entry.loading = self.store.allocate_host(entry.size, namespace=entry.namespace)
         except StoreFullError:
             if entry.pins == 0:
                 self.lru.push_oldest([entry])
@@ -168,17 +177,30 @@ class GpuLedger(TierLedger):
         setattr(tc, f"demotions_gpu_{to}", getattr(tc, f"demotions_gpu_{to}") + 1)
         setattr(tc, f"demoted_bytes_gpu_{to}", getattr(tc, f"demoted_bytes_gpu_{to}") + entry.size)
 
-    def _allocate(self, size: int) -> int | None:
-        """A GPU slot, making room by dropping GPU copies that have a copy below (oldest first); None if even
-        then there is none: copies that must be copied down first are the background demotion's job."""
-        gpu = self.gpu
-        return make_room(lambda: gpu.allocate(size), self.lru,
-                         lambda e: e.host_offset is not None or e.disk is DiskState.STORED, self.start_demote)
+    def _allocate(self, entry: Entry) -> int | None:
+        """A GPU slot for ``entry``, making room by dropping GPU copies that have a copy below (oldest first);
+        None if even then there is none: copies that must be copied down first are the background demotion's
+        job. With tenants' GPU budgets the room is made in three steps (``store/tier_guard.py``): the tenant's
+        own copies while it would pass its ceiling (else None, counted), the shared pool, its own guarantee."""
+        gpu, size = self.gpu, entry.size
+        attempt = lambda: gpu.allocate(size)  # noqa: E731
+        guard = self.store.budgets.held("gpu")
+        if guard is None:
+            return make_room(attempt, self.lru, copied_below, self.start_demote)
+        if not guard.keep_under_ceiling(entry.tenant, size, copied_below, self.start_demote):
+            return None
+        return guard.make_room(entry.tenant, attempt, copied_below, self.start_demote)
 
     def free(self, entry: Entry) -> None:
         if entry.gpu_offset is not None:
             self.gpu.free(entry.gpu_offset)
             entry.gpu_offset = None
+            self.store.budgets.guards["gpu"].charge(entry, -entry.size)   # after the field: the guard reads it
             self.store.sync(entry.key)
             entry.hits = 0   # back up only on new repeated hits: a demoted chunk must not bounce straight back
             self.lru.remove(entry)
+
+
+def copied_below(entry: Entry) -> bool:
+    """Whether a GPU copy may be dropped at once: DRAM or a complete disk file holds the chunk too."""
+    return entry.host_offset is not None or entry.disk is DiskState.STORED

@@ -65,7 +65,7 @@ class RemoteLedger(TierLedger):
             if budget < 0 or key in store.index:
                 break
             try:
-                offset = store.allocate_host(size)
+                offset = store.allocate_host(size, namespace=namespace)   # held to its tenant's budget
             except StoreFullError:
                 break
             entry = Entry(key, size, namespace, prev, State.RESERVED, host_offset=offset)
