@@ -146,3 +146,25 @@ def test_a_reloaded_tenants_table_counts_pins_again():
     assert store.soft_pins.by_tenant["a"] == 2 * CHUNK
     store.set_tenants(parse_tenants({"b": {"namespaces": ["ns"], "dram": {"guaranteed": 4 * CHUNK}}}, "t.toml"))
     assert store.soft_pins.by_tenant == {"b": 2 * CHUNK}
+
+
+def test_classes_split_the_tier_guards_queues_and_survive_a_reload():
+    from kvstore.tenants import parse_tenants
+
+    table = {"a": {"namespaces": ["a:"], "dram": {"guaranteed": 2 * CHUNK}}}
+    store = Store(HostTier(VirtualArena(8 * CHUNK)), 1e9, 1e9, tier_ledgers(), clock=Clock(),
+                  tenants=parse_tenants(table, "t.toml"))
+
+    def put_ns(namespace: str, name: str, count: int, retention: str = "normal") -> list[bytes]:
+        keys = keys_of(name, count)
+        handle, _ = store.reserve(b"w", namespace, keys, [CHUNK] * count, None, retention=parse_retention(retention))
+        store.commit(b"w", handle.id)
+        return keys
+
+    pinned = put_ns("a:", "p", 2, "pin")
+    high = put_ns("b:", "h", 2, "high")
+    low = put_ns("b:", "l", 2, "low")
+    store.set_tenants(parse_tenants(table, "t.toml"))   # a reload rebuilds the guard's queues, split again
+    assert all(store.index[k] in store.lru for k in pinned + high + low)
+    put_ns("b:", "x", 4)
+    assert all(k in store.index for k in pinned + high) and not any(k in store.index for k in low)
