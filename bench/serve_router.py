@@ -103,17 +103,19 @@ class Policies:
         index: the events index following every replica's daemon (None: built from the replicas' endpoints).
         costs: what a block is worth per medium for the events router.
         hash_blocks: how many leading engine blocks the prefix hash covers.
+        min_match: the events router's share of a prompt the best engine must hold to decide (``EventsRouter``).
     """
 
     def __init__(self, replicas: Sequence[Replica], hasher: Hasher, costs: LoadCosts,
-                 index: EventsIndex | None = None, hash_blocks: int = 1) -> None:
+                 index: EventsIndex | None = None, hash_blocks: int = 1, min_match: float = 0.0) -> None:
         if hash_blocks < 1:
             raise ValueError(f"hash_blocks must be at least 1, got {hash_blocks}")
         self.replicas = {r.name: r for r in replicas}
         self.hasher = hasher
         self.hash_blocks = hash_blocks
         self.index = index or EventsIndex([EventSource(r.name, r.endpoint, r.replay_endpoint) for r in replicas])
-        self.events = EventsRouter({r.name: EngineRef(r.name, r.topic) for r in replicas}, self.index, costs)
+        self.events = EventsRouter({r.name: EngineRef(r.name, r.topic) for r in replicas}, self.index, costs,
+                                   min_match=min_match)
         self.ring = BoundedHashRing(list(self.replicas))
         self.turn = itertools.cycle(list(self.replicas))
         self.stats = {p: PolicyStats() for p in POLICIES}
@@ -223,6 +225,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hash-blocks", type=int, default=1, help="leading engine blocks the prefix hash covers")
     parser.add_argument("--bytes-per-block", type=int, required=True, help="KV cache bytes of one engine block")
     parser.add_argument("--prefill-ns-per-block", type=float, default=1e8, help="what recomputing a block costs")
+    parser.add_argument("--min-match", type=float, default=0.5,
+                        help="share of a prompt the best engine must hold for the events router to follow it")
     return parser.parse_args(argv)
 
 
@@ -231,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse_args(argv)
     policies = Policies(args.engine, vllm_hasher(args.block_tokens, args.hash_algo),
-                        LoadCosts(args.bytes_per_block, args.prefill_ns_per_block), hash_blocks=args.hash_blocks)
+                        LoadCosts(args.bytes_per_block, args.prefill_ns_per_block), hash_blocks=args.hash_blocks,
+                        min_match=args.min_match)
     web.run_app(make_app(policies), host="127.0.0.1", port=args.port, print=None)
 
 

@@ -41,6 +41,7 @@ from bench.serve_scenarios import CPU_BLOCK, trace_file
 from bench.serve_traces import Conversations, conversation_trace
 
 POLICIES = {"round_robin": "rr", "prefix_hash": "hash", "events": "events"}
+MIN_MATCH = 0.5   # the events router follows a held prefix only when it is half the prompt or more
 MODEL_NAME = "bench"   # the served model name: the engines' topics are kv@<engine>@bench
 # one 256-token system prompt, then 512 new tokens a turn: follow-ups share their own session's context
 FULL_TRACE = Conversations(sessions=6, turns=4, systems=1, system_blocks=1, turn_blocks=2, block_tokens=256,
@@ -109,7 +110,8 @@ class RouterProxy:
                  for i, (s, (pub, replay)) in enumerate(zip(engines, sockets))]
         per_block = bench.profile.kv_bytes_per_token() * CPU_BLOCK
         self.proc = subprocess.Popen([bench.venv.python, str(REPO / "bench" / "serve_router.py"), str(self.port),
-                                      "--block-tokens", str(CPU_BLOCK), "--bytes-per-block", str(per_block), *specs],
+                                      "--block-tokens", str(CPU_BLOCK), "--bytes-per-block", str(per_block),
+                                      "--min-match", str(MIN_MATCH), *specs],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=bench.env)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and self.proc.poll() is None:
@@ -200,7 +202,8 @@ def routing(bench: Bench, c: Conversations, share: float) -> dict[str, Any]:
         bench.keep()
         for d in daemons:
             d.stop()
-    return {**finish(runs, c, blocks, rows, check, hashes), "daemon_host_mem": host_mem, "daemon_share": share}
+    return {**finish(runs, c, blocks, rows, check, hashes), "daemon_host_mem": host_mem, "daemon_share": share,
+            "events_min_match": MIN_MATCH}
 
 
 def finish(runs: dict[str, list[dict[str, Any]]], c: Conversations, blocks: int, rows: list[dict],
@@ -240,7 +243,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--venv", default=os.environ.get("KVSTORE_VLLM_VENV") or str(_repo / ".venv-vllm"),
                         help=f"the vLLM CPU engine's virtualenv (`{INSTALL_HINT}`)")
     parser.add_argument("--out", default=None, help="write the result here instead")
-    parser.add_argument("--daemon-share", type=float, default=0.7,
+    parser.add_argument("--daemon-share", type=float, default=0.45,
                         help="each daemon's DRAM as a share of the trace's working set (0: the profile's host_mem)")
     args = parser.parse_args(argv)
     if not 0 <= args.daemon_share <= 4:

@@ -99,7 +99,8 @@ class DaemonCosts:
 @dataclass(frozen=True)
 class EventsDecision:
     instance: str
-    reason: str                 # "prefix" (the best-scoring engine) or "hash" (no engine holds any of it)
+    reason: str                 # "prefix" (the best-scoring engine), "hash" (no engine holds any of it) or
+    #                             "balance" (the best holds less than min_match of it: the least loaded engine)
     blocks: int                 # leading blocks the chosen engine holds
     score: float                # their summed worth
     scores: dict[str, float] = field(default_factory=dict)
@@ -114,15 +115,22 @@ class EventsRouter:
         costs: what a block is worth per medium.
         measured: a daemon's published load costs per medium (``DaemonCosts``); None: the configured ones only.
         load_factor: the ring's bound on requests in flight per engine.
+        min_match: the share of a request's blocks (0-1) the best engine must hold for its prefix to decide;
+            below it the request goes to the least loaded engine, as when nobody holds any (0: any held block
+            decides). A prefix every new conversation shares (a system prompt) then does not pull them all to
+            the engine that cached it first.
     Raises:
-        UsageError: no engine, or an engine on a daemon the index does not follow.
+        UsageError: no engine, an engine on a daemon the index does not follow, or ``min_match`` outside 0-1.
     """
 
     def __init__(self, engines: Mapping[str, EngineRef], index: EventsIndex, costs: LoadCosts,
                  measured: Callable[[str], Mapping[str, float]] | None = None,
-                 load_factor: float = LOAD_FACTOR) -> None:
+                 load_factor: float = LOAD_FACTOR, min_match: float = 0.0) -> None:
         if not engines:
             raise UsageError("an events router needs at least one engine")
+        if not 0.0 <= min_match <= 1.0:
+            raise UsageError(f"min_match is a share of a request's blocks, between 0 and 1; got {min_match}")
+        self.min_match = min_match
         for name, ref in engines.items():
             if ref.source not in index.sources:
                 raise UsageError(f"engine {name!r}: the index follows no daemon named {ref.source!r}")
@@ -152,11 +160,16 @@ class EventsRouter:
         best = max(scored[n][1] for n in eligible)
         longest = max(scored[n][0] for n in eligible if scored[n][1] == best)
         split = hashes[min(longest, len(hashes) - 1)].to_bytes(8, "big") if hashes else b""
-        chosen = next(n for n in ring.order(split) if ring.loads[n] < bound and scored[n][1] == best)
+        if best > 0 and longest < self.min_match * len(hashes):   # too little held to decide: balance instead
+            least = min(ring.loads[n] for n in eligible)
+            chosen = next(n for n in ring.order(split) if ring.loads[n] == least)
+            reason = "balance"
+        else:
+            chosen = next(n for n in ring.order(split) if ring.loads[n] < bound and scored[n][1] == best)
+            reason = "prefix" if best > 0 else "hash"
         blocks, worth = scored[chosen]
         ring.start(chosen)
-        return EventsDecision(chosen, "prefix" if worth > 0 else "hash", blocks, worth,
-                              {n: s for n, (_, s) in scored.items()})
+        return EventsDecision(chosen, reason, blocks, worth, {n: s for n, (_, s) in scored.items()})
 
     def finish(self, instance: str) -> None:
         """The request sent to ``instance`` has ended."""

@@ -160,6 +160,26 @@ def test_media_are_weighed_by_their_load_cost():
         index.close()
 
 
+def test_a_prefix_below_min_match_does_not_decide_and_the_least_loaded_engine_gets_it():
+    daemon = Daemon()
+    index = EventsIndex([EventSource("d", "ipc:///nonexistent/ev", "ipc:///nonexistent/evr")], ask=daemon.ask)
+    try:
+        index.take("d", *daemon.batch(b"kv@a@m", [Cleared(), stored(1, 2, 3, 4)]))   # the system prompt, 1-2
+        index.take("d", *daemon.batch(b"kv@b@m", [Cleared()]))
+        engines = {"a": EngineRef("d", "kv@a@m"), "b": EngineRef("d", "kv@b@m")}
+        router = EventsRouter(engines, index, COSTS, load_factor=4.0, min_match=0.5)
+        follow_up = router.route([1, 2, 3, 4, 50])   # a holds 4 of 5: its prefix decides
+        assert (follow_up.instance, follow_up.reason) == ("a", "prefix")
+        new = router.route([1, 2, 60, 61, 62, 63])   # a holds 2 of 6: the least loaded engine, b
+        assert (new.instance, new.reason) == ("b", "balance")
+        eager = EventsRouter(engines, index, COSTS, load_factor=4.0)   # min_match 0: any held block decides
+        assert eager.route([1, 2, 60, 61, 62, 63]).instance == "a"
+        with pytest.raises(UsageError, match="min_match"):
+            EventsRouter(engines, index, COSTS, min_match=1.5)
+    finally:
+        index.close()
+
+
 def test_a_daemon_publishes_its_measured_load_cost(start_daemon):
     d = start_daemon("--host-mem", "8MiB")
     c = d.client(namespace="ns")
