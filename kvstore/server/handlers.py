@@ -20,7 +20,8 @@ from ..errors import (BadRequestError, LimitError, PermissionDeniedError, StoreF
 from ..protocol import messages as m
 from ..protocol.engine_blocks import EngineBlocks, read_engine
 from ..protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
-from ..tenants.access import Principal, may_access
+from ..tenants.access import AccessCache, Principal, may_access
+from ..tenants.table import TenantTable
 from .integrity_handlers import INTEGRITY_HANDLERS
 from .service import Service
 from .session import Session
@@ -51,16 +52,26 @@ def _readable(svc: Service, s: Session, keys: list) -> list:
 
     A forbidden chunk must cost what a miss costs (no timing side channel): the walk stops at the first key that
     is absent *or* forbidden, after the same work for either (one index probe and one access check per key), and
-    the Store then walks the same all-readable prefix in both cases."""
+    the Store then walks the same all-readable prefix in both cases. The access check is the session's
+    ``AccessCache``, one dict lookup for any namespace, so that it costs the same for the other tenant's namespace
+    as for the session's own."""
     if svc.tenants is None:
         return keys
-    own = _may_touch(svc, s, s.namespace)
+    may_read = _reader(svc.tenants, s)
+    own = may_read(s.namespace)
     for i, key in enumerate(keys):
         namespace = svc.store.namespace_of(key)
-        allowed = _may_touch(svc, s, namespace if namespace is not None else s.namespace)
+        allowed = may_read(namespace if namespace is not None else s.namespace)
         if namespace is None or not (own and allowed):
             return keys[:i]
     return keys
+
+
+def _reader(table: TenantTable, s: Session) -> AccessCache:
+    """The session's read check under ``table`` (made at its first read, and again after a reload)."""
+    if s.access is None or s.access.table is not table:
+        s.access = AccessCache(table, s.principal)
+    return s.access
 
 
 def handle_ping(svc: Service, s: Session, h: dict, frames: list) -> Frames:
@@ -202,7 +213,8 @@ def handle_get(svc: Service, s: Session, h: dict, frames: list) -> Any:
     req = m.Get.parse(h)
     # A verifying reader hashes its views on the CPU: it gets DRAM copies, never GPU slots.
     gpu_ok = req.gpu and not req.verify and not req.inline and s.arena and svc.gpu_mover is not None
-    waits = svc.arrivals(req.keys, gpu_ok, req.verify, req.wait_ms > 0)
+    # Only what the session may read is waited for: a forbidden chunk on disk is not read back for it (a miss).
+    waits = svc.arrivals(_readable(svc, s, req.keys), gpu_ok, req.verify, req.wait_ms > 0)
     if waits:
         async def later() -> Frames:
             await asyncio.wait(waits, timeout=req.wait_ms / 1000)
