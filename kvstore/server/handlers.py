@@ -111,11 +111,26 @@ def handle_lookup_seen(svc: Service, s: Session, h: dict, frames: list) -> Frame
     """Lookups the client answered from the shared index: the LRU touch and the counts its own lookups make."""
     req = m.LookupSeen.parse(h)
     for asked, found, repeat in zip(req.asked, req.found, req.repeat):
+        found = _not_hidden(svc, s, found)
         svc.store.note_lookup(asked, found, repeat)
         svc.count_lookup_tokens(s, asked * repeat, len(found) * repeat)
     for chain in req.read:   # gets served from the arena: the touch, the counts and the hit hooks a get makes
-        svc.store.note_read(chain)
+        svc.store.note_read(_not_hidden(svc, s, chain))
     return [ok_reply(h["id"])]
+
+
+def _not_hidden(svc: Service, s: Session, keys: list) -> list:
+    """The leading ``keys`` up to the first chunk held for a namespace the session may not read: a note names what
+    the shared index showed, which never lists such a chunk, so a note that names one is not the index's and
+    must not touch (keep hot) or count another tenant's chunks."""
+    if svc.tenants is None:
+        return keys
+    may_read = _reader(svc.tenants, s)
+    for i, key in enumerate(keys):
+        namespace = svc.store.namespace_of(key)
+        if namespace is not None and not may_read(namespace):
+            return keys[:i]
+    return keys
 
 
 def _throttled(svc: Service, nbytes: int, then: Callable[[], Frames]) -> Any:
