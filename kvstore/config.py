@@ -18,7 +18,8 @@ from typing import Any, Callable, Sequence
 
 from .config_file import Origins, flag_of, read_config_file
 from .defaults import (DEFAULT_POLICY, EVENTS_BUFFER, EVENTS_FORMAT, EVENTS_HWM, EVICTION_POLICIES, IPC_PATH_MAX,
-                       available_memory, default_disk_dir, default_host_mem, default_socket)
+                       MAX_PIN_SHARE, MAX_PIN_TTL, PIN_TTL, available_memory, default_disk_dir, default_host_mem,
+                       default_socket)
 from .errors import ConfigError
 from .security.redact import redact_url
 from .units import format_size, parse_seconds, parse_size
@@ -189,6 +190,18 @@ def _read_count(value: Any, name: str) -> int:
 
 
 
+def _read_share(value: Any, name: str) -> float:
+    """A fraction in [0, 1], as a number (0.1) or a percentage ("10%")."""
+    text = value.strip() if isinstance(value, str) else value
+    try:
+        share = float(text[:-1]) / 100 if isinstance(text, str) and text.endswith("%") else float(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected a fraction such as 0.1 or 10%, got {value!r}") from None
+    if isinstance(value, bool) or not 0.0 <= share <= 1.0:
+        raise ConfigError(f"{name}: must be a fraction in 0..1 (or 0%..100%), got {value!r}")
+    return share
+
+
 def _read_bool(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{name}: expected true or false, got {value!r}")
@@ -280,7 +293,16 @@ EVENT_SETTINGS = (
             "kv@{engine_id}@{model} by default; the daemon-wide stream's topic is then empty), or a plain topic "
             "for every event message", "TOPIC"),
 )
-SETTINGS = SETTINGS + EVENT_SETTINGS
+RETENTION_SETTINGS = (
+    Setting("pin_ttl", lambda v, n: parse_seconds(v, n), lambda: PIN_TTL,
+            "how long a put's soft pin (retention class pin) holds its chunks when the put names no TTL", "SECONDS"),
+    Setting("max_pin_ttl", lambda v, n: parse_seconds(v, n), lambda: MAX_PIN_TTL,
+            "the longest soft pin: a put asking more is cut to it (so no pin blocks puts past it)", "SECONDS"),
+    Setting("max_pin_share", _read_share, lambda: MAX_PIN_SHARE,
+            "most of the host tier all soft pins together may hold without a tenants table (a tenant's own pins "
+            "are bounded by its DRAM guarantee and max_pin_bytes); a pin past it is kept as high", "SHARE"),
+)
+SETTINGS = SETTINGS + EVENT_SETTINGS + RETENTION_SETTINGS
 _BY_NAME = {s.name: s for s in SETTINGS}
 
 
@@ -316,6 +338,9 @@ class ServerConfig:
     events_hwm: int
     events_format: str
     events_topic: str
+    pin_ttl: float
+    max_pin_ttl: float
+    max_pin_share: float
 
     @property
     def chunk_limit(self) -> int:
@@ -331,6 +356,8 @@ class ServerConfig:
             return "auto"
         if name == "remote":
             return redact_url(value)
+        if name == "max_pin_share":
+            return f"{value:.0%}"
         sized = ("host_mem", "max_chunk", "gpu_mem", "disk_size", "disk_queue", "scrub_rate")
         return format_size(value).replace(" ", "") if name in sized else str(value)
 
@@ -423,6 +450,9 @@ def check_config(config: ServerConfig) -> None:
         raise ConfigError(f"--max-chunk: {format_size(config.max_chunk)} is larger than the host tier "
                           f"({format_size(config.host_mem)}); lower --max-chunk or raise --host-mem")
     check_events(config)
+    if config.pin_ttl > config.max_pin_ttl:
+        raise ConfigError(f"--pin-ttl: {config.pin_ttl:g}s is longer than --max-pin-ttl ({config.max_pin_ttl:g}s); "
+                          f"lower it or raise --max-pin-ttl")
 
 
 def check_events(config: ServerConfig) -> None:

@@ -17,6 +17,12 @@ EVENTS_BUFFER = 10_000
 EVENTS_HWM = 100_000
 EVENTS_FORMAT = "map"
 
+# Soft pins (retention class ``pin``, ``store/retention.py``): a pin's TTL when the put names none, the longest
+# one a put may ask, and the share of the host tier all pins may hold when no tenants table bounds them.
+PIN_TTL = 60.0
+MAX_PIN_TTL = 600.0
+MAX_PIN_SHARE = 0.1
+
 
 def default_runtime_dir() -> str:
     """``$XDG_RUNTIME_DIR/kvstore`` (socket, lock, CURVE keys), else ``/tmp/kvstore-$UID``."""

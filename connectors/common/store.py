@@ -230,13 +230,16 @@ class ChunkStore:
                 held.release()
 
     def reserve(self, keys: Sequence[bytes], first: int, count: int,
-                engine: Sequence[EngineBlocks | None] | None = None) -> Any:
+                engine: Sequence[EngineBlocks | None] | None = None, retention: str = "normal",
+                pin_ttl: float | None = None) -> Any:
         """Arena slots for chunks `first .. first + count` of the chain `keys` (a `kvstore.client.Reservation`
         whose views are None for chunks already stored), or None when the daemon cannot give them. `engine`: the
-        engine's names of each of those chunks' blocks (for the daemon's KV cache events), if known."""
+        engine's names of each of those chunks' blocks (for the daemon's KV cache events), if known;
+        `retention`, `pin_ttl`: how the daemon keeps them (`Client.put`)."""
         parent = keys[first - 1] if first > 0 else None
         return self._attempt("reserve", None, lambda: self._client().reserve(
-            keys[first:first + count], [self.geometry.chunk_nbytes] * count, parent=parent, engine=engine))
+            keys[first:first + count], [self.geometry.chunk_nbytes] * count, parent=parent, engine=engine,
+            retention=retention, pin_ttl=pin_ttl))
 
     def commit(self, reservation: Any) -> int:
         return self._attempt("commit", 0, reservation.commit)

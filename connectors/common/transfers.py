@@ -69,6 +69,8 @@ class SaveJob:
     saved: int = 0
     verify: bool = False       # compare the computed chunks with the stored ones instead of saving them
     engine: list[EngineBlocks | None] | None = None   # the engine's names of each chunk's blocks, if known
+    retention: str = "normal"    # how the daemon keeps the chunks (``kvstore.protocol.retention``)
+    pin_ttl: float | None = None
 
 
 @dataclass
@@ -243,7 +245,8 @@ class Transfers:
         started = time.perf_counter()
         try:
             keys = store.keys(job.token_ids[: end * t], job.salt)
-            reservation = store.reserve(keys, job.first_chunk, job.num_chunks, job.engine)
+            reservation = store.reserve(keys, job.first_chunk, job.num_chunks, job.engine, job.retention,
+                                        job.pin_ttl)
             if reservation is None:
                 return
             events = []

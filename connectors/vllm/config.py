@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from kvstore.errors import ConfigError
 from kvstore.protocol.engine_identity import MAX_ENGINE_ID_CHARS, MAX_MODEL_CHARS, name_fault
 
+from .retention import Retention
 from .settings import load_mode, verify_fraction
 
 
@@ -58,6 +59,29 @@ def _name(key: str, value: Any, kind: str, limit: int) -> str | None:
     return text or None
 
 
+def _priority_retention(value: Any) -> tuple[tuple[int, Retention], ...]:
+    """``{"0": "pin", "10": "low"}``: the highest priority (a whole number, vLLM's: lower is more important) that
+    gets each class (``retention.py``), as (priority, class) pairs sorted by priority."""
+    key = "priority_retention"
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"kvstore {key} must be a table of priority -> class, e.g. {{\"0\": \"high\", "
+                          f"\"10\": \"low\"}}, not {value!r}")
+    pairs = []
+    for priority, name in value.items():
+        try:
+            level = int(priority)
+        except (TypeError, ValueError):
+            raise ConfigError(f"kvstore {key}: {priority!r} is not a whole-number priority") from None
+        try:
+            pairs.append((level, Retention(name)))
+        except (ValueError, TypeError):
+            raise ConfigError(f"kvstore {key}: priority {priority!r} maps to {name!r}, not one of "
+                              f"{', '.join(r.value for r in Retention)}") from None
+    return tuple(sorted(pairs))
+
+
 @dataclass(frozen=True)
 class VllmConnectorConfig:
     """The keys of `kv_connector_extra_config` (the table in docs/connectors/vllm.md)."""
@@ -76,6 +100,7 @@ class VllmConnectorConfig:
     verify_fraction: float = 0.0
     engine_id: str | None = None        # None: the host name, with "-dp<rank>" under data parallelism
     served_model_name: str | None = None   # None: vLLM's served model name
+    priority_retention: tuple[tuple[int, Retention], ...] = ()   # (): a request's priority picks no class
 
     @classmethod
     def known_keys(cls) -> list[str]:
@@ -116,4 +141,5 @@ class VllmConnectorConfig:
             engine_id=_name("engine_id", raw.get("engine_id", d.engine_id), "engine_id", MAX_ENGINE_ID_CHARS),
             served_model_name=_name("served_model_name", raw.get("served_model_name", d.served_model_name),
                                     "model", MAX_MODEL_CHARS),
+            priority_retention=_priority_retention(raw.get("priority_retention")),
         )

@@ -40,6 +40,8 @@ class SaveSpec:
     engine_hashes: list[int] = field(default_factory=list)
     engine_parent: int | None = None
     engine_block_size: int = 0
+    retention: str = "normal"           # the request's retention class (``retention.py``), sent with the chunks
+    pin_ttl: float | None = None        # with ``pin``: its TTL in seconds (None: the daemon's)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from ..common.report import state_report
 from ..common.store import ChunkStore
 from .geometry import NULL_BLOCK
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
-from .retention import Retention, retention_of
+from .retention import RequestRetention, request_retention
 from .settings import chosen_for_verify
 from .shared import ConnectorSettings
 from .stats import Interval, KVStoreConnectorStats
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
+
+
+NORMAL = RequestRetention()
 
 
 class SchedulerSide:
@@ -44,7 +47,8 @@ class SchedulerSide:
         self._unasked: dict[str, "Request"] = {}   # waiting requests not looked up yet
         self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (tokens when asked, chunks found)
         self._salts: dict[str, str] = {}
-        self._retention: dict[str, Retention] = {}  # req id -> its retention class, read once
+        self._retention: dict[str, RequestRetention] = {}  # req id -> its retention class, read once
+        self._by_priority = settings.config.priority_retention
         self._loads: dict[str, LoadSpec] = {}
         self._loaded: dict[str, int] = {}           # req id -> chunks loaded, until the request is tracked
         self._async: dict[str, bool] = {}           # req id -> whether its load was offered as asynchronous
@@ -113,11 +117,12 @@ class SchedulerSide:
         """Read `request`'s retention class from its ``kv_transfer_params`` (once: a warning at most once)."""
         rid = request.request_id
         if rid not in self._retention:
-            self._retention[rid] = retention_of(getattr(request, "kv_transfer_params", None), rid)
+            self._retention[rid] = request_retention(getattr(request, "kv_transfer_params", None), rid,
+                                                     getattr(request, "priority", None), self._by_priority)
 
     def saves_allowed(self, req_id: str) -> bool:
         """Whether the connector may save what `req_id` computes (saving on, and its retention class allows it)."""
-        return self._settings.save_enabled and self._retention.get(req_id, Retention.NORMAL).saves
+        return self._settings.save_enabled and self._retention.get(req_id, NORMAL).cls.saves
 
     def _look_up(self, request: "Request") -> None:
         """Look `request` up, and with it the waiting requests not asked about yet, in one round trip."""
@@ -199,8 +204,9 @@ class SchedulerSide:
             if first > tracked.saved_chunks:
                 self._count("chunks_not_held", first - tracked.saved_chunks)
             if ready > first:
+                kept = self._retention.get(req_id, NORMAL)
                 spec = SaveSpec(req_id, tracked.prompt[: ready * t], tracked.block_ids, first, ready - first,
-                                tracked.salt)
+                                tracked.salt, retention=kept.cls.value, pin_ttl=kept.pin_ttl)
                 self._name_engine_blocks(spec)
                 meta.saves.append(spec)
                 tracked.saving = True

@@ -122,7 +122,8 @@ class WorkerSide:
         for spec in meta.saves:
             job = SaveJob(spec.req_id, spec.token_ids, spec.salt, spec.first_chunk, spec.num_chunks,
                           self._chunk_blocks(spec.block_ids), spec.num_chunks * self._geometry.paged.chunk_nbytes,
-                          ready, verify=spec.verify, engine=engine_blocks_of(spec, self._settings.chunk_tokens))
+                          ready, verify=spec.verify, engine=engine_blocks_of(spec, self._settings.chunk_tokens),
+                          retention=spec.retention, pin_ttl=spec.pin_ttl)
             if self._settings.save_async:
                 self._saving.add(spec.req_id)  # reported sent once done (at once by a rank that does not save)
                 if self._saves_here:

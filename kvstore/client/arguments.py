@@ -20,6 +20,7 @@ from ..errors import UsageError
 from ..keys import KEY_BYTES
 from ..protocol.engine_blocks import EngineBlocks, engine_field
 from ..protocol.messages import check_batch
+from ..protocol.retention import RetentionAsk, parse_retention
 
 T = TypeVar("T")
 
@@ -153,3 +154,11 @@ def engine_blocks(call: str, keys: Sequence[Any], engine: Any) -> dict[str, Any]
     if not sizes:
         return None
     return engine_field(sizes.pop(), engine)
+
+
+def retention(call: str, name: Any, pin_ttl: Any) -> RetentionAsk:
+    """A put's retention class and pin TTL (``protocol/retention.py``), or UsageError naming what is allowed."""
+    try:
+        return parse_retention(name, pin_ttl)
+    except ValueError as exc:
+        raise UsageError(f"{call}: {exc}") from None

@@ -36,6 +36,7 @@ from ..errors import DaemonUnavailable, UsageError, VersionError
 from ..keys import KEY_BYTES
 from ..keys import chunk_keys as _chunk_keys
 from ..protocol.engine_blocks import EngineBlocks
+from ..protocol.retention import wire_retention
 from ..protocol.wire import Op
 from . import arguments
 from .arena_read import read_into, read_with
@@ -148,7 +149,8 @@ class Client(Session):
         return answer
 
     def put(self, keys: Sequence[bytes], buffers: Sequence[Any], parent: bytes | None = None,
-            wait: bool = True, engine: Sequence[EngineBlocks | None] | None = None) -> int | None:
+            wait: bool = True, engine: Sequence[EngineBlocks | None] | None = None, retention: str = "normal",
+            pin_ttl: float | None = None) -> int | None:
         """Store one buffer (bytes-like or tensor) per key; keys already stored are skipped.
 
         ``parent`` is the key that precedes ``keys[0]`` in its chain, if any. Returns how many chunks were
@@ -161,8 +163,14 @@ class Client(Session):
 
         ``engine``: per key, the engine's names of the chunk's blocks (``EngineBlocks``: its block hashes, parent
         hash, token ids, one block size for the put) or None; the daemon's KV cache events then name the chunk's
-        blocks as the engine does. Raises UsageError for a bad argument.
+        blocks as the engine does.
+
+        ``retention``: how the daemon keeps the chunks under pressure (``docs/operations/tenants.md``): ``low``
+        (evicted first), ``normal``, ``high``, ``pin`` (not evicted for ``pin_ttl`` seconds, or the daemon's
+        ``--pin-ttl``; bounded, past the bound kept as ``high``) or ``no-store`` (acknowledged, nothing stored:
+        returns 0). Raises UsageError for a bad argument.
         """
+        ask = arguments.retention("put", retention, pin_ttl)
         keys, packed = arguments.packed_keys("put", keys)
         parent = arguments.optional_key("put", "parent", parent)
         inline = self._arena_view is None
@@ -172,10 +180,13 @@ class Client(Session):
         arguments.same_length("put", keys, "buffers", converted)
         extra = arguments.engine_blocks("put", keys, engine)
         extra = {"engine": extra} if extra is not None else {}
+        extra.update(wire_retention(ask))
         if not wait and self._credit.error is not None:
             self.flush()   # raises the queued puts' error
         if not keys:
             return 0 if wait else None
+        if not ask.stores:   # one request, no bytes: the daemon acknowledges and counts it
+            return self._not_waited(self._put_inline(packed, [], parent, extra), wait)
         if inline:
             return self._not_waited(self._put_inline(packed, converted, parent, extra), wait)
         committed = self._credit.put(self, packed, buffers, converted, parent, wait, extra)
@@ -208,10 +219,13 @@ class Client(Session):
         return reservation.commit()
 
     def reserve(self, keys: Sequence[bytes], sizes: Sequence[int], parent: bytes | None = None,
-                engine: Sequence[EngineBlocks | None] | None = None) -> Reservation:
+                engine: Sequence[EngineBlocks | None] | None = None, retention: str = "normal",
+                pin_ttl: float | None = None) -> Reservation:
         """Reserve arena slots of ``sizes`` bytes (positive integers, one per key) for ``keys`` (ipc:// only); see
-        ``Reservation``; ``engine`` as ``put`` takes it. Raises UsageError over tcp:// (use ``put``) or for a bad
+        ``Reservation``; ``engine``, ``retention`` and ``pin_ttl`` as ``put`` takes them (``no-store``: every
+        view is None and the commit writes nothing). Raises UsageError over tcp:// (use ``put``) or for a bad
         argument."""
+        ask = arguments.retention("reserve", retention, pin_ttl)
         keys, packed = arguments.packed_keys("reserve", keys)
         checked = arguments.sizes("reserve", sizes)
         arguments.same_length("reserve", keys, "sizes", checked)
@@ -219,7 +233,8 @@ class Client(Session):
         if self._arena_view is None:
             raise UsageError("reserve needs the shared arena (an ipc:// client with use_arena); use put over tcp://")
         extra = arguments.engine_blocks("reserve", keys, engine)
-        return self._reserve(packed, checked, parent, {"engine": extra} if extra is not None else None)
+        return self._reserve(packed, checked, parent,
+                             {**({"engine": extra} if extra is not None else {}), **wire_retention(ask)})
 
     def _reserve(self, packed: bytes, sizes: list[int], parent: bytes | None,
                  extra: dict[str, Any] | None = None) -> Reservation:

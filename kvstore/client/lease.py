@@ -111,6 +111,8 @@ class Reservation:
         """Publish the filled chunks; returns how many were written."""
         rid, self.id = self.id, 0
         self._release_views()
+        if not rid:
+            return 0   # a no-store reservation: the daemon reserved nothing
         header, _ = self._client.request({"op": Op.COMMIT, "reservation": rid}, retry=False)
         return int(header["committed"])
 

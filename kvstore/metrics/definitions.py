@@ -235,6 +235,22 @@ METRICS: tuple[MetricDef, ...] = (
     _m("credits_expired", "counter", "Credits taken back at their deadline.", "credits.expired"),
     _m("credits_refused", "counter", "Writers asking for a credit that got none (space or their share).",
        "credits.refused"),
+    # retention classes and soft pins (store/retention.py)
+    _m("pinned_bytes", "gauge", "DRAM bytes held by soft pins (retention class pin) whose TTL has not ended.",
+       "retention.pinned_bytes"),
+    _m("pinned_chunks", "gauge", "Chunks held by soft pins now.", "retention.pinned_chunks"),
+    _m("pin_limit_bytes", "gauge", "Most DRAM bytes all soft pins may hold (--max-pin-share; absent with a tenants "
+       "table, where each tenant's guarantee and max_pin_bytes bound its own).", "retention.pin_limit_bytes"),
+    _m("tenant_pinned_bytes", "gauge", "DRAM bytes each tenant's soft pins hold (tenants from the config file).",
+       "retention.tenants_pinned_bytes.{tenant}"),
+    _m("pins", "counter", "Chunks soft-pinned by a put.", "retention.pins"),
+    _m("pins_over_bound", "counter", "Pins asked past their bound (a tenant's pin limit or --max-pin-share), "
+       "kept as high instead.", "retention.pins_over_bound"),
+    _m("pins_expired", "counter", "Soft pins whose TTL ended (their chunks became high).", "retention.pins_expired"),
+    _m("no_store_puts", "counter", "Puts with retention no-store: acknowledged, nothing stored.",
+       "retention.no_store_puts"),
+    _m("no_store_chunks", "counter", "Chunks of puts with retention no-store: acknowledged, not stored.",
+       "retention.no_store_chunks"),
     # KV cache events (server/kv_events.py)
     _m("events_published", "counter", "KV cache events sent to subscribers.", "events.events"),
     _m("events_batches", "counter", "KV cache event batches sent (one sequence number each).", "events.batches"),

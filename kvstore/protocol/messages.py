@@ -16,6 +16,7 @@ from ..errors import BadRequestError, LimitError
 from ..keys import KEY_BYTES, KEY_SCHEME
 from .engine_blocks import EngineBlocks, read_engine
 from .engine_identity import EngineIdentity, read_identity
+from .retention import NORMAL, RetentionAsk, read_retention
 from .wire import MAX_BATCH
 
 MAX_NAMESPACE_CHARS = 512
@@ -216,6 +217,7 @@ class Reserve:
     parent: bytes | None
     credit: int = 0     # a put credit the writer offers to free should the room be short (0: none)
     engine: list[EngineBlocks | None] | None = None   # the engine's names of each chunk's blocks, if sent
+    retention: RetentionAsk = NORMAL   # the class the chunks are kept in (``protocol/retention.py``)
 
     @classmethod
     def parse(cls, h: dict[str, Any], max_size: int) -> "Reserve":
@@ -223,7 +225,8 @@ class Reserve:
         if len(set(keys)) != len(keys):
             raise BadRequestError("field 'keys' holds the same key twice")
         return cls(keys=keys, sizes=read_sizes(h, len(keys), max_size), parent=read_optional_key(h, "parent"),
-                   credit=read_int(h, "credit", 0, (1 << 64) - 1, default=0), engine=read_engine(h, len(keys)))
+                   credit=read_int(h, "credit", 0, (1 << 64) - 1, default=0), engine=read_engine(h, len(keys)),
+                   retention=read_retention(h))
 
 
 MAX_CREDIT_BYTES = 1 << 48
@@ -240,6 +243,7 @@ class CreditPut:
     parent: bytes | None
     want: int                # bytes the writer wants lent for its next put (0: give the credit back)
     engine: list[EngineBlocks | None] | None = None   # the engine's names of each chunk's blocks, if sent
+    retention: RetentionAsk = NORMAL
 
     @classmethod
     def parse(cls, h: dict[str, Any], max_size: int) -> "CreditPut":
@@ -249,7 +253,7 @@ class CreditPut:
         return cls(credit=read_int(h, "credit", 0, (1 << 64) - 1), keys=keys,
                    offsets=read_offsets(h, len(keys)), sizes=read_sizes(h, len(keys), max_size) if keys else [],
                    parent=read_optional_key(h, "parent"), want=read_int(h, "want", 0, MAX_CREDIT_BYTES),
-                   engine=read_engine(h, len(keys)) if keys else None)
+                   engine=read_engine(h, len(keys)) if keys else None, retention=read_retention(h))
 
 
 def read_offsets(h: dict[str, Any], count: int) -> list[int]:

@@ -19,6 +19,7 @@ from ..errors import (BadRequestError, LimitError, PermissionDeniedError, StoreF
                       UnavailableError, VersionError)
 from ..protocol import messages as m
 from ..protocol.engine_blocks import EngineBlocks, read_engine
+from ..protocol.retention import RetentionAsk, read_retention
 from ..protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
 from ..tenants.access import AccessCache, Principal, may_access
 from ..tenants.table import TenantTable
@@ -152,13 +153,17 @@ def handle_reserve(svc: Service, s: Session, h: dict, frames: list) -> Any:
     if not s.arena:
         raise PermissionDeniedError("reserve needs the shared arena; clients over tcp:// put with PUT_INLINE")
     req = m.Reserve.parse(h, svc.config.chunk_limit)
+    if not req.retention.stores:   # acknowledged, nothing reserved: no slot to fill, nothing to commit
+        svc.store.count_no_store(len(req.keys))
+        kept = req.credit if req.credit and svc.store.credits.holds(s.owner, req.credit) else 0
+        return [ok_reply(h["id"], reservation=0, slots=[None] * len(req.keys), credit=kept)]
     svc.safeguards.params.stored(s.namespace, s.key_params)
     return _throttled(svc, sum(req.sizes), lambda: _reserve_now(svc, s, h, req))
 
 
 def _reserve_now(svc: Service, s: Session, h: dict, req: m.Reserve) -> Frames:
     handle, slots = svc.store.reserve(s.owner, s.namespace, req.keys, req.sizes, req.parent, req.credit,
-                                      req.engine)
+                                      req.engine, req.retention)
     wire_slots = [None if slot is None else [slot.offset, slot.size] for slot in slots]
     kept = req.credit if req.credit and svc.store.credits.holds(s.owner, req.credit) else 0
     return [ok_reply(h["id"], reservation=handle.id, slots=wire_slots, credit=kept)]
@@ -180,6 +185,10 @@ def handle_credit_put(svc: Service, s: Session, h: dict, frames: list) -> Any:
     if not s.arena:
         raise PermissionDeniedError("put credits need the shared arena; clients over tcp:// put with PUT_INLINE")
     req = m.CreditPut.parse(h, svc.config.chunk_limit)
+    if req.keys and not req.retention.stores:   # acknowledged, nothing published: the credit stays lent as it was
+        svc.store.count_no_store(len(req.keys))
+        _, grant = svc.store.credits.put(s.owner, s.namespace, req.credit, [], [], [], None, req.want)
+        return [ok_reply(h["id"], committed=0, **grant.wire())]
     if req.keys:
         svc.safeguards.params.stored(s.namespace, s.key_params)
     return _throttled(svc, sum(req.sizes), lambda: _credit_put_now(svc, s, h, req))
@@ -187,13 +196,17 @@ def handle_credit_put(svc: Service, s: Session, h: dict, frames: list) -> Any:
 
 def _credit_put_now(svc: Service, s: Session, h: dict, req: m.CreditPut) -> Frames:
     committed, grant = svc.store.credits.put(s.owner, s.namespace, req.credit, req.keys, req.offsets, req.sizes,
-                                             req.parent, req.want, req.engine)
+                                             req.parent, req.want, req.engine, req.retention)
     return [ok_reply(h["id"], committed=committed, **grant.wire())]
 
 
 def handle_put_inline(svc: Service, s: Session, h: dict, frames: list) -> Frames:
     _require_access(svc, s)
     keys = m.read_keys(h)
+    retention = read_retention(h)
+    if not retention.stores:   # acknowledged, nothing stored (payload frames, if sent, are dropped)
+        svc.store.count_no_store(len(keys))
+        return [ok_reply(h["id"], committed=0)]
     if len(frames) != len(keys):
         raise BadRequestError(f"PUT_INLINE carries {len(frames)} payload frames for {len(keys)} keys")
     if len(set(keys)) != len(keys):
@@ -207,13 +220,13 @@ def handle_put_inline(svc: Service, s: Session, h: dict, frames: list) -> Frames
                              f"the largest chunk accepted is {svc.config.chunk_limit}")
     engine = read_engine(h, len(keys))
     svc.safeguards.params.stored(s.namespace, s.key_params)
-    return _throttled(svc, sum(sizes), lambda: _put_inline_now(svc, s, h, frames, keys, sizes, engine))
+    return _throttled(svc, sum(sizes), lambda: _put_inline_now(svc, s, h, frames, keys, sizes, engine, retention))
 
 
 def _put_inline_now(svc: Service, s: Session, h: dict, frames: list, keys: list, sizes: list,
-                    engine: list[EngineBlocks | None] | None) -> Frames:
+                    engine: list[EngineBlocks | None] | None, retention: RetentionAsk) -> Frames:
     handle, slots = svc.store.reserve(s.owner, s.namespace, keys, sizes, m.read_optional_key(h, "parent"),
-                                      engine=engine)
+                                      engine=engine, retention=retention)
     try:
         for slot, frame in zip(slots, frames):
             if slot is not None:

@@ -25,7 +25,7 @@ from ..store.events import EventLog
 from ..tiers.gpu.mover import GpuMover
 from ..tiers.disk.mover import DiskMover
 from ..tiers.remote.mover import RemoteMover
-from ..store.store import Store
+from ..store.store import PinSettings, Store
 from ..tiers.ledgers import tier_ledgers
 from ..tiers.host.arena import SharedArena, arena_path_for
 from ..tiers.disk.tier import DiskTier, disk_room
@@ -103,7 +103,8 @@ def open_tiers(config: ServerConfig, tenants: "TenantTable | None", host: HostTi
     publisher, event_log = open_events(config, claims)
     store = Store(host, config.lease_ttl, config.reserve_ttl, tier_ledgers(config.eviction_policy, disk, gpu),
                   tenants=tenants, after_reply=AfterReply(),   # a put's reply goes out before the work no reader sees
-                  private=private_namespaces(tenants), events=event_log, published=index)
+                  private=private_namespaces(tenants), events=event_log, published=index,
+                  pins=PinSettings(config.pin_ttl, config.max_pin_ttl, config.max_pin_share))
     if index is not None:
         take(store.stop_publishing)   # released before the index closes
     gpu_mover, gpu_hello = None, None

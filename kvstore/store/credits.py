@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ..errors import BadRequestError, ReservationError, StoreFullError
 from ..protocol.engine_blocks import EngineBlocks
+from ..protocol.retention import NORMAL, RetentionAsk
 from .entry import Entry, State
 from .handles import Handle, HandleTable
 
@@ -54,7 +55,8 @@ class Store(Protocol):
     reserve_ttl: float
     clock: Callable[[], float]
 
-    def publish(self, entries: list[Entry]) -> int: ...
+    def publish(self, entries: list[Entry], retention: RetentionAsk = NORMAL) -> int: ...
+    def apply_retention(self, entries: Sequence[Entry], ask: RetentionAsk, fresh: bool = False) -> None: ...
     def put_refusal(self) -> str: ...
     def charge_host(self, entry: Entry) -> None: ...
     def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = (),
@@ -113,8 +115,10 @@ class CreditBook:
 
     def put(self, owner: bytes, namespace: str, credit_id: int, keys: Sequence[bytes], offsets: Sequence[int],
             sizes: Sequence[int], parent: bytes | None, want: int,
-            engine: Sequence[EngineBlocks | None] | None = None) -> tuple[int, Grant]:
+            engine: Sequence[EngineBlocks | None] | None = None,
+            retention: RetentionAsk = NORMAL) -> tuple[int, Grant]:
         """Publish the chunks written into the owner's credit ``credit_id`` and lend ``want`` bytes again.
+        ``retention``: the class the chunks are kept in (``Store.reserve`` says how).
         ``credit_id`` 0 with no keys asks for a first credit. Returns (chunks committed, the credit now held).
         Nothing changes when the request is refused."""
         store = self.store
@@ -131,7 +135,8 @@ class CreditBook:
         committed, rest = 0, None
         if handle is not None:
             self.lent_bytes -= handle.payload.size
-            committed, rest = self._carve(handle.payload, namespace, keys, offsets, sizes, parent, engine)
+            committed, rest = self._carve(handle.payload, namespace, keys, offsets, sizes, parent, engine,
+                                          retention)
         return committed, self._lend(owner, handle, rest, want)
 
     def give_back(self, owner: bytes, credit_id: int) -> bool:
@@ -182,7 +187,8 @@ class CreditBook:
 
     def _carve(self, credit: Credit, namespace: str, keys: Sequence[bytes], offsets: Sequence[int],
                sizes: Sequence[int], parent: bytes | None,
-               engine: Sequence[EngineBlocks | None] | None) -> tuple[int, Credit | None]:
+               engine: Sequence[EngineBlocks | None] | None,
+               retention: RetentionAsk = NORMAL) -> tuple[int, Credit | None]:
         """Cut each chunk's slot out of the credit's extent and publish the chunks; the gaps between them go
         back to the free space. Returns (chunks committed, what is left of the extent past the last one)."""
         store, host = self.store, self.store.host
@@ -211,7 +217,9 @@ class CreditBook:
                     present.append(existing)
             prev = key
         store.lru.touch_chain(present)
-        committed = store.publish(entries) if keys else 0
+        if retention is not NORMAL:
+            store.apply_retention(present, retention)
+        committed = store.publish(entries, retention) if keys else 0
         if keys:
             self.counters.puts += 1
         return committed, (Credit(cursor, limit - cursor) if cursor < limit else None)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..protocol.engine_blocks import EngineBlocks
+from ..protocol.retention import Retention
 
 
 class State(enum.IntEnum):
@@ -42,6 +43,8 @@ class Entry:
     engine: EngineBlocks | None = None   # the engine's block hashes and token ids, for the KV cache events
     tenant: str = "default"   # the tenant its DRAM bytes are charged to (tenant_budgets.py)
     dram_charge: int = 0      # bytes charged to that tenant while it holds a DRAM slot
+    retention: Retention = Retention.NORMAL   # its class in the DRAM eviction order (store/retention.py)
+    pin_until: float = 0.0    # while soft-pinned: the pin's deadline on the Store's clock (0: not pinned)
 
     @property
     def readable(self) -> bool:

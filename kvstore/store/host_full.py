@@ -1,7 +1,8 @@
 """What a full host tier says: which of the holders keeps the room a chunk needs, in bytes.
 
 A put finds the host tier full only once every chunk that may leave DRAM has left (``room.make_room``), so
-what is left is held: by this put itself (a put larger than the whole tier can never fit), by leases, by open
+what is left is held: by this put itself (a put larger than the whole tier can never fit), by leases, by soft
+pins (``retention.py``), by open
 reservations (this writer's or others'), by chunks whose slot a lower tier's I/O or a check reads, by put credits
 lent to writers, or it is free but in pieces smaller than the chunk — or ``/dev/shm`` could not back the pages
 of the room found (``tiers/host/arena.py``). The message names each with its bytes and
@@ -23,6 +24,8 @@ class HostHolders:
     """Bytes of the host tier by what holds them, when a chunk found no room."""
 
     leased: int = 0
+    pinned: int = 0            # soft pins (retention class pin) whose TTL has not ended
+    pins_end_in: float | None = None   # seconds until the soonest pin ends
     this_put: int = 0          # what the failing request reserved before the chunk that found no room
     reserved_own: int = 0      # the asking writer's other open reservations
     reserved_others: int = 0
@@ -41,7 +44,7 @@ def count_holders(store: Any, owner: bytes | None, taken: Sequence[Entry],
     this_put = {id(e) for e in taken}
     mine = {id(e) for h in store.reservations if h.owner == owner for e in h.payload.entries}
     held = HostHolders(free=host.capacity_bytes - host.used_bytes, unbacked=host.last_backing_refused,
-                       backed=host.reserved_bytes)
+                       backed=host.reserved_bytes, pins_end_in=store.soft_pins.soonest())
     for entry in store.index.values():
         if entry.host_offset is None:
             continue
@@ -55,6 +58,8 @@ def count_holders(store: Any, owner: bytes | None, taken: Sequence[Entry],
                 held.reserved_others += size
         elif entry.pins:
             held.leased += size
+        elif entry.pin_until:
+            held.pinned += size
         elif not may_leave(entry):
             held.busy += size
     for handle in store.credits.table:
@@ -75,6 +80,9 @@ def host_full_message(capacity: int, size: int, held: HostHolders) -> str:
                 f"tier ({capacity} bytes); put fewer or smaller chunks at a time, or raise --host-mem")
     parts = [(held.this_put, "taken by this put's earlier chunks", "put fewer chunks at a time"),
              (held.leased, "held by leases", "release leases sooner (or lower --lease-ttl)"),
+             (held.pinned, "held by soft pins (retention pin)",
+              f"retry once the pins end (the first in {held.pins_end_in or 0:.0f}s, none past --max-pin-ttl), "
+              f"or pin less (--max-pin-share, a tenant's max_pin_bytes)"),
              (held.reserved_own, "by this writer's open reservations",
               "commit or abort this client's open reservations before reserving more"),
              (held.reserved_others, "by other writers' open reservations", "retry once the other writers commit"),

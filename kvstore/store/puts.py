@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import StoreFullError
 from ..protocol.engine_blocks import EngineBlocks
+from ..protocol.retention import NORMAL, RetentionAsk
 from .entry import Entry, State
 from .handles import Handle
 from .ledger import TierLedger
@@ -40,6 +41,7 @@ class Reservation:
     namespace: str
     entries: list[Entry]
     present: list[Entry] = field(default_factory=list)
+    retention: RetentionAsk = NORMAL   # the class the put asked for (``protocol/retention.py``)
 
 
 class PutMixin:
@@ -65,6 +67,7 @@ class PutMixin:
         def sync(self, key: bytes) -> None: ...
         def sync_many(self, keys: Sequence[bytes]) -> None: ...
         def journal_commits(self, entries: Sequence[Entry]) -> None: ...
+        def apply_retention(self, entries: Sequence[Entry], ask: RetentionAsk, fresh: bool = False) -> None: ...
 
     def put_refusal(self) -> str:
         """Why every put fails now ("" when none need): a lower tier that cannot take what a put queues."""
@@ -76,34 +79,36 @@ class PutMixin:
 
     def reserve(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
                 parent: bytes | None, credit: int = 0, engine: Sequence[EngineBlocks | None] | None = None,
-                ) -> tuple[Handle[Reservation], list[Slot | None]]:
+                retention: RetentionAsk = NORMAL) -> tuple[Handle[Reservation], list[Slot | None]]:
         """Allocate space for the keys not stored yet. Slot None means "already stored or being written".
 
         ``credit``: a put credit the writer holds and offers (``credits.py``): when the room is short it is freed
         and the reserve tried once more, here, so that a writer whose own credit held the room needs no second
         request (and no error it would not see). ``engine``: per key, the engine's names of its blocks (kept on
-        the new entries for the KV cache events). Raises StoreFullError when there is no room."""
+        the new entries for the KV cache events). ``retention``: the class the chunks are kept in once committed
+        (chunks stored already are raised to it now); not ``no-store``, which the caller answers itself
+        (``count_no_store``). Raises StoreFullError when there is no room."""
         refusal = self.put_refusal()
         if refusal:
             self.counters.full_errors += 1
             raise StoreFullError(refusal)
         try:
-            return self._reserve_slots(owner, namespace, keys, sizes, parent, engine)
+            return self._reserve_slots(owner, namespace, keys, sizes, parent, engine, retention)
         except StoreFullError:
             if not (credit and self.credits.give_back(owner, credit)):
                 self.counters.full_errors += 1
                 raise
         try:
-            return self._reserve_slots(owner, namespace, keys, sizes, parent, engine)
+            return self._reserve_slots(owner, namespace, keys, sizes, parent, engine, retention)
         except StoreFullError:
             self.counters.full_errors += 1
             raise
 
     def _reserve_slots(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
                        parent: bytes | None, engine: Sequence[EngineBlocks | None] | None = None,
-                       ) -> tuple[Handle[Reservation], list[Slot | None]]:
+                       retention: RetentionAsk = NORMAL) -> tuple[Handle[Reservation], list[Slot | None]]:
         """``reserve``'s allocations: all of them, or none (what was taken goes back) and StoreFullError."""
-        res = Reservation(namespace, [])
+        res = Reservation(namespace, [], retention=retention)
         slots: list[Slot | None] = []
         prev = parent
         try:
@@ -127,13 +132,16 @@ class PutMixin:
             self.drop_reserved(res.entries)
             raise
         self.lru.touch_chain(res.present)
+        if retention is not NORMAL:
+            self.apply_retention(res.present, retention)
         handle = self.reservations.issue(owner, res, self.reserve_ttl, self.clock())
         return handle, slots
 
     def commit(self, owner: bytes, rid: int) -> int:
-        return self.publish(self.reservations.take(owner, rid).payload.entries)
+        res = self.reservations.take(owner, rid).payload
+        return self.publish(res.entries, res.retention)
 
-    def publish(self, entries: list[Entry]) -> int:
+    def publish(self, entries: list[Entry], retention: RetentionAsk = NORMAL) -> int:
         """Make a reservation's written entries readable (a commit, or a put into a credit: ``credits.py``).
         What readers cannot see (the eviction queue, the checksum job, the counters) is left for after the reply
         where the daemon defers it (``after_reply.py``)."""
@@ -141,16 +149,18 @@ class PutMixin:
             entry.state = State.COMMITTED
         self.sync_many([e.key for e in entries])
         if self.after_reply is not None:
-            self.after_reply.add(lambda: self._file_published(entries))
+            self.after_reply.add(lambda: self._file_published(entries, retention))
         else:
-            self._file_published(entries)
+            self._file_published(entries, retention)
         return len(entries)
 
-    def _file_published(self, entries: list[Entry]) -> None:
+    def _file_published(self, entries: list[Entry], retention: RetentionAsk = NORMAL) -> None:
         """The rest of a publish: queue the chunks for eviction, take their sums, count the put. Only chunks
         still indexed are queued (nothing should have removed one since the publish, but a queue must never hold
         an unindexed chunk)."""
         live = [e for e in entries if self.index.get(e.key) is e and e.readable]
+        if retention is not NORMAL:
+            self.apply_retention(live, retention, fresh=True)   # before they are queued: each goes to its class's queue
         self.lru.add_chain(live)
         if self.sums is not None and live:
             self.sums.after_commit(live)   # then the ledgers hear of them, with their sums (``checksummed``)

@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from itertools import takewhile
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from ..defaults import MAX_PIN_SHARE, MAX_PIN_TTL, PIN_TTL
 from ..errors import LeaseError, ReservationError, StoreFullError
 from ..protocol.index_layout import STATE_OF_TIER
+from ..protocol.retention import Retention, RetentionAsk
 from ..tiers.disk.tier import DiskTier
 from ..tiers.host.description import KeptChunk
 from ..tiers.host.tier import HostTier
@@ -42,7 +45,9 @@ from .entry import Entry, State
 from .handles import Handle, HandleTable
 from .host_full import count_holders, host_full_message
 from .ledger import TierLedger
+from .policies import make_queue
 from .puts import PutMixin, Reservation, Slot
+from .retention import RetentionQueue, SoftPins
 from .room import make_room
 from .s3fifo import MAX_FREQ
 from .sinks import EventSink, IndexSink, SumSink
@@ -58,6 +63,16 @@ KEPT_READERS = b"\0kept-readers"   # the owner of the leases that shield chunks 
 
 
 @dataclass(frozen=True)
+class PinSettings:
+    """The bounds of soft pins (``store/retention.py``): default and longest TTL in seconds, and the share of DRAM
+    all pins may hold without a tenants table."""
+
+    default_ttl: float = PIN_TTL
+    max_ttl: float = MAX_PIN_TTL
+    max_share: float = MAX_PIN_SHARE
+
+
+@dataclass(frozen=True)
 class LookupResult:
     count: int
     tiers: list[str]
@@ -67,7 +82,8 @@ class Store(PutMixin, DamageMixin):
     def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float, ledgers: "TierLedgers",
                  clock: Callable[[], float] = time.monotonic, tenants: "TenantTable | None" = None, *,
                  after_reply: AfterReply | None = None, private: Callable[[str], bool] | None = None,
-                 events: EventSink | None = None, published: IndexSink | None = None) -> None:
+                 events: EventSink | None = None, published: IndexSink | None = None,
+                 pins: PinSettings = PinSettings()) -> None:
         """The index over ``host`` (the DRAM tier) and the tiers below it, whose ``ledgers`` it is handed
         (``tiers/ledgers.py``: built first, by whoever builds the Store) and attaches to itself.
 
@@ -81,6 +97,7 @@ class Store(PutMixin, DamageMixin):
             private: whether a namespace is kept out of the shared index (a restricted tenant's).
             events: the KV cache event sink, when the daemon publishes events.
             published: the shared lookup index, when the daemon publishes one.
+            pins: the bounds of soft pins (retention class ``pin``).
         """
         self.host = host
         self.disk: DiskTier | None = ledgers.disk.disk if ledgers.disk is not None else None
@@ -111,6 +128,54 @@ class Store(PutMixin, DamageMixin):
         for ledger in self.ledgers:
             ledger.attach(self)
         self.credits = CreditBook(self)   # free arena space lent to writers, so a put needs no RESERVE
+        self.soft_pins = SoftPins(self.budgets, host.capacity_bytes, clock, pins.default_ttl, pins.max_ttl,
+                                  pins.max_share)
+
+        self.classes = False   # whether the DRAM queues are split by retention class (``retention_queues``)
+
+    def retention_queues(self) -> None:
+        """Split every DRAM queue (the shared one, each tenant's parked one: ``tier_guard.py``) by retention class,
+        each queue as it stands becoming its ``normal`` class, the first time a put asks for another class
+        (``store/retention.py``): until then a daemon pays nothing for classes."""
+        if not self.classes:
+            self.classes = True
+            self.budgets.dram.wrap_queues(lambda queue: RetentionQueue(partial(make_queue, self.policy), queue))
+            self.lru = self.budgets.queue("dram")
+
+    def reclass(self, entry: Entry, change: Callable[[], object]) -> None:
+        """Run ``change`` (which sets ``entry.retention``), moving ``entry`` to its new class's queue if queued."""
+        queued = entry in self.lru
+        if queued:
+            self.lru.remove(entry)
+        change()
+        if queued:
+            self.lru.add_chain([entry])
+
+    def expire_pins(self) -> None:
+        """Pins past their deadline become ``high`` chunks (a heap pop each: ``SoftPins.due``)."""
+        for entry in self.soft_pins.due():
+            self.reclass(entry, partial(self.soft_pins.unpin, entry))
+            self.soft_pins.counters.pins_expired += 1
+
+    def apply_retention(self, entries: Sequence[Entry], ask: RetentionAsk, fresh: bool = False) -> None:
+        """Give chunks a put just published (``fresh``) the class ``ask`` names; chunks a put stored again are
+        raised to it where it is higher (never lowered). A pin is made, or its deadline pushed back."""
+        cls = ask.cls
+        if cls is None or cls is Retention.NORMAL:
+            return
+        self.retention_queues()
+        for entry in entries:
+            if entry.host_offset is None:
+                continue   # a class is about the DRAM order: a chunk held only below keeps its own
+            if cls is Retention.PIN:
+                self.reclass(entry, partial(self.soft_pins.pin, entry, ask.pin_ttl))
+            elif fresh or cls > entry.retention:
+                self.reclass(entry, partial(setattr, entry, "retention", cls))
+
+    def count_no_store(self, chunks: int) -> None:
+        """A ``no-store`` put was acknowledged: nothing stored, counted."""
+        self.soft_pins.counters.no_store_puts += 1
+        self.soft_pins.counters.no_store_chunks += chunks
 
     def stop_publishing(self) -> None:
         """Feed the shared lookup index no more (it is about to close)."""
@@ -123,6 +188,7 @@ class Store(PutMixin, DamageMixin):
         self.lru = self.budgets.queue("dram")
         for ledger in self.ledgers:
             ledger.budgets_changed()
+        self.soft_pins.recount(self.index.values())
 
     def set_private(self, private: Callable[[str], bool] | None) -> None:
         """Which namespaces are kept out of the shared index from now on (a reload's new table): every chunk of a
@@ -273,6 +339,7 @@ class Store(PutMixin, DamageMixin):
         for reservation in reservations:
             self.drop_reserved(reservation.payload.entries)
         self.credits.expire(now, keep_leases_of)
+        self.expire_pins()   # pins past their TTL become high, with or without pressure
         self.counters.expired_leases += len(leases)
         self.counters.expired_reservations += len(reservations)
         return len(leases), len(reservations)
@@ -389,7 +456,9 @@ class Store(PutMixin, DamageMixin):
         lower tier's I/O uses, or a check reads, keeps its slot (and its place in the queue). ``owner`` and
         ``taken`` (what its request reserved so far) let a StoreFullError say who holds the room. With tenants,
         ``namespace`` names the tenant the slot is for: it is held to its ceiling, and no other tenant's
-        guaranteed bytes leave for it (``tenant_budgets.py``)."""
+        guaranteed bytes leave for it (``tenant_budgets.py``). Pins past their TTL end first."""
+        if self.classes:
+            self.expire_pins()
         guard = self.budgets.held("dram")
         if guard is None:
             offset = make_room(lambda: self.host.allocate(size), self.lru, self._may_leave_dram,
@@ -467,6 +536,8 @@ class Store(PutMixin, DamageMixin):
             ledger.on_free(entry)
 
     def free_host(self, entry: Entry) -> None:
+        if entry.pin_until:
+            self.reclass(entry, partial(self.soft_pins.unpin, entry))   # a pin holds a DRAM copy, or nothing
         if entry.host_offset is not None:
             self.host.free(entry.host_offset)
             entry.host_offset = None

@@ -61,6 +61,7 @@ class TierGuard:
         self.use: dict[str, int] = defaultdict(int)
         self.evicted_by_others: dict[str, int] = defaultdict(int)   # chunks another tenant's room took
         self.refusals: dict[str, int] = defaultdict(int)            # room refused at the tenant's ceiling
+        self.wrap: Callable[[EvictionQueue], EvictionQueue] | None = None   # see wrap_queues
         self.shared: EvictionQueue = make_queue(policy)
         self._set_table(table)
 
@@ -69,7 +70,7 @@ class TierGuard:
         budgets = {t.name: t.budget(self.tier) for t in table.all() if t.budget(self.tier).limited}
         self.guaranteed = {name: b.guaranteed_bytes for name, b in budgets.items()}
         self.ceilings = {name: b.ceiling_bytes for name, b in budgets.items() if b.ceiling_bytes is not None}
-        self.parked: dict[str, EvictionQueue] = {name: make_queue(self.policy) for name in budgets}
+        self.parked: dict[str, EvictionQueue] = {name: self._new_queue() for name in budgets}
         self.spilled: dict[str, OrderedDict[bytes, tuple[Entry, int]]] = {name: OrderedDict() for name in budgets}
         self.spilled_bytes: dict[str, int] = defaultdict(int)
 
@@ -103,7 +104,7 @@ class TierGuard:
         set already) and every queued chunk queued again, oldest first (a policy's own history is lost)."""
         queued = list(self)
         self._set_table(table)
-        self.shared = make_queue(self.policy)
+        self.shared = self._new_queue()
         self.use.clear()
         for entry in entries:
             nbytes = self.charge_of(entry)
@@ -208,7 +209,18 @@ class TierGuard:
             self._settle(entry.tenant)
         return entry
 
+    def wrap_queues(self, wrap: Callable[[EvictionQueue], EvictionQueue]) -> None:
+        """Wrap every queue of the tier, now and after a reload, in ``wrap(queue)`` (DRAM's retention classes:
+        ``retention.py``). Chunks stay where they are: the wrapper takes each queue as it stands."""
+        self.wrap = wrap
+        self.shared = wrap(self.shared)
+        self.parked = {name: wrap(queue) for name, queue in self.parked.items()}
+
     # -- internals --------------------------------------------------------------------------------------------
+    def _new_queue(self) -> EvictionQueue:
+        queue = make_queue(self.policy)
+        return queue if self.wrap is None else self.wrap(queue)
+
     def _queue_of(self, entry: Entry) -> EvictionQueue:
         """The queue that holds ``entry`` or, when none does, the one it would join."""
         spilled = self.spilled.get(entry.tenant)

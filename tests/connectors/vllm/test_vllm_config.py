@@ -10,6 +10,7 @@ from support.servers import require_module
 require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
 
 from kvstore.connectors.vllm.config import VllmConnectorConfig  # noqa: E402
+from kvstore.connectors.vllm.retention import Retention  # noqa: E402
 from kvstore.errors import ConfigError  # noqa: E402
 
 pytestmark = pytest.mark.unit
@@ -29,6 +30,7 @@ GOOD = {
     "verify_fraction": (0.25, 0.25),
     "engine_id": ("pod-1", "pod-1"),
     "served_model_name": ("org/llama", "org/llama"),
+    "priority_retention": ({"5": "low", 0: "pin"}, ((0, Retention.PIN), (5, Retention.LOW))),
 }
 
 BAD = {
@@ -46,6 +48,7 @@ BAD = {
     "verify_fraction": [2, -0.1, True, "x"],
     "engine_id": [7, "pod 7", "p" * 129],
     "served_model_name": [7, "a@b"],
+    "priority_retention": [["low"], {"x": "low"}, {"1": "keep"}],
 }
 
 

@@ -6,11 +6,13 @@ even for the same prompt, and a request with a saved request's salt loads its ch
 prefill's (tokens and log-probabilities).
 
 A request whose ``kv_transfer_params`` say ``{"kvstore_retention": "no-store"}`` saves nothing it computes, and
-still loads what is stored.
+still loads what is stored; one whose ``kv_transfer_params`` say ``{"kvstore_retention": "pin"}`` keeps its chunks
+in the daemon's DRAM through a flood that evicts an unpinned request's.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 
 import pytest
@@ -89,3 +91,26 @@ def test_no_store_request_saves_nothing_and_still_loads(pool, kv_daemon):
     assert delta(after, before, "worker", "chunks_loaded") == full_chunks([normal])
     assert delta(after, before, "scheduler", "save_specs") == 0
     assert stored(kv_daemon) == full_chunks([normal])
+
+
+@pytest.fixture
+def tight_daemon(start_daemon, pool):
+    """A daemon on the engines' socket whose DRAM a flood fills, with no disk tier to demote into."""
+    return start_daemon("--host-mem", "64MiB", "--disk-size", "0", "--max-pin-share", "0.5", workdir=pool.workdir)
+
+
+def test_a_pinned_requests_chunks_survive_a_flood_that_evicts_an_unpinned_ones(pool, tight_daemon):
+    pinned, unpinned = prompts(2, 600, seed=93)
+    engine = pool.get("a", connector=pool.connector())
+    pin = {"kvstore_retention": "pin", "kvstore_pin_ttl": 600}
+    engine.generate([pinned, unpinned], MAX_TOKENS, kv_transfer_params=[pin, None])
+    n = full_chunks([pinned])
+    assert wait_for(lambda: stored(tight_daemon) == 2 * n)
+    with tight_daemon.client() as c:
+        retention = c.stats()["retention"]
+        assert retention["pinned_chunks"] == n
+        chunk = retention["pinned_bytes"] // n
+        for _ in range(2 * (64 << 20) // chunk):   # twice the tier in one-chunk puts of another namespace
+            c.put([os.urandom(16)], [b"f" * chunk])
+        keys = engine.chunk_keys([pinned, unpinned])
+        assert [c.lookup(chain) for chain in keys] == [n, 0]
