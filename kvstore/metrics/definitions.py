@@ -298,6 +298,9 @@ METRICS: tuple[MetricDef, ...] = (
     _m("tenant_ceiling_refusals", "counter",
        "Room refused because the tenant was at its ceiling in the tier: DRAM puts and promotions refused, disk "
        "writes and GPU promotions not made.", "tenants.{tenant}.tiers.{tier}.ceiling_refusals"),
+    _m("tenant_lookup_tokens", "counter", "Tokens each tenant's clients looked up (hits and misses).",
+       "tenants.{tenant}.lookup_tokens"),
+    _m("tenant_hit_tokens", "counter", "Tokens each tenant's lookups found stored.", "tenants.{tenant}.hit_tokens"),
     # latency, observed by the dispatcher
     _m("request_duration_seconds", "histogram",
        "Time the daemon spent on a request, by operation (lookup, reserve, commit, put_inline, get, ...).",

@@ -21,7 +21,8 @@ from ..protocol import messages as m
 from ..protocol.engine_blocks import EngineBlocks, read_engine
 from ..protocol.retention import RetentionAsk, read_retention
 from ..protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
-from ..tenants.access import Principal, may_access
+from ..tenants.access import AccessCache, Principal, may_access
+from ..tenants.table import TenantTable
 from .integrity_handlers import INTEGRITY_HANDLERS
 from .service import Service
 from .session import Session
@@ -52,16 +53,26 @@ def _readable(svc: Service, s: Session, keys: list) -> list:
 
     A forbidden chunk must cost what a miss costs (no timing side channel): the walk stops at the first key that
     is absent *or* forbidden, after the same work for either (one index probe and one access check per key), and
-    the Store then walks the same all-readable prefix in both cases."""
+    the Store then walks the same all-readable prefix in both cases. The access check is the session's
+    ``AccessCache``, one dict lookup for any namespace, so that it costs the same for the other tenant's namespace
+    as for the session's own."""
     if svc.tenants is None:
         return keys
-    own = _may_touch(svc, s, s.namespace)
+    may_read = _reader(svc.tenants, s)
+    own = may_read(s.namespace)
     for i, key in enumerate(keys):
         namespace = svc.store.namespace_of(key)
-        allowed = _may_touch(svc, s, namespace if namespace is not None else s.namespace)
+        allowed = may_read(namespace if namespace is not None else s.namespace)
         if namespace is None or not (own and allowed):
             return keys[:i]
     return keys
+
+
+def _reader(table: TenantTable, s: Session) -> AccessCache:
+    """The session's read check under ``table`` (made at its first read, and again after a reload)."""
+    if s.access is None or s.access.table is not table:
+        s.access = AccessCache(table, s.principal)
+    return s.access
 
 
 def handle_ping(svc: Service, s: Session, h: dict, frames: list) -> Frames:
@@ -101,11 +112,26 @@ def handle_lookup_seen(svc: Service, s: Session, h: dict, frames: list) -> Frame
     """Lookups the client answered from the shared index: the LRU touch and the counts its own lookups make."""
     req = m.LookupSeen.parse(h)
     for asked, found, repeat in zip(req.asked, req.found, req.repeat):
+        found = _not_hidden(svc, s, found)
         svc.store.note_lookup(asked, found, repeat)
         svc.count_lookup_tokens(s, asked * repeat, len(found) * repeat)
     for chain in req.read:   # gets served from the arena: the touch, the counts and the hit hooks a get makes
-        svc.store.note_read(chain)
+        svc.store.note_read(_not_hidden(svc, s, chain))
     return [ok_reply(h["id"])]
+
+
+def _not_hidden(svc: Service, s: Session, keys: list) -> list:
+    """The leading ``keys`` up to the first chunk held for a namespace the session may not read: a note names what
+    the shared index showed, which never lists such a chunk, so a note that names one is not the index's and
+    must not touch (keep hot) or count another tenant's chunks."""
+    if svc.tenants is None:
+        return keys
+    may_read = _reader(svc.tenants, s)
+    for i, key in enumerate(keys):
+        namespace = svc.store.namespace_of(key)
+        if namespace is not None and not may_read(namespace):
+            return keys[:i]
+    return keys
 
 
 def _throttled(svc: Service, nbytes: int, then: Callable[[], Frames]) -> Any:
@@ -215,7 +241,8 @@ def handle_get(svc: Service, s: Session, h: dict, frames: list) -> Any:
     req = m.Get.parse(h)
     # A verifying reader hashes its views on the CPU: it gets DRAM copies, never GPU slots.
     gpu_ok = req.gpu and not req.verify and not req.inline and s.arena and svc.gpu_mover is not None
-    waits = svc.arrivals(req.keys, gpu_ok, req.verify, req.wait_ms > 0)
+    # Only what the session may read is waited for: a forbidden chunk on disk is not read back for it (a miss).
+    waits = svc.arrivals(_readable(svc, s, req.keys), gpu_ok, req.verify, req.wait_ms > 0)
     if waits:
         async def later() -> Frames:
             await asyncio.wait(waits, timeout=req.wait_ms / 1000)

@@ -8,7 +8,7 @@ from ..keys import KEY_SCHEME
 from ..procinfo import process_start_time
 from ..protocol.engine_identity import EngineIdentity
 from ..protocol.messages import ConnectorReport
-from ..tenants.access import Principal
+from ..tenants.access import AccessCache, Principal
 from .compat import KeyParams
 
 
@@ -28,6 +28,7 @@ class Session:
     identity: EngineIdentity | None = None    # the engine instance it serves (KV cache events' topic), if said
     # Who the client is: known for stream connections (SO_PEERCRED), unknown (all None) on ZeroMQ.
     principal: Principal = field(default_factory=Principal)
+    access: AccessCache | None = None   # what the principal may read under the table in force (handlers.py)
 
     @property
     def key_params(self) -> KeyParams:

@@ -54,6 +54,28 @@ def may_access(table: TenantTable, who: Principal, namespace: str) -> bool:
     return not tenant.restricted or is_member(tenant, who)
 
 
+class AccessCache:
+    """Which namespaces one principal may read under one table, remembered: each check after a namespace's first
+    is one dict lookup whatever the answer, so that checking a chunk the principal may not read costs what
+    checking its own namespace for an absent chunk costs (``may_access`` itself does more work for a restricted
+    tenant's namespace than for an open one). Bounded: cleared when it holds ``LIMIT`` namespaces."""
+
+    LIMIT = 4096
+
+    def __init__(self, table: TenantTable, who: Principal) -> None:
+        self.table = table
+        self.who = who
+        self._seen: dict[str, bool] = {}
+
+    def __call__(self, namespace: str) -> bool:
+        seen = self._seen.get(namespace)
+        if seen is None:
+            if len(self._seen) >= self.LIMIT:
+                self._seen.clear()
+            seen = self._seen[namespace] = may_access(self.table, self.who, namespace)
+        return seen
+
+
 def private_namespaces(tenants: TenantTable | None) -> Callable[[str], bool] | None:
     """Whether a namespace is a restricted tenant's, kept out of the shared index (any local reader could map it);
     None without a tenants table."""

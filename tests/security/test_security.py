@@ -17,6 +17,7 @@ from kvstore.security import ClientCurve, generate_keypair, is_loopback
 from kvstore.tiers.host.arena import arena_path_for
 
 from support.daemons import run_cli, short_tempdir
+from support.users import as_other_user
 from support.workload import free_port, payload_for
 
 
@@ -154,29 +155,6 @@ def test_curve_keys_from_environment(start_daemon, keys, monkeypatch):
 
 # -- another user ------------------------------------------------------------------------------------------
 
-def _as_other_user(uid: int, gid: int, probe) -> list[str]:
-    """Run ``probe()`` in a forked child that has dropped to ``uid``; return what it reports."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            report = "\n".join(probe())
-            os.write(write_end, report.encode())
-        except BaseException as exc:  # noqa: BLE001 - report everything to the parent
-            os.write(write_end, f"probe failed: {exc!r}".encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end) as f:
-        out = f.read()
-    os.waitpid(pid, 0)
-    return out.splitlines()
-
-
 def _denied(action) -> str:
     try:
         action()
@@ -220,7 +198,7 @@ def test_another_user_cannot_connect_or_map(start_daemon):
             "lock " + _denied(lambda: open(d.socket_path + ".lock", "rb").close()),
         ]
 
-    assert _as_other_user(other.pw_uid, other.pw_gid, probe) == [
+    assert as_other_user(other.pw_uid, other.pw_gid, probe) == [
         "unix denied", "client unavailable", "arena denied", "lock denied"]
 
 

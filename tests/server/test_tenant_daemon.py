@@ -67,6 +67,7 @@ def test_disk_budgets_are_held_and_shown_per_tier_in_stats_and_metrics(start_dae
     with daemon.client(namespace="small:a") as small:
         for _ in range(8):
             small.put(_keys(1), [b"s" * CHUNK])
+        assert small.lookup(_keys(2)) == 0   # 2 chunks of 256 tokens asked, none found
         deadline = time.monotonic() + 20
         while small.stats()["disk"]["write_queue_chunks"] or small.stats()["disk"]["writes_in_flight"]:
             assert time.monotonic() < deadline, "the write-back queue did not drain"
@@ -78,6 +79,8 @@ def test_disk_budgets_are_held_and_shown_per_tier_in_stats_and_metrics(start_dae
     assert value(samples, "kvstore_tenant_ceiling_bytes", tenant="small", tier="disk") == 3 << 20
     assert value(samples, "kvstore_tenant_guaranteed_bytes", tenant="default", tier="disk") == 2 << 20
     assert value(samples, "kvstore_tenant_bytes", tenant="small", tier="dram") == 8 * CHUNK
+    assert value(samples, "kvstore_tenant_lookup_tokens_total", tenant="small") >= 512
+    assert value(samples, "kvstore_tenant_hit_tokens_total", tenant="small") == 0
     daemon.restart()   # the disk index is rebuilt (no warm restart of DRAM): each file charged to its namespace's
     with daemon.client(namespace="other") as other:
         tenants = other.stats()["tenants"]
