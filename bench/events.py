@@ -57,8 +57,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def wait_for_event(sub: zmq.Socket, kind: str, h: int, timeout_s: float = 5.0) -> float:
-    """The time the batch with a ``kind`` event naming block hash ``h`` arrived."""
+def wait_for_event(sub: zmq.Socket, kind: str, h: int | None = None,
+                   timeout_s: float = 5.0) -> tuple[float, list[int]]:
+    """The time the next batch with a ``kind`` event (naming block hash ``h``; None: any) arrived, and that
+    event's block hashes."""
     deadline = time.perf_counter() + timeout_s
     while time.perf_counter() < deadline:
         if not sub.poll(100):
@@ -66,9 +68,9 @@ def wait_for_event(sub: zmq.Socket, kind: str, h: int, timeout_s: float = 5.0) -
         _, _, payload = sub.recv_multipart()
         now = time.perf_counter()
         for event in msgpack.unpackb(payload)[1]:
-            if event["type"] == kind and h in event["block_hashes"]:
-                return now
-    raise RuntimeError(f"no {kind} for {h:x} within {timeout_s}s")
+            if event["type"] == kind and (h is None or h in event["block_hashes"]):
+                return now, event["block_hashes"]
+    raise RuntimeError(f"no {kind}{'' if h is None else f' for {h:x}'} within {timeout_s}s")
 
 
 def event_latency(c: kvstore.Client, sub: zmq.Socket, n: int) -> dict[str, float]:
@@ -78,28 +80,14 @@ def event_latency(c: kvstore.Client, sub: zmq.Socket, n: int) -> dict[str, float
         key = os.urandom(16)
         t0 = time.perf_counter()
         c.put([key], [payload])
-        stored.append(wait_for_event(sub, "BlockStored", block_hash(key)) - t0)
+        stored.append(wait_for_event(sub, "BlockStored", block_hash(key))[0] - t0)
         t0 = time.perf_counter()
         c.delete([key])
-        removed.append(wait_for_event(sub, "BlockRemoved", block_hash(key)) - t0)
+        removed.append(wait_for_event(sub, "BlockRemoved", block_hash(key))[0] - t0)
     return {"put_to_stored_p50_ms": percentile(stored, 0.5) * 1e3,
             "put_to_stored_p99_ms": percentile(stored, 0.99) * 1e3,
             "delete_to_removed_p50_ms": percentile(removed, 0.5) * 1e3,
             "delete_to_removed_p99_ms": percentile(removed, 0.99) * 1e3, "samples": n}
-
-
-def wait_for_any(sub: zmq.Socket, kind: str, timeout_s: float = 5.0) -> tuple[float, list[int]]:
-    """The time the next batch with a ``kind`` event arrived, and that event's block hashes."""
-    deadline = time.perf_counter() + timeout_s
-    while time.perf_counter() < deadline:
-        if not sub.poll(100):
-            continue
-        _, _, payload = sub.recv_multipart()
-        now = time.perf_counter()
-        for event in msgpack.unpackb(payload)[1]:
-            if event["type"] == kind:
-                return now, event["block_hashes"]
-    raise RuntimeError(f"no {kind} within {timeout_s}s")
 
 
 def drain(sub: zmq.Socket) -> None:
@@ -134,7 +122,7 @@ def eviction_latency(n: int) -> dict[str, float]:
                 t0 = time.perf_counter()
                 c.put([key], [payload])
                 try:
-                    arrived, hashes = wait_for_any(sub, "BlockRemoved", timeout_s=1.0)
+                    arrived, hashes = wait_for_event(sub, "BlockRemoved", timeout_s=1.0)
                 except RuntimeError:   # room was made before this put (a refill of its credit): no sample
                     skipped += 1
                     continue

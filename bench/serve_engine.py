@@ -252,3 +252,37 @@ def bench_serve(venv: Venv, env: dict[str, str], url: str, model: str, trace: st
         raise RuntimeError(f"vllm bench serve failed ({done.returncode}): {error_line(tail)}")
     with open(path) as f:
         return json.load(f)
+
+
+class ProxyProcess:
+    """A proxy script of ``bench/`` (``serve_proxy.py``, ``serve_router.py``) run by ``python`` on a free port,
+    its output in ``workdir``; started once it answers ``/health``. Owns the process and its log.
+
+    Raises:
+        RuntimeError: the proxy exited, or did not answer within ``timeout_s``.
+    """
+
+    def __init__(self, python: str, script: str, args: list[str], env: dict[str, str], workdir: str,
+                 timeout_s: float = 300.0) -> None:
+        from bench._common import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(os.path.join(workdir, f"{Path(script).stem}-{self.port}.log"), "ab")
+        self.proc = subprocess.Popen([python, str(REPO / "bench" / script), str(self.port), *args],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                http(self.url + "/health", timeout=5)
+                return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.5)
+        self.close()
+        raise RuntimeError(f"{script} did not start (its log: {self.log.name})")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.log.close()

@@ -17,6 +17,20 @@ from aiohttp import ClientSession, ClientTimeout, web
 HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
+async def relay(request: web.Request, url: str, body: bytes) -> web.StreamResponse:
+    """Send ``request`` (its method, headers but the hop-by-hop ones, and ``body``) to ``url``; stream the reply
+    back as it comes (server-sent events included), so TTFT measured through the proxy is the replica's."""
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+    async with request.app["session"].request(request.method, url, data=body, headers=headers) as upstream:
+        reply = web.StreamResponse(status=upstream.status, headers={
+            k: v for k, v in upstream.headers.items() if k.lower() not in HOP})
+        await reply.prepare(request)
+        async for piece in upstream.content.iter_any():
+            await reply.write(piece)
+        await reply.write_eof()
+        return reply
+
+
 def make_app(backends: list[str]) -> web.Application:
     turn = itertools.cycle(backends)
     app = web.Application(client_max_size=1 << 28)
@@ -27,18 +41,7 @@ def make_app(backends: list[str]) -> web.Application:
         await app["session"].close()
 
     async def forward(request: web.Request) -> web.StreamResponse:
-        backend = next(turn)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
-        body = await request.read()
-        async with request.app["session"].request(request.method, backend + request.rel_url.path_qs,
-                                                  data=body, headers=headers) as upstream:
-            reply = web.StreamResponse(status=upstream.status, headers={
-                k: v for k, v in upstream.headers.items() if k.lower() not in HOP})
-            await reply.prepare(request)
-            async for piece in upstream.content.iter_any():
-                await reply.write(piece)
-            await reply.write_eof()
-            return reply
+        return await relay(request, next(turn) + request.rel_url.path_qs, await request.read())
 
     app.cleanup_ctx.append(session)
     app.router.add_route("*", "/{tail:.*}", forward)

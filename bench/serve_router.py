@@ -38,7 +38,6 @@ from typing import Any
 from kvstore.protocol.kv_events import block_hash
 from kvstore.routing import BoundedHashRing, EngineRef, EventSource, EventsIndex, EventsRouter, LoadCosts
 
-HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 POLICIES = ("rr", "hash", "events")
 Hasher = Callable[[Sequence[int]], list[int]]
 
@@ -166,6 +165,8 @@ def make_app(policies: Policies) -> Any:
     """The aiohttp application: ``/health``, ``/stats``, ``/probe`` and ``/<policy>/<path>`` forwarded."""
     from aiohttp import ClientSession, ClientTimeout, web
 
+    from bench.serve_proxy import relay
+
     app = web.Application(client_max_size=1 << 28)
 
     async def session(app: web.Application):
@@ -193,16 +194,8 @@ def make_app(policies: Policies) -> Any:
         routed = request.method == "POST"   # a GET (the client's /v1/models) is no request to route or count
         name = policies.choose(policy, prompt) if routed else next(iter(policies.replicas))
         try:
-            headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
             url = f"{policies.replicas[name].url}/{tail}" + (f"?{request.query_string}" if request.query_string else "")
-            async with request.app["session"].request(request.method, url, data=body, headers=headers) as upstream:
-                reply = web.StreamResponse(status=upstream.status, headers={
-                    k: v for k, v in upstream.headers.items() if k.lower() not in HOP})
-                await reply.prepare(request)
-                async for piece in upstream.content.iter_any():
-                    await reply.write(piece)
-                await reply.write_eof()
-                return reply
+            return await relay(request, url, body)
         finally:
             if routed:
                 policies.finish(policy, name)

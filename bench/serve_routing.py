@@ -23,17 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
-import urllib.error
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from bench._common import BenchDaemon, free_port, start_daemon
+from bench._common import BenchDaemon, start_daemon
 from bench.serve import INSTALL_HINT, run
-from bench.serve_engine import REPO, Server, http
+from bench.serve_engine import ProxyProcess, Server, http
 from bench.serve_harness import (
     FULL, QUICK, Arm, Bench, Profile, agreement, check_prompts, connector_config, interleaved, median_of,
 )
@@ -99,41 +97,22 @@ def engine_arm(i: int, daemon: BenchDaemon, chunk_tokens: int) -> Arm:
     return Arm(f"routed-e{i}", args=("--kv-transfer-config", json.dumps(config)))
 
 
-class RouterProxy:
+class RouterProxy(ProxyProcess):
     """`serve_router.py` in the engine's virtualenv in front of the engines, following their daemons' events."""
 
     def __init__(self, bench: Bench, engines: list[Server], sockets: list[tuple[str, str]]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(os.path.join(bench.workdir, f"router-{self.port}.log"), "ab")
         specs = [f"--engine=e{i}={s.url},{pub},{replay},kv@e{i}@{MODEL_NAME}"
                  for i, (s, (pub, replay)) in enumerate(zip(engines, sockets))]
         per_block = bench.profile.kv_bytes_per_token() * CPU_BLOCK
-        self.proc = subprocess.Popen([bench.venv.python, str(REPO / "bench" / "serve_router.py"), str(self.port),
-                                      "--block-tokens", str(CPU_BLOCK), "--bytes-per-block", str(per_block),
-                                      "--min-match", str(MIN_MATCH), *specs],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=bench.env)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                http(self.url + "/health", timeout=5)
-                return
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.5)
-        self.close()
-        raise RuntimeError(f"the routing proxy did not start (its log: {self.log.name})")
+        super().__init__(bench.venv.python, "serve_router.py",
+                         ["--block-tokens", str(CPU_BLOCK), "--bytes-per-block", str(per_block),
+                          "--min-match", str(MIN_MATCH), *specs], bench.env, bench.workdir)
 
     def stats(self) -> dict[str, Any]:
         return http(self.url + "/stats", timeout=30)
 
     def probe(self, prompt: list[int]) -> dict[str, Any]:
         return http(self.url + "/probe", body={"prompt": prompt}, timeout=30)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        self.log.close()
 
 
 def hashes_agree(bench: Bench, proxy: RouterProxy) -> dict[str, Any]:

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import time
-import urllib.error
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from bench.serve_engine import Server, http, peer_broken
+from bench.serve_engine import ProxyProcess, Server, peer_broken
 from bench.serve_harness import Arm, Bench, Profile, agreement, interleaved, median_of, ratio
 from bench.serve_traces import (
     Conversations,
@@ -134,34 +131,12 @@ def trace_slice(bench: Bench, path: str) -> dict[str, Any]:
     return out
 
 
-class Proxy:
+class Proxy(ProxyProcess):
     """`serve_proxy.py` (round robin) in the engine's virtualenv, in front of `backends`."""
 
     def __init__(self, bench: Bench, backends: list[Server]) -> None:
-        from bench._common import free_port
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        here = os.path.dirname(os.path.abspath(__file__))
-        self.log = open(os.path.join(bench.workdir, f"proxy-{self.port}.log"), "ab")
-        self.proc = subprocess.Popen([bench.venv.python, os.path.join(here, "serve_proxy.py"), str(self.port),
-                                      *[b.url for b in backends]], stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=bench.env)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                http(self.url + "/health", timeout=5)
-                return
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.5)
-        self.close()
-        raise RuntimeError("the round-robin proxy did not start")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        self.log.close()
+        super().__init__(bench.venv.python, "serve_proxy.py", [b.url for b in backends], bench.env, bench.workdir,
+                         timeout_s=120)
 
 
 def replicas(bench: Bench) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from kvstore.protocol.engine_blocks import EngineBlocks
 from kvstore.protocol.engine_identity import EngineIdentity
 from kvstore.routing import LoadCosts
 from support.daemons import short_tempdir
+from support.servers import EXTRAS_COMMAND
 
 BLOCK = 8          # tokens per engine block
 CHUNK_BLOCKS = 2   # engine blocks per chunk
@@ -123,6 +124,7 @@ def test_replicas_are_named_with_all_four_parts():
 
 
 def test_the_app_forwards_each_request_to_the_chosen_replica_and_streams_its_reply(start_daemon):
+    pytest.importorskip("aiohttp", reason=f"the proxy runs on aiohttp, which comes with the engines: {EXTRAS_COMMAND}")
     from aiohttp import ClientSession, web
     from aiohttp.test_utils import TestServer
 

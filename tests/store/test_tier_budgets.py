@@ -9,7 +9,6 @@ from hypothesis.stateful import invariant, precondition, rule
 
 from kvstore.errors import StoreFullError
 from kvstore.sim.movers import InstantDiskMover
-from kvstore.store.after_reply import AfterReply
 from kvstore.store.entry import DiskState, Entry
 from kvstore.store.store import Store
 from kvstore.store.tenant_budgets import CHARGE_OF, HELD_TIERS
@@ -18,7 +17,7 @@ from kvstore.tiers.host.tier import HostTier
 from kvstore.tiers.ledgers import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena, VirtualDisk
 
-from support.store_machine import KEYS, OWNERS, PAGE, TTL, Movers, Published, Sums, StoreMachine
+from support.store_machine import KEYS, OWNERS, PAGE, StoreMachine
 
 TENANTS = parse_tenants({
     "a": {"namespaces": ["a:"], "dram": {"guaranteed": 6 * PAGE, "ceiling": 14 * PAGE},
@@ -45,23 +44,8 @@ class TenantStoreMachine(StoreMachine):
     @rule(policy=st.sampled_from(["chain-lru", "s3-fifo"]), host_pages=st.integers(8, 24),
           gpu_pages=st.sampled_from([0, 8]), disk_pages=st.sampled_from([0, 16, 40]), deferred=st.booleans())
     def start(self, policy: str, host_pages: int, gpu_pages: int, disk_pages: int, deferred: bool) -> None:
-        disk = VirtualDisk(disk_pages * PAGE) if disk_pages else None
-        gpu = HostTier(VirtualArena(gpu_pages * PAGE)) if gpu_pages else None
-        store = Store(HostTier(VirtualArena(host_pages * PAGE)), TTL, TTL, tier_ledgers(policy, disk, gpu),
-                      clock=lambda: self.now, tenants=TENANTS)
-        self.wiring = Movers(store)
-        self.sums = Sums()
-        self.published = Published()
-        for ledger in (store.disk_ledger, store.gpu_ledger):
-            if ledger is not None:
-                ledger.mover = self.wiring
-        store.remote_ledger.mover = None
-        store.published = self.published
-        store.after_reply = AfterReply() if deferred else None
-        self.store = store
-        self.disk = store.disk_ledger
-        self.gpu = store.gpu_ledger
-        self.remote = store.remote_ledger
+        self.build_store(policy, host_pages, gpu_pages, disk_pages, summed=False, remote=False, deferred=deferred,
+                         tenants=TENANTS)
 
     # -- the steps that take room for one tenant ------------------------------------------------------------------
     @precondition(StoreMachine.ready)

@@ -5,6 +5,7 @@ its ledgers' movers played by the machine, and every accounting invariant checke
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import hypothesis.strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -91,10 +92,16 @@ class StoreMachine(RuleBasedStateMachine):
           summed=st.booleans(), remote=st.booleans(), deferred=st.booleans())
     def start(self, policy: str, host_pages: int, gpu_pages: int, disk_pages: int, summed: bool,
               remote: bool, deferred: bool) -> None:
+        self.build_store(policy, host_pages, gpu_pages, disk_pages, summed, remote, deferred)
+
+    def build_store(self, policy: str, host_pages: int, gpu_pages: int, disk_pages: int, summed: bool,
+                    remote: bool, deferred: bool, **store_args: Any) -> None:
+        """A Store of these tiers wired to the machine's movers, sums and shared index (``store_args``: more of
+        the Store's keyword arguments, e.g. ``tenants``)."""
         disk = VirtualDisk(disk_pages * PAGE) if disk_pages else None
         gpu = HostTier(VirtualArena(gpu_pages * PAGE)) if gpu_pages else None
         store = Store(HostTier(VirtualArena(host_pages * PAGE)), TTL, TTL, tier_ledgers(policy, disk, gpu),
-                      clock=lambda: self.now)
+                      clock=lambda: self.now, **store_args)
         self.wiring = Movers(store)
         self.sums = Sums()
         self.published = Published()
