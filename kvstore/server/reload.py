@@ -12,14 +12,25 @@ the value in force is named as needing a restart, and is not applied.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import logs
 from ..config import ServerConfig, read_settings
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .service import Service
+    from ..tenants.table import TenantTable
+
+
+class Reloadable(Protocol):
+    """What a reload needs of the daemon's service (``service.Service``), named here so this module does not
+    import it (the service holds the reload)."""
+
+    config: ServerConfig
+
+    def capacities(self) -> dict[str, int | None]: ...
+
+    def set_tenants(self, table: "TenantTable") -> None: ...
 
 
 @dataclass(frozen=True)
@@ -55,7 +66,7 @@ def changed_settings(config: ServerConfig, source: ConfigSource) -> list[str]:
     return [f.name for f in fields(config) if values[f.name] != getattr(config, f.name)]
 
 
-def reload_tenants(svc: "Service", source: ConfigSource) -> ReloadReport:
+def reload_tenants(svc: Reloadable, source: ConfigSource) -> ReloadReport:
     """Read ``source``'s tenants table again and apply it to ``svc``, or refuse it and keep the old one; logged."""
     from ..tenants.table import load_tenants
 

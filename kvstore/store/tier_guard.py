@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections import OrderedDict, defaultdict
 from typing import Callable, Iterable, Iterator, TypeVar
 
+from ..protocol.retention import Retention
 from ..tenants.table import TenantTable
 from .entry import Entry
 from .eviction import EvictionQueue
@@ -290,6 +291,23 @@ class TierGuard:
             self.shared.add_newest(victim)
 
 
+def least_kept(spilled: "OrderedDict[bytes, tuple[Entry, int]]", classes: bool) -> Entry:
+    """The oldest spilled chunk (``spilled`` not empty) of the lowest retention class, a pin counting above
+    ``high`` (``classes``: the tier orders by class; else simply the oldest): a tenant held to its ceiling gives up
+    what it asked to keep least first. The walk ends at the first ``low`` chunk."""
+    oldest = next(iter(spilled.values()))[0]
+    if not classes:
+        return oldest
+    best, best_rank = oldest, Retention.PIN + 1
+    for entry, _ in spilled.values():
+        rank = Retention.PIN if entry.pin_until else Retention(entry.retention)
+        if rank < best_rank:
+            best, best_rank = entry, rank
+            if rank == Retention.LOW:
+                break
+    return best
+
+
 class OwnChunks:
     """One tenant's evictable chunks of a guarded tier, as ``room.make_room`` takes victims: its spilled chunks
     (oldest spilled first), then its parked ones in its queue's order."""
@@ -305,7 +323,7 @@ class OwnChunks:
             return None   # no budget here: its chunks are all in the shared queue
         entry: Entry | None
         if spilled:
-            entry = next(iter(spilled.values()))[0]
+            entry = least_kept(spilled, guard.wrap is not None)
             guard._unspill(entry)
         else:
             entry = guard.parked[name].pop_oldest()

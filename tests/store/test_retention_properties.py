@@ -52,7 +52,7 @@ def pool_of(store, entry) -> str:
 
 
 @pytest.mark.parametrize("policy", ["chain-lru", "lru", "s3-fifo"])
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(puts=st.lists(PUTS, min_size=1, max_size=30))
 def test_retention_holds_within_budgets(policy, puts):
     clock = Clock()
