@@ -182,15 +182,15 @@ class RetentionQueue:
             self._queue(cls).push_oldest(part) if cls is not Retention.PIN else self._pin_all(part)
 
     def peek_oldest(self) -> Entry | None:
-        for cls in EVICTABLE:
-            victim = self._queues[cls].peek_oldest()
-            if victim is not None:
-                return victim
-        return None
+        return self._lowest(lambda queue: queue.peek_oldest())
 
     def pop_oldest(self) -> Entry | None:
+        return self._lowest(lambda queue: queue.pop_oldest())
+
+    def _lowest(self, take: Callable[[EvictionQueue], Entry | None]) -> Entry | None:
+        """``take`` of the lowest evictable class's queue that has a chunk."""
         for cls in EVICTABLE:
-            victim = self._queues[cls].pop_oldest()
+            victim = take(self._queues[cls])
             if victim is not None:
                 return victim
         return None
