@@ -227,6 +227,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("socket", _read_socket, default_socket, "path of the ipc:// socket", "PATH", path=True),
     Setting("tcp", _read_tcp, lambda: None, "also listen on tcp://HOST:PORT (loopback unless you mean it)",
             "HOST:PORT"),
+    Setting("tcp_heartbeat", lambda v, n: parse_seconds(v, n), lambda: 10.0,
+            "how often the daemon pings each tcp:// client; a connection silent for three pings is closed and its "
+            "session ends (its leases and reservations freed, its engine no longer published for)", "SECONDS"),
     Setting("host_mem", lambda v, n: parse_size(v, n), default_host_mem,
             "most memory the host DRAM tier takes in /dev/shm, as chunks arrive (default: a quarter of "
             "available memory)", "SIZE"),
@@ -310,6 +313,7 @@ _BY_NAME = {s.name: s for s in SETTINGS}
 class ServerConfig:
     socket: str
     tcp: str | None
+    tcp_heartbeat: float
     host_mem: int
     adopt: bool
     max_chunk: int

@@ -61,6 +61,7 @@ from ..tenants.access import Principal
 from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor
+from .tcp_peers import TcpPeers, set_heartbeat
 from .refusals import RefusalLog
 from .reload import ConfigSource, ReloadReport, reload_tenants
 from .service import Service
@@ -97,6 +98,7 @@ class Daemon:
         self._ctx = zmq.Context()
         self._sockets: list[tuple[str, zmq.Socket]] = []
         self._reactors: list[SocketReactor] = []
+        self.tcp_peers: TcpPeers | None = None   # the tcp:// sessions by connection (tcp_peers.py)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False      # refuse new work (see FINISHING_OPS)
         self._curve: ServerCurve | None = None  # CURVE on tcp:// (security/curve.py), when configured
@@ -175,8 +177,10 @@ class Daemon:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, -1)
-        if transport == "tcp" and self._curve is not None:
-            self._curve.apply(sock)
+        if transport == "tcp":
+            set_heartbeat(sock, self.config.tcp_heartbeat)
+            if self._curve is not None:
+                self._curve.apply(sock)
         old_umask = os.umask(0o077)  # the ipc socket file is owner-only from its first moment
         try:
             sock.bind(address)
@@ -187,6 +191,9 @@ class Daemon:
             os.umask(old_umask)
         self._sockets.append((transport, sock))
         self._claims.take(sock.close, linger=0)
+        if transport == "tcp":
+            self.tcp_peers = TcpPeers(sock, self.drop_session)
+            self._claims.take(self.tcp_peers.close)
 
     def close(self) -> None:
         """Release everything ``open`` and ``serve`` took, newest first (safe to call again)."""
@@ -217,7 +224,10 @@ class Daemon:
             self.svc.adoption.start(loop)   # kept chunks are published as their checksums match
         if self.svc.events is not None:
             self.svc.events.start(loop)   # snapshots are taken on the loop from here on
-        self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks, self.after_reply)
+        if self.tcp_peers is not None:
+            self.tcp_peers.start(loop)
+        self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks, self.after_reply,
+                                        self.tcp_peers.poll if t == "tcp" and self.tcp_peers else None)
                           for t, s in self._sockets]
         for reactor in self._reactors:
             reactor.start()
@@ -364,6 +374,8 @@ class Daemon:
         if transport == "tcp" and self._curve is not None:
             principal = self._curve_principal(owner, msg[1])
         reply = self.handle_request(transport, owner, msg[1].buffer, msg[2:], principal)
+        if self.tcp_peers is not None and transport == "tcp" and owner in self.sessions:
+            self.tcp_peers.follow(owner, msg[1])   # the session ends with this connection
         if type(reply) is not list:
             return _routed(routing_id, reply)
         return [routing_id] + reply
@@ -463,6 +475,8 @@ class Daemon:
         session = self.sessions.pop(owner, None)
         if session is None:
             return
+        if self.tcp_peers is not None:
+            self.tcp_peers.forget(owner)
         self.svc.engine_left(session)
         leases, reservations = self.svc.store.drop_owner(owner)
         if leases or reservations or reason != "connection_closed":

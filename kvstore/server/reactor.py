@@ -28,8 +28,10 @@ Handler = Callable[[str, list], Any]
 
 class SocketReactor:
     def __init__(self, loop: asyncio.AbstractEventLoop, transport: str, sock: zmq.Socket,
-                 handle: Handler, tasks: set[asyncio.Task], after_reply: Callable[[], None] = lambda: None) -> None:
+                 handle: Handler, tasks: set[asyncio.Task], after_reply: Callable[[], None] = lambda: None,
+                 before_drain: Callable[[], None] | None = None) -> None:
         self.loop = loop
+        self._before_drain = before_drain   # news the socket's monitor has, read before its messages (tcp_peers.py)
         self._after_reply = after_reply   # what a request left for once its reply is sent
         self.transport = transport
         self.sock = sock
@@ -50,6 +52,8 @@ class SocketReactor:
             self.loop.remove_reader(self._fd)
 
     def _drain(self) -> None:
+        if self._before_drain is not None:
+            self._before_drain()
         for _ in range(BURST):
             if not self.active or not cast(int, self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 return
