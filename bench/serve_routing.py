@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -41,9 +42,12 @@ from bench.serve_traces import Conversations, conversation_trace
 POLICIES = {"round_robin": "rr", "prefix_hash": "hash", "events": "events"}
 MIN_MATCH = 0.5   # the events router follows a held prefix only when it is half the prompt or more
 MODEL_NAME = "bench"   # the served model name: the engines' topics are kv@<engine>@bench
-# one 256-token system prompt, then 512 new tokens a turn: follow-ups share their own session's context
-FULL_TRACE = Conversations(sessions=6, turns=4, systems=1, system_blocks=1, turn_blocks=2, block_tokens=256,
-                           output_tokens=8, session_gap_ms=800, turn_gap_ms=4000, jitter_ms=1500)
+# one 256-token system prompt, then 512 new tokens a turn: follow-ups share their own session's context; the
+# eight sessions run side by side (every session sends a turn between two turns of any other), so a daemon that
+# sees every session (round robin) must keep all of them to find a follow-up's context, one that sees half of
+# them (affinity) half
+FULL_TRACE = Conversations(sessions=8, turns=4, systems=1, system_blocks=1, turn_blocks=2, block_tokens=256,
+                           output_tokens=8, session_gap_ms=300, turn_gap_ms=4000, jitter_ms=1300)
 QUICK_TRACE = Conversations(sessions=4, turns=3, systems=1, system_blocks=1, turn_blocks=2, block_tokens=256,
                             output_tokens=4, session_gap_ms=300, turn_gap_ms=2000, jitter_ms=800)
 
@@ -53,18 +57,23 @@ def engine_blocks(c: Conversations, in_flight: int = 2) -> int:
     return in_flight * -(-(c.longest_prompt() + c.output_tokens) // CPU_BLOCK) + 1
 
 
-def affinity_ceiling(rows: list[dict], engines: int = 2) -> dict[str, float]:
+def affinity_ceiling(rows: list[dict], engines: int = 2, capacity: int | None = None) -> dict[str, float]:
     """What routing can win on ``rows`` at most, from the trace alone: the share of prompt blocks found in the
-    chosen engine's daemon (leading blocks it holds, everything kept) under round robin, and under perfect
-    session affinity (every turn of a session on one engine, sessions spread in turn); their ratio."""
+    chosen engine's daemon (the leading blocks it holds) under round robin, and under perfect session affinity
+    (every turn of a session on one engine, sessions spread in turn); their ratio. ``capacity``: blocks each
+    daemon keeps, least recently used first out (None: everything kept)."""
     def share(pick: Callable[[int, dict], int]) -> float:
-        held: list[set[int]] = [set() for _ in range(engines)]
+        held: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(engines)]
         hits = total = 0
         for i, row in enumerate(rows):
             ids, mine = row["hash_ids"], held[pick(i, row)]
             hits += next((n for n, h in enumerate(ids) if h not in mine), len(ids))
             total += len(ids)
-            mine.update(ids)
+            for h in ids:
+                mine[h] = None
+                mine.move_to_end(h)
+            while capacity is not None and len(mine) > capacity:
+                mine.popitem(last=False)
         return hits / total if total else 0.0
 
     first: dict[int, int] = {}
@@ -181,12 +190,12 @@ def routing(bench: Bench, c: Conversations, share: float) -> dict[str, Any]:
         bench.keep()
         for d in daemons:
             d.stop()
-    return {**finish(runs, c, blocks, rows, check, hashes), "daemon_host_mem": host_mem, "daemon_share": share,
+    return {**finish(runs, c, blocks, rows, check, hashes, share), "daemon_host_mem": host_mem, "daemon_share": share,
             "events_min_match": MIN_MATCH}
 
 
 def finish(runs: dict[str, list[dict[str, Any]]], c: Conversations, blocks: int, rows: list[dict],
-           check: dict[str, Any], hashes: dict[str, Any]) -> dict[str, Any]:
+           check: dict[str, Any], hashes: dict[str, Any], share: float) -> dict[str, Any]:
     """The scenario's record: runs, medians, the ratios of events to the others, and what they were run on."""
     median = {k: median_of(v) for k, v in runs.items()}
 
@@ -203,13 +212,17 @@ def finish(runs: dict[str, list[dict[str, Any]]], c: Conversations, blocks: int,
             "agreement": check, "hashes": hashes, "engines": 2, "engine_blocks": blocks,
             "engine_kv_tokens": blocks * CPU_BLOCK, "working_set_tokens": c.unique_tokens(), "requests": len(rows),
             "block_hit_ceiling": affinity_ceiling(rows),
+            "block_hit_ceiling_at_daemon_size": affinity_ceiling(rows, capacity=int(c.unique_tokens() * share)
+                                                                 // c.block_tokens),
             "trace": {k: getattr(c, k) for k in ("sessions", "turns", "systems", "system_blocks", "turn_blocks",
                                                   "block_tokens", "output_tokens", "session_gap_ms", "turn_gap_ms",
                                                   "jitter_ms")},
             "hit_rates": "token_hit_rate: prompt tokens not prefilled (found in vLLM's own prefix cache or loaded "
                          "by the connector) over all prompt tokens, from vllm:prompt_tokens_by_source summed over "
                          "both engines; daemon_hit_rate: the daemons' hit tokens over their lookup tokens (both "
-                         "daemons); block_hit_ceiling: the trace's own bound, daemons keeping everything"}
+                         "daemons); block_hit_ceiling: the trace's own bound, daemons keeping everything; "
+                         "block_hit_ceiling_at_daemon_size: the same with each daemon keeping daemon_share of the "
+                         "working set, least recently used out"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

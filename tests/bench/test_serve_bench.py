@@ -273,3 +273,14 @@ def test_the_affinity_ceiling_counts_leading_blocks_held_by_the_engine_chosen():
     swapped = [rows[0], rows[1], rows[3], rows[2]]   # round robin now sends each follow-up to the other engine
     got = affinity_ceiling(swapped)
     assert got["round_robin"] == 2 / 10 and got["session_affinity"] == 4 / 10 and got["ratio"] == 2.0
+
+
+def test_the_affinity_ceiling_at_a_daemon_size_drops_least_recently_used_blocks():
+    from bench.serve_routing import affinity_ceiling
+
+    rows = [{"session": 0, "hash_ids": [0, 1]}, {"session": 1, "hash_ids": [5, 6]},
+            {"session": 0, "hash_ids": [0, 1, 2]}]
+    assert affinity_ceiling(rows, engines=1)["round_robin"] == 2 / 7   # the follow-up finds its first turn
+    # a daemon of 2 blocks keeps only the second session's: the follow-up finds nothing
+    assert affinity_ceiling(rows, engines=1, capacity=2)["round_robin"] == 0.0
+    assert affinity_ceiling(rows, engines=1, capacity=4)["round_robin"] == 2 / 7
