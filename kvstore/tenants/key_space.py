@@ -59,7 +59,7 @@ class KeySpace:
     """One restricted tenant's key space: a keyed, one-way map of client keys to the keys its chunks are kept
     under. Equal inputs give equal keys in every daemon that holds the same secret."""
 
-    __slots__ = ("tenant", "_base")
+    __slots__ = ("_base", "tenant")
 
     def __init__(self, secret: bytes, tenant: str) -> None:
         """Args:
