@@ -165,3 +165,20 @@ def test_a_reload_that_needs_a_bad_key_file_is_refused_and_the_table_stays(start
     with daemon.client(namespace="team:a", use_arena=False) as anyone:   # the old table: team: is still open
         keys, payloads = _chain()
         assert anyone.put(keys, payloads) == CHUNKS
+
+
+def test_a_session_follows_its_namespace_into_a_new_space_at_a_reload(start_daemon, tmp_path):
+    config = _config(tmp_path, OPEN_TABLE)
+    daemon = start_daemon("--config", config, "--host-mem", "16MiB", "--disk-size", "0")
+    keys, raw = _chain()
+    scoped = [os.urandom(len(p)) for p in raw]
+    with daemon.client(namespace="team:a", shared_index=False) as team:
+        assert team.put(keys, raw) == CHUNKS                 # open: stored under the raw keys
+        (tmp_path / "kvstore.toml").write_text(TABLE)
+        assert run_cli("reload", "--socket", daemon.socket_path, timeout=60).returncode == 0
+        assert team.lookup(keys) == 0                        # its next request is mapped: the old chunks miss
+        assert team.put(keys, scoped) == CHUNKS              # and a put of the same keys stores new ones
+        assert _read(team, keys) == scoped
+        (tmp_path / "kvstore.toml").write_text(OPEN_TABLE)
+        assert run_cli("reload", "--socket", daemon.socket_path, timeout=60).returncode == 0
+        assert _read(team, keys) == raw                      # open again: the raw keys' chunks, still held
