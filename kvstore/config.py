@@ -48,6 +48,12 @@ def _read_dir(value: Any, name: str) -> str:
     return os.path.abspath(os.path.expanduser(text))
 
 
+def _read_optional_file(value: Any, name: str) -> str:
+    """A file path made absolute, or "" (the setting's default place)."""
+    text = _read_str(value, name).strip()
+    return os.path.abspath(os.path.expanduser(text)) if text else ""
+
+
 def _read_log_level(value: Any, name: str) -> str:
     level = _read_str(value, name).lower()
     if level not in ("debug", "info", "warning", "error"):
@@ -279,6 +285,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("curve_client_keys", _read_str, lambda: "",
             "directory of allowed clients' CURVE .key files (or one file of keys); needed with --curve-server-key",
             "PATH", path=True),
+    Setting("tenant_key_file", _read_optional_file, lambda: "",
+            "the secret of restricted tenants' key spaces, made (32 random bytes, mode 0600) when absent and read "
+            "at every start, only when a tenant lists identities (default: tenant-keys.secret in --disk-dir); "
+            "daemons sharing a remote store must use copies of the same file", "FILE", path=True),
 )
 EVENT_SETTINGS = (
     Setting("events_endpoint", _read_events_endpoint, lambda: "",
@@ -336,6 +346,7 @@ class ServerConfig:
     scrub_rate: int
     curve_server_key: str
     curve_client_keys: str
+    tenant_key_file: str
     events_endpoint: str
     events_replay_endpoint: str
     events_buffer: int

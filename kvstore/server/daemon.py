@@ -58,6 +58,8 @@ from ..tiers.host.adoption import keep_arena, open_host_arena, open_journal, tak
 from ..tiers.host.journal import journal_path_for
 from ..tiers.host.tier import HostTier
 from ..tenants.access import Principal
+from ..tenants.key_file import open_tenant_keys
+from ..tenants.key_space import scope_request
 from .handlers import HANDLERS, hello_reply
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor
@@ -144,10 +146,11 @@ class Daemon:
         if self.config.adopt:   # what a crash leaves for the next start (tiers/host/journal.py)
             open_journal(host, path)
             claims.leftovers.append(journal_path_for(arena.path))
+        tenant_keys = open_tenant_keys(self.config, self.tenants)   # before the tiers: a bad file costs nothing
         tiers = open_tiers(self.config, self.tenants, host, disk, arena, claims, lambda: self._remote_close_wait,
                            kept)
         self.svc = Service(self.config, tiers, self.tenants, stats=self.stats, stream_path=self._stream_path,
-                           reload=self.reload if self.source is not None else None)
+                           reload=self.reload if self.source is not None else None, tenant_keys=tenant_keys)
         take(self._remove_socket_file)   # after the ipc socket is closed (registered below)
         self._bind("ipc", "ipc://" + path)
         claims.leftovers.append(path)
@@ -405,6 +408,8 @@ class Daemon:
                 known = self.sessions.get(owner)
                 if known is None:
                     raise VersionError("send HELLO (protocol version and namespace) before any other request")
+                # The one place keys are translated: a restricted tenant's keys into its key space.
+                header = scope_request(self.svc.key_space(known), op, header)
                 reply = HANDLERS[op](self.svc, known, header, payload)
                 if type(reply) is not list:   # a coroutine: the handler has to wait
                     return self._finish(rid, op, started, reply)

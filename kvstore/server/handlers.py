@@ -89,8 +89,10 @@ def handle_lookup(svc: Service, s: Session, h: dict, frames: list) -> Any:
     for name in result.tiers:
         tiers[name] = tiers.get(name, 0) + 1
     remote = svc.remote
-    # A walk cut short by a forbidden chunk (or a session of a forbidden namespace) does not ask the remote store:
-    # it would fetch what the session may not read.
+    # A walk cut short by a forbidden chunk does not ask the remote store (it would fetch what the session may not
+    # read), and a fetch is never filed under a namespace the session may not touch. The remote store is asked
+    # only the keys of the session's own key space (tenants/key_space.py): another tenant's records are named by
+    # keys of that tenant's space, which the session cannot name.
     forbidden = len(keys) < len(req.keys) and (not _may_touch(svc, s, s.namespace)
                                                or svc.store.namespace_of(req.keys[len(keys)]) is not None)
     if remote is None or not req.promote or result.count == len(req.keys) or forbidden:
@@ -348,6 +350,7 @@ def hello_reply(svc: Service, owner: bytes, transport: str, h: dict,
     session.track_process(req.pid, req.pid_start)
     session.connector = req.connector
     session.identity = req.identity
+    svc.key_space(session)   # the key space its keys are mapped into from now on (tenants/key_space.py)
     if svc.event_log is not None:
         svc.event_log.note_block_size(session.namespace, session.chunk_tokens)
     private = svc.tenants is not None and svc.tenants.tenant_for(session.namespace).restricted

@@ -77,10 +77,10 @@ def reload_tenants(svc: Reloadable, source: ConfigSource) -> ReloadReport:
         try:
             restart = changed_settings(svc.config, source)
             table = load_tenants(source.path, svc.capacities())
+            svc.set_tenants(table)   # refused whole when it needs a tenant key file it cannot have
         except ConfigError as exc:
             report = ReloadReport(False, error=str(exc))
         else:
-            svc.set_tenants(table)
             report = ReloadReport(True, tenants=[t.name for t in table.all()], needs_restart=restart)
     if report.applied:
         logs.info("tenants_reloaded", file=source.path, tenants=",".join(report.tenants),

@@ -18,6 +18,8 @@ from .. import logs
 from ..config import ServerConfig
 from ..store.events import EventLog
 from ..tenants.access import private_namespaces
+from ..tenants.key_file import open_tenant_keys
+from ..tenants.key_space import KeySpace, TenantKeys
 from ..tiers.gpu.mover import GpuMover
 from ..tiers.disk.mover import DiskMover
 from ..store.published_index import PublishedIndex
@@ -71,7 +73,8 @@ class Service:
     def __init__(self, config: ServerConfig, tiers: Tiers, tenants: "TenantTable | None" = None,
                  stats: Callable[[], dict[str, Any]] = dict,
                  stream_path: Callable[[], str | None] = lambda: None,
-                 reload: Callable[[], "ReloadReport"] | None = None) -> None:
+                 reload: Callable[[], "ReloadReport"] | None = None,
+                 tenant_keys: TenantKeys | None = None) -> None:
         """What handlers may touch, complete from the start.
 
         Args:
@@ -81,6 +84,8 @@ class Service:
             stats: the daemon's ``stats`` reply.
             stream_path: the listening stream socket's path, if any.
             reload: reads the config file's tenants table again and applies it (``reload.py``); None: no file.
+            tenant_keys: the restricted tenants' key spaces (``tenants/key_file.py``); None: ``tenants`` has no
+                restricted tenant.
         """
         self.config = config
         self.started = time.time()
@@ -98,6 +103,7 @@ class Service:
         self.stream_path = stream_path
         self.stats = stats
         self.tenants = tenants
+        self.tenant_keys = tenant_keys
         self.tenant_tokens: dict[str, TenantTokens] = {}   # by tenant name (names come from the config file)
         self.reload = reload
 
@@ -109,11 +115,29 @@ class Service:
                 "gpu": self.config.gpu_mem}
 
     def set_tenants(self, table: "TenantTable") -> None:
-        """Apply a reloaded tenants table at once: the access checks, every tier's budgets, and which namespaces
-        the shared index keeps out (a namespace that became restricted is unlisted, one that became open listed)."""
+        """Apply a reloaded tenants table at once: the access checks, every tier's budgets, which namespaces the
+        shared index keeps out (a namespace that became restricted is unlisted, one that became open listed), and
+        the key spaces sessions send their keys in (``key_space``).
+
+        Raises:
+            ConfigError: the table is the first with a restricted tenant and the tenant key file cannot be made
+                or trusted (nothing is applied).
+        """
+        if self.tenant_keys is None:
+            self.tenant_keys = open_tenant_keys(self.config, table)
         self.tenants = table
         self.store.set_tenants(table)
         self.store.set_private(private_namespaces(table))
+
+    def key_space(self, session: Session) -> KeySpace | None:
+        """The key space ``session``'s keys are mapped into (``tenants/key_space.py``; None: raw keys): chosen at
+        its hello, and again at its first request under a reloaded table. A namespace whose space changes leaves
+        its chunks under the old keys, misses for its sessions from then on."""
+        if session.key_space_table is not self.tenants:
+            keys = self.tenant_keys
+            session.key_space = keys.space_for(self.tenants, session.namespace) if keys is not None else None
+            session.key_space_table = self.tenants
+        return session.key_space
 
     def movers(self) -> list[Any]:
         """The movers of the tiers below DRAM (``store/movers.py``), in start order."""
