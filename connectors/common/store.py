@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
@@ -17,6 +18,7 @@ import torch
 
 import kvstore
 from kvstore.breaker import Breaker
+from kvstore.errors import KVStoreError
 from kvstore.protocol.engine_blocks import EngineBlocks
 
 from .layout import KVGeometry, PagedGeometry, chunk_from_buffer, chunks_to_dense
@@ -215,6 +217,7 @@ class ChunkStore:
     def lease(self, keys: Sequence[bytes]) -> Iterator[list[Any]]:
         """Zero-copy views of the longest leasable prefix of `keys` whose sizes fit the geometry, valid
         inside the `with`; an empty list when the daemon cannot give any. The lease ends on exit."""
+        started = time.perf_counter()
         held = self._attempt("get", None, lambda: self._client().get(keys)) if keys else None
         try:
             views = list(held.views) if held is not None else []
@@ -225,9 +228,25 @@ class ChunkStore:
                     views = views[:i]
                     break
             yield views
+            if held is not None and views:
+                self._note_load(list(held.tiers[:len(views)]), views, time.perf_counter() - started)
         finally:
             if held is not None:
                 held.release()
+
+    def _note_load(self, tiers: list[str], views: list[Any], seconds: float) -> None:
+        """Tell the daemon what this load cost per medium (the time shared by bytes), for routers' tier weights;
+        a note that cannot go is dropped, never a failed load."""
+        by_medium: dict[str, int] = {}
+        for tier, view in zip(tiers, views):
+            medium = "GPU" if tier == "gpu" else "CPU"
+            by_medium[medium] = by_medium.get(medium, 0) + _nbytes(view)
+        total = sum(by_medium.values())
+        try:
+            for medium, nbytes in by_medium.items():
+                self._client().note_load(medium, nbytes, seconds * nbytes / total)
+        except KVStoreError:
+            pass
 
     def reserve(self, keys: Sequence[bytes], first: int, count: int,
                 engine: Sequence[EngineBlocks | None] | None = None, retention: str = "normal",

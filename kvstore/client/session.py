@@ -25,6 +25,7 @@ from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
 from . import arguments
 from .credit import CreditWriter
+from .load_notes import LoadNotes
 from .mappings import Mappings
 from .shared_index import SeenNotes
 from .stream_transport import StreamLost, StreamTransport
@@ -83,6 +84,7 @@ class Session(Mappings):
         # Lookups from the daemon's shared-memory index (local clients; shared_index=False always asks the socket)
         self.want_shared_index = shared_index and self.use_arena
         self._seen = SeenNotes()
+        self._loads = LoadNotes()   # the connector's own loads, timed (note_load)
         self._credit = CreditWriter(credits)   # puts in one round trip (client/credit.py); False: reserve + commit
         try:
             self._hello()
@@ -202,6 +204,20 @@ class Session(Mappings):
             self._transport.send({"op": Op.LOOKUP_SEEN, **note}, timeout=0, want_reply=False, hold=hold)
         except DaemonUnavailable:
             pass
+
+    def note_load(self, medium: str, nbytes: int, seconds: float) -> None:
+        """Tell the daemon that loading ``nbytes`` from ``medium`` took ``seconds``, from asking for the chunks to
+        the end of their copy into the engine: the daemon publishes what a KiB costs per medium for routers
+        (``load_ns_per_kib`` in stats). ``medium``: "CPU" (the shared arena) or "GPU" (the GPU pool). Summed here
+        and sent without waiting for a reply, at most once a second. Raises UsageError for another medium or a
+        negative size or time."""
+        if self._loads.add(medium, nbytes, seconds):
+            note = self._loads.take()
+            if note is not None:
+                try:
+                    self._transport.send({"op": Op.LOAD_TIMES, **note}, timeout=0, want_reply=False)
+                except DaemonUnavailable:
+                    pass   # like a lookup's note: lost with a daemon that is not there
 
     def close(self) -> None:
         """Publish a queued put, tell the daemon the last lookups, and close the sockets and mappings. Idempotent;

@@ -24,7 +24,8 @@ from typing import Iterator
 PREFIX = "kvstore_"
 TIER_LABEL = r"[a-z0-9]+"
 # The tenant label's values are the names of the config file's tenants (tenants/table.py), never the wire's.
-LABEL_PATTERNS = {"tenant": r"[A-Za-z0-9][A-Za-z0-9_-]*"}
+LABEL_PATTERNS = {"tenant": r"[A-Za-z0-9][A-Za-z0-9_-]*",
+                  "medium": r"CPU|GPU|STORAGE"}   # the KV cache events' media
 
 # Request latency buckets (seconds): a request is an index update of microseconds, a disk read can take
 # milliseconds, a stalled tier seconds.
@@ -161,6 +162,9 @@ METRICS: tuple[MetricDef, ...] = (
     _m("disk_reads_in_flight", "gauge", "Disk reads (promotions) in flight.", "disk.reads_in_flight"),
     _m("disk_fetch_ns_per_kib", "gauge", "Measured cost of a disk hit: read time per KiB promoted, since start.",
        "disk.read_ns_per_kib"),
+    _m("load_ns_per_kib", "gauge", "What loading a KiB costs per KV cache event medium, since start: STORAGE as the "
+       "daemon reads the disk tier, CPU and GPU as the engines' connectors time their own loads.",
+       "load_ns_per_kib.{medium}"),
     _m("gpu_copies_down", "counter", "GPU-tier chunks copied back into DRAM before leaving the GPU tier.",
        "counters.gpu_copies_down"),
     _m("gpu_copies_in_flight", "gauge", "Copies between the GPU tier and DRAM in flight.", "gpu.copies_in_flight"),

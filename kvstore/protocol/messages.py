@@ -413,3 +413,34 @@ def _read_chains(h: dict[str, Any]) -> list[list[bytes]]:
         if not isinstance(packed, bytes):
             raise BadRequestError(f"read[{i}] must be packed {KEY_BYTES}-byte keys")
     return [_unpack_keys(packed, f"read[{i}]", allow_empty=True) for i, packed in enumerate(read)]
+
+
+LOAD_MEDIA = ("CPU", "GPU")   # the KV cache events' media a client loads from itself (the arena, the GPU pool)
+MAX_LOAD_NS = 1 << 62
+
+
+@dataclass(frozen=True)
+class LoadTimes:
+    """How long a client's loads took since its last note, per medium: bytes loaded and nanoseconds spent (from
+    asking for the chunks to the end of the copy into the engine)."""
+
+    media: list[str]
+    nbytes: list[int]
+    ns: list[int]
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "LoadTimes":
+        media, nbytes, ns = h.get("media"), h.get("bytes"), h.get("ns")
+        if (not isinstance(media, list) or not isinstance(nbytes, list) or not isinstance(ns, list)
+                or not len(media) == len(nbytes) == len(ns) or len(media) > len(LOAD_MEDIA)):
+            raise BadRequestError(f"fields 'media', 'bytes' and 'ns' must be lists of the same length, at most "
+                                  f"{len(LOAD_MEDIA)}, one entry per medium")
+        for i, medium in enumerate(media):
+            if medium not in LOAD_MEDIA:
+                raise BadRequestError(f"media[{i}] = {medium!r} is not a medium loaded by clients; use one of "
+                                      f"{', '.join(LOAD_MEDIA)}")
+        for name, values in (("bytes", nbytes), ("ns", ns)):
+            for i, v in enumerate(values):
+                if type(v) is not int or not 0 <= v <= MAX_LOAD_NS:
+                    raise BadRequestError(f"{name}[{i}] must be an integer in [0, {MAX_LOAD_NS}]")
+        return cls(media=media, nbytes=nbytes, ns=ns)

@@ -63,6 +63,7 @@ class Op(enum.IntEnum):
     SCRUB_STATUS = 20  # a pass's progress, its report once ended; keeps the pass alive
     SCRUB_CANCEL = 21  # stop one scrub pass, or (pass 0) every pass clients started
     RELOAD = 22        # read the config file's tenants table again and apply it (kvstore reload, server/reload.py)
+    LOAD_TIMES = 23    # how long a client's own loads took per medium, for routers (server/load_costs.py)
 
 
 def _check_unique_ops() -> None:

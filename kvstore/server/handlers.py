@@ -122,6 +122,12 @@ def handle_lookup_seen(svc: Service, s: Session, h: dict, frames: list) -> Frame
     return [ok_reply(h["id"])]
 
 
+def handle_load_times(svc: Service, s: Session, h: dict, frames: list) -> Frames:
+    """How long the client's own loads took per medium (``load_costs.py``): counted into the costs a router reads."""
+    svc.load_costs.add(m.LoadTimes.parse(h))
+    return [ok_reply(h["id"])]
+
+
 def _not_hidden(svc: Service, s: Session, keys: list) -> list:
     """The leading ``keys`` up to the first chunk held for a namespace the session may not read: a note names what
     the shared index showed, which never lists such a chunk, so a note that names one is not the index's and
@@ -327,6 +333,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.RELEASE: handle_release,
     Op.EXTEND: handle_extend,
     Op.LOOKUP_SEEN: handle_lookup_seen,
+    Op.LOAD_TIMES: handle_load_times,
     Op.DELETE: handle_delete,
     Op.CLEAR: handle_clear,
     Op.STATS: handle_stats,

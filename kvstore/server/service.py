@@ -30,6 +30,7 @@ from ..tiers.host.adoption import Adoption
 from .kv_events import EventPublisher
 from .safeguards import Safeguards
 from .session import Session
+from .load_costs import LoadCosts
 
 if TYPE_CHECKING:
     from ..tenants.table import TenantTable
@@ -106,6 +107,7 @@ class Service:
         self.tenant_keys = tenant_keys
         self.tenant_tokens: dict[str, TenantTokens] = {}   # by tenant name (names come from the config file)
         self.reload = reload
+        self.load_costs = LoadCosts()   # what the clients' own loads cost, as they report them
 
     # -- tenants --------------------------------------------------------------------------------------------
     def capacities(self) -> dict[str, int | None]:

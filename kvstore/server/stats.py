@@ -54,11 +54,12 @@ def daemon_stats(d: "Service", sessions: int, auth_rejected: int,
 
 
 def load_costs(d: "Service") -> dict[str, int]:
-    """What loading a KiB from each tier costs, per KV cache event medium, as far as this daemon measures it: the
-    disk tier's promotion reads (``STORAGE``) once it has read something. A router weighs each medium's blocks by it
-    (``kvstore/routing/events_router.py``); media left out (``CPU``, ``GPU``: copied by the engine's client, not
-    by the daemon) take the router's configured cost."""
-    costs: dict[str, int] = {}
+    """What loading a KiB from each tier costs, per KV cache event medium, as far as it is measured: the disk
+    tier's promotion reads (``STORAGE``), timed by the daemon; DRAM (``CPU``) and GPU-tier (``GPU``) hits, which the
+    engines' clients copy themselves, as their connectors report them (``load_costs.py``). A router weighs each
+    medium's blocks by it (``kvstore/routing/events_router.py``); a medium nobody has loaded from yet is left out
+    (the router then takes its configured cost)."""
+    costs = d.load_costs.ns_per_kib()
     disk = d.disk_mover.stats() if d.disk_mover is not None else None
     if disk and disk.get("read_ns_per_kib"):
         costs["STORAGE"] = int(disk["read_ns_per_kib"])

@@ -50,7 +50,7 @@ KEY_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.LOOKUP_SEEN: ("found", "read"),
 }
 NO_KEYS = frozenset({Op.HELLO, Op.PING, Op.COMMIT, Op.ABORT, Op.RELEASE, Op.EXTEND, Op.STATS, Op.CLEAR,
-                     Op.SCRUB, Op.SCRUB_START, Op.SCRUB_STATUS, Op.SCRUB_CANCEL, Op.RELOAD})
+                     Op.SCRUB, Op.SCRUB_START, Op.SCRUB_STATUS, Op.SCRUB_CANCEL, Op.RELOAD, Op.LOAD_TIMES})
 assert set(KEY_FIELDS) | NO_KEYS == set(Op) and not set(KEY_FIELDS) & NO_KEYS, \
     "every operation must say whether it carries keys (tenants/key_space.py)"
 

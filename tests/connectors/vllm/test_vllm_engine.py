@@ -71,6 +71,8 @@ def test_second_engine_loads_what_the_first_saved(pool, kv_daemon):
     assert_same(b.generate(batch), want)
     assert delta(b.stats(), moved, "worker", "chunks_loaded") == 4 * (1100 // CHUNK)
     assert delta(b.stats(), moved, "worker", "load_failures") == 0
+    with kv_daemon.client() as c:   # the worker timed its loads from DRAM and told the daemon (routers read it)
+        assert wait_for(lambda: c.stats()["load_ns_per_kib"].get("CPU", 0) > 0)
 
 
 def test_concurrent_batch_with_and_without_hits(pool, kv_daemon):
