@@ -52,6 +52,7 @@ from .room import make_room
 from .s3fifo import MAX_FREQ
 from .sinks import EventSink, IndexSink, SumSink
 from .tenant_budgets import TenantBudgets
+from .tier_guard import TierGuard
 
 if TYPE_CHECKING:
     from ..tiers.gpu.tier import GpuTier
@@ -464,13 +465,29 @@ class Store(PutMixin, DamageMixin):
             offset = make_room(lambda: self.host.allocate(size), self.lru, self._may_leave_dram,
                                self.drop_host_copy)
             return self._allocated(offset, size, owner, taken)
-        tenant = self.budgets.tenant_of(namespace) if namespace is not None else None
-        if tenant is not None and not guard.keep_under_ceiling(tenant.name, size, self._may_leave_dram,
-                                                               self.drop_host_copy):
-            raise StoreFullError(self.budgets.ceiling_message(tenant, size))
-        offset = guard.make_room(tenant.name if tenant is not None else None, lambda: self.host.allocate(size),
-                                 self._may_leave_dram, self.drop_host_copy)
+        tenant = self._held_to_ceiling(guard, namespace, size) if namespace is not None else None
+        offset = guard.make_room(tenant, lambda: self.host.allocate(size), self._may_leave_dram,
+                                 self.drop_host_copy)
         return self._allocated(offset, size, owner, taken)
+
+    def hold_to_ceiling(self, namespace: str, size: int) -> None:
+        """Make ``size`` more bytes of ``namespace``'s tenant fit under its DRAM ceiling, evicting its own chunks
+        (lowest retention class, then oldest, first): what a put into space already allocated (a put credit's,
+        ``credits.py``) takes instead of ``allocate_host``. Raises StoreFullError, naming the tenant and its
+        budget, when its chunks that may leave cannot make the room (those evicted so far stay evicted)."""
+        guard = self.budgets.held("dram")
+        if guard is None or size <= 0:
+            return
+        if self.classes:
+            self.expire_pins()
+        self._held_to_ceiling(guard, namespace, size)
+
+    def _held_to_ceiling(self, guard: TierGuard, namespace: str, size: int) -> str:
+        """``hold_to_ceiling`` once the guard is known; returns the tenant's name."""
+        tenant = self.budgets.tenant_of(namespace)
+        if not guard.keep_under_ceiling(tenant.name, size, self._may_leave_dram, self.drop_host_copy):
+            raise StoreFullError(self.budgets.ceiling_message(tenant, size))
+        return tenant.name
 
     def _allocated(self, offset: int | None, size: int, owner: bytes | None, taken: Sequence[Entry]) -> int:
         """``offset``, or the StoreFullError that says what holds the room."""
