@@ -190,7 +190,9 @@ class Store(PutMixin, DamageMixin):
                 self.reclass(entry, partial(self.soft_pins.pin, entry, ask.pin_ttl))
                 continue
             held = Retention.HIGH if cls is Retention.PIN else cls   # a pin holds a DRAM copy: one held below is high
-            if fresh or held > entry.retention:
+            if fresh and entry not in self.lru:
+                entry.retention = held   # queued nowhere yet (lower tiers hear of it later): each queues it by class
+            elif fresh or held > entry.retention:
                 self.reclass(entry, partial(setattr, entry, "retention", held))
 
     def count_no_store(self, chunks: int) -> None:

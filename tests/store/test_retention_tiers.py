@@ -86,6 +86,22 @@ def test_every_tiers_queue_is_split_by_class_once_one_is_used():
     assert store.lru.pins and not store.disk_ledger.lru.pins and not store.gpu_ledger.lru.pins
 
 
+def test_the_gpu_tier_demotes_low_before_normal_before_high():
+    store = disk_store(gpu_chunks=6)
+    gpu = store.gpu_ledger
+    assert gpu is not None
+    chunks = {cls: put(store, cls[0], 2, cls) for cls in ("high", "normal", "low")}   # high the oldest
+    for keys in chunks.values():
+        for key in keys:
+            entry = store.index[key]
+            assert gpu.start_promote(entry) is not None and gpu.finish_promote(entry, True)
+    order = []
+    while (victim := gpu.victim()) is not None:
+        order.append(victim.retention)
+        gpu.lru.remove(victim)
+    assert order == [Retention.LOW] * 2 + [Retention.NORMAL] * 2 + [Retention.HIGH] * 2
+
+
 def test_a_chunk_raised_to_a_higher_class_moves_in_the_disk_queue_too():
     store = disk_store()
     first = put(store, "a", 6, "low")
