@@ -11,10 +11,11 @@ its ceiling.
 Planning a put (``plan``): when the tenant's bytes plus the put's would pass its ceiling, the tenant's oldest
 values that have landed (whose put ended: deleting one still in flight could race its put) are chosen as
 victims, enough to make the room. The mover deletes them from the store first and sends the put only once the
-delete succeeded (``deleted``); a delete that fails gives the victims back and drops the put (``restore``). A put
-the ceiling refuses outright (larger than the ceiling, or with too few landed values to delete) is not sent, and
-counted. A value seen missing (a lookup of this daemon asked the store for it and it was not there) leaves the
-book: the store evicted it.
+delete succeeded (``deleted``); a delete that fails gives the victims back and drops the put (``restore``), and
+a put the backend does not take (store down, queue full) is unbooked (``unsent``). A put the ceiling refuses
+outright (larger than the ceiling, or with too few landed values to delete) is not sent, and counted. A value
+seen missing (a lookup of this daemon asked the store for it and it was not there) leaves the book: the store
+evicted it.
 
 What it does not hold: the book counts this daemon's writes since it started (or since the tenant's ceiling was
 set by a reload), not what earlier runs or other hosts wrote; and no guarantee can be held in the remote store,
@@ -24,9 +25,12 @@ never acted on. Cost: a dictionary operation per value written; a tenant without
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
+
+_plan_ids = itertools.count(1)
 
 
 @dataclass
@@ -37,6 +41,7 @@ class Plan:
     keys: list[bytes]                        # the put's values, in order
     fresh: dict[bytes, int]                  # those not booked before, and their bytes (charged by the plan)
     victims: list[tuple[bytes, int]] = field(default_factory=list)   # (key, bytes) to delete first, oldest first
+    id: int = field(default_factory=lambda: next(_plan_ids))
 
     @property
     def victim_keys(self) -> list[bytes]:
@@ -44,10 +49,19 @@ class Plan:
 
 
 @dataclass
-class TenantRemote:
-    """One tenant's values in the book: key -> (bytes, landed), oldest first, and the counters."""
+class Value:
+    """One value the daemon wrote (or is writing) to the store for a tenant."""
 
-    values: OrderedDict[bytes, list[int]] = field(default_factory=OrderedDict)   # key -> [bytes, landed 0/1]
+    nbytes: int
+    writing: int = 0     # puts of it in flight: while any is, it is never a victim (its delete could race them)
+    last_plan: int = 0   # the plan that wrote it last
+
+
+@dataclass
+class TenantRemote:
+    """One tenant's values in the book, oldest first, and the counters."""
+
+    values: OrderedDict[bytes, Value] = field(default_factory=OrderedDict)
     bytes: int = 0
     deleting: int = 0            # bytes of victims whose delete is in flight (still counted in ``bytes``)
     deleted: int = 0             # values deleted from the store to hold the ceiling
@@ -77,34 +91,35 @@ class RemoteBook:
         for key, size in zip(keys, sizes):
             if key not in book.values:
                 fresh[key] = size
-        need = sum(fresh.values())
-        victims = self._victims(book, set(keys), book.bytes + need - ceiling)
+        victims = self._victims(book, set(keys), book.bytes + sum(fresh.values()) - ceiling)
         if victims is None:
             book.refusals += 1
             return None
+        plan = Plan(tenant, list(keys), fresh, victims)
         for key, size in victims:
             del book.values[key]
             book.deleting += size
         for key in keys:
-            held = book.values.get(key)
-            if held is not None and key not in fresh:
+            value = book.values.get(key)
+            if value is None:
+                value = book.values[key] = Value(fresh[key])
+                book.bytes += value.nbytes
+                self._owner[key] = tenant
+            else:
                 book.values.move_to_end(key)   # written again: its value is new in the store
-                held[1] = 0                     # ... once this put lands
-        for key, size in fresh.items():
-            book.values[key] = [size, 0]
-            self._owner[key] = tenant
-        book.bytes += need
-        return Plan(tenant, list(keys), fresh, victims)
+            value.writing += 1
+            value.last_plan = plan.id
+        return plan
 
     def landed(self, plan: Plan) -> None:
-        """The plan's put ended: its values may be chosen as victims from now on."""
+        """The plan's put ended: its values may be chosen as victims once no other put of them is in flight."""
         book = self.tenants.get(plan.tenant)
         if book is None:
             return
         for key in plan.keys:
-            held = book.values.get(key)
-            if held is not None:
-                held[1] = 1
+            value = book.values.get(key)
+            if value is not None and value.writing:
+                value.writing -= 1
 
     def deleted(self, plan: Plan) -> None:
         """The plan's victims were deleted from the store: their bytes leave the book."""
@@ -116,35 +131,47 @@ class RemoteBook:
             if self._owner.get(key) == plan.tenant and key not in book.values:
                 del self._owner[key]
 
-    def restore(self, plan: Plan) -> None:
-        """The plan's delete failed, or its put was never sent: the victims are booked again (at the old end,
-        landed), and the put's fresh values are not."""
+    def unsent(self, plan: Plan) -> None:
+        """The plan's put was never sent: the values it booked afresh leave the book, unless a later put wrote
+        them since (then they stay booked, an upper bound)."""
+        self.landed(plan)
         book = self.tenants.get(plan.tenant)
         if book is None:
             return
         for key in plan.fresh:
-            held = book.values.pop(key, None)
-            if held is not None:
-                book.bytes -= held[0]
+            value = book.values.get(key)
+            if value is not None and value.last_plan == plan.id:
+                del book.values[key]
+                book.bytes -= value.nbytes
                 self._owner.pop(key, None)
+
+    def restore(self, plan: Plan) -> None:
+        """The plan's delete failed: the victims are booked again (at the old end, since the store may still hold
+        them), and the put, never sent, is not."""
+        self.unsent(plan)
+        book = self.tenants[plan.tenant]
         for key, size in reversed(plan.victims):
             book.deleting -= size
-            book.values[key] = [size, 1]
+            if key in book.values:   # written again since it was chosen: booked already
+                book.bytes -= size
+                continue
+            book.values[key] = Value(size)
             book.values.move_to_end(key, last=False)
             self._owner[key] = plan.tenant
 
     def seen_missing(self, key: bytes) -> None:
-        """A lookup found ``key`` gone from the store (it evicted it): it leaves the book, if it landed."""
+        """A lookup found ``key`` gone from the store (it evicted it): it leaves the book, unless a put of it is
+        in flight."""
         tenant = self._owner.get(key)
         if tenant is None:
             return
         book = self.tenants[tenant]
-        held = book.values.get(key)
-        if held is None or not held[1]:
+        value = book.values.get(key)
+        if value is None or value.writing:
             return
         del book.values[key]
         del self._owner[key]
-        book.bytes -= held[0]
+        book.bytes -= value.nbytes
         book.seen_missing += 1
 
     def stats(self, tenant: str) -> dict[str, int]:
@@ -155,13 +182,13 @@ class RemoteBook:
 
     @staticmethod
     def _victims(book: TenantRemote, keep: set[bytes], over: int) -> list[tuple[bytes, int]] | None:
-        """The oldest landed values (not in ``keep``) whose bytes make ``over`` bytes of room; None when those
-        cannot."""
+        """The oldest values no put is writing (not in ``keep``) whose bytes make ``over`` bytes of room; None
+        when those cannot."""
         victims: list[tuple[bytes, int]] = []
-        for key, (size, landed) in book.values.items():
+        for key, value in book.values.items():
             if over <= 0:
                 break
-            if landed and key not in keep:
-                victims.append((key, size))
-                over -= size
+            if not value.writing and key not in keep:
+                victims.append((key, value.nbytes))
+                over -= value.nbytes
         return victims if over <= 0 else None

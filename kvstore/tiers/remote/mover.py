@@ -80,7 +80,7 @@ class RemoteMover(MoverLife):
         self.lookup_chunks = 0    # chunks those lookups counted as remote hits
         self.lookup_late = 0      # answers that came after the lookup had replied
         self.remote_deletes_failed = 0   # deletes for a tenant's remote ceiling that failed (their puts dropped)
-        self._fetches: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task] = set()   # fetches, and deletes before a put (kept referenced)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         super().start(loop)
@@ -108,8 +108,8 @@ class RemoteMover(MoverLife):
             return
         assert self._loop is not None, "puts are queued only once the mover started"
         task = self._loop.create_task(self._delete_then_send(entries, plan, nbytes))
-        self._fetches.add(task)
-        task.add_done_callback(self._fetches.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _delete_then_send(self, entries: list[Entry], plan: Plan, nbytes: int) -> None:
         """Delete the plan's victims from the store, then send the put; a failed delete drops the put (the store
@@ -131,7 +131,7 @@ class RemoteMover(MoverLife):
         views = self.ledger.views(entries)
         fut = self.backend.submit_put([e.key for e in entries], views, sums=[e.checksum for e in entries])
         if fut is None:   # store down or queue full: counted by the backend
-            self.ledger.book.restore(plan)   # nothing was written
+            self.ledger.book.unsent(plan)   # nothing was written (any victims are deleted already)
             self._put_finished(entries, nbytes, None)
             return
         fut.add_done_callback(lambda f: self.call_soon(self._put_finished, entries, nbytes, plan))
@@ -167,8 +167,8 @@ class RemoteMover(MoverLife):
         sized: asyncio.Future = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(self._fetch(namespace, list(keys[n:n + MAX_FETCH]),
                                                keys[n - 1] if n else None, sized))
-        self._fetches.add(task)
-        task.add_done_callback(self._fetches.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         try:
             found = await asyncio.wait_for(asyncio.shield(sized), wait)
         except asyncio.TimeoutError:
