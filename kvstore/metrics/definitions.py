@@ -201,6 +201,8 @@ METRICS: tuple[MetricDef, ...] = (
        "remote.pinned_bytes"),
     _m("remote_unreadable_keys", "gauge", "Remote values recently found unreadable, not offered to lookups.",
        "remote.unreadable_keys"),
+    _m("remote_ceiling_deletes_failed", "counter", "Deletes from the remote store to hold a tenant's remote ceiling "
+       "that failed (the put they made room for was dropped).", "remote.ceiling_deletes_failed"),
     # integrity: checksums from commit on, damage found in any tier, scrubs, engines' verification
     _m("corrupt_chunks", "counter", "Chunk copies found damaged (failed their checksum), by tier and any check.",
        "integrity.corrupt_{tier}"),
@@ -290,7 +292,8 @@ METRICS: tuple[MetricDef, ...] = (
        "tenants.{tenant}.dram_guaranteed"),
     _m("tenant_dram_ceiling_bytes", "gauge", "Each tenant's DRAM ceiling (absent: none).",
        "tenants.{tenant}.dram_ceiling"),
-    _m("tenant_bytes", "gauge", "Bytes each tenant's chunks hold in each tier that holds budgets (dram, disk, gpu).",
+    _m("tenant_bytes", "gauge", "Bytes each tenant's chunks hold in each tier that holds budgets (dram, disk, gpu; "
+       "remote: the bytes this daemon wrote there for it and has not deleted or seen missing).",
        "tenants.{tenant}.tiers.{tier}.bytes"),
     _m("tenant_guaranteed_bytes", "gauge", "Each tenant's guaranteed share of each tier.",
        "tenants.{tenant}.tiers.{tier}.guaranteed"),
@@ -301,7 +304,12 @@ METRICS: tuple[MetricDef, ...] = (
        "tenants.{tenant}.tiers.{tier}.evicted_by_others"),
     _m("tenant_ceiling_refusals", "counter",
        "Room refused because the tenant was at its ceiling in the tier: DRAM puts and promotions refused, disk "
-       "writes and GPU promotions not made.", "tenants.{tenant}.tiers.{tier}.ceiling_refusals"),
+       "writes, GPU promotions and remote puts not made.", "tenants.{tenant}.tiers.{tier}.ceiling_refusals"),
+    _m("tenant_remote_deleted_for_ceiling", "counter", "Values of each tenant this daemon deleted from the remote "
+       "store to hold its remote ceiling.", "tenants.{tenant}.tiers.remote.deleted_for_ceiling"),
+    _m("tenant_remote_seen_missing", "counter", "Values this daemon wrote to the remote store for each tenant that "
+       "a lookup found gone (the store evicted them): they no longer count against its remote ceiling.",
+       "tenants.{tenant}.tiers.remote.seen_missing"),
     _m("tenant_lookup_tokens", "counter", "Tokens each tenant's clients looked up (hits and misses).",
        "tenants.{tenant}.lookup_tokens"),
     _m("tenant_hit_tokens", "counter", "Tokens each tenant's lookups found stored.", "tenants.{tenant}.hit_tokens"),

@@ -164,7 +164,20 @@ class Service:
         for name, row in out.items():
             tokens = self.tenant_tokens.get(name, TenantTokens())
             row.update(lookup_tokens=tokens.lookup_tokens, hit_tokens=tokens.hit_tokens)
+            if self.remote is not None:
+                row["tiers"]["remote"] = self._remote_tenant(name)
         return out
+
+    def _remote_tenant(self, name: str) -> dict[str, Any]:
+        """Tenant ``name``'s row of the remote tier: the bytes this daemon wrote for it and has not deleted or seen
+        missing (``tiers/remote/book.py``), its budget, and the puts not sent at its ceiling."""
+        booked = self.store.remote_ledger.book.stats(name)
+        tenant = self.store.budgets.table.get(name)
+        budget = tenant.budget("remote") if tenant is not None else None
+        return {"bytes": booked["bytes"], "guaranteed": budget.guaranteed_bytes if budget is not None else 0,
+                "ceiling": budget.ceiling_bytes if budget is not None else None, "evicted_by_others": 0,
+                "ceiling_refusals": booked["ceiling_refusals"], "deleted_for_ceiling": booked["deleted_for_ceiling"],
+                "seen_missing": booked["seen_missing"]}
 
     def promote_after_lookup(self, keys: Sequence[bytes], result: LookupResult) -> None:
         """A lookup that found disk-only chunks starts reading them into DRAM, so the get that follows hits."""

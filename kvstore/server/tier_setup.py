@@ -168,7 +168,8 @@ def rebuild_index(ledger: DiskLedger) -> None:
     adopted = 0
     for header, _mtime in sorted(found.chunks, key=lambda c: c[1]):
         if ledger.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len),
-                       header.payload_sum if header.raw_sum else None, header.parent, header.engine):
+                       header.payload_sum if header.raw_sum else None, header.parent, header.engine,
+                       header.retention):
             adopted += 1
         else:
             disk.remove(header.key)  # over a lowered cap, or a duplicate

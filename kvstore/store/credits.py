@@ -61,6 +61,7 @@ class Store(Protocol):
     def charge_host(self, entry: Entry) -> None: ...
     def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = (),
                       namespace: str | None = None) -> int: ...
+    def hold_to_ceiling(self, namespace: str, size: int) -> None: ...
 
 
 ONE_CREDIT_SHARE = 32   # a credit holds at most 1/32 of the host tier
@@ -120,7 +121,10 @@ class CreditBook:
         """Publish the chunks written into the owner's credit ``credit_id`` and lend ``want`` bytes again.
         ``retention``: the class the chunks are kept in (``Store.reserve`` says how).
         ``credit_id`` 0 with no keys asks for a first credit. Returns (chunks committed, the credit now held).
-        Nothing changes when the request is refused."""
+        Nothing changes when the request is refused, except at the tenant's DRAM ceiling: the put is held to it
+        as a reserve is (``Store.hold_to_ceiling``: its own chunks leave first), and when they cannot make the room
+        it is refused with StoreFullError and the credit goes back to the free space (the writer forgot it when
+        it sent the put)."""
         store = self.store
         handle = self.table.peek(owner, credit_id) if credit_id else None
         if keys:
@@ -131,6 +135,7 @@ class CreditBook:
                 store.counters.full_errors += 1
                 raise StoreFullError(refusal)
             self._check_layout(handle.payload, offsets, sizes)
+            self._hold_to_ceiling(owner, handle, namespace, keys, sizes)
         self._drop_others(owner, credit_id)
         committed, rest = 0, None
         if handle is not None:
@@ -172,6 +177,26 @@ class CreditBook:
         for hid in list(self.table.ids_of(owner)):
             if hid != credit_id:
                 self._free(self.table.take(owner, hid).payload)
+
+    def _hold_to_ceiling(self, owner: bytes, handle: Handle[Credit], namespace: str, keys: Sequence[bytes],
+                         sizes: Sequence[int]) -> None:
+        """Hold the put's tenant to its DRAM ceiling for the chunks it stores anew (the credit's space was lent,
+        charged to nobody, so the lending held no tenant to anything). Its own chunks that leave may include
+        ones this put names, which it then stores anew: counted again until nothing more is needed. Refused:
+        the credit is freed and StoreFullError raised."""
+        store = self.store
+        held = 0
+        try:
+            while True:
+                fresh = _fresh_bytes(store.index, keys, sizes)
+                if fresh <= held:
+                    return
+                store.hold_to_ceiling(namespace, fresh)
+                held = fresh
+        except StoreFullError:
+            store.counters.full_errors += 1
+            self._free(self.table.take(owner, handle.id).payload)
+            raise
 
     def _check_layout(self, credit: Credit, offsets: Sequence[int], sizes: Sequence[int]) -> None:
         """Every chunk page-aligned, inside the credit, after the one before it: the wire is never trusted."""
@@ -264,6 +289,17 @@ class CreditBook:
         self.store.host.free(credit.offset)
         if lent:
             self.lent_bytes -= credit.size
+
+
+def _fresh_bytes(index: dict[bytes, Entry], keys: Sequence[bytes], sizes: Sequence[int]) -> int:
+    """The bytes of the chunks a put stores anew: keys not indexed, each counted once."""
+    seen: set[bytes] = set()
+    fresh = 0
+    for key, size in zip(keys, sizes):
+        if key not in seen and key not in index:
+            fresh += size
+        seen.add(key)
+    return fresh
 
 
 def _round_up(size: int, align: int) -> int:

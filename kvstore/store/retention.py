@@ -1,15 +1,19 @@
-"""Retention classes in the DRAM eviction order: one queue per class, and the bounded soft pins.
+"""Retention classes in every tier's eviction order: one queue per class, and the bounded soft pins.
 
 Order. ``RetentionQueue`` holds one queue of the tier's policy (``policies.py``) for each of ``low``, ``normal``
 and ``high`` and takes a victim from the lowest class that has one, so a class is never evicted while a lower one
 could make the room, and inside a class the policy's order holds. Each operation routes the entry by its
-``Entry.retention`` to one queue: no scan, one more dict lookup than the plain queue. DRAM's tier guard
-(``tier_guard.py``) keeps plain queues until the first put that asks for a class other than ``normal``
-(``Store.retention_queues``); then each of its queues (the shared one, each tenant's parked one) becomes the
-``normal`` class of a ``RetentionQueue`` as it stands, so a daemon whose puts ask nothing pays nothing, and the
-guard's parking of guarantees works on the split queues unchanged (a tenant's chunks spill lowest class first).
+``Entry.retention`` to one queue: no scan, one more dict lookup than the plain queue. Every tier's guard
+(``tier_guard.py``: DRAM's, the disk's, the GPU tier's) keeps plain queues until the first chunk with a class
+other than ``normal`` (a put asked for one, or a restart found one: ``Store.retention_queues``); then each of its
+queues (the shared one, each tenant's parked one) becomes the ``normal`` class of a ``RetentionQueue`` as it
+stands, so a daemon whose puts ask nothing pays nothing, and the guard's parking of guarantees works on the split
+queues unchanged (a tenant's chunks spill lowest class first). Since one ``Entry.retention`` routes a chunk in
+every tier, a change of class moves it in all of them at once (``Store.reclass``). Across a restart the class is
+kept in the disk file's header and the kept arena's record (``stored_class``: a pin as ``high``).
 
-Soft pins. A ``pin`` chunk sits in its queue's *pinned* set, which no victim is taken from (it counts as queued:
+Soft pins. In DRAM a ``pin`` chunk sits in its queue's *pinned* set (on disk and in the GPU tier, whose copies a
+pin does not hold, it is a ``high`` chunk), which no victim is taken from (it counts as queued:
 a lease takes it out and gives it back like any other; since a guard spills only what its parked queue would
 evict, a pinned chunk never spills). ``SoftPins`` keeps the deadlines in a heap; before each DRAM allocation and
 at each ``Store.expire`` the pins whose deadline passed become ``high`` chunks, at the new end of that class:
@@ -142,17 +146,25 @@ class SoftPins:
 class RetentionQueue:
     """An ``EvictionQueue`` of one policy queue per class and a pinned set (see the module docstring)."""
 
-    def __init__(self, make: Callable[[], EvictionQueue], normal: EvictionQueue) -> None:
+    def __init__(self, make: Callable[[], EvictionQueue], normal: EvictionQueue, pins: bool = True) -> None:
+        """Args:
+            make: a new empty queue of the tier's policy (for ``low`` and ``high``).
+            normal: the queue the tier used so far, as it stands: it becomes the ``normal`` class.
+            pins: whether pinned chunks are kept out of the victims (DRAM, where a pin holds its copy); else
+                (the disk and GPU tiers, whose copies a pin does not hold) a pinned chunk is a ``high`` one.
+        """
         self._queues = {Retention.LOW: make(), Retention.NORMAL: normal, Retention.HIGH: make()}
         self._pinned: dict[bytes, Entry] = {}
+        self.pins = pins
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues.values()) + len(self._pinned)
 
     def __contains__(self, entry: Entry) -> bool:
-        if entry.retention is Retention.PIN:
+        cls = self._class_of(entry)
+        if cls is Retention.PIN:
             return self._pinned.get(entry.key) is entry
-        return entry in self._queues[entry.retention]
+        return entry in self._queues[cls]
 
     def __iter__(self) -> Iterator[Entry]:
         """Every queued chunk: the evictable ones lowest class first (each class oldest first), then the pinned."""
@@ -168,11 +180,12 @@ class RetentionQueue:
                 self._queues[cls].touch_chain(part)
 
     def remove(self, entry: Entry) -> None:
-        if entry.retention is Retention.PIN:
+        cls = self._class_of(entry)
+        if cls is Retention.PIN:
             if self._pinned.get(entry.key) is entry:
                 del self._pinned[entry.key]
             return
-        self._queues[entry.retention].remove(entry)
+        self._queues[cls].remove(entry)
 
     def add_newest(self, entry: Entry) -> None:
         self.add_chain([entry])
@@ -203,10 +216,20 @@ class RetentionQueue:
         for entry in entries:
             self._pinned[entry.key] = entry
 
-    @staticmethod
-    def _split(chain: Iterable[Entry]) -> list[tuple[Retention, list[Entry]]]:
+    def _class_of(self, entry: Entry) -> Retention:
+        """The class whose queue holds ``entry`` here: its own, a pin counting as ``high`` where pins are not kept."""
+        cls = entry.retention
+        return Retention.HIGH if cls is Retention.PIN and not self.pins else cls
+
+    def _split(self, chain: Iterable[Entry]) -> list[tuple[Retention, list[Entry]]]:
         """The chain's entries by class, each part in the chain's order (one part when all share a class)."""
         parts: dict[Retention, list[Entry]] = {}
         for entry in chain:
-            parts.setdefault(entry.retention, []).append(entry)
+            parts.setdefault(self._class_of(entry), []).append(entry)
         return list(parts.items())
+
+
+def stored_class(entry: Entry) -> Retention:
+    """The class a chunk keeps where its DRAM copy's pin does not reach (a disk file, a kept arena's record): a pin
+    is ``high`` there, since its TTL does not survive a restart (and, past it, the chunk is ``high`` anyway)."""
+    return Retention.HIGH if entry.retention is Retention.PIN else entry.retention

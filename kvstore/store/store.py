@@ -47,13 +47,15 @@ from .host_full import count_holders, host_full_message
 from .ledger import TierLedger
 from .policies import make_queue
 from .puts import PutMixin, Reservation, Slot
-from .retention import RetentionQueue, SoftPins
+from .retention import RetentionQueue, SoftPins, stored_class
 from .room import make_room
 from .s3fifo import MAX_FREQ
 from .sinks import EventSink, IndexSink, SumSink
 from .tenant_budgets import TenantBudgets
+from .tier_guard import TierGuard
 
 if TYPE_CHECKING:
+    from .eviction import EvictionQueue
     from ..tiers.gpu.tier import GpuTier
     from ..tiers.ledgers import TierLedgers
     from ..tenants.table import TenantTable
@@ -134,22 +136,41 @@ class Store(PutMixin, DamageMixin):
         self.classes = False   # whether the DRAM queues are split by retention class (``retention_queues``)
 
     def retention_queues(self) -> None:
-        """Split every DRAM queue (the shared one, each tenant's parked one: ``tier_guard.py``) by retention class,
-        each queue as it stands becoming its ``normal`` class, the first time a put asks for another class
-        (``store/retention.py``): until then a daemon pays nothing for classes."""
-        if not self.classes:
-            self.classes = True
-            self.budgets.dram.wrap_queues(lambda queue: RetentionQueue(partial(make_queue, self.policy), queue))
-            self.lru = self.budgets.queue("dram")
+        """Split every queue of every tier (DRAM's, the disk's, the GPU tier's: the shared one and each tenant's
+        parked one, ``tier_guard.py``) by retention class, each queue as it stands becoming its ``normal`` class,
+        the first time a chunk has another class (a put asked for one, or a restart found one:
+        ``store/retention.py``): until then a daemon pays nothing for classes. Pins are kept out of DRAM's
+        victims only; on disk and in the GPU tier a pinned chunk is ``high``."""
+        if self.classes:
+            return
+        self.classes = True
+        make = partial(make_queue, self.policy)
+        for tier, guard in self.budgets.guards.items():
+            guard.wrap_queues(partial(RetentionQueue, make, pins=tier == "dram"))
+        self.lru = self.budgets.queue("dram")
+        for ledger in self.ledgers:
+            ledger.budgets_changed()   # each takes its tier's queue again
+
+    def class_queues(self) -> list[EvictionQueue]:
+        """The queue of every tier that orders chunks by class (all of them once ``classes``)."""
+        queues = [self.lru]
+        for ledger in (self.disk_ledger, self.gpu_ledger):
+            if ledger is not None:
+                queues.append(ledger.lru)
+        return queues
 
     def reclass(self, entry: Entry, change: Callable[[], object]) -> None:
-        """Run ``change`` (which sets ``entry.retention``), moving ``entry`` to its new class's queue if queued."""
-        queued = entry in self.lru
-        if queued:
-            self.lru.remove(entry)
+        """Run ``change`` (which sets ``entry.retention``), moving ``entry`` to its new class's queue in every tier
+        that queues it. A DRAM copy's journal record is written again when the class it keeps changed."""
+        kept = stored_class(entry)
+        queued = [queue for queue in self.class_queues() if entry in queue]
+        for queue in queued:
+            queue.remove(entry)
         change()
-        if queued:
-            self.lru.add_chain([entry])
+        for queue in queued:
+            queue.add_chain([entry])
+        if stored_class(entry) is not kept and entry.readable:
+            self.journal_commits([entry])
 
     def expire_pins(self) -> None:
         """Pins past their deadline become ``high`` chunks (a heap pop each: ``SoftPins.due``)."""
@@ -165,12 +186,14 @@ class Store(PutMixin, DamageMixin):
             return
         self.retention_queues()
         for entry in entries:
-            if entry.host_offset is None:
-                continue   # a class is about the DRAM order: a chunk held only below keeps its own
-            if cls is Retention.PIN:
+            if cls is Retention.PIN and entry.host_offset is not None:
                 self.reclass(entry, partial(self.soft_pins.pin, entry, ask.pin_ttl))
-            elif fresh or cls > entry.retention:
-                self.reclass(entry, partial(setattr, entry, "retention", cls))
+                continue
+            held = Retention.HIGH if cls is Retention.PIN else cls   # a pin holds a DRAM copy: one held below is high
+            if fresh and entry not in self.lru:
+                entry.retention = held   # queued nowhere yet (lower tiers hear of it later): each queues it by class
+            elif fresh or held > entry.retention:
+                self.reclass(entry, partial(setattr, entry, "retention", held))
 
     def count_no_store(self, chunks: int) -> None:
         """A ``no-store`` put was acknowledged: nothing stored, counted."""
@@ -364,20 +387,26 @@ class Store(PutMixin, DamageMixin):
         ``HostTier.adopt``), oldest first. A key the disk tier holds gets the slot as its DRAM copy; a key held
         in DRAM already (put again meanwhile) keeps its own, and the kept slot is freed. Chunks a reader leased
         at the stop stay pinned for ``hold_for`` seconds (a lease of no client), so that a reader from before the
-        restart never sees their slot reused within a lease's life. Returns (the entries published, how many kept
-        slots were freed as duplicates)."""
+        restart never sees their slot reused within a lease's life. Each chunk comes back in the retention class
+        its record keeps (a pin as ``high``), or its disk file's where that is higher. Returns (the entries
+        published, how many kept slots were freed as duplicates)."""
         published: list[Entry] = []
         held: list[Entry] = []
         duplicates = 0
+        if any(chunk.retention is not Retention.NORMAL for chunk in chunks):
+            self.retention_queues()   # before any is queued: each goes to its class's queue
         for chunk in chunks:
             entry = self.index.get(chunk.key)
             if entry is None:
                 entry = Entry(chunk.key, chunk.size, chunk.namespace, chunk.parent, State.COMMITTED,
-                              host_offset=chunk.offset, checksum=chunk.checksum, engine=chunk.engine)
+                              host_offset=chunk.offset, checksum=chunk.checksum, engine=chunk.engine,
+                              retention=chunk.retention)
                 self.index[chunk.key] = entry
             elif entry.readable and entry.host_offset is None and entry.loading is None and entry.size == chunk.size:
                 entry.host_offset = chunk.offset
                 entry.checksum = chunk.checksum if entry.checksum is None else entry.checksum
+                if chunk.retention > entry.retention:   # the disk file's class, or the kept record's: the higher
+                    self.reclass(entry, partial(setattr, entry, "retention", chunk.retention))
             else:
                 self.host.free(chunk.offset)
                 duplicates += 1
@@ -464,13 +493,29 @@ class Store(PutMixin, DamageMixin):
             offset = make_room(lambda: self.host.allocate(size), self.lru, self._may_leave_dram,
                                self.drop_host_copy)
             return self._allocated(offset, size, owner, taken)
-        tenant = self.budgets.tenant_of(namespace) if namespace is not None else None
-        if tenant is not None and not guard.keep_under_ceiling(tenant.name, size, self._may_leave_dram,
-                                                               self.drop_host_copy):
-            raise StoreFullError(self.budgets.ceiling_message(tenant, size))
-        offset = guard.make_room(tenant.name if tenant is not None else None, lambda: self.host.allocate(size),
-                                 self._may_leave_dram, self.drop_host_copy)
+        tenant = self._held_to_ceiling(guard, namespace, size) if namespace is not None else None
+        offset = guard.make_room(tenant, lambda: self.host.allocate(size), self._may_leave_dram,
+                                 self.drop_host_copy)
         return self._allocated(offset, size, owner, taken)
+
+    def hold_to_ceiling(self, namespace: str, size: int) -> None:
+        """Make ``size`` more bytes of ``namespace``'s tenant fit under its DRAM ceiling, evicting its own chunks
+        (lowest retention class, then oldest, first): what a put into space already allocated (a put credit's,
+        ``credits.py``) takes instead of ``allocate_host``. Raises StoreFullError, naming the tenant and its
+        budget, when its chunks that may leave cannot make the room (those evicted so far stay evicted)."""
+        guard = self.budgets.held("dram")
+        if guard is None or size <= 0:
+            return
+        if self.classes:
+            self.expire_pins()
+        self._held_to_ceiling(guard, namespace, size)
+
+    def _held_to_ceiling(self, guard: TierGuard, namespace: str, size: int) -> str:
+        """``hold_to_ceiling`` once the guard is known; returns the tenant's name."""
+        tenant = self.budgets.tenant_of(namespace)
+        if not guard.keep_under_ceiling(tenant.name, size, self._may_leave_dram, self.drop_host_copy):
+            raise StoreFullError(self.budgets.ceiling_message(tenant, size))
+        return tenant.name
 
     def _allocated(self, offset: int | None, size: int, owner: bytes | None, taken: Sequence[Entry]) -> int:
         """``offset``, or the StoreFullError that says what holds the room."""
@@ -582,10 +627,11 @@ class Store(PutMixin, DamageMixin):
 
 
 def kept_chunk(entry: Entry, checksum: int, leased: bool = False) -> KeptChunk:
-    """``entry``'s DRAM copy as a kept arena's record names it (``entry.host_offset`` is set)."""
+    """``entry``'s DRAM copy as a kept arena's record names it (``entry.host_offset`` is set), its class a pin's
+    ``high`` (``retention.stored_class``)."""
     assert entry.host_offset is not None
     return KeptChunk(entry.key, entry.host_offset, entry.size, entry.namespace, entry.parent, checksum, leased,
-                     entry.engine)
+                     entry.engine, stored_class(entry))
 
 
 def top_tier(entry: Entry) -> str:

@@ -12,8 +12,9 @@ use of every tenant in every tier is known at once. An allocation for tenant T i
    guarantee (those are parked out of it);
 3. only then T's own guaranteed chunks: a tenant's guarantee is kept from others, not from itself.
 
-The remote tier's budgets are read and checked, not held: the Store does not know what the remote store keeps
-(it evicts on its own), so there is no use to hold them against.
+The remote tier's ceiling is held by the remote mover on the values this daemon wrote there
+(``tiers/remote/book.py``): the Store does not know what the remote store keeps (it evicts on its own), and no
+remote guarantee can be held.
 
 With no tenants table every tier's queue is the plain policy queue, and only the ``use`` counters run.
 """

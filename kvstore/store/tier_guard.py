@@ -211,7 +211,7 @@ class TierGuard:
         return entry
 
     def wrap_queues(self, wrap: Callable[[EvictionQueue], EvictionQueue]) -> None:
-        """Wrap every queue of the tier, now and after a reload, in ``wrap(queue)`` (DRAM's retention classes:
+        """Wrap every queue of the tier, now and after a reload, in ``wrap(queue)`` (retention classes:
         ``retention.py``). Chunks stay where they are: the wrapper takes each queue as it stands."""
         self.wrap = wrap
         self.shared = wrap(self.shared)
@@ -291,16 +291,19 @@ class TierGuard:
             self.shared.add_newest(victim)
 
 
-def least_kept(spilled: "OrderedDict[bytes, tuple[Entry, int]]", classes: bool) -> Entry:
+def least_kept(spilled: "OrderedDict[bytes, tuple[Entry, int]]", classes: bool, pins: bool = True) -> Entry:
     """The oldest spilled chunk (``spilled`` not empty) of the lowest retention class, a pin counting above
-    ``high`` (``classes``: the tier orders by class; else simply the oldest): a tenant held to its ceiling gives up
-    what it asked to keep least first. The walk ends at the first ``low`` chunk."""
+    ``high`` where the tier keeps pins (``pins``: DRAM), else as ``high`` (``classes``: the tier orders by class;
+    else simply the oldest): a tenant held to its ceiling gives up what it asked to keep least first. The walk
+    ends at the first ``low`` chunk."""
     oldest = next(iter(spilled.values()))[0]
     if not classes:
         return oldest
     best, best_rank = oldest, Retention.PIN + 1
     for entry, _ in spilled.values():
-        rank = Retention.PIN if entry.pin_until else Retention(entry.retention)
+        rank = Retention(entry.retention)
+        if entry.pin_until or rank is Retention.PIN:
+            rank = Retention.PIN if pins else Retention.HIGH
         if rank < best_rank:
             best, best_rank = entry, rank
             if rank == Retention.LOW:
@@ -323,7 +326,7 @@ class OwnChunks:
             return None   # no budget here: its chunks are all in the shared queue
         entry: Entry | None
         if spilled:
-            entry = least_kept(spilled, guard.wrap is not None)
+            entry = least_kept(spilled, guard.wrap is not None, guard.tier == "dram")
             guard._unspill(entry)
         else:
             entry = guard.parked[name].pop_oldest()

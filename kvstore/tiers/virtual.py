@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from ..protocol.engine_blocks import EngineBlocks
+from ..protocol.retention import Retention
 from .disk.tier import DiskTier, ScanResult
 from .host.tier import HostTier
 
@@ -56,7 +57,8 @@ class VirtualDisk(DiskTier):
         self.chunks = 0
 
     def write(self, key: bytes, namespace: str, slot: memoryview, size: int, expected: int | None = None,
-              parent: bytes | None = None, engine: EngineBlocks | None = None) -> int:
+              parent: bytes | None = None, engine: EngineBlocks | None = None,
+              retention: Retention = Retention.NORMAL) -> int:
         return size
 
     def read_into(self, key: bytes, slot: memoryview, size: int) -> int:

@@ -12,6 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kvstore.errors import ChecksumError, DamagedSource, LeaseError, ReservationError, StoreFullError
 from kvstore.protocol.index_layout import STATE_OF_TIER
+from kvstore.protocol.retention import parse_retention
 from kvstore.store.after_reply import AfterReply
 from kvstore.store.entry import DiskState, Entry, State
 from kvstore.store.policies import POLICIES
@@ -24,6 +25,7 @@ PAGE = 4096
 KEYS = [bytes([i]) * 16 for i in range(12)]
 OWNERS = [b"a", b"b"]
 TTL = 10.0
+CLASSES = ["normal", "normal", "low", "high", "pin"]   # a put's retention class (normal the most common)
 
 
 class Published:
@@ -136,13 +138,15 @@ class StoreMachine(RuleBasedStateMachine):
 
     @precondition(ready)
     @rule(first=st.integers(0, len(KEYS) - 1), length=st.integers(1, 4), pages=st.integers(1, 2),
-          then_write=st.booleans())
-    def put(self, first: int, length: int, pages: int, then_write: bool) -> None:
-        """A whole put (reserve, then commit at once): the common case, so chunks pile up and tiers fill."""
+          then_write=st.booleans(), retention=st.sampled_from(CLASSES))
+    def put(self, first: int, length: int, pages: int, then_write: bool, retention: str = "normal") -> None:
+        """A whole put (reserve, then commit at once): the common case, so chunks pile up and tiers fill. Its
+        retention class moves the chunks it stores again between every tier's class queues (``Store.reclass``)."""
         keys = KEYS[first:first + length]
         try:
             handle, _ = self.store.reserve(OWNERS[0], "ns", keys, [pages * PAGE] * len(keys),
-                                           KEYS[first - 1] if first else None)
+                                           KEYS[first - 1] if first else None,
+                                           retention=parse_retention(retention, 5.0 if retention == "pin" else None))
         except StoreFullError:
             return
         self.store.commit(OWNERS[0], handle.id)

@@ -11,7 +11,8 @@ Layout (little-endian)::
                         block count n u32, has_parent u8, 3 zero bytes, parent u64, n hashes u64, then
                         n × block_size token ids u32
     12  2  ns_len       bytes of the UTF-8 namespace stored at offset 64
-    14  2  reserved     0
+    14  2  retention    the chunk's retention class as it was written: 0 normal (and every file from before the
+                        field, when it was a reserved 0), 1 low, 2 high (a pin is written as high)
     16 16  key          the chunk's 16-byte chained key
     32  8  raw_len      length of the chunk as put
     40  8  stored_len   length of the payload on disk (== raw_len unless compressed)
@@ -31,6 +32,11 @@ a write checks the slot against it and stores it, a read returns it, so the sum 
 never again for the disk. For an uncompressed payload it is the sum of the stored bytes as well; lz4 files
 written before the flag existed sum their compressed bytes, and are read as before.
 
+Retention. The class lives in what was a reserved field that readers never checked, so the versions did not
+change: a file from before it reads as ``normal``, and an older daemon reads a file that carries a class (it
+ignores the field). It is the class the chunk had when the file was written; a class raised later is the disk
+queue's and DRAM's until the next restart, not the file's.
+
 Versions: a file is written as version 1 unless it carries engine names (they must survive a restart so the
 chunk's KV cache events keep naming the engine's blocks); those that do not fit the header block are left out,
 and the file is version 1. This daemon reads both; a daemon that reads version 1 only quarantines a version-2
@@ -46,6 +52,7 @@ import xxhash
 
 from ...errors import BadRequestError, FormatError, LimitError
 from ...protocol.engine_blocks import EngineBlocks, read_engine_chunk
+from ...protocol.retention import Retention
 
 MAGIC = b"KVSCHUNK"
 FORMAT_VERSION = 1          # what a file without engine names is written as
@@ -63,6 +70,9 @@ _FIXED = struct.Struct("<8sHHHH16sQQQ")
 _SUM = struct.Struct("<Q")
 _ENGINE_HEAD = struct.Struct("<IIB3xQ")
 assert _FIXED.size == 56
+# the retention field: 0 is normal, so that every file written before the field reads as normal
+_CLASS_CODE = {Retention.NORMAL: 0, Retention.LOW: 1, Retention.HIGH: 2, Retention.PIN: 2}
+_CODE_CLASS = {0: Retention.NORMAL, 1: Retention.LOW, 2: Retention.HIGH}
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class ChunkHeader:
     flags: int = 0
     parent: bytes | None = None   # the previous chunk of its chain: continuations are found again after a restart
     engine: EngineBlocks | None = None   # the engine's names of its blocks (for the KV cache events)
+    retention: Retention = Retention.NORMAL   # its class when written (a pin is written as high)
 
     @property
     def compressed(self) -> bool:
@@ -106,7 +117,7 @@ def pack_header(header: ChunkHeader, into: memoryview | bytearray | None = None)
         flags |= FLAG_ENGINE
         tail += names
     version = ENGINE_FORMAT_VERSION if flags & FLAG_ENGINE else FORMAT_VERSION
-    fixed = _FIXED.pack(MAGIC, version, flags, len(ns), 0, header.key,
+    fixed = _FIXED.pack(MAGIC, version, flags, len(ns), _CLASS_CODE[header.retention], header.key,
                         header.raw_len, header.stored_len, header.payload_sum)
     block = into if into is not None else bytearray(HEADER_BYTES)
     block[:HEADER_BYTES] = bytes(HEADER_BYTES)
@@ -121,7 +132,7 @@ def unpack_header(block: bytes | memoryview, file_len: int | None = None) -> Chu
     if len(block) < 64:
         raise FormatError(f"header is {len(block)} bytes, shorter than the fixed part")
     fixed = bytes(block[0:56])
-    magic, version, flags, ns_len, _, key, raw_len, stored_len, payload_sum = _FIXED.unpack(fixed)
+    magic, version, flags, ns_len, code, key, raw_len, stored_len, payload_sum = _FIXED.unpack(fixed)
     if magic != MAGIC:
         raise FormatError("bad magic: not a kvstore chunk file")
     if version not in READ_VERSIONS:
@@ -139,10 +150,12 @@ def unpack_header(block: bytes | memoryview, file_len: int | None = None) -> Chu
         raise FormatError("header checksum mismatch")
     if flags & ~(FLAG_LZ4 | FLAG_RAW_SUM | FLAG_PARENT | FLAG_ENGINE):
         raise FormatError(f"unknown flags {flags:#x}")
+    if code not in _CODE_CLASS:
+        raise FormatError(f"unknown retention class {code} (0 normal, 1 low, 2 high)")
     if stored_len == 0 or raw_len == 0 or (not flags & FLAG_LZ4 and stored_len != raw_len):
         raise FormatError(f"inconsistent lengths raw={raw_len} stored={stored_len}")
     header = ChunkHeader(key, ns.decode(errors="replace"), raw_len, stored_len, payload_sum,
-                         flags & ~(FLAG_PARENT | FLAG_ENGINE), parent, engine)
+                         flags & ~(FLAG_PARENT | FLAG_ENGINE), parent, engine, _CODE_CLASS[code])
     if file_len is not None and file_len != header.file_len:
         raise FormatError(f"file is {file_len} bytes, header says {header.file_len}")
     return header

@@ -18,6 +18,7 @@ from typing import Protocol, Sequence
 
 from ...errors import ChecksumError, DamagedSource, FormatError, StoreFullError
 from ...protocol.engine_blocks import EngineBlocks
+from ...protocol.retention import Retention
 from .tier import DiskTier
 from ...store.entry import DiskState, Entry, State
 from ...store.ledger import StoreCore, TierLedger
@@ -114,13 +115,17 @@ class DiskLedger(TierLedger):
 
     # -- start-up ------------------------------------------------------------------------------------------------
     def adopt(self, key: bytes, size: int, namespace: str, footprint: int, checksum: int | None = None,
-              parent: bytes | None = None, engine: EngineBlocks | None = None) -> bool:
-        """Index a chunk found on disk at start (call oldest first). False when it does not fit the cap."""
+              parent: bytes | None = None, engine: EngineBlocks | None = None,
+              retention: Retention = Retention.NORMAL) -> bool:
+        """Index a chunk found on disk at start (call oldest first), in the retention class its file keeps. False
+        when it does not fit the cap."""
         store = self.store
         if key in store.index:
             return False
         entry = Entry(key, size, namespace, parent, State.COMMITTED, disk=DiskState.STORED, checksum=checksum,
-                      engine=engine)
+                      engine=engine, retention=retention)
+        if retention is not Retention.NORMAL:
+            store.retention_queues()   # before it is queued: it goes to its class's queue
         store.budgets.assign(entry)   # its disk bytes are charged again to the tenant of its namespace
         if not self._charge(footprint, entry):
             return False

@@ -50,7 +50,9 @@ from ... import logs
 from ...errors import ChecksumError, FormatError
 from .tier import DiskTier, round_up
 from .ledger import DiskLedger
+from ...protocol.retention import Retention
 from ...store.entry import Entry
+from ...store.retention import stored_class
 from ...store.movers import MoverLife
 
 
@@ -82,14 +84,15 @@ class DiskMover(MoverLife):
             self.writing += 1
             slot = self.host.read(entry.host_offset, round_up(entry.size))
             before = self._removing.get(entry.key)
-            fut = self._loop.run_in_executor(self.pool, self._write_job, entry, slot, before)
+            fut = self._loop.run_in_executor(self.pool, self._write_job, entry, slot, before, stored_class(entry))
             fut.add_done_callback(functools.partial(self._write_done, entry))
 
-    def _write_job(self, entry: Entry, slot: memoryview, before: concurrent.futures.Future | None) -> int:
+    def _write_job(self, entry: Entry, slot: memoryview, before: concurrent.futures.Future | None,
+                   retention: Retention) -> int:
         if before is not None:
             before.result()
         return self.disk.write(entry.key, entry.namespace, slot, entry.size, entry.checksum, entry.parent,
-                               entry.engine)
+                               entry.engine, retention)
 
     def _write_done(self, entry: Entry, fut: asyncio.Future) -> None:
         self.writing -= 1

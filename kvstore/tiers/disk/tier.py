@@ -39,6 +39,7 @@ import lz4.block
 from ...errors import ConfigError
 from ...errors import ChecksumError, DamagedSource
 from ...protocol.engine_blocks import EngineBlocks
+from ...protocol.retention import Retention
 from .format import FLAG_LZ4, FLAG_RAW_SUM, HEADER_BYTES, ChunkHeader, FormatError, checksum, pack_header, unpack_header
 
 BLOCK = 4096
@@ -141,7 +142,8 @@ class DiskTier:
 
     # -- file I/O (worker threads) ---------------------------------------------------------------------------
     def write(self, key: bytes, namespace: str, slot: memoryview, size: int, expected: int | None = None,
-              parent: bytes | None = None, engine: EngineBlocks | None = None) -> int:
+              parent: bytes | None = None, engine: EngineBlocks | None = None,
+              retention: Retention = Retention.NORMAL) -> int:
         """Write the chunk whose bytes are ``slot[:size]`` (``slot`` page-aligned, ``len(slot)`` rounded up to a
         block). ``expected`` is the chunk's checksum: the slot is checked against it on the way (DamagedSource
         when it differs: the DRAM copy changed since commit) and it is the sum the header carries. Returns the
@@ -161,7 +163,7 @@ class DiskTier:
             stored = size
             if len(slot) % BLOCK or len(slot) < size:
                 raise ValueError("slot must be block-rounded and hold the chunk")
-        header = ChunkHeader(key, namespace, size, stored, raw_sum, flags, parent, engine)
+        header = ChunkHeader(key, namespace, size, stored, raw_sum, flags, parent, engine, retention)
         block = memoryview(self._scratch.header)
         pack_header(header, block)
         final = self.path_for(key)

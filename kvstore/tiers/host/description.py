@@ -14,12 +14,15 @@ Layout: a fixed header, then one msgpack map::
     16     8    length       bytes of the payload that follows
     24     8    payload_sum  xxh3-64 of the payload
     32     …    payload      {"socket", "uid", "arena_size", "written", "chunks": [[key, offset, size, namespace,
-                              parent, checksum, leased, engine], ...]} (oldest in the eviction order first;
-                              engine: [block_size, block_hashes, parent_block_hash, token_ids] or null)
+                              parent, checksum, leased, engine, retention], ...]} (oldest in the eviction order
+                              first; engine: [block_size, block_hashes, parent_block_hash, token_ids] or null;
+                              retention: the class, 0 low, 1 normal, 2 high)
 
 Every chunk listed was committed and carries the checksum its bytes had at commit: nothing listed is served
 before its bytes are hashed again and match (``adoption.py``). Versions: a reader refuses a version it does not
-know in one line, and the arena is then freed, never guessed at.
+know in one line, and the arena is then freed, never guessed at. Version 2 added each chunk's retention class (a
+pin is recorded as ``high``: its TTL does not survive the restart); this daemon reads versions 1 (every chunk
+``normal``) and 2, and writes 2.
 """
 
 from __future__ import annotations
@@ -34,9 +37,12 @@ import msgpack
 import xxhash
 
 from ...protocol.engine_blocks import EngineBlocks
+from ...protocol.retention import Retention
 
 MAGIC = b"KVSKEPT\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2                 # what is written
+READ_VERSIONS = (1, 2)             # what is read (version 1 records have no retention class: normal)
+KEPT_CLASSES = (Retention.LOW, Retention.NORMAL, Retention.HIGH)   # a pin is kept as high
 _HEADER = struct.Struct("<8sIIQQ")
 SUFFIX = ".kept"
 
@@ -57,6 +63,7 @@ class KeptChunk:
     checksum: int
     leased: bool = False               # a reader held it at the stop (kept from reuse for a lease's TTL)
     engine: EngineBlocks | None = None
+    retention: Retention = Retention.NORMAL   # its class (low, normal or high: a pin comes back as high)
 
 
 @dataclass(frozen=True)
@@ -104,8 +111,9 @@ def read_description(path: str) -> ArenaDescription | None:
     magic, version, _, length, payload_sum = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise DescriptionError(f"{path} is not a kept-arena description (magic {magic!r})")
-    if version != FORMAT_VERSION:
-        raise DescriptionError(f"{path} is format version {version}; this kvstore reads version {FORMAT_VERSION}")
+    if version not in READ_VERSIONS:
+        raise DescriptionError(f"{path} is format version {version}; this kvstore reads versions "
+                               f"{' and '.join(map(str, READ_VERSIONS))}")
     payload = data[_HEADER.size:]
     if len(payload) != length or xxhash.xxh3_64_intdigest(payload) != payload_sum:
         raise DescriptionError(f"{path} is damaged (its checksum does not match)")
@@ -123,19 +131,22 @@ def pack_chunk(c: KeptChunk) -> list[Any]:
     """``c`` as the list a description (and the journal, ``journal.py``) stores."""
     engine = None if c.engine is None else [c.engine.block_size, list(c.engine.hashes), c.engine.parent,
                                             list(c.engine.token_ids)]
-    return [c.key, c.offset, c.size, c.namespace, c.parent, c.checksum, c.leased, engine]
+    return [c.key, c.offset, c.size, c.namespace, c.parent, c.checksum, c.leased, engine, int(c.retention)]
 
 
 def unpack_chunk(item: Any) -> KeptChunk:
-    """The chunk ``pack_chunk`` made ``item`` from. Raises ValueError (or TypeError) when it is malformed."""
-    key, offset, size, namespace, parent, checksum, leased, engine = item
+    """The chunk ``pack_chunk`` made ``item`` from (a version 1 record, without the class, is ``normal``). Raises
+    ValueError (or TypeError) when it is malformed."""
+    if len(item) == 8:
+        item = [*item, int(Retention.NORMAL)]
+    key, offset, size, namespace, parent, checksum, leased, engine, retention = item
     if not (isinstance(key, bytes) and type(offset) is int and type(size) is int and size > 0 and offset >= 0
             and isinstance(namespace, str) and (parent is None or isinstance(parent, bytes))
-            and type(checksum) is int):
+            and type(checksum) is int and retention in KEPT_CLASSES):
         raise ValueError(f"chunk record {item!r:.80} is malformed")
     blocks = None if engine is None else EngineBlocks(int(engine[0]), tuple(engine[1]), engine[2],
                                                       tuple(engine[3]))
-    return KeptChunk(key, offset, size, namespace, parent, checksum, bool(leased), blocks)
+    return KeptChunk(key, offset, size, namespace, parent, checksum, bool(leased), blocks, Retention(retention))
 
 
 def _unpack(body: dict[str, Any]) -> ArenaDescription:

@@ -42,7 +42,9 @@ journal is removed and stays off: a crash then adopts nothing, never something u
 
 Layout: header ``magic b"KVSJRNL\\0", version u32, socket length u32, socket (utf-8)``, then records
 ``kind u8, 3 bytes 0, body length u32, xxh3-64 of the body u64, body`` (COMMIT: the msgpack list of
-``description.py``'s chunk; FREE: the offset, u64), little endian.
+``description.py``'s chunk; FREE: the offset, u64), little endian. Version 2 added the chunk's retention class to
+COMMIT records (as the description's version 2 did); a chunk whose class changes while it holds its slot gets a
+COMMIT again (``Store.reclass``). This daemon reads versions 1 (every chunk ``normal``) and 2.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ from ... import logs
 from .description import DescriptionError, KeptChunk, pack_chunk, unpack_chunk
 
 MAGIC = b"KVSJRNL\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2          # what is written: COMMIT records carry the chunk's retention class
+READ_VERSIONS = (1, 2)      # what is read (version 1 COMMITs have no class: normal)
 SUFFIX = ".journal"
 _HEADER = struct.Struct("<8sII")
 _RECORD = struct.Struct("<B3xIQ")
@@ -246,8 +249,9 @@ def _parse_header(path: str, data: bytes) -> tuple[str, int]:
     magic, version, length = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise JournalError(f"{path} is not a kvstore journal (bad magic)")
-    if version != FORMAT_VERSION:
-        raise JournalError(f"{path} is format version {version}; this kvstore reads version {FORMAT_VERSION}")
+    if version not in READ_VERSIONS:
+        raise JournalError(f"{path} is format version {version}; this kvstore reads versions "
+                           f"{' and '.join(map(str, READ_VERSIONS))}")
     if length > MAX_SOCKET or _HEADER.size + length > len(data):
         raise JournalError(f"{path} has a truncated header")
     try:

@@ -24,8 +24,8 @@ hit slower and never hands out bad bytes:
   it (counted) when the queue already holds ``max_pending_bytes`` or the store
   is down: the remote copy is a cache, not a journal.
 
-Subclasses implement five small methods on object *names* (already derived
-from namespace and key): ``_sizes``, ``_get``, ``_put``,
+Subclasses implement six small methods on object *names* (already derived
+from namespace and key): ``_sizes``, ``_get``, ``_put``, ``_delete``,
 ``_probe`` and ``_close``, plus optionally ``_get_into`` / ``register_memory`` for zero-copy.
 They may block; they raise on store failure and return ``None``/``False`` for
 a plain miss.
@@ -207,6 +207,15 @@ class RemoteBackend(GuardedCalls):
                 self._pending_bytes -= nbytes
             return None
 
+    async def delete_async(self, keys: Sequence[bytes], namespace: str | None = None) -> int | None:
+        """Delete the values of ``keys`` (a tenant's oldest, to hold its remote ceiling: ``book.py``), awaited
+        on the event loop within the metadata deadline; how many the store removed, None when the call failed
+        (the store down, an error, the deadline)."""
+        if not keys:
+            return 0
+        names = [self.object_name(k, namespace) for k in keys]
+        return await self._acall(self.timeout, self._delete, names)
+
     def register_memory(self, buffer: Any) -> bool:
         """Offer a long-lived region (the host arena) for zero-copy transfers.
 
@@ -278,6 +287,10 @@ class RemoteBackend(GuardedCalls):
 
     def _put(self, names: list[str], headers: list[bytes], payloads: list[memoryview]) -> list[bool]:
         """Store ``header + payload`` under each name; per-name success."""
+        raise NotImplementedError
+
+    def _delete(self, names: list[str]) -> int:
+        """Remove each name's value; how many existed."""
         raise NotImplementedError
 
     def _probe(self) -> None:

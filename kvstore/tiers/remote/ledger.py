@@ -1,9 +1,10 @@
 """The remote tier's ledger: the puts a commit asks for (their chunks pinned until the put ends) and the host slots
 of chunks fetched from the remote store (RESERVED until ``finish_fetch`` publishes them).
 
-Its mover (``mover.py``) takes the queued puts (``take_puts``), sends them and reports each one's end
-(``put_done``, which unpins); a fetch gets its slots from ``start_fetch`` and ends in ``finish_fetch``. Chunks
-fetched from the remote store are published without a put back to it (``Store.admit``).
+Its mover (``mover.py``) takes the queued puts (``take_puts``), books them against their tenant's remote ceiling
+(``book``: ``book.py``), sends them and reports each one's end (``put_done``, which unpins); a fetch gets its
+slots from ``start_fetch`` and ends in ``finish_fetch``. Chunks fetched from the remote store are published
+without a put back to it (``Store.admit``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Sequence
 from ...errors import StoreFullError
 from ...store.entry import Entry, State
 from ...store.ledger import Mover, TierLedger
+from .book import RemoteBook
 
 
 class RemoteLedger(TierLedger):
@@ -21,6 +23,13 @@ class RemoteLedger(TierLedger):
     def __init__(self) -> None:
         self.outbox: list[list[Entry]] = []   # committed chains waiting for their put, pinned
         self.mover: Mover | None = None      # none: nothing is sent
+        self.book = RemoteBook(self._ceiling_of)   # what each tenant with a remote ceiling wrote (``book.py``)
+
+    def _ceiling_of(self, tenant: str) -> int | None:
+        """``tenant``'s remote ceiling in the table in force (None: none, or no tenants table)."""
+        budgets = self.store.budgets
+        owner = budgets.table.get(tenant) if budgets.active else None
+        return owner.budget("remote").ceiling_bytes if owner is not None else None
 
     # -- hooks (ledger.py) -------------------------------------------------------------------------------------
     def on_commit(self, entries: Sequence[Entry]) -> None:

@@ -287,8 +287,11 @@ class MooncakeBackend(RemoteBackend):
             done.extend(code == 0 for code in codes)
         return done
 
+    def _delete(self, names: list[str]) -> int:
+        self._ensure()
+        codes = self._store.batch_remove(names, True)
+        return sum(1 for c in codes if c == 0)
+
     def delete(self, keys, namespace: str | None = None) -> int:
         """Remove values (tests and operators); returns how many were removed."""
-        self._ensure()
-        codes = self._store.batch_remove([self.object_name(k, namespace) for k in keys], True)
-        return sum(1 for c in codes if c == 0)
+        return self._delete([self.object_name(k, namespace) for k in keys])

@@ -14,6 +14,12 @@ puts in flight are bounded by the backend's ``max_pending_bytes`` (a quarter of 
 past the bound, or one made while the store is down, is not sent (counted as ``put_dropped``) rather than pinning
 DRAM that puts need. The remote copy is a cache, not a journal.
 
+Remote ceilings. A tenant with a ``remote`` ceiling has its puts booked (``book.py``: the values this daemon wrote
+for it and has not deleted or seen missing, an upper bound of what the store keeps of them): a put that would take
+the tenant past its ceiling first deletes the tenant's oldest values from the store, and is sent once the delete
+succeeded; a failed delete, or a ceiling the tenant's landed values cannot make room under, drops the put
+(counted), as a full queue does.
+
 Promotion at lookup. When a lookup's local walk stops at a miss, the chain's continuation is asked of the store in
 one batched metadata call (``batch_lookup``: the payload sizes of the leading chunks it holds). The Store reserves
 host slots of exactly those sizes (RESERVED entries, invisible to readers), and one batched read fills them
@@ -50,6 +56,8 @@ from typing import Any
 from ... import logs
 from ...store.entry import Entry
 from ...store.movers import MoverLife
+from . import record
+from .book import Plan
 from .ledger import RemoteLedger
 
 MAX_FETCH = 256          # chunks asked for in one lookup (the Store also stops at half the host tier)
@@ -71,7 +79,8 @@ class RemoteMover(MoverLife):
         self.lookups = 0          # lookups that asked the store
         self.lookup_chunks = 0    # chunks those lookups counted as remote hits
         self.lookup_late = 0      # answers that came after the lookup had replied
-        self._fetches: set[asyncio.Task] = set()
+        self.remote_deletes_failed = 0   # deletes for a tenant's remote ceiling that failed (their puts dropped)
+        self._tasks: set[asyncio.Task] = set()   # fetches, and deletes before a put (kept referenced)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         super().start(loop)
@@ -79,22 +88,59 @@ class RemoteMover(MoverLife):
 
     # -- write-back ---------------------------------------------------------------------------------------
     def wake(self) -> None:
-        """Send the chains the ledger queued (pinned there), one batched put each."""
-        for entries in self.ledger.take_puts():
-            self._send(entries)
+        """Send the chains the ledger queued (pinned there), one batched put each (per tenant), held to its
+        tenant's remote ceiling (``book.py``): its oldest values deleted from the store first where needed."""
+        for chain in self.ledger.take_puts():
+            for entries in _by_tenant(chain):
+                self._book(entries)
 
-    def _send(self, entries: list[Entry]) -> None:
-        views = self.ledger.views(entries)
-        fut = self.backend.submit_put([e.key for e in entries], views, sums=[e.checksum for e in entries])
-        if fut is None:   # store down or queue full: counted by the backend
+    def _book(self, entries: list[Entry]) -> None:
+        plan = self.ledger.book.plan(entries[0].tenant, [e.key for e in entries],
+                                     [e.size + record.HEADER_SIZE for e in entries])
+        if plan is None:   # refused at the tenant's ceiling (counted in the book)
             self.ledger.put_done(entries)
             return
         nbytes = sum(e.size for e in entries)
         self.puts_in_flight += 1
         self.pinned_bytes += nbytes
-        fut.add_done_callback(lambda f: self.call_soon(self._put_finished, entries, nbytes))
+        if not plan.victims:
+            self._send(entries, plan, nbytes)
+            return
+        assert self._loop is not None, "puts are queued only once the mover started"
+        task = self._loop.create_task(self._delete_then_send(entries, plan, nbytes))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    def _put_finished(self, entries: list[Entry], nbytes: int) -> None:
+    async def _delete_then_send(self, entries: list[Entry], plan: Plan, nbytes: int) -> None:
+        """Delete the plan's victims from the store, then send the put; a failed delete drops the put (the store
+        may still hold the victims, so the put would pass the ceiling)."""
+        try:
+            removed = await self.backend.delete_async(plan.victim_keys)
+        except Exception as exc:   # noqa: BLE001 - a bug here must not leave the chunks pinned
+            logs.error("remote_delete_failed", error=repr(exc))
+            removed = None
+        if removed is None:
+            self.ledger.book.restore(plan)
+            self.remote_deletes_failed += 1
+            self._put_finished(entries, nbytes, None)
+            return
+        self.ledger.book.deleted(plan)
+        self._send(entries, plan, nbytes)
+
+    def _send(self, entries: list[Entry], plan: Plan, nbytes: int) -> None:
+        views = self.ledger.views(entries)
+        fut = self.backend.submit_put([e.key for e in entries], views, sums=[e.checksum for e in entries])
+        if fut is None:   # store down or queue full: counted by the backend
+            self.ledger.book.unsent(plan)   # nothing was written (any victims are deleted already)
+            self._put_finished(entries, nbytes, None)
+            return
+        fut.add_done_callback(lambda f: self.call_soon(self._put_finished, entries, nbytes, plan))
+
+    def _put_finished(self, entries: list[Entry], nbytes: int, plan: Plan | None) -> None:
+        """A put ended (``plan``: the one sent; None: not sent). What it wrote stays booked whatever the store
+        answered: some of it may have been stored."""
+        if plan is not None:
+            self.ledger.book.landed(plan)
         self.puts_in_flight -= 1
         self.pinned_bytes -= nbytes
         self.ledger.put_done(entries)
@@ -121,8 +167,8 @@ class RemoteMover(MoverLife):
         sized: asyncio.Future = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(self._fetch(namespace, list(keys[n:n + MAX_FETCH]),
                                                keys[n - 1] if n else None, sized))
-        self._fetches.add(task)
-        task.add_done_callback(self._fetches.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         try:
             found = await asyncio.wait_for(asyncio.shield(sized), wait)
         except asyncio.TimeoutError:
@@ -160,6 +206,8 @@ class RemoteMover(MoverLife):
         published = 0
         try:
             sizes = await self.backend.lookup_async(keys)
+            if len(sizes) < len(keys) and self.backend.healthy:
+                self.ledger.book.seen_missing(keys[len(sizes)])   # the store evicted it (or never had it)
             sizes = self._plausible(sizes)
             entries = self.ledger.start_fetch(namespace, keys[:len(sizes)], sizes, parent)
             for entry in entries:
@@ -221,8 +269,16 @@ class RemoteMover(MoverLife):
         return {**self.backend.stats(), "lookups": self.lookups, "lookup_chunks": self.lookup_chunks,
                 "lookup_late": self.lookup_late, "fetching_chunks": len(self.in_flight),
                 "puts_in_flight": self.puts_in_flight, "pinned_bytes": self.pinned_bytes,
-                "unreadable_keys": len(self.bad)}
+                "unreadable_keys": len(self.bad), "ceiling_deletes_failed": self.remote_deletes_failed}
 
     def close(self, wait: float = 5.0) -> None:
         """Close the backend (its calls get ``wait`` seconds to end): before the arena is unmapped."""
         self.backend.close(wait)
+
+
+def _by_tenant(chain: list[Entry]) -> list[list[Entry]]:
+    """``chain``'s entries by tenant, each part in chain order (one part, the chain itself, when all share one)."""
+    parts: dict[str, list[Entry]] = {}
+    for entry in chain:
+        parts.setdefault(entry.tenant, []).append(entry)
+    return list(parts.values())

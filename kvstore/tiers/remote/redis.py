@@ -107,7 +107,9 @@ class RedisBackend(RemoteBackend):
         if self._conn is not None:
             self._conn.close()
 
+    def _delete(self, names: list[str]) -> int:
+        return int(self._client.delete(*names)) if names else 0
+
     def delete(self, keys, namespace: str | None = None) -> int:
         """Remove values (for tests and operators); returns how many existed."""
-        names = [self.object_name(k, namespace) for k in keys]
-        return int(self._client.delete(*names)) if names else 0
+        return self._delete([self.object_name(k, namespace) for k in keys])
