@@ -281,7 +281,7 @@ class Client(Session):
         slots = header["slots"]
         arena = self._read_view
         if arena is None:
-            lease = Lease(self, 0, [frame.buffer.toreadonly() for frame in payload])
+            lease = Lease(self, 0, [_frame_view(frame) for frame in payload])
         else:
             assert self._read_pages is not None   # mapped with the read view
             tiers = header.get("tiers") or ["host"] * len(slots)
@@ -423,6 +423,11 @@ class Client(Session):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _frame_view(frame: Any) -> memoryview:
+    """A read-only view of one received payload: a ZeroMQ frame's buffer, or the stream socket's bytes."""
+    return (frame.buffer if hasattr(frame, "buffer") else memoryview(frame)).toreadonly()
 
 
 def connect(address: str | None = None, namespace: str = DEFAULT_NAMESPACE,

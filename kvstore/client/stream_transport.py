@@ -1,6 +1,6 @@
 """The client end of the local stream socket (``protocol/stream.py``): the Transport interface on a Unix stream.
 
-Requests are written with one ``sendall``; replies are read by whichever caller waits, matched by id like on
+Requests are written with one ``sendall`` (an inline put's payloads after its header: ``protocol/stream.py``); replies are read by whichever caller waits, matched by id like on
 ZeroMQ (a reply that had to wait in the daemon may overtake an earlier one). Replies to requests sent without
 waiting (a lease release, lookup notes) are read and dropped on the next send or wait, so they never pile up.
 
@@ -15,7 +15,7 @@ import socket
 import time
 from typing import Any
 
-from ..errors import DaemonUnavailable, UsageError
+from ..errors import DaemonUnavailable
 from ..protocol.stream import request_bytes, reply_frames
 from ..protocol.wire import decode_header, encode
 from .transport_base import RequestTransport
@@ -55,10 +55,9 @@ class StreamTransport(RequestTransport):
         """Write one request (with any held one before it, in one write). ``hold`` (a request whose reply is not
         wanted, made right before another): keep it to go out with that next request, so the daemon wakes once
         for both (a woken daemon preempts the sender on a busy host); a second held one writes both."""
-        if payloads:
-            raise UsageError("payloads: the stream socket carries no payload frames; send inline puts over ZeroMQ")
         rid = next(self._ids)
-        data: bytes | bytearray = request_bytes(encode({"id": rid, **header}))   # the id first: see Transport.send
+        # the id first: see Transport.send. Payloads (an inline put) follow the header in the same write.
+        data: bytes | bytearray = request_bytes(encode({"id": rid, **header}), payloads or ())
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._lock:
             self._check()

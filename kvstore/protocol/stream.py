@@ -7,9 +7,12 @@ fewer, which is most of a small request's cost on a loaded host, in the median a
 the stream socket's path from the reply, and send every further request on it; the ZeroMQ socket stays as the
 fallback and for ``tcp://``.
 
-Request: ``u32 length`` + one msgpack header (``wire.py``); requests carry no payload frames (clients of this
-socket map the arena; PUT_INLINE goes over ZeroMQ). A request longer than ``MAX_HEADER_BYTES`` is read past, not
-kept (its length says where the next one starts), and answered with a LimitError; the connection stays open.
+Request: ``u32 length`` + one msgpack header (``wire.py``). A request with payload frames (a PUT_INLINE of a
+client that does not map the arena: another local user's, ``docs/operations/tenants.md``) is laid out as a reply
+is, its count marked by the top bit: ``u32 (FRAMED | frames)`` + ``u32 length`` per frame + the frames (the header
+first). A request whose header is longer than ``MAX_HEADER_BYTES``, or whose payload frame is longer than the
+daemon's largest chunk, is read past, not kept (its lengths say where the next one starts), and answered with a
+LimitError; the connection stays open.
 
 Reply: ``u32 frames`` + ``u32 length`` per frame + the frames (the header first, then any payloads).
 """
@@ -24,10 +27,27 @@ from .wire import MAX_FRAMES, MAX_HEADER_BYTES
 SUFFIX = ".stream"   # the stream socket is the ZeroMQ ipc:// socket's path plus this
 LENGTH = struct.Struct("<I")
 REQUEST_PREFIX = LENGTH.size
+FRAMED = 1 << 31     # the top bit of a request's first word: a count of frames follows, not a header's length
 
 
-def request_bytes(header: bytes) -> bytes:
-    return LENGTH.pack(len(header)) + header
+def request_bytes(header: bytes, payloads: Sequence[bytes | memoryview] = ()) -> bytes:
+    """One request: its header alone (``u32 length`` + header), or with payload frames, framed as a reply is."""
+    if not payloads:
+        return LENGTH.pack(len(header)) + header
+    frames = [header, *payloads]
+    lengths = struct.pack(f"<{len(frames) + 1}I", FRAMED | len(frames), *(memoryview(f).nbytes for f in frames))
+    return b"".join([lengths, *frames])
+
+
+def framed_lengths(buf: bytearray | memoryview) -> tuple[int, ...] | None:
+    """The frame lengths of the framed request at the front of ``buf`` (its first word has ``FRAMED``), or None
+    if they are not all there yet. Raises ValueError for a count no request has (under 2, over ``MAX_FRAMES``)."""
+    count = LENGTH.unpack_from(buf, 0)[0] & ~FRAMED
+    if not 2 <= count <= MAX_FRAMES:
+        raise ValueError(f"request claims {count} frames; a framed request has 2 to {MAX_FRAMES}")
+    if len(buf) < 4 + 4 * count:
+        return None
+    return struct.unpack_from(f"<{count}I", buf, 4)
 
 
 def reply_bytes(frames: Sequence[bytes | memoryview]) -> bytes:
