@@ -3,8 +3,10 @@
 Over ``ipc://`` the client maps the daemon's shared arena: ``put`` copies each buffer with one memcpy into the
 arena space the daemon lent it and commits in one message (``credit.py``; reserve → copy → commit when it lends
 none); ``get`` takes a lease and returns zero-copy, read-only views of the leased slots. Over
-``tcp://`` the same calls carry the bytes in ZeroMQ frames. If the daemon restarts, the client says hello
-again (re-mapping the new arena) and retries the request once (``session.py``). ``get_into`` copies chunks into
+``tcp://`` the same calls carry the bytes in ZeroMQ frames, and so, on the stream socket, does a local client
+the daemon offers no arena (another user's: ``docs/operations/tenants.md``, or ``use_arena=False``). If the
+daemon restarts, the client says hello again (re-mapping the new arena) and retries the request once
+(``session.py``). ``get_into`` copies chunks into
 the caller's buffers, for a local client straight out of the arena without a round trip (``arena_read.py``);
 ``put(..., wait=False)`` returns once the bytes are in place and the commit is sent (``credit.py``; ``flush``
 reports).

@@ -1,7 +1,8 @@
 """The client end of the local stream socket (``protocol/stream.py``): the Transport interface on a Unix stream.
 
-Requests are written with one ``sendall`` (an inline put's payloads after its header: ``protocol/stream.py``); replies are read by whichever caller waits, matched by id like on
-ZeroMQ (a reply that had to wait in the daemon may overtake an earlier one). Replies to requests sent without
+Requests are written with one ``sendall`` (an inline put's payloads after its header: ``protocol/stream.py``);
+replies are read by whichever caller waits, matched by id like on ZeroMQ (a reply that had to wait in the daemon
+may overtake an earlier one). Replies to requests sent without
 waiting (a lease release, lookup notes) are read and dropped on the next send or wait, so they never pile up.
 
 A closed or reset stream (the daemon stopped or restarted) raises ``StreamLost``, a DaemonUnavailable: the client

@@ -138,6 +138,7 @@ class StreamConnection(asyncio.Protocol):
         self.principal = Principal()
         self._buf = bytearray()
         self._oversized: Oversized | None = None   # a request too long to keep, being read past
+        self._waiting: int | None = None   # the size of the framed request at the front of the buffer, once known
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -191,6 +192,8 @@ class StreamConnection(asyncio.Protocol):
         """Take the framed request (header and payload frames) at the front of ``buf``: dispatch it and return b""
         when it is all there, None when more is to come (or the stream was closed), or — a request too long to keep
         — start reading past it and return its bytes in ``buf`` (the caller goes on with them)."""
+        if self._waiting is not None and len(buf) < self._waiting:
+            return None   # a large put still arriving: its lengths were read and checked already
         try:
             lengths = framed_lengths(buf)
         except ValueError as exc:
@@ -200,6 +203,7 @@ class StreamConnection(asyncio.Protocol):
             return None
         start, total = 4 + 4 * len(lengths), sum(lengths)
         problem = self._framed_problem(lengths)
+        self._waiting = None
         if problem is not None:
             if total > SKIP_MAX + self.server.frame_limit:
                 self._refuse_unskippable(total, problem)
@@ -209,6 +213,7 @@ class StreamConnection(asyncio.Protocol):
             buf.clear()
             return rest or None
         if len(buf) < start + total:
+            self._waiting = start + total
             return None
         whole = memoryview(bytes(buf[start:start + total]))
         del buf[:start + total]
