@@ -20,7 +20,7 @@ Reply: ``u32 frames`` + ``u32 length`` per frame + the frames (the header first,
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from typing import Any, Sequence
 
 from .wire import MAX_FRAMES, MAX_HEADER_BYTES
 
@@ -30,13 +30,20 @@ REQUEST_PREFIX = LENGTH.size
 FRAMED = 1 << 31     # the top bit of a request's first word: a count of frames follows, not a header's length
 
 
-def request_bytes(header: bytes, payloads: Sequence[bytes | memoryview] = ()) -> bytes:
-    """One request: its header alone (``u32 length`` + header), or with payload frames, framed as a reply is."""
+def request_bytes(header: bytes, payloads: Sequence[Any] = ()) -> bytes:
+    """One request as one buffer: its header alone (``u32 length`` + header), or with payload frames, framed as a
+    reply is."""
+    return b"".join(request_parts(header, payloads))
+
+
+def request_parts(header: bytes, payloads: Sequence[Any] = ()) -> list[Any]:
+    """One request as buffers to write one after the other (``sendmsg``), so that payloads are never copied to
+    be sent: the lengths and the header in one, then each payload frame as it is (bytes-like)."""
     if not payloads:
-        return LENGTH.pack(len(header)) + header
-    frames = [header, *payloads]
-    lengths = struct.pack(f"<{len(frames) + 1}I", FRAMED | len(frames), *(memoryview(f).nbytes for f in frames))
-    return b"".join([lengths, *frames])
+        return [LENGTH.pack(len(header)) + header]
+    lengths = struct.pack(f"<{len(payloads) + 2}I", FRAMED | (len(payloads) + 1), len(header),
+                          *(memoryview(f).nbytes for f in payloads))
+    return [lengths + header, *payloads]
 
 
 def framed_lengths(buf: bytearray | memoryview) -> tuple[int, ...] | None:
@@ -52,12 +59,17 @@ def framed_lengths(buf: bytearray | memoryview) -> tuple[int, ...] | None:
 
 def reply_bytes(frames: Sequence[bytes | memoryview]) -> bytes:
     """The reply as one buffer: written with one system call, it wakes the reader once, with all of it."""
-    lengths = struct.pack(f"<{len(frames) + 1}I", len(frames), *(len(f) for f in frames))
-    return b"".join([lengths, *frames])
+    return b"".join([reply_lengths(frames), *frames])
 
 
-def reply_frames(buf: bytearray | memoryview) -> tuple[list[bytes], int] | None:
-    """Split one complete reply off the front of ``buf``: (frames, bytes used), or None if it is not all there."""
+def reply_lengths(frames: Sequence[bytes | memoryview]) -> bytes:
+    """What precedes a reply's frames: their count and lengths."""
+    return struct.pack(f"<{len(frames) + 1}I", len(frames), *(len(f) for f in frames))
+
+
+def reply_layout(buf: bytearray | memoryview) -> tuple[tuple[int, ...], int, int] | None:
+    """The frame lengths of the reply at the front of ``buf``, where its frames start and where it ends, or None if
+    it is not all there. Raises ValueError for a count no reply has."""
     if len(buf) < 4:
         return None
     (count,) = LENGTH.unpack_from(buf, 0)
@@ -68,13 +80,26 @@ def reply_frames(buf: bytearray | memoryview) -> tuple[list[bytes], int] | None:
         return None
     lengths = struct.unpack_from(f"<{count}I", buf, 4)
     end = start + sum(lengths)
-    if len(buf) < end:
-        return None
+    return (lengths, start, end) if len(buf) >= end else None
+
+
+def split_frames(whole: memoryview, lengths: Sequence[int], start: int) -> list[memoryview]:
+    """Views of the frames laid end to end in ``whole`` from ``start``."""
     frames, pos = [], start
     for n in lengths:
-        frames.append(bytes(buf[pos:pos + n]))
+        frames.append(whole[pos:pos + n])
         pos += n
-    return frames, end
+    return frames
+
+
+def reply_frames(buf: bytearray | memoryview) -> tuple[list[bytes], int] | None:
+    """Split one complete reply off the front of ``buf``: (frames, bytes used), or None if it is not all there."""
+    layout = reply_layout(buf)
+    if layout is None:
+        return None
+    lengths, start, end = layout
+    with memoryview(buf) as view:
+        return [bytes(f) for f in split_frames(view, lengths, start)], end
 
 
 def request_too_long(length: int) -> bool:

@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 from .. import logs
 from ..errors import LimitError
-from ..protocol.stream import FRAMED, LENGTH, SUFFIX, framed_lengths, reply_bytes, request_too_long
+from ..protocol.stream import (FRAMED, LENGTH, SUFFIX, framed_lengths, reply_bytes, reply_lengths,
+                               request_too_long)
 from ..protocol.wire import HINT_BYTES, MAX_HEADER_BYTES
 from ..tenants.access import Principal, peer_principal
 
@@ -158,13 +159,13 @@ class StreamConnection(asyncio.Protocol):
             if self._oversized is not None:
                 data = self._read_past(data)
                 continue
-            buf = self._buf
-            if not buf and len(data) >= 4 and LENGTH.unpack_from(data)[0] == len(data) - 4:
+            if not self._buf and len(data) >= 4 and LENGTH.unpack_from(data)[0] == len(data) - 4:
                 self._dispatch(data[4:])       # the common case: exactly one request
                 return
-            buf += data
+            self._buf += data
             data = b""
-            while len(buf) >= 4:
+            while len(self._buf) >= 4:
+                buf = self._buf   # a framed request may take the buffer itself (_framed): read it again each time
                 (length,) = LENGTH.unpack_from(buf)
                 if length & FRAMED:
                     step = self._framed(buf)
@@ -215,8 +216,12 @@ class StreamConnection(asyncio.Protocol):
         if len(buf) < start + total:
             self._waiting = start + total
             return None
-        whole = memoryview(bytes(buf[start:start + total]))
-        del buf[:start + total]
+        if len(buf) == start + total:   # the buffer holds this request alone: its frames are views of it, no copy
+            whole = memoryview(buf)[start:]
+            self._buf = bytearray()
+        else:
+            whole = memoryview(bytes(memoryview(buf)[start:start + total]))
+            del buf[:start + total]
         frames, pos = [], 0
         for n in lengths:
             frames.append(whole[pos:pos + n])
@@ -260,8 +265,12 @@ class StreamConnection(asyncio.Protocol):
         self.daemon.after_reply()
 
     def write(self, frames: list[Any]) -> None:
-        if not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if len(frames) == 1:
             self.transport.write(reply_bytes(frames))
+        else:   # payloads (an inline get): gathered by the transport's one write, not joined into a copy first
+            self.transport.writelines([reply_lengths(frames), *frames])
 
     def _refuse(self, big: "Oversized") -> None:
         """Answer a request that was too long to keep, as the dispatcher answers any refused header: its head

@@ -130,6 +130,11 @@ def test_a_client_without_the_arena_moves_its_bytes_on_the_stream(daemon):
             assert [bytes(v) for v in views] == chunks
         out = [bytearray(9000) for _ in range(3)]
         assert c.get_into(keys, out) == 3 and [bytes(o[:len(x)]) for o, x in zip(out, chunks)] == chunks
+        many = [os.urandom(16) for _ in range(1500)]   # more payloads than one sendmsg takes (IOV_MAX)
+        small = [os.urandom(64) for _ in many]
+        assert c.put(many, small) == 1500
+        with c.get(many) as views:
+            assert [bytes(v) for v in views] == small
     with daemon.client(namespace="st", chunk_tokens=4) as mapped:   # the same chunks, through the arena
         with mapped.get(keys) as views:
             assert [bytes(v) for v in views] == chunks
