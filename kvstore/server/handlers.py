@@ -11,7 +11,6 @@ trust the header: every field goes through ``protocol/messages.py``.
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any, Callable
 
 from .._version import __version__
@@ -306,10 +305,10 @@ def handle_stats(svc: Service, s: Session, h: dict, frames: list) -> Frames:
 
 def handle_reload(svc: Service, s: Session, h: dict, frames: list) -> Frames:
     """Read the config file's tenants table again and apply it, or say in one line why it was refused. Taken only
-    from a local client the daemon's own user runs (or root): the ZeroMQ ipc socket is the owner's alone, and a
-    stream connection's uid is the kernel's word."""
-    local_owner = s.transport == "ipc" and (s.principal.uid is None or s.principal.uid in (0, os.getuid()))
-    if not local_owner:
+    from a local client the daemon's own user runs (or root), as its hello found (``local_access.may_map``: a
+    stream connection's uid is the kernel's word, a ZeroMQ ipc one's libzmq's, else the socket's owner-only
+    mode)."""
+    if not s.owner_local:
         raise PermissionDeniedError("reload is taken only from a local client run by the daemon's user or root; "
                                     "run kvstore reload on the daemon's host as that user, or send it SIGHUP")
     if svc.reload is None:
@@ -350,7 +349,8 @@ def hello_reply(svc: Service, owner: bytes, transport: str, h: dict,
                            f"upgrade the older side")
     arena = req.want_arena and transport == "ipc" and maps
     session = Session(owner, transport, req.namespace, req.client_id, req.chunk_tokens, arena,
-                      key_scheme=req.key_scheme, hash_seed=req.hash_seed, principal=principal or Principal())
+                      key_scheme=req.key_scheme, hash_seed=req.hash_seed, principal=principal or Principal(),
+                      owner_local=maps)
     svc.safeguards.params.check(session.namespace, session.key_params)
     session.track_process(req.pid, req.pid_start)
     session.connector = req.connector
