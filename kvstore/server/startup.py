@@ -79,6 +79,9 @@ def share_socket_dir(path: str, gid: int, created: list[str]) -> None:
     Raises:
         ConfigError: a directory cannot be given to the group (the daemon's user is not in it, and not root).
     """
+    if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
+        raise ConfigError(f"--socket-group: the daemon's user is not a member of group {gid}, so it cannot give the "
+                          f"socket to it; add the user to the group (or run the daemon as root)")
     for level in created:
         try:
             os.chown(level, -1, gid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import grp
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -21,9 +22,12 @@ import time
 import pytest
 from support.daemons import run_cli, sandbox_env, short_tempdir
 from support.paths import ROOT
+from support.users import as_other_user
 
 import kvstore
 from kvstore.defaults import default_socket
+from kvstore.errors import ConfigError
+from kvstore.server.startup import share_socket_dir
 from kvstore.tiers.host.arena import arena_path_for
 
 SMALL = ("--host-mem", "16MiB")
@@ -389,3 +393,23 @@ def test_a_socket_group_that_cannot_pass_a_directory_is_warned_about(workdir):
         assert daemon.stop() == 0
     assert len(warned) == 1 and f"chmod g+x {private}" in warned[0], warned
     assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
+
+
+def test_a_socket_group_the_daemons_user_is_not_in_is_refused(workdir):
+    if os.getuid() != 0:
+        pytest.skip("needs root to run the check as another user (setuid in a child)")
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no 'nobody' user to run the check as")
+
+    def check() -> list[str]:
+        try:
+            share_socket_dir(os.path.join(workdir, "kv.sock"), 0, [])
+            return ["accepted"]
+        except ConfigError as exc:
+            return [str(exc)]
+
+    assert as_other_user(nobody.pw_uid, nobody.pw_gid, check) == [
+        "--socket-group: the daemon's user is not a member of group 0, so it cannot give the socket to it; add the "
+        "user to the group (or run the daemon as root)"]
