@@ -44,7 +44,7 @@ from . import arguments
 from .arena_read import read_into, read_with
 from .buffers import as_host_bytes, copy_into, copy_out, nbytes_of, writable_bytes
 from .copies import copy_batch
-from .lease import Lease, LookupResult, Reservation
+from .lease import InlineReservation, Lease, LookupResult, Reservation
 from .scrub_pass import cancel as cancel_scrubs
 from .scrub_pass import run_pass
 from .session import DEFAULT_CHUNK_TOKENS, DEFAULT_NAMESPACE, Session
@@ -225,18 +225,22 @@ class Client(Session):
                 pin_ttl: float | None = None) -> Reservation:
         """Reserve arena slots of ``sizes`` bytes (positive integers, one per key) for ``keys`` (ipc:// only); see
         ``Reservation``; ``engine``, ``retention`` and ``pin_ttl`` as ``put`` takes them (``no-store``: every
-        view is None and the commit writes nothing). Raises UsageError over tcp:// (use ``put``) or for a bad
-        argument."""
+        view is None and the commit writes nothing). A local client the daemon offers no arena (another user's)
+        gets buffers of its own, sent at the commit (``InlineReservation``). Raises UsageError over tcp:// or with
+        ``use_arena=False`` (use ``put``), or for a bad argument."""
         ask = arguments.retention("reserve", retention, pin_ttl)
         keys, packed = arguments.packed_keys("reserve", keys)
         checked = arguments.sizes("reserve", sizes)
         arguments.same_length("reserve", keys, "sizes", checked)
         parent = arguments.optional_key("reserve", "parent", parent)
-        if self._arena_view is None:
+        if self._arena_view is None and (not self.use_arena or not self.address.startswith("ipc://")):
             raise UsageError("reserve needs the shared arena (an ipc:// client with use_arena); use put over tcp://")
         extra = arguments.engine_blocks("reserve", keys, engine)
-        return self._reserve(packed, checked, parent,
-                             {**({"engine": extra} if extra is not None else {}), **wire_retention(ask)})
+        extra = {**({"engine": extra} if extra is not None else {}), **wire_retention(ask)}
+        if self._arena_view is None:   # the daemon offers us no arena (another user's client): the bytes go inline
+            request = {"op": Op.PUT_INLINE, "keys": packed, "parent": parent, **extra}
+            return InlineReservation(self, request, checked, ask.stores)
+        return self._reserve(packed, checked, parent, extra)
 
     def _reserve(self, packed: bytes, sizes: list[int], parent: bytes | None,
                  extra: dict[str, Any] | None = None) -> Reservation:

@@ -99,7 +99,8 @@ def _shared(*paths: str) -> list[str]:
 @pytest.mark.skipif(_other_user() is None, reason="no 'nobody' user to run the second client as")
 def test_a_socket_group_lets_other_users_in_through_the_stream_only(start_daemon, tmp_path):
     """``socket_group``: user ``nobody`` (in the group) is a restricted tenant's member and moves its own chunks
-    inline on the stream socket, byte for byte, without ever being named the arena or the index (not even when
+    inline on the stream socket, byte for byte (put, get, get_into, and reserve-fill-commit as engine connectors
+    save), without ever being named the arena or the index (not even when
     the files' modes were loosened by mistake, nor over the ZeroMQ socket); it misses the daemon user's tenant's
     chunks. Another uid in the group but in no tenant gets the open namespaces only."""
     other = _other_user()
@@ -137,6 +138,14 @@ def test_a_socket_group_lets_other_users_in_through_the_stream_only(start_daemon
             lines.append(f"get_into {c.get_into(mine, outs)} "
                          f"identical {[bytes(o[:len(x)]) for o, x in zip(outs, chunks)] == chunks}")
             lines.append(f"admin's lookup {c.lookup(keys)} get {len(c.get(keys).views)}")
+            more = c.chunk_keys(list(range(256 * 5)))[3:]   # as an engine connector saves: reserve, fill, commit
+            reservation = c.reserve(more, [4096, 4096], parent=mine[-1])
+            for i, view in enumerate(reservation.views):
+                view[:] = bytes([i + 1]) * 4096
+            lines.append(f"{type(reservation).__name__} commit {reservation.commit()}")
+            with c.get(mine + more) as views:
+                lines.append(f"chain {len(views)} reserved identical "
+                             f"{[bytes(v) for v in views[3:]] == [bytes([1]) * 4096, bytes([2]) * 4096]}")
         with kvstore.connect(daemon.address, namespace="admin:m", timeout=10.0) as c:
             try:
                 c.put([os.urandom(16)], [b"n" * 4096])
@@ -149,7 +158,8 @@ def test_a_socket_group_lets_other_users_in_through_the_stream_only(start_daemon
 
     report = as_other_user(other.pw_uid, other.pw_gid, member)
     assert report == ["stream True arena None index None gpu None", "put 3 lookup 3", "get identical True",
-                      "get_into 3 identical True", "admin's lookup 0 get 0", "admin put refused",
+                      "get_into 3 identical True", "admin's lookup 0 get 0", "InlineReservation commit 2",
+                      "chain 5 reserved identical True", "admin put refused",
                       "zeromq arena None index None"], report
     os.chmod(arena, 0o600)
     os.chmod(daemon.socket_path, 0o600)
