@@ -11,6 +11,7 @@ also reads a file's relative paths against the file's directory; docs/reference/
 from __future__ import annotations
 
 import argparse
+import grp
 import ipaddress
 import os
 from dataclasses import dataclass, fields
@@ -146,6 +147,21 @@ def _read_host(value: Any, name: str) -> str:
     return host
 
 
+def _read_group(value: Any, name: str) -> int | None:
+    """A local group, by name or gid, that gets the stream socket (``socket_group``); the empty string: none."""
+    if value == "" or value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ConfigError(f"{name}: expected a group name or gid, got {value!r}")
+    text = str(value).strip()
+    try:
+        group = grp.getgrgid(int(text)) if text.isdigit() else grp.getgrnam(text)
+    except (KeyError, OverflowError):
+        raise ConfigError(f"{name}: no group {value!r} on this machine; create it (groupadd) or name another "
+                          f"group") from None
+    return group.gr_gid
+
+
 def _read_gpu_device(value: Any, name: str) -> int:
     try:
         index = int(value)
@@ -231,6 +247,10 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("socket", _read_socket, default_socket, "path of the ipc:// socket", "PATH", path=True),
+    Setting("socket_group", _read_group, lambda: None,
+            "let this local group (name or gid) reach the daemon: its members connect to the stream socket "
+            "(0660) and move bytes in the messages; the arena and index stay the daemon user's alone (default: "
+            "the daemon's user only)", "GROUP"),
     Setting("tcp", _read_tcp, lambda: None, "also listen on tcp://HOST:PORT (loopback unless you mean it)",
             "HOST:PORT"),
     Setting("tcp_heartbeat", lambda v, n: parse_seconds(v, n), lambda: 10.0,
@@ -322,6 +342,7 @@ _BY_NAME = {s.name: s for s in SETTINGS}
 @dataclass(frozen=True)
 class ServerConfig:
     socket: str
+    socket_group: int | None
     tcp: str | None
     tcp_heartbeat: float
     host_mem: int

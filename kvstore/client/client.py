@@ -3,8 +3,10 @@
 Over ``ipc://`` the client maps the daemon's shared arena: ``put`` copies each buffer with one memcpy into the
 arena space the daemon lent it and commits in one message (``credit.py``; reserve → copy → commit when it lends
 none); ``get`` takes a lease and returns zero-copy, read-only views of the leased slots. Over
-``tcp://`` the same calls carry the bytes in ZeroMQ frames. If the daemon restarts, the client says hello
-again (re-mapping the new arena) and retries the request once (``session.py``). ``get_into`` copies chunks into
+``tcp://`` the same calls carry the bytes in ZeroMQ frames, and so, on the stream socket, does a local client
+the daemon offers no arena (another user's: ``docs/operations/tenants.md``, or ``use_arena=False``). If the
+daemon restarts, the client says hello again (re-mapping the new arena) and retries the request once
+(``session.py``). ``get_into`` copies chunks into
 the caller's buffers, for a local client straight out of the arena without a round trip (``arena_read.py``);
 ``put(..., wait=False)`` returns once the bytes are in place and the commit is sent (``credit.py``; ``flush``
 reports).
@@ -42,7 +44,7 @@ from . import arguments
 from .arena_read import read_into, read_with
 from .buffers import as_host_bytes, copy_into, copy_out, nbytes_of, writable_bytes
 from .copies import copy_batch
-from .lease import Lease, LookupResult, Reservation
+from .lease import InlineReservation, Lease, LookupResult, Reservation
 from .scrub_pass import cancel as cancel_scrubs
 from .scrub_pass import run_pass
 from .session import DEFAULT_CHUNK_TOKENS, DEFAULT_NAMESPACE, Session
@@ -223,18 +225,22 @@ class Client(Session):
                 pin_ttl: float | None = None) -> Reservation:
         """Reserve arena slots of ``sizes`` bytes (positive integers, one per key) for ``keys`` (ipc:// only); see
         ``Reservation``; ``engine``, ``retention`` and ``pin_ttl`` as ``put`` takes them (``no-store``: every
-        view is None and the commit writes nothing). Raises UsageError over tcp:// (use ``put``) or for a bad
-        argument."""
+        view is None and the commit writes nothing). A local client the daemon offers no arena (another user's)
+        gets buffers of its own, sent at the commit (``InlineReservation``). Raises UsageError over tcp:// or with
+        ``use_arena=False`` (use ``put``), or for a bad argument."""
         ask = arguments.retention("reserve", retention, pin_ttl)
         keys, packed = arguments.packed_keys("reserve", keys)
         checked = arguments.sizes("reserve", sizes)
         arguments.same_length("reserve", keys, "sizes", checked)
         parent = arguments.optional_key("reserve", "parent", parent)
-        if self._arena_view is None:
+        if self._arena_view is None and (not self.use_arena or not self.address.startswith("ipc://")):
             raise UsageError("reserve needs the shared arena (an ipc:// client with use_arena); use put over tcp://")
         extra = arguments.engine_blocks("reserve", keys, engine)
-        return self._reserve(packed, checked, parent,
-                             {**({"engine": extra} if extra is not None else {}), **wire_retention(ask)})
+        extra = {**({"engine": extra} if extra is not None else {}), **wire_retention(ask)}
+        if self._arena_view is None:   # the daemon offers us no arena (another user's client): the bytes go inline
+            request = {"op": Op.PUT_INLINE, "keys": packed, "parent": parent, **extra}
+            return InlineReservation(self, request, checked, ask.stores)
+        return self._reserve(packed, checked, parent, extra)
 
     def _reserve(self, packed: bytes, sizes: list[int], parent: bytes | None,
                  extra: dict[str, Any] | None = None) -> Reservation:
@@ -281,7 +287,7 @@ class Client(Session):
         slots = header["slots"]
         arena = self._read_view
         if arena is None:
-            lease = Lease(self, 0, [frame.buffer.toreadonly() for frame in payload])
+            lease = Lease(self, 0, [_frame_view(frame) for frame in payload])
         else:
             assert self._read_pages is not None   # mapped with the read view
             tiers = header.get("tiers") or ["host"] * len(slots)
@@ -423,6 +429,11 @@ class Client(Session):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _frame_view(frame: Any) -> memoryview:
+    """A read-only view of one received payload: a ZeroMQ frame's buffer, or the stream socket's bytes."""
+    return (frame.buffer if hasattr(frame, "buffer") else memoryview(frame)).toreadonly()
 
 
 def connect(address: str | None = None, namespace: str = DEFAULT_NAMESPACE,

@@ -64,8 +64,9 @@ class Session(Mappings):
         self.use_arena = self.address.startswith("ipc://") if use_arena is None else use_arena
         self._zmq = Transport(self.address, self.timeout, curve)
         self._transport: Transport | StreamTransport = self._zmq   # where requests go: the stream when there is one
-        # Local clients send their requests on the daemon's stream socket (protocol/stream.py) when it has one
-        self.want_stream = stream and self.use_arena and self.address.startswith("ipc://")
+        # Local clients send their requests on the daemon's stream socket (protocol/stream.py) when it has one;
+        # one that does not map the arena (use_arena=False, or another user's) carries its bytes on it too.
+        self.want_stream = stream and self.address.startswith("ipc://")
         self._no_mappings()
         self.want_gpu = gpu and self.use_arena
         # Page-lock our arena mappings (CUDA) so that copies between leased views and the GPU are asynchronous

@@ -1,7 +1,8 @@
 """The client end of the local stream socket (``protocol/stream.py``): the Transport interface on a Unix stream.
 
-Requests are written with one ``sendall``; replies are read by whichever caller waits, matched by id like on
-ZeroMQ (a reply that had to wait in the daemon may overtake an earlier one). Replies to requests sent without
+Requests are written with one ``sendall`` (an inline put's payloads after its header: ``protocol/stream.py``);
+replies are read by whichever caller waits, matched by id like on ZeroMQ (a reply that had to wait in the daemon
+may overtake an earlier one). Replies to requests sent without
 waiting (a lease release, lookup notes) are read and dropped on the next send or wait, so they never pile up.
 
 A closed or reset stream (the daemon stopped or restarted) raises ``StreamLost``, a DaemonUnavailable: the client
@@ -15,8 +16,8 @@ import socket
 import time
 from typing import Any
 
-from ..errors import DaemonUnavailable, UsageError
-from ..protocol.stream import request_bytes, reply_frames
+from ..errors import DaemonUnavailable
+from ..protocol.stream import reply_layout, request_parts, split_frames
 from ..protocol.wire import decode_header, encode
 from .transport_base import RequestTransport
 
@@ -28,6 +29,28 @@ from .transport_base import RequestTransport
 # are files of its own (a restarted daemon creates new ones), which nothing writes any more, and 10 ms is far less
 # than a daemon's start takes.
 ALIVE_READ_S = 0.01
+
+
+IOV_MAX = 1024   # the most buffers one sendmsg takes on Linux
+
+
+def _byte_view(buf: Any) -> memoryview:
+    """A flat view of ``buf``'s bytes, as ``sendmsg`` takes them."""
+    view = memoryview(buf)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _drop_sent(data: list[memoryview], sent: int) -> None:
+    """Take the ``sent`` bytes a write took off the front of ``data``."""
+    while sent:
+        head = data[0]
+        if sent < head.nbytes:
+            data[0] = head[sent:]
+            return
+        sent -= head.nbytes
+        data.pop(0)
+    while data and not data[0].nbytes:
+        data.pop(0)
 
 
 class StreamLost(DaemonUnavailable):
@@ -55,22 +78,21 @@ class StreamTransport(RequestTransport):
         """Write one request (with any held one before it, in one write). ``hold`` (a request whose reply is not
         wanted, made right before another): keep it to go out with that next request, so the daemon wakes once
         for both (a woken daemon preempts the sender on a busy host); a second held one writes both."""
-        if payloads:
-            raise UsageError("payloads: the stream socket carries no payload frames; send inline puts over ZeroMQ")
         rid = next(self._ids)
-        data: bytes | bytearray = request_bytes(encode({"id": rid, **header}))   # the id first: see Transport.send
+        # the id first: see Transport.send. Payloads (an inline put) follow the header, written as they are.
+        parts = request_parts(encode({"id": rid, **header}), payloads or ())
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._lock:
             self._check()
-            if hold and not want_reply and not self._held:
-                self._held += data
+            if hold and not want_reply and not self._held and len(parts) == 1:
+                self._held += parts[0]
                 return rid
             if self._held:
-                data, self._held = self._held + data, bytearray()
+                parts[0], self._held = self._held + parts[0], bytearray()
             if want_reply:   # before the write: a refusal can come back while the rest is still being written
                 self._outstanding.add(rid)
             try:
-                self._send_all(memoryview(data), deadline)
+                self._send_all([_byte_view(p) for p in parts], deadline)
             except DaemonUnavailable:
                 self._outstanding.discard(rid)
                 raise
@@ -78,10 +100,11 @@ class StreamTransport(RequestTransport):
                 self._read_available()
         return rid
 
-    def _send_all(self, data: memoryview, deadline: float) -> None:
+    def _send_all(self, data: list[memoryview], deadline: float) -> None:
+        """Write ``data`` (buffers, one after the other) whole: gathered by ``sendmsg``, at most ``IOV_MAX`` a call."""
         while data:
             try:
-                data = data[self._sock.send(data):]
+                _drop_sent(data, self._sock.sendmsg(data[:IOV_MAX]))
             except (BlockingIOError, InterruptedError):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -153,16 +176,25 @@ class StreamTransport(RequestTransport):
             got = True
         while True:
             try:
-                parsed = reply_frames(self._buf)
+                layout = reply_layout(self._buf)
             except ValueError as exc:
                 self._lose(exc)
-            if parsed is None:
+            if layout is None:
                 return got
-            frames, used = parsed
-            del self._buf[:used]
+            frames = self._take_reply(*layout)
             header = decode_header(frames[0])
             if header.get("id") in self._outstanding:
                 self._pending[header["id"]] = [header] + frames[1:]
+
+    def _take_reply(self, lengths: tuple[int, ...], start: int, end: int) -> list[memoryview]:
+        """Take the complete reply at the front of the buffer off it: views of its frames. A buffer that holds this
+        reply alone (an inline get's chunks, say) is handed over whole rather than copied."""
+        if end == len(self._buf):
+            whole, self._buf = memoryview(self._buf), bytearray()
+        else:
+            whole = memoryview(bytes(memoryview(self._buf)[:end]))
+            del self._buf[:end]
+        return split_frames(whole, lengths, start)
 
     def _check(self) -> None:
         if self.lost:

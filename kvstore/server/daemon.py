@@ -70,9 +70,9 @@ from .service import Service
 from .session import Session
 from .stats import connector_stats, daemon_stats
 from .startup import (Claims, bind_failure, check_socket_dir, check_socket_path, check_writable_dir,
-                      exclusive_lock, remove_stale_socket)
+                      exclusive_lock, remove_stale_socket, share_socket_dir)
 from .stopping import StopPlan, arm_forced_exit
-from .local_access import open_stream
+from .local_access import may_map, open_stream
 from .stream import StreamServer
 
 if TYPE_CHECKING:
@@ -129,9 +129,11 @@ class Daemon:
         take(self._ctx.term)   # the very last release: after every socket is closed
         path = self.config.socket
         check_socket_path(path)   # before anything is created: only a socket may be replaced
-        claims.private_dirs(os.path.dirname(path), "--socket")
+        created = claims.private_dirs(os.path.dirname(path), "--socket")
         check_writable_dir(os.path.dirname(path), "--socket")
         check_socket_dir(path)
+        if self.config.socket_group is not None:   # the stream socket is given to it when bound (stream.py)
+            share_socket_dir(path, self.config.socket_group, created)
         claims.hold(exclusive_lock(path + ".lock", f"another kvstore daemon is already serving on {path}; "
                                    f"stop it first or choose another --socket", "--socket"))
         remove_stale_socket(path)
@@ -376,7 +378,8 @@ class Daemon:
         principal = None
         if transport == "tcp" and self._curve is not None:
             principal = self._curve_principal(owner, msg[1])
-        reply = self.handle_request(transport, owner, msg[1].buffer, msg[2:], principal)
+        reply = self.handle_request(transport, owner, msg[1].buffer, msg[2:], principal,
+                                    zmq_frame=msg[1] if transport == "ipc" else None)
         if self.tcp_peers is not None and transport == "tcp" and owner in self.sessions:
             self.tcp_peers.follow(owner, msg[1])   # the session ends with this connection
         if type(reply) is not list:
@@ -384,10 +387,11 @@ class Daemon:
         return [routing_id] + reply
 
     def handle_request(self, transport: str, owner: bytes, raw_header: Any, payload: list[Any],
-                       principal: Principal | None = None) -> Any:
+                       principal: Principal | None = None, zmq_frame: Any = None) -> Any:
         """Handle one request of ``owner`` (whatever carried it: ZeroMQ or the stream socket); return the reply
         frames (header first), or a coroutine returning them. ``principal``: who sent it, when its transport
-        says (a CURVE key on ``tcp://``); else the stream socket's peer credentials, or unknown."""
+        says (a CURVE key on ``tcp://``, the stream socket's peer credentials), else unknown. ``zmq_frame``: the
+        header frame of a ZeroMQ ipc message, whose peer's uid decides what a hello may map (``may_map``)."""
         rid: int | None = None
         op: Op | None = None
         self.svc.counters.requests += 1
@@ -400,9 +404,8 @@ class Daemon:
             if self.stopping and op not in FINISHING_OPS:
                 raise UnavailableError("the daemon is shutting down; retry once it is back")
             if op is Op.HELLO:
-                if principal is None:
-                    principal = self.stream.principal_of(owner) if self.stream is not None else Principal()
-                session, reply = hello_reply(self.svc, owner, transport, header, principal)
+                maps = may_map(principal, transport, zmq_frame)   # local_access.py: who may map our files
+                session, reply = hello_reply(self.svc, owner, transport, header, principal or Principal(), maps)
                 self._add_session(session)
             else:
                 known = self.sessions.get(owner)

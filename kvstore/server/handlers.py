@@ -11,7 +11,6 @@ trust the header: every field goes through ``protocol/messages.py``.
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any, Callable
 
 from .._version import __version__
@@ -159,7 +158,8 @@ def _throttled(svc: Service, nbytes: int, then: Callable[[], Frames]) -> Any:
 def handle_reserve(svc: Service, s: Session, h: dict, frames: list) -> Any:
     _require_access(svc, s)
     if not s.arena:
-        raise PermissionDeniedError("reserve needs the shared arena; clients over tcp:// put with PUT_INLINE")
+        raise PermissionDeniedError("reserve needs the shared arena; clients over tcp://, and other users' local "
+                                    "clients, put with PUT_INLINE")
     req = m.Reserve.parse(h, svc.config.chunk_limit)
     if not req.retention.stores:   # acknowledged, nothing reserved: no slot to fill, nothing to commit
         svc.store.count_no_store(len(req.keys))
@@ -191,7 +191,8 @@ def handle_credit_put(svc: Service, s: Session, h: dict, frames: list) -> Any:
     """A put in one round trip: chunks the client copied into its credit, and the credit for its next put."""
     _require_access(svc, s)
     if not s.arena:
-        raise PermissionDeniedError("put credits need the shared arena; clients over tcp:// put with PUT_INLINE")
+        raise PermissionDeniedError("put credits need the shared arena; clients over tcp://, and other users' "
+                                    "local clients, put with PUT_INLINE")
     req = m.CreditPut.parse(h, svc.config.chunk_limit)
     if req.keys and not req.retention.stores:   # acknowledged, nothing published: the credit stays lent as it was
         svc.store.count_no_store(len(req.keys))
@@ -310,10 +311,10 @@ def handle_stats(svc: Service, s: Session, h: dict, frames: list) -> Frames:
 
 def handle_reload(svc: Service, s: Session, h: dict, frames: list) -> Frames:
     """Read the config file's tenants table again and apply it, or say in one line why it was refused. Taken only
-    from a local client the daemon's own user runs (or root): the ZeroMQ ipc socket is the owner's alone, and a
-    stream connection's uid is the kernel's word."""
-    local_owner = s.transport == "ipc" and (s.principal.uid is None or s.principal.uid in (0, os.getuid()))
-    if not local_owner:
+    from a local client the daemon's own user runs (or root), as its hello found (``local_access.may_map``: a
+    stream connection's uid is the kernel's word, a ZeroMQ ipc one's libzmq's, else the socket's owner-only
+    mode)."""
+    if not s.owner_local:
         raise PermissionDeniedError("reload is taken only from a local client run by the daemon's user or root; "
                                     "run kvstore reload on the daemon's host as that user, or send it SIGHUP")
     if svc.reload is None:
@@ -345,14 +346,18 @@ assert set(HANDLERS) | {Op.HELLO} == set(Op), "every operation needs a handler"
 
 
 def hello_reply(svc: Service, owner: bytes, transport: str, h: dict,
-                principal: Principal | None = None) -> tuple[Session, Frames]:
+                principal: Principal | None = None, maps: bool = False) -> tuple[Session, Frames]:
+    """The session a HELLO opens and its reply. ``maps``: whether the client may be offered the arena, the shared
+    index and the GPU pool (``local_access.may_map``: the daemon's own user or root, locally); a client that may
+    not is named none of them, and its puts and gets carry their bytes in the messages."""
     req = m.Hello.parse(h)
     if req.version != PROTOCOL_VERSION:
         raise VersionError(f"client speaks protocol {req.version}, this daemon speaks {PROTOCOL_VERSION}; "
                            f"upgrade the older side")
-    arena = req.want_arena and transport == "ipc"
+    arena = req.want_arena and transport == "ipc" and maps
     session = Session(owner, transport, req.namespace, req.client_id, req.chunk_tokens, arena,
-                      key_scheme=req.key_scheme, hash_seed=req.hash_seed, principal=principal or Principal())
+                      key_scheme=req.key_scheme, hash_seed=req.hash_seed, principal=principal or Principal(),
+                      owner_local=maps)
     svc.safeguards.params.check(session.namespace, session.key_params)
     session.track_process(req.pid, req.pid_start)
     session.connector = req.connector

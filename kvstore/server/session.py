@@ -34,6 +34,8 @@ class Session:
     # The key space of its namespace (None: raw keys), and the table it was chosen under (Service.key_space).
     key_space: KeySpace | None = None
     key_space_table: TenantTable | None = None
+    # The daemon's own user or root, locally (local_access.may_map): may be offered the arena, and may reload.
+    owner_local: bool = False
 
     @property
     def key_params(self) -> KeyParams:

@@ -69,6 +69,41 @@ def check_socket_dir(path: str) -> None:
     logs.warning("socket_dir_unsafe", directory=risk.directory, message=risk.line)
 
 
+def share_socket_dir(path: str, gid: int, created: list[str]) -> None:
+    """``socket_group``: let the group pass the directories this start created for the socket (``--x`` for the
+    group: 0710, never anyone else's), then warn about any level above the socket that the group cannot pass
+    (``socket_group_unreachable``, naming the level and the fix); a directory that was already there is never
+    changed. The socket files themselves are the stream's (0660, the group's) and ZeroMQ's (0600, the daemon
+    user's alone).
+
+    Raises:
+        ConfigError: a directory cannot be given to the group (the daemon's user is not in it, and not root).
+    """
+    if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
+        raise ConfigError(f"--socket-group: the daemon's user is not a member of group {gid}, so it cannot give the "
+                          f"socket to it; add the user to the group (or run the daemon as root)")
+    for level in created:
+        try:
+            os.chown(level, -1, gid)
+            os.chmod(level, 0o710)
+        except OSError as exc:
+            raise ConfigError(f"--socket-group: cannot give {level} to group {gid}: {exc.strerror}; the daemon's "
+                              f"user must be a member of that group (or root)") from None
+    level = os.path.dirname(os.path.abspath(path))
+    while True:
+        st = os.stat(level)
+        if not (st.st_mode & stat.S_IXOTH or (st.st_gid == gid and st.st_mode & stat.S_IXGRP)):
+            logs.warning("socket_group_unreachable", directory=level,
+                         message=f"--socket-group: members of group {gid} cannot pass {level} to reach the socket; "
+                                 f"run chgrp {gid} {level} && chmod g+x {level} (or chmod o+x {level}), or choose "
+                                 f"another --socket")
+            return
+        parent = os.path.dirname(level)
+        if parent == level:
+            return
+        level = parent
+
+
 def bind_failure(transport: str, address: str, exc: zmq.ZMQError) -> str:
     """One line for a socket that cannot listen, naming the address once (zmq's own text repeats it)."""
     flag = "--socket" if transport == "ipc" else "--tcp"
@@ -175,11 +210,14 @@ class Claims:
     def made_dirs(self, created: list[str]) -> None:
         self.created_dirs.callback(remove_created_dirs, created)
 
-    def private_dirs(self, path: str, flag: str) -> None:
+    def private_dirs(self, path: str, flag: str) -> list[str]:
+        """Create the missing levels of ``path`` (0700), removed again if the start fails; returns them."""
         try:
-            self.made_dirs(make_private_dirs(path))
+            created = make_private_dirs(path)
         except OSError as exc:
             raise ConfigError(f"{flag}: cannot create {path}: {exc.strerror}; choose another {flag}") from None
+        self.made_dirs(created)
+        return created
 
     def hold(self, lock: FileLock) -> None:
         self.take(lock.release)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 import kvstore
-from kvstore.client.stream_transport import StreamTransport
 
 CHUNK = 16
 
@@ -142,12 +141,3 @@ def test_reserve_without_the_arena_is_a_usage_error(served):
         keys = c.chunk_keys(list(range(CHUNK)))
         with pytest.raises(kvstore.UsageError, match="reserve needs the shared arena"):
             c.reserve(keys, [1000])
-
-
-def test_the_stream_transport_refuses_payloads_as_a_usage_error(served):
-    stream = StreamTransport(served.socket_path + ".stream", 5.0)
-    try:
-        with pytest.raises(kvstore.UsageError, match="payloads: the stream socket carries no payload frames"):
-            stream.send({"op": 1}, [b"x"])
-    finally:
-        stream.close()

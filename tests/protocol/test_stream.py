@@ -115,3 +115,51 @@ def test_without_a_stream_socket_local_clients_use_zeromq(daemon):
         assert c.put(keys, [b"q" * 4096]) == 1 and c.lookup(keys) == 1
     finally:
         c.close()
+
+
+def test_a_client_without_the_arena_moves_its_bytes_on_the_stream(daemon):
+    """use_arena=False (as another user's client is served): puts and gets carry the bytes in the messages, on
+    the stream socket, and come back byte for byte."""
+    with daemon.client(namespace="st", chunk_tokens=4, use_arena=False) as c:
+        assert isinstance(c._transport, StreamTransport)
+        assert c.server_info["arena"] is None and c.server_info["index"] is None
+        keys = c.chunk_keys(list(range(4 * 3)))
+        chunks = [os.urandom(8192 + i) for i in range(3)]
+        assert c.put(keys, chunks) == 3
+        with c.get(keys) as views:
+            assert [bytes(v) for v in views] == chunks
+        out = [bytearray(9000) for _ in range(3)]
+        assert c.get_into(keys, out) == 3 and [bytes(o[:len(x)]) for o, x in zip(out, chunks)] == chunks
+        many = [os.urandom(16) for _ in range(1500)]   # more payloads than one sendmsg takes (IOV_MAX)
+        small = [os.urandom(64) for _ in many]
+        assert c.put(many, small) == 1500
+        with c.get(many) as views:
+            assert [bytes(v) for v in views] == small
+    with daemon.client(namespace="st", chunk_tokens=4) as mapped:   # the same chunks, through the arena
+        with mapped.get(keys) as views:
+            assert [bytes(v) for v in views] == chunks
+
+
+def _framed(frames: list[bytes]) -> bytes:
+    return struct.pack(f"<{len(frames) + 1}I", (1 << 31) | len(frames), *map(len, frames)) + b"".join(frames)
+
+
+def test_framed_requests_that_are_too_long_are_read_past_or_refused(start_daemon):
+    daemon = start_daemon("--disk-size", "0", "--max-chunk", "64KiB")
+    s = _raw_stream(daemon)
+    hello = msgpack.packb({"op": Op.HELLO, "id": 1, "version": PROTOCOL_VERSION, "namespace": "raw", "arena": False})
+    s.sendall(struct.pack("<I", len(hello)) + hello)
+    assert _read_reply(s)["ok"]
+    put = msgpack.packb({"op": Op.PUT_INLINE, "id": 2, "keys": os.urandom(16)})
+    s.sendall(_framed([put, b"x" * (128 << 10)]))      # a payload over the largest chunk: read past, answered
+    reply = _read_reply(s)
+    assert reply["error"] == "LimitError" and reply["id"] == 2 and "payload frame 0" in reply["msg"]
+    put = msgpack.packb({"op": Op.PUT_INLINE, "id": 3, "keys": os.urandom(16)})
+    s.sendall(_framed([put, b"y" * 4096]))            # the stream is still in step: the next one is stored
+    reply = _read_reply(s)
+    assert reply["ok"] and reply["id"] == 3 and reply["committed"] == 1
+    s.sendall(struct.pack("<I", (1 << 31) | 1) + b"\0" * 8)   # a framed request of one frame: none is sent
+    reply = _read_reply(s)
+    assert reply is not None and reply["error"] == "LimitError" and "closing the stream" in reply["msg"]
+    assert _read_reply(s) is None
+    s.close()

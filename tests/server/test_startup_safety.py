@@ -7,7 +7,9 @@ XDG_RUNTIME_DIR), with a small host tier; the /dev/shm names checked are those d
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -20,9 +22,12 @@ import time
 import pytest
 from support.daemons import run_cli, sandbox_env, short_tempdir
 from support.paths import ROOT
+from support.users import as_other_user
 
 import kvstore
 from kvstore.defaults import default_socket
+from kvstore.errors import ConfigError
+from kvstore.server.startup import share_socket_dir
 from kvstore.tiers.host.arena import arena_path_for
 
 SMALL = ("--host-mem", "16MiB")
@@ -335,3 +340,76 @@ def test_socket_in_another_users_world_writable_directory_is_refused(workdir):
     assert f"--socket: directory {theirs} is writable by every user, has no sticky bit and belongs to uid 65534" \
         in line, line
     assert os.listdir(theirs) == []
+
+
+# -- socket_group: other local users reach the stream socket, never the arena -------------------------------
+
+def _a_group() -> int:
+    """A group the daemon may give its socket to: another one when we are root, else our own."""
+    if os.getuid() == 0:
+        try:
+            return grp.getgrnam("nogroup").gr_gid
+        except KeyError:
+            pass
+    return os.getgid()
+
+
+@pytest.mark.parametrize("value, needle", [("no-such-group-kvs", "no group 'no-such-group-kvs' on this machine"),
+                                           ("4000000000", "no group '4000000000' on this machine")])
+def test_an_unknown_socket_group_is_one_line(workdir, value, needle):
+    line = one_line_error(serve("--socket", os.path.join(workdir, "kv.sock"), "--disk-size", "0",
+                                "--socket-group", value, *SMALL))
+    assert line.startswith("kvstore: error: --socket-group: ") and needle in line, line
+
+
+def test_a_socket_group_gets_the_stream_socket_and_the_directories_the_daemon_made(workdir):
+    os.chmod(workdir, 0o755)
+    gid = _a_group()
+    socket_path = os.path.join(workdir, "a", "b", "kv.sock")
+    daemon = Started(["--socket", socket_path, "--disk-size", "0", "--socket-group", str(gid), *SMALL],
+                     socket_path, workdir)
+    try:
+        def shared(path: str) -> tuple[int, int]:
+            st = os.stat(path)
+            return stat.S_IMODE(st.st_mode), st.st_gid
+        assert shared(os.path.join(workdir, "a")) == shared(os.path.join(workdir, "a", "b")) == (0o710, gid)
+        assert shared(socket_path + ".stream") == (0o660, gid)
+        assert shared(socket_path)[0] & 0o077 == 0 and shared(arena_path_for(socket_path))[0] == 0o600
+        assert stat.S_IMODE(os.stat(workdir).st_mode) == 0o755   # not the daemon's to change: it was there
+        assert "socket_group_unreachable" not in daemon.log()
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_a_socket_group_that_cannot_pass_a_directory_is_warned_about(workdir):
+    private = os.path.join(workdir, "private")
+    os.mkdir(private, 0o700)   # there before the daemon: left as it is, and named
+    socket_path = os.path.join(private, "kv.sock")
+    daemon = Started(["--socket", socket_path, "--disk-size", "0", "--socket-group", str(_a_group()), *SMALL],
+                     socket_path, workdir)
+    try:
+        warned = [line for line in daemon.log().splitlines() if "event=socket_group_unreachable" in line]
+    finally:
+        assert daemon.stop() == 0
+    assert len(warned) == 1 and f"chmod g+x {private}" in warned[0], warned
+    assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
+
+
+def test_a_socket_group_the_daemons_user_is_not_in_is_refused(workdir):
+    if os.getuid() != 0:
+        pytest.skip("needs root to run the check as another user (setuid in a child)")
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no 'nobody' user to run the check as")
+
+    def check() -> list[str]:
+        try:
+            share_socket_dir(os.path.join(workdir, "kv.sock"), 0, [])
+            return ["accepted"]
+        except ConfigError as exc:
+            return [str(exc)]
+
+    assert as_other_user(nobody.pw_uid, nobody.pw_gid, check) == [
+        "--socket-group: the daemon's user is not a member of group 0, so it cannot give the socket to it; add the "
+        "user to the group (or run the daemon as root)"]

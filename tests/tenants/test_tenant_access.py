@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 import socket
 
+import zmq
 
+from kvstore.server.local_access import may_map, zmq_peer_uid
 from kvstore.tenants.access import Principal, may_access, peer_principal
 from kvstore.tenants.table import parse_tenants
 
@@ -43,3 +45,31 @@ def test_peer_principal_reads_socketpair_credentials() -> None:
     left, right = socket.socketpair(socket.AF_UNIX)
     with left, right:
         assert peer_principal(left) == Principal(uid=os.getuid(), gid=os.getgid())
+
+
+def test_only_the_daemons_user_and_root_may_map_its_files() -> None:
+    stranger = 4242 if os.getuid() != 4242 else 4243
+    assert may_map(Principal(uid=os.getuid(), gid=os.getgid()), "ipc")
+    assert may_map(Principal(uid=0), "ipc")
+    assert not may_map(Principal(uid=stranger), "ipc")
+    assert not may_map(Principal(), "ipc")                 # a stream peer whose credentials could not be read
+    assert may_map(None, "ipc")                            # ZeroMQ without a uid: its owner-only socket decides
+    assert not may_map(Principal(uid=os.getuid()), "tcp")
+
+
+def test_a_zeromq_ipc_frame_names_its_peers_uid(tmp_path) -> None:
+    ctx = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        router.bind(f"ipc://{tmp_path}/s")
+        dealer.connect(f"ipc://{tmp_path}/s")
+        dealer.send(b"hello")
+        assert router.poll(5000)
+        frame = router.recv_multipart(copy=False)[1]
+        assert zmq_peer_uid(frame) == os.getuid()
+        assert may_map(None, "ipc", frame)
+        assert zmq_peer_uid(b"not a frame") is None
+    finally:
+        router.close(0)
+        dealer.close(0)
+        ctx.term()
