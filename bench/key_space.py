@@ -13,15 +13,14 @@ Writes bench/results/key-space-latest.json (``--quick``: a temporary file) and p
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
 import timeit
 
 import kvstore
-from bench._common import add_output_flag, short_tempdir, start_daemon, write_result
-from bench.tenant_timing import percentiles
+from bench._common import write_result
+from bench.tenant_timing import lookup_args, percentiles, tenants_daemon
 from kvstore.protocol.wire import Op
 from kvstore.tenants.key_space import KeySpace, scope_request
 
@@ -49,17 +48,9 @@ def scope_us(chain: int, repeat: int = 2000) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lookups", type=int, default=2000, help="lookups of each namespace (default 2000)")
-    parser.add_argument("--chain", type=int, default=8, help="keys per lookup (default 8)")
-    parser.add_argument("--quick", action="store_true", help="300 lookups each, result to a temporary file")
-    add_output_flag(parser)
-    args = parser.parse_args()
-    lookups = 300 if args.quick else args.lookups
-    config = os.path.join(short_tempdir("ks-"), "kvstore.toml")
-    with open(config, "w") as f:
-        f.write(TABLE)
-    daemon = start_daemon("--config", config, "--host-mem", "64MiB", "--disk-size", "0", tcp=False)
+    args = lookup_args(__doc__.splitlines()[0])
+    lookups = args.lookups
+    daemon, _config = tenants_daemon(TABLE, "ks-")
     try:
         chains = [[os.urandom(16) for _ in range(args.chain)] for _ in range(2)]
         with kvstore.connect(daemon.ipc, namespace="team:a", timeout=30, shared_index=False) as team, \

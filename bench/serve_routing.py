@@ -46,7 +46,7 @@ MODEL_NAME = "bench"   # the served model name: the engines' topics are kv@<engi
 # eight sessions run side by side (every session sends a turn between two turns of any other), so a daemon that
 # sees every session (round robin) must keep all of them to find a follow-up's context, one that sees half of
 # them (affinity) half
-FULL_TRACE = Conversations(sessions=8, turns=4, systems=1, system_blocks=1, turn_blocks=2, block_tokens=256,
+FULL_TRACE = Conversations(sessions=8, turns=4, systems=1, system_blocks=1, turn_blocks=3, block_tokens=256,
                            output_tokens=8, session_gap_ms=300, turn_gap_ms=4000, jitter_ms=1300)
 QUICK_TRACE = Conversations(sessions=4, turns=3, systems=1, system_blocks=1, turn_blocks=2, block_tokens=256,
                             output_tokens=4, session_gap_ms=300, turn_gap_ms=2000, jitter_ms=800)
@@ -90,11 +90,14 @@ def daemon_mem(bench: Bench, c: Conversations, share: float) -> str:
     return f"{max(16, -(-int(need) // (1 << 20)))}MiB"
 
 
-def events_daemon(bench: Bench, i: int, host_mem: str) -> tuple[BenchDaemon, str, str]:
+def events_daemon(bench: Bench, i: int, host_mem: str, dram_only: bool = False) -> tuple[BenchDaemon, str, str]:
     """Engine ``e<i>``'s daemon, publishing events; (the daemon, its events endpoint, its replay endpoint)."""
     pub = "ipc://" + os.path.join(bench.workdir, f"ev{i}.sock")
     replay = "ipc://" + os.path.join(bench.workdir, f"evr{i}.sock")
-    daemon = start_daemon("--host-mem", host_mem, "--events-endpoint", pub,
+    # the disk tier is on as by default (each host then keeps the whole working set, DRAM the hot part of it)
+    # unless ``dram_only``
+    disk = ["--disk-size", "0"] if dram_only else []
+    daemon = start_daemon("--host-mem", host_mem, *disk, "--events-endpoint", pub,
                           "--events-replay-endpoint", replay, tcp=False)
     return daemon, pub, replay
 
@@ -161,7 +164,7 @@ def replay_all(bench: Bench, proxy: RouterProxy, engines: list[Server], daemons:
     return runs
 
 
-def routing(bench: Bench, c: Conversations, share: float) -> dict[str, Any]:
+def routing(bench: Bench, c: Conversations, share: float, dram_only: bool = False) -> dict[str, Any]:
     """The scenario: two engines, a daemon each holding `share` of the trace's working set (a fleet whose
     working set outgrows one host's cache but not two: where a router decides how much is found), three
     routing policies through one proxy."""
@@ -169,7 +172,7 @@ def routing(bench: Bench, c: Conversations, share: float) -> dict[str, Any]:
     rows = conversation_trace(c)
     trace = trace_file(bench, "routing", rows)
     host_mem = daemon_mem(bench, c, share)
-    started = [events_daemon(bench, i, host_mem) for i in range(2)]
+    started = [events_daemon(bench, i, host_mem, dram_only) for i in range(2)]
     daemons = [d for d, _, _ in started]
     try:
         arms = [engine_arm(i, d, bench.profile.chunk_tokens) for i, d in enumerate(daemons)]
@@ -191,6 +194,7 @@ def routing(bench: Bench, c: Conversations, share: float) -> dict[str, Any]:
         for d in daemons:
             d.stop()
     return {**finish(runs, c, blocks, rows, check, hashes, share), "daemon_host_mem": host_mem, "daemon_share": share,
+            "daemon_disk_tier": not dram_only,
             "events_min_match": MIN_MATCH}
 
 
@@ -235,8 +239,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--venv", default=os.environ.get("KVSTORE_VLLM_VENV") or str(_repo / ".venv-vllm"),
                         help=f"the vLLM CPU engine's virtualenv (`{INSTALL_HINT}`)")
     parser.add_argument("--out", default=None, help="write the result here instead")
-    parser.add_argument("--daemon-share", type=float, default=0.45,
+    parser.add_argument("--daemon-share", type=float, default=0.25,
                         help="each daemon's DRAM as a share of the trace's working set (0: the profile's host_mem)")
+    parser.add_argument("--dram-only", action="store_true",
+                        help="daemons without their disk tier (each host then keeps only --daemon-share)")
     args = parser.parse_args(argv)
     if not 0 <= args.daemon_share <= 4:
         parser.error(f"--daemon-share must be between 0 and 4, got {args.daemon_share}")
@@ -256,7 +262,7 @@ def profile(args: argparse.Namespace) -> Profile:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     c = QUICK_TRACE if args.quick else FULL_TRACE
-    scenario = {"routing": lambda bench: routing(bench, c, args.daemon_share)}
+    scenario = {"routing": lambda bench: routing(bench, c, args.daemon_share, args.dram_only)}
     return run(args, scenario, name="serve-routing", profile=profile(args))
 
 

@@ -18,7 +18,7 @@ import statistics
 import time
 
 import kvstore
-from bench._common import add_output_flag, short_tempdir, start_daemon, write_result
+from bench._common import BenchDaemon, add_output_flag, short_tempdir, start_daemon, write_result
 
 OPEN = '[tenants.theirs]\nnamespaces = ["theirs:"]\n'
 RESTRICTED = OPEN + f"uids = [{os.getuid() + 54321}]\n"
@@ -44,18 +44,30 @@ def interleaved(client: kvstore.Client, forbidden: list[bytes], lookups: int, ch
     return hidden, missed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def lookup_args(description: str) -> argparse.Namespace:
+    """The arguments of the lookup-timing benchmarks: ``--lookups``, ``--chain``, ``--quick``, ``--out``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--lookups", type=int, default=2000, help="lookups of each kind (default 2000)")
     parser.add_argument("--chain", type=int, default=8, help="keys per lookup (default 8)")
     parser.add_argument("--quick", action="store_true", help="300 lookups each, result to a temporary file")
     add_output_flag(parser)
     args = parser.parse_args()
-    lookups = 300 if args.quick else args.lookups
-    config = os.path.join(short_tempdir("tt-"), "kvstore.toml")
+    args.lookups = 300 if args.quick else args.lookups
+    return args
+
+
+def tenants_daemon(table: str, prefix: str) -> tuple[BenchDaemon, str]:
+    """A DRAM-only daemon of 64 MiB started with a config file holding ``table``; the daemon and the file."""
+    config = os.path.join(short_tempdir(prefix), "kvstore.toml")
     with open(config, "w") as f:
-        f.write(OPEN)
-    daemon = start_daemon("--config", config, "--host-mem", "64MiB", "--disk-size", "0", tcp=False)
+        f.write(table)
+    return start_daemon("--config", config, "--host-mem", "64MiB", "--disk-size", "0", tcp=False), config
+
+
+def main() -> None:
+    args = lookup_args(__doc__.splitlines()[0])
+    lookups = args.lookups
+    daemon, config = tenants_daemon(OPEN, "tt-")
     try:
         keys = [os.urandom(16) for _ in range(args.chain)]
         with kvstore.connect(daemon.ipc, namespace="theirs:a", timeout=30) as theirs:

@@ -5,9 +5,10 @@ store first), the store holds the newest values, and another tenant is untouched
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
+
+from conftest import wait_for
 
 from kvstore.tiers.remote import record
 
@@ -29,15 +30,6 @@ ceiling = {CEILING}
 """
 
 
-def wait_until(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.fixture
 def redis_server(tmp_path):
     server = RedisServer(tmp_path / "redis", binary=require("redis-server")).start()
@@ -49,8 +41,8 @@ def _put_and_land(client, key: bytes) -> None:
     """One chunk put, and its remote put ended (so it may be deleted for a later one)."""
     before = client.stats()["remote"]
     assert client.put([key], [os.urandom(PAYLOAD)]) == 1
-    assert wait_until(lambda: (lambda s: s["puts_in_flight"] == 0 and s["calls"] > before["calls"])(
-        client.stats()["remote"]))
+    assert wait_for(lambda: (lambda s: s["puts_in_flight"] == 0 and s["calls"] > before["calls"])(
+        client.stats()["remote"]), timeout=30)
 
 
 def _stored(url: str) -> dict[bytes, int]:

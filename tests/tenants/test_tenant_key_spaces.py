@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 
 import pytest
+
+from conftest import wait_for
 
 import kvstore
 from support.daemons import run_cli
@@ -44,15 +45,6 @@ def _read(client: kvstore.Client, keys: list[bytes]) -> list[bytes]:
         return [bytes(v) for v in views]
 
 
-def wait_until(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.parametrize("use_arena", [True, False], ids=["reserve", "put_inline"])
 def test_a_put_of_another_tenants_raw_keys_gets_slots_and_reveals_nothing(start_daemon, tmp_path, use_arena):
     daemon = start_daemon("--config", _config(tmp_path), "--host-mem", "16MiB", "--disk-size", "0")
@@ -86,7 +78,7 @@ def test_a_shared_remote_store_gives_a_tenants_chunks_to_the_tenant_only(start_d
     keys, payloads = _chain()
     with a.client(namespace="team:a") as team:
         assert team.put(keys, payloads) == CHUNKS
-        assert wait_until(lambda: team.stats()["remote"]["puts"] >= CHUNKS), team.stats()["remote"]
+        assert wait_for(lambda: team.stats()["remote"]["puts"] >= CHUNKS, timeout=30), team.stats()["remote"]
     with b.client(namespace="open", use_arena=False) as prober:
         found = prober.lookup_tiers(keys)
         assert found.count == 0 and found.tiers == {}                      # asked, and nothing under raw keys
