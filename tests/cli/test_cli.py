@@ -188,10 +188,16 @@ def _scrubs_running(d) -> int:
         return int(c.stats()["scrub"]["running"])
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT as a terminal gives it, whatever the test runner inherited (a background job of a
+    shell without job control starts with SIGINT ignored, and so would the command, without Ctrl-C's handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _scrub_proc(d, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "kvstore", "scrub", "--socket", d.socket_path, "--rate", "1KiB",
                              *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=sandbox_env(d.workdir))
+                            env=sandbox_env(d.workdir), preexec_fn=_default_sigint)
 
 
 def test_scrub_timeout_stops_the_pass_in_the_daemon_and_shows_progress(start_daemon):
