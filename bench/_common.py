@@ -99,6 +99,20 @@ def median_seconds(fn: Callable[[], None], repeat: int, warmup: int = 1) -> floa
     return statistics.median(sample_seconds(fn, repeat, warmup))
 
 
+def abba_first(round_index: int) -> bool:
+    """Whether A runs first in round ``round_index`` of an interleaved A/B comparison: rounds go in blocks of two,
+    A B then B A, so that in every block each side once follows itself and once follows the other (a side that
+    runs right after itself pays for what it left behind, such as a daemon's work after its clients leave)."""
+    return round_index % 2 == 0
+
+
+def abba_ratios(a: list[float], b: list[float]) -> list[float]:
+    """Per block of two rounds (``abba_first``), A's total over B's: the order's effect cancels within a block.
+    A trailing round without its pair is left out."""
+    return [(a[i] + a[i + 1]) / (b[i] + b[i + 1]) for i in range(0, min(len(a), len(b)) - 1, 2)
+            if b[i] + b[i + 1] > 0]
+
+
 def memcpy_seconds(nbytes: int, repeat: int) -> float:
     """A plain in-process memcpy of ``nbytes`` between two touched buffers: the physical reference."""
     src = np.random.randint(0, 255, nbytes, dtype=np.uint8)

@@ -7,16 +7,17 @@ Sections (all by default; each starts daemons of its own, in the tests' sandbox)
 * ``latency``: put → ``BlockStored`` and delete → ``BlockRemoved`` as a subscriber in this process sees them, from
   just before the call to the arrival of the batch naming the chunk (p50, p99 over 1,000 of each).
 * ``evict``: put → ``BlockRemoved`` of the chunk that put evicts (a daemon whose DRAM is full, no disk tier).
-* ``small``: one client's puts/s with events on and off, two daemons interleaved in short rounds (the order
-  swapped each round), the median of the rounds' on/off ratios; 8 × 64 KiB chunks and 8 × 1 MiB ones, a
+* ``small``: one client's puts/s with events on and off, two daemons interleaved in short rounds (A B, B A), the
+  median of the on/off ratios of each block of two rounds; 8 × 64 KiB chunks and 8 × 1 MiB ones, a
   subscriber connected that never reads.
 * ``snapshot``: a late joiner's snapshot of 1 M engine blocks (62,500 chunks of 16 blocks of 16 tokens, with their
   token ids) through the replay socket, from the request to its last frame.
 * ``load``: bench/load.py's workload (8 processes, half ipc://, half tcp://, every chunk verified) on a daemon with
   events and one without, interleaved rounds of the same work (a fixed number of prompts per process, the same
-  seeds on both): requests, puts and gets per second, the daemon's CPU time per request, the median of the
-  rounds' on/off ratios. First with a subscriber process reading every batch, then with that process stopped
-  (SIGSTOP); once it runs again, the gap in ``seq`` it saw.
+  seeds on both): requests, puts and gets per second, the daemon's CPU time per request, the median of the on/off
+  ratios of each block of two rounds (A B, B A: a daemon run right after itself is slower than one run after the
+  other, and one ratio per round would count that order as the events' cost). First with a subscriber process
+  reading every batch, then with that process stopped (SIGSTOP); once it runs again, the gap in ``seq`` it saw.
 * ``dynamo``: Dynamo's standalone KV indexer (``--dynamo-python``: a virtualenv's python with ai-dynamo-runtime)
   subscribed to a daemon, asked what it holds after puts, a delete and evictions.
 
@@ -40,7 +41,7 @@ from typing import Any, Callable
 
 import msgpack
 import zmq
-from bench._common import BenchDaemon, add_output_flag, free_port, short_tempdir, start_daemon, write_result
+from bench._common import BenchDaemon, abba_first, abba_ratios, add_output_flag, free_port, short_tempdir, start_daemon, write_result
 
 import kvstore
 from kvstore.protocol.engine_blocks import EngineBlocks
@@ -319,15 +320,15 @@ def put_round(c: kvstore.Client, puts: int, chunk: int = CHUNK) -> float:
 
 def compare(c_on: kvstore.Client, c_off: kvstore.Client, rounds: int, puts: int,
             chunk: int) -> tuple[float, float, float]:
-    """Median puts/s with events on, off, and the median of the rounds' on/off ratios. Short rounds, the order
-    swapped each time, so both daemons see the same machine load."""
+    """Median puts/s with events on, off, and the median of the on/off ratios of blocks of two rounds (``abba_first``).
+    Short rounds, so both daemons see the same machine load."""
     on_rates, off_rates = [], []
     for i in range(rounds):
-        first, second = (c_on, c_off) if i % 2 == 0 else (c_off, c_on)
+        first, second = (c_on, c_off) if abba_first(i) else (c_off, c_on)
         a, b = put_round(first, puts, chunk), put_round(second, puts, chunk)
         on_rates.append(a if first is c_on else b)
         off_rates.append(b if first is c_on else a)
-    ratio = statistics.median(x / y for x, y in zip(on_rates, off_rates))
+    ratio = statistics.median(abba_ratios(on_rates, off_rates))
     return statistics.median(on_rates), statistics.median(off_rates), ratio
 
 
@@ -370,13 +371,14 @@ def rates(c: Counts, cpu: float) -> dict[str, float]:
 
 
 def load_compare(d_on: BenchDaemon, d_off: BenchDaemon, rounds: int, prompts: int, seed: int) -> dict:
-    """bench/load.py's workload on the daemon with events and the one without, interleaved in rounds (the order
-    swapped each round, the same seeds on both): median rates and the median of the rounds' on/off ratios."""
+    """bench/load.py's workload on the daemon with events and the one without, interleaved in rounds (A B, B A:
+    ``abba_first``; the same seeds on both): median rates, and the median of the on/off ratios of blocks of two
+    rounds (``abba_ratios``)."""
     on, off, errors = [], [], 0
     for d in (d_on, d_off):   # a warm-up round each, not counted: both daemons' DRAM full, as in the rounds after
         load_round(d, prompts, seed=seed + 999_000)
     for i in range(rounds):
-        order = (d_on, d_off) if i % 2 == 0 else (d_off, d_on)
+        order = (d_on, d_off) if abba_first(i) else (d_off, d_on)
         for d in order:
             counts, cpu = load_round(d, prompts, seed=seed + 1000 * i)
             errors += counts.errors + counts.corrupt
@@ -386,9 +388,11 @@ def load_compare(d_on: BenchDaemon, d_off: BenchDaemon, rounds: int, prompts: in
     for name in ("puts_per_s", "gets_per_s", "requests_per_s", "daemon_cpu_us_per_request"):
         out[f"{name}_events_on"] = statistics.median(r[name] for r in on)
         out[f"{name}_events_off"] = statistics.median(r[name] for r in off)
-        ratios = [a[name] / b[name] for a, b in zip(on, off) if b[name] > 0]
+        ratios = abba_ratios([r[name] for r in on], [r[name] for r in off])
         out[f"{name}_on_over_off"] = statistics.median(ratios) if ratios else None
     out["requests_per_s_round_ratios"] = [round(a["requests_per_s"] / b["requests_per_s"], 3) for a, b in zip(on, off)]
+    out["requests_per_s_block_ratios"] = [round(r, 3) for r in abba_ratios([r["requests_per_s"] for r in on],
+                                                                            [r["requests_per_s"] for r in off])]
     return out
 
 
@@ -434,7 +438,7 @@ def load_section(quick: bool) -> dict:
     """bench/load.py's 8 processes on a daemon with events and one without, first with a real subscriber
     process reading, then with that subscriber stopped (SIGSTOP): throughput ratios, and the gap it sees once it
     runs again (its queue is ``--events-hwm`` batches)."""
-    rounds, prompts = (2, 50) if quick else (9, 400)
+    rounds, prompts = (2, 50) if quick else (10, 400)
     where = short_tempdir("evl-")
     endpoint = f"ipc://{where}/ev.sock"
     d_on = start_daemon(*LOAD_FLAGS, "--events-endpoint", endpoint, "--events-replay-endpoint",
@@ -502,7 +506,7 @@ def main() -> None:
 
 def single_client_sections(quick: bool, sections: list[str]) -> dict:
     """One client: put → BlockStored and delete → BlockRemoved latency, and puts/s with events on and off."""
-    samples, rounds, puts = (100, 9, 30) if quick else (1000, 61, 60)
+    samples, rounds, puts = (100, 10, 30) if quick else (1000, 62, 60)
     where = short_tempdir("ev-")
     endpoint, replay = f"ipc://{where}/ev.sock", f"ipc://{where}/evr.sock"
     size = ["--host-mem", "128MiB", "--disk-size", "0"]
@@ -526,7 +530,7 @@ def single_client_sections(quick: bool, sections: list[str]) -> dict:
                 on, off, ratio = compare(c_on, c_off, rounds, puts, CHUNK)
                 result.update({"puts_per_s_events_on": on, "puts_per_s_events_off": off, "on_over_off": ratio,
                                "rounds": rounds, "puts_per_round": puts, "chunks_per_put": 8})
-                on, off, ratio = compare(c_on, c_off, max(5, rounds // 3), max(5, puts // 6), LARGE)
+                on, off, ratio = compare(c_on, c_off, max(6, rounds // 3 // 2 * 2), max(5, puts // 6), LARGE)
                 result.update({"large_chunk_bytes": LARGE, "large_puts_per_s_events_on": on,
                                "large_puts_per_s_events_off": off, "large_on_over_off": ratio})
             result["events_stats"] = c_on.stats()["events"]

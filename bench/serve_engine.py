@@ -213,12 +213,18 @@ class Server:
                 "logprobs": choice["logprobs"]["token_logprobs"]}
 
     def stop(self) -> None:
-        """SIGINT to the process group (vLLM shuts its engine core down), then SIGKILL after 30 s."""
+        """SIGINT to the process group (vLLM shuts its engine core down), then SIGKILL after 30 s.
+
+        The engine core and its worker share the group and end after the server: they are given the same 30 s to
+        finish, since a worker killed mid-shutdown leaves its shared-memory message queues (``psm_*``) and locks
+        (``sem.mp-*``) in /dev/shm for good. Whatever of the group is still there then is killed: none may
+        outlive the server."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        group = self.proc.pid
         for sig, wait in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
             try:
-                os.killpg(self.proc.pid, sig)
+                os.killpg(group, sig)
             except ProcessLookupError:
                 return
             try:
@@ -226,10 +232,22 @@ class Server:
                 break
             except subprocess.TimeoutExpired:
                 continue
-        try:  # the engine core and worker share the group: none may outlive the server
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while group_alive(group) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        try:
+            os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def group_alive(group: int) -> bool:
+    """Whether any process of process group ``group`` is still running."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def bench_serve(venv: Venv, env: dict[str, str], url: str, model: str, trace: str, block_tokens: int,

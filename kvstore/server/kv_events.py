@@ -4,7 +4,11 @@ by a thread of its own.
 Publishing never waits. A change to the Store only notes the key (``store/events.py``: ``EventLog.changed``) and
 wakes the publisher (``wake``); at the end of that turn of the event loop (``flush``, scheduled with
 ``call_soon``; before the loop runs, at start-up, at once) the log turns the keys noted into events (``drain``),
-which are sent as one batch: one msgpack pack and one non-blocking send. The PUB socket never blocks a send: a
+which are sent as one batch: one msgpack pack and one non-blocking send. Batches go out at most once per
+``BATCH_INTERVAL_S``: a change within that time of the last flush waits for the rest of it (``call_later``), so a
+busy daemon sends one batch of many turns' changes where it would send one per turn. Every batch costs its pack,
+three frames and, for ZeroMQ's I/O thread asleep between batches, a wake-up of that thread, whatever it carries;
+a change after a quiet spell still goes out at the end of its turn. The PUB socket never blocks a send: a
 subscriber more than ``--events-hwm`` batches behind loses the batches past that in ZeroMQ, and sees the gap in
 ``seq`` (it can ask the replay socket for them). A send the socket refuses outright is counted as dropped
 (``kvstore_events_dropped_total``) and leaves its sequence number unused on the wire, a gap too. Sending on the
@@ -48,6 +52,7 @@ from .event_topics import DEFAULT_TOPIC, Audience, Target, TopicTemplate
 REPLAY_POLL_MS = 200     # how long the replay thread waits for a request before it looks for the stop flag
 SNAPSHOT_WAIT_S = 5.0    # how long a snapshot request waits for the event loop to copy the holdings
 MAX_BATCH_EVENTS = 4096  # events packed into one batch at most
+BATCH_INTERVAL_S = 0.001  # batches go out at most this often; the first after a quiet spell at once
 _MORE = zmq.SNDMORE | zmq.NOBLOCK
 
 
@@ -80,6 +85,7 @@ class EventPublisher:
         self._pending: list[tuple[str | None, list[Event]]] = []   # (namespace, its events), in order
         self._pending_events = 0
         self._scheduled = False
+        self._last_flush = 0.0   # time.monotonic() of the last flush
         self._packer = msgpack.Packer()   # used on the event loop only
         self._buffer: deque[tuple[bytes, int, bytes]] = deque(maxlen=settings.buffer)   # (topic, seq, payload)
         self._buffer_lock = threading.Lock()   # the loop appends, the replay thread copies
@@ -134,8 +140,9 @@ class EventPublisher:
         self.wake()
 
     def wake(self) -> None:
-        """Something is to be sent: flush at the end of this turn of the event loop (at once when no loop runs;
-        start-up: the adopted chunks are announced as they are found)."""
+        """Something is to be sent: flush at the end of this turn of the event loop, or once ``BATCH_INTERVAL_S``
+        has passed since the last flush when that is later (at once when no loop runs; start-up: the adopted chunks
+        are announced as they are found)."""
         if self._scheduled:
             return
         try:
@@ -144,12 +151,17 @@ class EventPublisher:
             self.flush()
             return
         self._scheduled = True
-        loop.call_soon(self.flush)
+        wait = self._last_flush + BATCH_INTERVAL_S - time.monotonic()
+        if wait > 0:
+            loop.call_later(wait, self.flush)
+        else:
+            loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Drain the Store's event log (``drain``: the keys changed this turn become events), then send what was
         gathered. Never blocks."""
         self._scheduled = True   # what the drain submits joins this flush rather than scheduling another
+        self._last_flush = time.monotonic()
         try:
             if self.drain is not None:
                 self.drain()

@@ -63,8 +63,8 @@ class EventLog:
     """The media each key was last published in, and the events that move it to the Store's present state.
 
     With ``schedule`` (the publisher's ``wake``), a change only notes the key and its entry (a dict store): the
-    keys noted in one turn of the event loop are diffed together when the publisher drains the log (``drain``,
-    at the end of that turn, before it sends the batch), each key once however often it changed meanwhile.
+    keys noted since the last drain are diffed together when the publisher drains the log (``drain``, at the end
+    of a turn of the event loop, before it sends the batch), each key once however often it changed meanwhile.
     Without it (tests, tools), every change is diffed and handed to ``outbox`` at once."""
 
     def __init__(self, outbox: Outbox, schedule: Callable[[], None] | None = None) -> None:
