@@ -41,7 +41,9 @@ from typing import Any, Callable
 
 import msgpack
 import zmq
-from bench._common import BenchDaemon, abba_first, abba_ratios, add_output_flag, free_port, short_tempdir, start_daemon, write_result
+from bench._common import (
+    BenchDaemon, abba_first, abba_ratios, add_output_flag, free_port, short_tempdir, start_daemon, write_result,
+)
 
 import kvstore
 from kvstore.protocol.engine_blocks import EngineBlocks
