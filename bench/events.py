@@ -5,7 +5,9 @@
 Sections (all by default; each starts daemons of its own, in the tests' sandbox):
 
 * ``latency``: put → ``BlockStored`` and delete → ``BlockRemoved`` as a subscriber in this process sees them, from
-  just before the call to the arrival of the batch naming the chunk (p50, p99 over 1,000 of each).
+  just before the call to the arrival of the batch naming the chunk (p50, p99): 500 isolated changes (10 ms
+  apart, as a request's save comes), then 1,000 back to back (each the moment the previous event arrived, so
+  each falls within the batch interval of the one before).
 * ``evict``: put → ``BlockRemoved`` of the chunk that put evicts (a daemon whose DRAM is full, no disk tier).
 * ``small``: one client's puts/s with events on and off, two daemons interleaved in short rounds (A B, B A), the
   median of the on/off ratios of each block of two rounds; 8 × 64 KiB chunks and 8 × 1 MiB ones, a
@@ -18,6 +20,8 @@ Sections (all by default; each starts daemons of its own, in the tests' sandbox)
   ratios of each block of two rounds (A B, B A: a daemon run right after itself is slower than one run after the
   other, and one ratio per round would count that order as the events' cost). First with a subscriber process
   reading every batch, then with that process stopped (SIGSTOP); once it runs again, the gap in ``seq`` it saw.
+  Between the two, one more round on the daemon with events while a probe puts one chunk every 20 ms: put →
+  ``BlockStored`` under load (p50, p99).
 * ``dynamo``: Dynamo's standalone KV indexer (``--dynamo-python``: a virtualenv's python with ai-dynamo-runtime)
   subscribed to a daemon, asked what it holds after puts, a delete and evictions.
 
@@ -35,6 +39,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from typing import Any, Callable
@@ -76,10 +81,15 @@ def wait_for_event(sub: zmq.Socket, kind: str, h: int | None = None,
     raise RuntimeError(f"no {kind}{'' if h is None else f' for {h:x}'} within {timeout_s}s")
 
 
-def event_latency(c: kvstore.Client, sub: zmq.Socket, n: int) -> dict[str, float]:
+def event_latency(c: kvstore.Client, sub: zmq.Socket, n: int, gap_s: float = 0.0,
+                  prefix: str = "") -> dict[str, float]:
+    """Put → ``BlockStored`` and delete → ``BlockRemoved`` of one chunk, ``n`` times, ``gap_s`` between them
+    (0: each the moment the previous event arrived)."""
     stored, removed = [], []
     payload = os.urandom(CHUNK)
     for _ in range(n):
+        if gap_s:
+            time.sleep(gap_s)
         key = os.urandom(16)
         t0 = time.perf_counter()
         c.put([key], [payload])
@@ -87,10 +97,10 @@ def event_latency(c: kvstore.Client, sub: zmq.Socket, n: int) -> dict[str, float
         t0 = time.perf_counter()
         c.delete([key])
         removed.append(wait_for_event(sub, "BlockRemoved", block_hash(key))[0] - t0)
-    return {"put_to_stored_p50_ms": percentile(stored, 0.5) * 1e3,
-            "put_to_stored_p99_ms": percentile(stored, 0.99) * 1e3,
-            "delete_to_removed_p50_ms": percentile(removed, 0.5) * 1e3,
-            "delete_to_removed_p99_ms": percentile(removed, 0.99) * 1e3, "samples": n}
+    return {f"{prefix}put_to_stored_p50_ms": percentile(stored, 0.5) * 1e3,
+            f"{prefix}put_to_stored_p99_ms": percentile(stored, 0.99) * 1e3,
+            f"{prefix}delete_to_removed_p50_ms": percentile(removed, 0.5) * 1e3,
+            f"{prefix}delete_to_removed_p99_ms": percentile(removed, 0.99) * 1e3, f"{prefix}samples": n}
 
 
 def drain(sub: zmq.Socket) -> None:
@@ -398,6 +408,40 @@ def load_compare(d_on: BenchDaemon, d_off: BenchDaemon, rounds: int, prompts: in
     return out
 
 
+PROBE_GAP_S = 0.02   # between the probe's puts: each a change of its own, as a request's save is
+ISOLATED_GAP_S = 0.01   # between the latency section's isolated changes: longer than a batch interval
+
+
+def latency_under_load(d: BenchDaemon, endpoint: str, prompts: int, seed: int) -> dict[str, float]:
+    """Put → ``BlockStored`` as a subscriber in this process sees it, for one chunk put every ``PROBE_GAP_S``
+    while a round of the load runs on ``d`` (the probe's puts share the loop and its batches with the load's)."""
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    load = threading.Thread(target=load_round, args=(d, prompts, seed))
+    samples: list[float] = []
+    payload = os.urandom(CHUNK)
+    try:
+        with kvstore.connect(d.ipc, namespace="bench-events-probe") as c:
+            time.sleep(0.5)   # the subscription reaches the publisher
+            load.start()
+            time.sleep(1.0)   # the load is under way
+            while load.is_alive():
+                key = os.urandom(16)
+                t0 = time.perf_counter()
+                c.put([key], [payload])
+                samples.append(wait_for_event(sub, "BlockStored", block_hash(key))[0] - t0)
+                c.delete([key])
+                time.sleep(PROBE_GAP_S)
+    finally:
+        load.join()
+        sub.close(linger=0)
+        ctx.term()
+    return {"put_to_stored_under_load_p50_ms": percentile(samples, 0.5) * 1e3,
+            "put_to_stored_under_load_p99_ms": percentile(samples, 0.99) * 1e3, "under_load_samples": len(samples)}
+
+
 def subscriber(endpoint: str, workdir: str) -> tuple[subprocess.Popen, str]:
     """A subscriber process (``python -m bench.events --subscribe``: decodes every batch, counts events and gaps
     in ``seq``) connected to ``endpoint``; returns it and the file it reports to when terminated."""
@@ -440,7 +484,7 @@ def load_section(quick: bool) -> dict:
     """bench/load.py's 8 processes on a daemon with events and one without, first with a real subscriber
     process reading, then with that subscriber stopped (SIGSTOP): throughput ratios, and the gap it sees once it
     runs again (its queue is ``--events-hwm`` batches)."""
-    rounds, prompts = (2, 50) if quick else (10, 400)
+    rounds, prompts = (2, 50) if quick else (16, 400)
     where = short_tempdir("evl-")
     endpoint = f"ipc://{where}/ev.sock"
     d_on = start_daemon(*LOAD_FLAGS, "--events-endpoint", endpoint, "--events-replay-endpoint",
@@ -450,6 +494,7 @@ def load_section(quick: bool) -> dict:
     try:
         time.sleep(1.0)   # the subscription reaches the publisher
         live = load_compare(d_on, d_off, rounds, prompts, seed=0)
+        live.update(latency_under_load(d_on, endpoint, prompts, seed=500_000))
         sub.send_signal(signal.SIGSTOP)
         stalled = load_compare(d_on, d_off, rounds, prompts, seed=1_000_000)
         with kvstore.connect(d_on.ipc, namespace="bench-events") as c:
@@ -526,7 +571,9 @@ def single_client_sections(quick: bool, sections: list[str]) -> dict:
                 kvstore.connect(d_off.ipc, namespace="bench-events") as c_off:
             time.sleep(0.5)   # the subscriptions reach the publisher
             if "latency" in sections:
-                result.update({"chunk_bytes": CHUNK, **event_latency(c_on, sub, samples)})
+                result.update({"chunk_bytes": CHUNK, "isolated_gap_s": ISOLATED_GAP_S,
+                               **event_latency(c_on, sub, samples // 2, gap_s=ISOLATED_GAP_S),
+                               **event_latency(c_on, sub, samples, prefix="back_to_back_")})
             sub.close(linger=0)   # from here only the stalled subscriber is connected
             if "small" in sections:
                 on, off, ratio = compare(c_on, c_off, rounds, puts, CHUNK)

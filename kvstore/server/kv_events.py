@@ -52,7 +52,7 @@ from .event_topics import DEFAULT_TOPIC, Audience, Target, TopicTemplate
 REPLAY_POLL_MS = 200     # how long the replay thread waits for a request before it looks for the stop flag
 SNAPSHOT_WAIT_S = 5.0    # how long a snapshot request waits for the event loop to copy the holdings
 MAX_BATCH_EVENTS = 4096  # events packed into one batch at most
-BATCH_INTERVAL_S = 0.001  # batches go out at most this often; the first after a quiet spell at once
+BATCH_INTERVAL_S = 0.002  # batches go out at most this often; the first after a quiet spell at once
 _MORE = zmq.SNDMORE | zmq.NOBLOCK
 
 
@@ -97,6 +97,7 @@ class EventPublisher:
         # the Store's event log's (of the namespaces given; None: all)
         self.holdings: Callable[[list[str] | None], list[tuple[bytes, Holding]]] | None = None
         self.drain: Callable[[], None] | None = None   # the Store's event log's: its changes become events
+        self.noted: Callable[[], int] | None = None   # the Store's event log's: keys changed, not yet drained
         self._thread: threading.Thread | None = None
         self._ctx = zmq.Context()
         self._pub: zmq.Socket | None = None
@@ -241,10 +242,13 @@ class EventPublisher:
         self.audience.leave(namespace, identity)
 
     def stats(self) -> dict[str, Any]:
+        """Counters for ``kvstore stats``; ``pending`` is what is not on the wire yet (events gathered, and keys
+        changed but not yet turned into events): 0 once every change so far was sent."""
         c = self.counters
         return {"events": c.events, "batches": c.batches, "dropped": c.dropped, "replays": c.replays,
                 "snapshots": c.snapshots,
-                "pending": self._pending_events, "buffered": len(self._buffer),
+                "pending": self._pending_events + (self.noted() if self.noted is not None else 0),
+                "buffered": len(self._buffer),
                 "next_seq": self._seqs.get(self._topic, 0), "engines": self.audience.engines(),
                 "engine_topics": self.audience.topics(), "topics": len(self._seqs), "incarnation": self.incarnation}
 

@@ -154,6 +154,7 @@ def open_events(config: ServerConfig, claims: Claims) -> tuple[EventPublisher | 
     event_log = EventLog(publisher.submit, publisher.wake)
     publisher.holdings = event_log.snapshot
     publisher.drain = event_log.drain
+    publisher.noted = event_log.noted
     event_log.all_cleared()
     logs.info("kv_events", endpoint=config.events_endpoint, replay=config.events_replay_endpoint or None,
               format=config.events_format, incarnation=publisher.incarnation)

@@ -32,11 +32,12 @@ from ..protocol.kv_events import (
     encoded_events, packed_hash, packed_ints, packed_stored,
 )
 from ..protocol.engine_blocks import EngineBlocks
-from .entry import DiskState, Entry
+from .entry import DiskState, Entry, State
 
 GPU, CPU, STORAGE = 1, 2, 4
 # a held chunk's names, packed once when it is first held (``packed_ints``), for snapshots: its last block hash,
-# how many block hashes, them packed, how many token ids, them packed
+# how many block hashes, them packed (empty for a chunk named by its key: its one hash is packed by the snapshot),
+# how many token ids, them packed
 Packed = tuple[int, int, bytes, int, bytes]
 # media mask, parent block hash, block size, the engine's names of its blocks (None: named by the chunk key),
 # the chunk's namespace, its names packed
@@ -45,18 +46,15 @@ Holding = tuple[int, "int | None", int, "EngineBlocks | None", str, Packed]
 Outbox = Callable[[list[Event], "str | None"], None]
 MEDIA = ((GPU, MEDIUM_GPU), (CPU, MEDIUM_CPU), (STORAGE, MEDIUM_STORAGE))
 MEDIUM_OF = {bit: medium for bit, medium in MEDIA}   # a mask of one medium: its name
+_COMMITTED, _STORED = State.COMMITTED, DiskState.STORED
 
 
 def media_of(entry: Entry | None) -> int:
     """The mask of media holding a readable copy of ``entry`` (0: none, or not readable)."""
-    if entry is None or not entry.readable:
+    if entry is None or entry.state is not _COMMITTED or entry.doomed:   # ``Entry.readable``, inlined: per change
         return 0
-    mask = GPU if entry.gpu_offset is not None else 0
-    if entry.host_offset is not None:
-        mask |= CPU
-    if entry.disk is DiskState.STORED:
-        mask |= STORAGE
-    return mask
+    return ((GPU if entry.gpu_offset is not None else 0) | (CPU if entry.host_offset is not None else 0)
+            | (STORAGE if entry.disk is _STORED else 0))
 
 
 class EventLog:
@@ -112,6 +110,10 @@ class EventLog:
             if of_namespace:
                 self._outbox(of_namespace, namespace)
 
+    def noted(self) -> int:
+        """Keys changed since the last drain (not yet turned into events)."""
+        return len(self._dirty)
+
     def all_cleared(self) -> None:
         """Everything published is gone at once (a start, or a clear of all the daemon held): the keys changed
         before it in this turn are diffed after it, against nothing held."""
@@ -162,8 +164,7 @@ class EventLog:
             return (mask, engine.parent, engine.block_size, engine, entry.namespace, packed)
         parent = block_hash(entry.parent) if entry.parent is not None else None
         h = block_hash(entry.key)
-        return (mask, parent, self._block_size.get(entry.namespace, 0), None, entry.namespace,
-                (h, 1, packed_hash(h), 0, b""))
+        return (mask, parent, self._block_size.get(entry.namespace, 0), None, entry.namespace, (h, 1, b"", 0, b""))
 
 
 def _hashes_of(key: bytes, holding: Holding) -> list[int]:
@@ -221,6 +222,7 @@ def snapshot_packed(rows: list[tuple[bytes, Holding]], fmt: str, incarnation: st
             if not holding[0] & bit:
                 continue
             _, parent, size, _, _, (tail, n_hashes, hashes, n_tokens, tokens) = holding
+            hashes = hashes or packed_hash(tail)   # a chunk named by its key packs its one hash only here
             if (run is not None and last == parent and run.block_size == size
                     and bool(run.n_tokens) == bool(n_tokens)):
                 run.hashes.append(hashes)

@@ -275,7 +275,7 @@ def test_a_stalled_subscriber_never_blocks_publishing_and_replays_its_gap(fmt, t
 
 def test_a_stopped_subscriber_process_never_slows_puts_and_sees_its_gap(start_daemon):
     """A real subscriber process (``kvstore events``) stopped with SIGSTOP while the daemon publishes thousands of
-    puts (a batch at most every millisecond): every put still completes at once (the publisher never waits for
+    puts (a batch at most every 2 ms): every put still completes at once (the publisher never waits for
     it), and once it runs again it reports the batches ZeroMQ dropped for it (``--events-hwm``) as a gap in
     ``seq``."""
     import subprocess
