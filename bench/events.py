@@ -7,8 +7,9 @@ Sections (all by default; each starts daemons of its own, in the tests' sandbox)
 * ``latency``: put → ``BlockStored`` and delete → ``BlockRemoved`` as a subscriber in this process sees them, from
   just before the call to the arrival of the batch naming the chunk (p50, p99): 500 isolated changes (10 ms
   apart, as a request's save comes), then 1,000 back to back (each the moment the previous event arrived, so
-  each falls within the batch interval of the one before).
-* ``evict``: put → ``BlockRemoved`` of the chunk that put evicts (a daemon whose DRAM is full, no disk tier).
+  each falls within the batch interval of the one before: ``kvstore/server/kv_events.py``).
+* ``evict``: put → ``BlockRemoved`` of the chunk that put evicts (a daemon whose DRAM is full, no disk tier): 500
+  isolated puts (10 ms apart), then 1,000 back to back.
 * ``small``: one client's puts/s with events on and off, two daemons interleaved in short rounds (A B, B A), the
   median of the on/off ratios of each block of two rounds; 8 × 64 KiB chunks and 8 × 1 MiB ones, a
   subscriber connected that never reads.
@@ -22,6 +23,8 @@ Sections (all by default; each starts daemons of its own, in the tests' sandbox)
   reading every batch, then with that process stopped (SIGSTOP); once it runs again, the gap in ``seq`` it saw.
   Between the two, one more round on the daemon with events while a probe puts one chunk every 20 ms: put →
   ``BlockStored`` under load (p50, p99).
+* ``control``: the ``load`` comparison between two daemons without events (in the result, ``events_on`` is the
+  first, ``events_off`` the second): the bench's own noise floor.
 * ``dynamo``: Dynamo's standalone KV indexer (``--dynamo-python``: a virtualenv's python with ai-dynamo-runtime)
   subscribed to a daemon, asked what it holds after puts, a delete and evictions.
 
@@ -51,6 +54,7 @@ from bench._common import (
 )
 
 import kvstore
+from kvstore.errors import StoreFullError
 from kvstore.protocol.engine_blocks import EngineBlocks
 from kvstore.protocol.kv_events import END_SEQ, SNAPSHOT_REQUEST, block_hash
 from tests.support.daemons import sandbox_env
@@ -94,6 +98,8 @@ def event_latency(c: kvstore.Client, sub: zmq.Socket, n: int, gap_s: float = 0.0
         t0 = time.perf_counter()
         c.put([key], [payload])
         stored.append(wait_for_event(sub, "BlockStored", block_hash(key))[0] - t0)
+        if gap_s:
+            time.sleep(gap_s)
         t0 = time.perf_counter()
         c.delete([key])
         removed.append(wait_for_event(sub, "BlockRemoved", block_hash(key))[0] - t0)
@@ -109,10 +115,10 @@ def drain(sub: zmq.Socket) -> None:
         sub.recv_multipart()
 
 
-def eviction_latency(n: int) -> dict[str, float]:
+def eviction_latency(n: int, gap_s: float = 0.0, prefix: str = "") -> dict[str, float]:
     """put → ``BlockRemoved`` of the chunk it evicts: a daemon whose DRAM is full (no disk tier) evicts its least
     recently used chunk to make room for each new one; timed from just before the put to the batch naming the
-    evicted chunk."""
+    evicted chunk. ``gap_s`` between the puts (0: each as soon as the previous one's events were read)."""
     where = short_tempdir("eve-")
     endpoint = f"ipc://{where}/ev.sock"
     d = start_daemon("--host-mem", "16MiB", "--disk-size", "0", "--events-endpoint", endpoint, tcp=False)
@@ -131,6 +137,8 @@ def eviction_latency(n: int) -> dict[str, float]:
                 put.add(block_hash(key))
             drain(sub)
             for _ in range(n):
+                if gap_s:
+                    time.sleep(gap_s)
                 key = os.urandom(16)
                 t0 = time.perf_counter()
                 c.put([key], [payload])
@@ -148,9 +156,9 @@ def eviction_latency(n: int) -> dict[str, float]:
         sub.close(linger=0)
         ctx.term()
         d.stop()
-    return {"evict_to_removed_p50_ms": percentile(samples, 0.5) * 1e3,
-            "evict_to_removed_p99_ms": percentile(samples, 0.99) * 1e3, "evict_samples": len(samples),
-            "evict_puts_without_eviction": skipped}
+    return {f"{prefix}evict_to_removed_p50_ms": percentile(samples, 0.5) * 1e3,
+            f"{prefix}evict_to_removed_p99_ms": percentile(samples, 0.99) * 1e3, f"{prefix}evict_samples": len(samples),
+            f"{prefix}evict_puts_without_eviction": skipped}
 
 
 SNAPSHOT_CHUNKS = 62_500          # chunks held when the snapshot is asked for
@@ -421,6 +429,7 @@ def latency_under_load(d: BenchDaemon, endpoint: str, prompts: int, seed: int) -
     sub.connect(endpoint)
     load = threading.Thread(target=load_round, args=(d, prompts, seed))
     samples: list[float] = []
+    refused = 0
     payload = os.urandom(CHUNK)
     try:
         with kvstore.connect(d.ipc, namespace="bench-events-probe") as c:
@@ -430,16 +439,21 @@ def latency_under_load(d: BenchDaemon, endpoint: str, prompts: int, seed: int) -
             while load.is_alive():
                 key = os.urandom(16)
                 t0 = time.perf_counter()
-                c.put([key], [payload])
-                samples.append(wait_for_event(sub, "BlockStored", block_hash(key))[0] - t0)
-                c.delete([key])
+                try:
+                    c.put([key], [payload])
+                except StoreFullError:   # write-back behind under the load: refused, as the load's own puts are
+                    refused += 1
+                else:
+                    samples.append(wait_for_event(sub, "BlockStored", block_hash(key))[0] - t0)
+                    c.delete([key])
                 time.sleep(PROBE_GAP_S)
     finally:
         load.join()
         sub.close(linger=0)
         ctx.term()
     return {"put_to_stored_under_load_p50_ms": percentile(samples, 0.5) * 1e3,
-            "put_to_stored_under_load_p99_ms": percentile(samples, 0.99) * 1e3, "under_load_samples": len(samples)}
+            "put_to_stored_under_load_p99_ms": percentile(samples, 0.99) * 1e3, "under_load_samples": len(samples),
+            "under_load_puts_refused": refused}
 
 
 def subscriber(endpoint: str, workdir: str) -> tuple[subprocess.Popen, str]:
@@ -516,7 +530,20 @@ def load_section(quick: bool) -> dict:
                      "load_average_1m": os.getloadavg()[0]}}
 
 
-SECTIONS = ("latency", "evict", "small", "snapshot", "load", "dynamo")
+def control_section(quick: bool) -> dict:
+    """The load section's comparison between two daemons that both run without events: how far from 1 the
+    bench's own ratio falls when nothing differs (its noise floor on this machine)."""
+    rounds, prompts = (2, 50) if quick else (16, 400)
+    a, b = start_daemon(*LOAD_FLAGS), start_daemon(*LOAD_FLAGS)
+    try:
+        same = load_compare(a, b, rounds, prompts, seed=2_000_000)
+    finally:
+        a.stop()
+        b.stop()
+    return {"control": {"same_daemons": same, "load_average_1m": os.getloadavg()[0]}}
+
+
+SECTIONS = ("latency", "evict", "small", "snapshot", "load", "control", "dynamo")
 
 
 def main() -> None:
@@ -537,11 +564,14 @@ def main() -> None:
     if "latency" in sections or "small" in sections:
         result.update(single_client_sections(args.quick, sections))
     if "evict" in sections:
-        result.update(eviction_latency(100 if args.quick else 1000))
+        result.update(eviction_latency(50 if args.quick else 500, gap_s=ISOLATED_GAP_S))
+        result.update(eviction_latency(100 if args.quick else 1000, prefix="back_to_back_"))
     if "snapshot" in sections:
         result.update(snapshot_section(args.quick))
     if "load" in sections:
         result.update(load_section(args.quick))
+    if "control" in sections:
+        result.update(control_section(args.quick))
     if "dynamo" in sections:
         result.update(dynamo_section(args.dynamo_python) if args.dynamo_python else
                       {"dynamo": {"ran": False, "error": "no --dynamo-python given"}})

@@ -47,3 +47,21 @@ def test_every_benchmark_with_quick_passes_it_on():
             continue
         for call in re.findall(r"write_result\([^)]*\)", source):
             assert "quick" in call or "if not args.quick" in source, f"bench/{name}: {call}"
+
+
+def test_abba_blocks_cancel_the_order_of_rounds():
+    """A side run right after itself is slower (it pays for what it left behind): one ratio per round counts that
+    as the difference between the sides, one per A B, B A block does not."""
+    true_ratio, penalty = 0.95, 0.9
+    a, b = [], []
+    for i in range(8):
+        if _common.abba_first(i):   # A follows A (the previous block's last round), B follows A
+            a.append(true_ratio * penalty)
+            b.append(1.0)
+        else:                       # B follows B, A follows B
+            b.append(penalty)
+            a.append(true_ratio)
+    per_round = [x / y for x, y in zip(a, b)]
+    assert min(per_round) < 0.86 and max(per_round) > 1.05
+    assert all(abs(r - true_ratio) < 1e-12 for r in _common.abba_ratios(a, b))
+    assert len(_common.abba_ratios(a[:7], b[:7])) == 3   # a round without its pair is left out
