@@ -135,20 +135,20 @@ class EventLog:
         if now == before:
             return
         holding = None
-        if now and entry is not None:
-            holding = self._held[key] = self._holding(now, entry)
+        if now and entry is not None:   # a chunk already held keeps the names it was first published under
+            holding = self._held[key] = (now, *held[1:]) if held is not None else self._holding(now, entry)
         else:
             del self._held[key]
         namespace = held[4] if held is not None else entry.namespace if entry is not None else ""
         events = out.get(namespace)
         if events is None:
             events = out[namespace] = []
-        if holding is not None and not before and now in MEDIUM_OF:   # the usual: it entered its first tier
-            _append_stored(events, key, holding, MEDIUM_OF[now])
-        elif held is not None and not now and before in MEDIUM_OF:    # or it left its only one
-            _append_removed(events, _hashes_of(key, held), MEDIUM_OF[before])
+        gained, lost = now & ~before, before & ~now
+        if not lost and gained in MEDIUM_OF and holding is not None:   # the usual: a tier more (often its first)
+            _append_stored(events, key, holding, MEDIUM_OF[gained])
+        elif not gained and lost in MEDIUM_OF and held is not None:    # or a tier less (often its last)
+            _append_removed(events, _hashes_of(key, held), MEDIUM_OF[lost])
         else:
-            gained, lost = now & ~before, before & ~now
             for bit, medium in MEDIA:
                 if lost & bit and held is not None:   # removed under the names it was stored under
                     _append_removed(events, _hashes_of(key, held), medium)
