@@ -12,7 +12,9 @@ the disk tier's promotion reads, ``STORAGE``), else the router's configured cost
 
 The request goes to the best-scoring engine under its load bound (consistent hashing with bounded loads, as
 ``Router``); ties, and requests no engine holds any of, go by the ring walk of the first block no candidate
-holds (the first block when none holds any), as ``Router`` does with chunk keys.
+holds (the first block when none holds any), as ``Router`` does with chunk keys. With ``min_match``, a request
+the best engine holds too little of is a new conversation: those are dealt in turn (``_newcomer_engine``),
+counting the ones the ring placed, so that each engine's daemon keeps an even share of the conversations.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ class EventsRouter:
         self.costs = costs
         self.measured = measured or (lambda source: {})
         self.ring = BoundedHashRing(list(engines), load_factor)
+        self._dealt = {name: 0 for name in engines}   # new conversations sent to each (not routed by a prefix)
         for ref in self.engines.values():   # what each engine holds already, before its next change is published
             index.watch(ref.source, ref.topic)
 
@@ -161,15 +164,25 @@ class EventsRouter:
         longest = max(scored[n][0] for n in eligible if scored[n][1] == best)
         split = hashes[min(longest, len(hashes) - 1)].to_bytes(8, "big") if hashes else b""
         if best > 0 and longest < self.min_match * len(hashes):   # too little held to decide: balance instead
-            least = min(ring.loads[n] for n in eligible)
-            chosen = next(n for n in ring.order(split) if ring.loads[n] == least)
+            chosen = self._newcomer_engine(eligible, split)
             reason = "balance"
         else:
             chosen = next(n for n in ring.order(split) if ring.loads[n] < bound and scored[n][1] == best)
             reason = "prefix" if best > 0 else "hash"
+        if reason != "prefix":   # a new conversation: the balance deals the next ones around it
+            self._dealt[chosen] += 1
         blocks, worth = scored[chosen]
         ring.start(chosen)
         return EventsDecision(chosen, reason, blocks, worth, {n: s for n, (_, s) in scored.items()})
+
+    def _newcomer_engine(self, eligible: list[str], split: bytes) -> str:
+        """Where a request too little of which is held goes (a new conversation): dealt in turn among the engines
+        under the load bound, to the one given the fewest new conversations so far (then the least loaded; a
+        ring walk from ``split`` breaks the last ties), so that each engine's daemon keeps an even share of the
+        conversations and their follow-ups find room there."""
+        loads, dealt = self.ring.loads, self._dealt
+        least = min((dealt[n], loads[n]) for n in eligible)
+        return next(n for n in self.ring.order(split) if n in eligible and (dealt[n], loads[n]) == least)
 
     def finish(self, instance: str) -> None:
         """The request sent to ``instance`` has ended."""

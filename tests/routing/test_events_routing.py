@@ -180,6 +180,34 @@ def test_a_prefix_below_min_match_does_not_decide_and_the_least_loaded_engine_ge
         index.close()
 
 
+def test_new_conversations_are_dealt_in_turn_counting_those_the_ring_placed():
+    daemon = Daemon()
+    index = EventsIndex([EventSource("d", "ipc:///nonexistent/ev", "ipc:///nonexistent/evr")], ask=daemon.ask)
+    try:
+        index.take("d", *daemon.batch(b"kv@a@m", [Cleared()]))
+        index.take("d", *daemon.batch(b"kv@b@m", [Cleared()]))
+        engines = {"a": EngineRef("d", "kv@a@m"), "b": EngineRef("d", "kv@b@m")}
+        router = EventsRouter(engines, index, COSTS, load_factor=4.0, min_match=0.5)
+        first = router.route([1, 2, 70, 71])   # nobody holds anything yet: the ring places it
+        assert first.reason == "hash"
+        router.finish(first.instance)
+        index.take("d", *daemon.batch(b"kv@a@m", [stored(1, 2)]))   # the system prompt, cached by a alone
+        index.take("d", *daemon.batch(b"kv@b@m", [stored(1, 2)]))
+        placed = []
+        for n in range(4):   # each finished before the next: load never decides
+            decision = router.route([1, 2, 100 + 4 * n, 101 + 4 * n, 102 + 4 * n, 103 + 4 * n])
+            assert decision.reason == "balance"
+            router.finish(decision.instance)
+            placed.append(decision.instance)
+        other = "b" if first.instance == "a" else "a"
+        assert placed[0] == other   # the ring's placement counts: the other engine is dealt the next
+        assert placed[1] != placed[2]   # then in turn, whichever the ring walk picks at a tie
+        dealt = [first.instance, *placed]
+        assert abs(dealt.count("a") - dealt.count("b")) == 1
+    finally:
+        index.close()
+
+
 def test_a_daemon_publishes_its_measured_load_cost(start_daemon):
     d = start_daemon("--host-mem", "8MiB")
     c = d.client(namespace="ns")
