@@ -102,7 +102,7 @@ class DaemonCosts:
 class EventsDecision:
     instance: str
     reason: str                 # "prefix" (the best-scoring engine), "hash" (no engine holds any of it) or
-    #                             "balance" (the best holds less than min_match of it: the least loaded engine)
+    #                             "balance" (the best holds less than min_match of it: a new conversation)
     blocks: int                 # leading blocks the chosen engine holds
     score: float                # their summed worth
     scores: dict[str, float] = field(default_factory=dict)
@@ -118,9 +118,9 @@ class EventsRouter:
         measured: a daemon's published load costs per medium (``DaemonCosts``); None: the configured ones only.
         load_factor: the ring's bound on requests in flight per engine.
         min_match: the share of a request's blocks (0-1) the best engine must hold for its prefix to decide;
-            below it the request goes to the least loaded engine, as when nobody holds any (0: any held block
-            decides). A prefix every new conversation shares (a system prompt) then does not pull them all to
-            the engine that cached it first.
+            below it the request is a new conversation, dealt in turn among the engines under the load bound
+            (0: any held block decides). A prefix every new conversation shares (a system prompt) then does not
+            pull them all to the engine that cached it first.
     Raises:
         UsageError: no engine, an engine on a daemon the index does not follow, or ``min_match`` outside 0-1.
     """
