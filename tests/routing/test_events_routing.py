@@ -191,7 +191,7 @@ def test_new_conversations_are_dealt_in_turn_counting_those_the_ring_placed():
         first = router.route([1, 2, 70, 71])   # nobody holds anything yet: the ring places it
         assert first.reason == "hash"
         router.finish(first.instance)
-        index.take("d", *daemon.batch(b"kv@a@m", [stored(1, 2)]))   # the system prompt, cached by a alone
+        index.take("d", *daemon.batch(b"kv@a@m", [stored(1, 2)]))   # the system prompt, now cached by both
         index.take("d", *daemon.batch(b"kv@b@m", [stored(1, 2)]))
         placed = []
         for n in range(4):   # each finished before the next: load never decides
