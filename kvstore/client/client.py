@@ -49,7 +49,7 @@ from .scrub_pass import cancel as cancel_scrubs
 from .scrub_pass import run_pass
 from .session import DEFAULT_CHUNK_TOKENS, DEFAULT_NAMESPACE, Session
 from .shared_index import tiers_of
-from .stream_transport import StreamLost
+from .transport_base import ConnectionLost
 
 if TYPE_CHECKING:
     from .port import SessionPort
@@ -100,7 +100,7 @@ class Client(Session):
             return [self._count(keys) for keys in packed]
         try:
             return self._lookup_many(packed)
-        except (VersionError, StreamLost):
+        except (VersionError, ConnectionLost):
             self._hello()  # the daemon restarted and forgot us
             return self._lookup_many(packed)
 

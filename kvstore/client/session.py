@@ -28,8 +28,9 @@ from .credit import CreditWriter
 from .load_notes import LoadNotes
 from .mappings import Mappings
 from .shared_index import SeenNotes
-from .stream_transport import StreamLost, StreamTransport
+from .stream_transport import StreamTransport
 from .transport import Transport
+from .transport_base import ConnectionLost
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_CHUNK_TOKENS = 256
@@ -146,10 +147,10 @@ class Session(Mappings):
             self._send_seen(hold=True)   # first (in the same write), so that this request sees their effect
         try:
             return self._transport.call(header, payloads)
-        except StreamLost as exc:
-            self._hello()  # the daemon restarted (or stopped: DaemonUnavailable from here)
-            if not retry:  # as on ZeroMQ, where the request would have reached a daemon that never met us
-                raise VersionError(f"the daemon restarted before this request reached it ({exc})") from exc
+        except ConnectionLost as exc:
+            self._hello()  # the daemon restarted or dropped us (or stopped: DaemonUnavailable from here)
+            if not retry:  # as when the request reaches a daemon that no longer knows us
+                raise VersionError(f"the session ended before this request was answered ({exc})") from exc
         except VersionError:
             if not retry:
                 raise
@@ -163,16 +164,16 @@ class Session(Mappings):
             self._send_seen(hold=True)
         try:
             return self._transport.send(header)
-        except StreamLost as exc:
+        except ConnectionLost as exc:
             self._hello()
-            raise VersionError(f"the daemon restarted before this request reached it ({exc})") from exc
+            raise VersionError(f"the session ended before this request was answered ({exc})") from exc
 
     def _reply(self, rid: int) -> dict[str, Any]:
         try:
             return self._transport.wait(rid)[0]
-        except StreamLost as exc:
+        except ConnectionLost as exc:
             self._hello()
-            raise VersionError(f"the daemon restarted before it answered ({exc})") from exc
+            raise VersionError(f"the session ended before this request was answered ({exc})") from exc
 
     # The session's interface to the client's helpers (``port.py``).
 

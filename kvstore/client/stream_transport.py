@@ -5,7 +5,7 @@ replies are read by whichever caller waits, matched by id like on ZeroMQ (a repl
 may overtake an earlier one). Replies to requests sent without
 waiting (a lease release, lookup notes) are read and dropped on the next send or wait, so they never pile up.
 
-A closed or reset stream (the daemon stopped or restarted) raises ``StreamLost``, a DaemonUnavailable: the client
+A closed or reset stream (the daemon stopped or restarted) raises ``StreamLost``, a ConnectionLost: the client
 then says hello again — on ZeroMQ, which also hands out the new stream — and retries the request once.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import DaemonUnavailable
 from ..protocol.stream import reply_layout, request_parts, split_frames
 from ..protocol.wire import decode_header, encode
-from .transport_base import RequestTransport
+from .transport_base import ConnectionLost, RequestTransport
 
 
 # A lookup answered from the shared index first asks whether the daemon is still there: a read of the socket, a
@@ -53,7 +53,7 @@ def _drop_sent(data: list[memoryview], sent: int) -> None:
         data.pop(0)
 
 
-class StreamLost(DaemonUnavailable):
+class StreamLost(ConnectionLost):
     """The stream socket closed under a request."""
 
 

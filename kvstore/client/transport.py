@@ -7,7 +7,9 @@ stopping daemon removes it first). A reply that arrives after its caller gave up
 
 Every failure surfaces as a ``KVStoreError``: ZeroMQ errors become ``DaemonUnavailable`` (chained), a call after
 ``close()`` is ``ClientClosedError``, and on tcp:// a send that times out says why when a daemon was reached
-but the CURVE handshake failed (``handshake.py``).
+but the CURVE handshake failed (``connection_watch.py``). On tcp:// a request whose connection closed before its
+reply came raises ``ConnectionLost`` as soon as the reply is late (ZeroMQ drops what was sent on a closed
+connection; the session says hello again and retries), rather than waiting out the timeout.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import zmq
 from ..errors import ClientClosedError, DaemonUnavailable, UsageError
 from ..protocol.wire import decode_header, encode
 from ..security.curve import ClientCurve
-from .handshake import HandshakeWatch
-from .transport_base import RequestTransport
+from .connection_watch import ConnectionWatch
+from .transport_base import ConnectionLost, RequestTransport
 
 
 class Transport(RequestTransport):
@@ -39,7 +41,8 @@ class Transport(RequestTransport):
         self._sock.setsockopt(zmq.RECONNECT_IVL, 50)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         self.closed = False
-        self._watch = HandshakeWatch(self._sock) if address.startswith("tcp://") else None
+        self._watch = ConnectionWatch(self._sock) if address.startswith("tcp://") else None
+        self._drops_at_send: dict[int, int] = {}   # tcp://: connections closed before each waited request went out
         try:
             self._sock.connect(address)
         except zmq.ZMQError as exc:
@@ -68,6 +71,7 @@ class Transport(RequestTransport):
                     self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=len(frames) == 1)
                     if want_reply:
                         self._outstanding.add(rid)
+                        self._note_drops(rid)
                     return rid
                 except zmq.Again:
                     if time.monotonic() >= deadline or self._no_socket_file():
@@ -89,19 +93,42 @@ class Transport(RequestTransport):
             # The lock is held for one short poll at a time, so other threads can send in between.
             with self._lock:
                 if rid in self._pending:
-                    self._outstanding.discard(rid)
+                    self._give_up(rid)
                     reply = self._pending.pop(rid)
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    self._outstanding.discard(rid)
+                    self._give_up(rid)
                     raise DaemonUnavailable(f"kvstore daemon at {self.address} did not answer within {limit:.1f}s")
                 try:
                     if self._sock.poll(min(int(remaining * 1000) + 1, 20), zmq.POLLIN):
                         self._receive_one()
+                    elif self._lost_with_its_connection(rid):
+                        self._give_up(rid)
+                        raise ConnectionLost(f"the connection to the kvstore daemon at {self.address} closed before "
+                                             f"it answered")
                 except zmq.ZMQError as exc:
                     raise self._error(exc) from exc
         return self._answer(reply)
+
+    def _note_drops(self, rid: int) -> None:
+        """tcp://: note how many connections had closed when ``rid`` went out (the monitor read first, so that a
+        close already reported is not taken for one under this request)."""
+        if self._watch is not None:
+            self._watch.poll()
+            self._drops_at_send[rid] = self._watch.drops
+
+    def _lost_with_its_connection(self, rid: int) -> bool:
+        """tcp://: whether a connection closed since ``rid`` went out (its reply may never come)."""
+        if self._watch is None:
+            return False
+        self._watch.poll()
+        return self._watch.drops > self._drops_at_send.get(rid, self._watch.drops)
+
+    def _give_up(self, rid: int) -> None:
+        """``rid`` is answered or given up on: a late reply to it is dropped."""
+        self._outstanding.discard(rid)
+        self._drops_at_send.pop(rid, None)
 
     def _receive_one(self) -> None:
         frames = self._sock.recv_multipart(copy=False)

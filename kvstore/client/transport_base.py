@@ -8,7 +8,12 @@ import itertools
 import threading
 from typing import Any
 
-from ..errors import error_from_code
+from ..errors import DaemonUnavailable, error_from_code
+
+
+class ConnectionLost(DaemonUnavailable):
+    """The connection a request went out on closed before its reply came: the request may or may not have reached
+    the daemon, and the daemon has dropped the session it held (``session.py`` says hello again)."""
 
 
 class RequestTransport:

@@ -1,4 +1,4 @@
-"""Why a tcp:// client got no connection: reading the ZeroMQ socket monitor's handshake events.
+"""What happened to a tcp:// client's connection: the ZeroMQ socket monitor's handshake and disconnect events.
 
 A CURVE daemon and a client that disagree never exchange a message: the handshake fails and the client's
 socket simply has no peer to send to, which looks exactly like "no daemon here". The socket monitor tells the
@@ -7,32 +7,41 @@ not), ``HANDSHAKE_FAILED_AUTH`` (the daemon's ZAP handler refused the client's k
 ``HANDSHAKE_FAILED_NO_DETAIL`` (the client holds the wrong server key, so the daemon's reply cannot be
 verified). The monitor is read only when a send times out, so it costs nothing per request; it runs on
 tcp:// sockets only, where CURVE applies.
+
+It also counts the connections that closed. ZeroMQ reconnects by itself, but what was sent on a connection as it
+closed is gone with it: a request sent before the daemon dropped the connection (it stopped answering heartbeats, a
+partition) waits in vain for its reply. A transport notes the count when it sends and, while a reply is late,
+reads the monitor again: a higher count means the request may be lost (``transport.py``).
 """
 
 from __future__ import annotations
 
 import uuid
+from typing import cast
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-          | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+          | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
 CURVE_HINT = ("KVSTORE_CURVE_SERVER_KEY (the daemon's server.key) and KVSTORE_CURVE_CLIENT_KEY (this client's "
               ".key_secret, whose .key is in the daemon's --curve-client-keys), or pass curve=ClientCurve.load(...)")
 
 
-class HandshakeWatch:
-    """The last handshake outcome of one socket, read from its monitor on demand."""
+class ConnectionWatch:
+    """The last handshake outcome of one socket and how many of its connections closed, read from its monitor on
+    demand."""
 
     def __init__(self, sock: zmq.Socket) -> None:
         self._sock = sock
         self._monitor = sock.get_monitor_socket(EVENTS, addr=f"inproc://kvstore-monitor-{uuid.uuid4().hex}")
         self.connected = False
         self.failure: tuple[int, int] | None = None   # (event, value) of the last failed handshake
+        self.drops = 0   # connections closed so far
 
     def poll(self) -> None:
-        while True:
+        """Read what the monitor reported since the last poll (never blocks)."""
+        while cast(int, self._monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             try:
                 msg = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
             except zmq.Again:
@@ -40,6 +49,8 @@ class HandshakeWatch:
             event, value = msg["event"], msg["value"]
             if event == zmq.EVENT_CONNECTED:
                 self.connected = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.drops += 1
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.failure = None
             else:
