@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections import OrderedDict
@@ -57,29 +58,54 @@ def engine_blocks(c: Conversations, in_flight: int = 2) -> int:
     return in_flight * -(-(c.longest_prompt() + c.output_tokens) // CPU_BLOCK) + 1
 
 
+def found_blocks(rows: list[dict], pick: Callable[[int, dict], int], engines: int = 2,
+                 capacity: int | None = None) -> list[int]:
+    """Per request of ``rows``, the leading blocks of its prompt that the daemon of the engine ``pick`` chooses
+    holds, each daemon keeping what its engine was sent (``capacity`` blocks at most, least recently used first out;
+    None: everything)."""
+    held: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(engines)]
+    found = []
+    for i, row in enumerate(rows):
+        ids, mine = row["hash_ids"], held[pick(i, row)]
+        found.append(next((n for n, h in enumerate(ids) if h not in mine), len(ids)))
+        for h in ids:
+            mine[h] = None
+            mine.move_to_end(h)
+        while capacity is not None and len(mine) > capacity:
+            mine.popitem(last=False)
+    return found
+
+
+def policy_picks(engines: int) -> dict[str, Callable[[int, dict], int]]:
+    """The two placements the ceilings compare: round robin, and perfect session affinity (every turn of a session
+    on one engine, sessions spread in turn)."""
+    first: dict[int, int] = {}
+    return {"round_robin": lambda i, row: i % engines,
+            "session_affinity": lambda i, row: first.setdefault(row["session"], len(first) % engines)}
+
+
 def affinity_ceiling(rows: list[dict], engines: int = 2, capacity: int | None = None) -> dict[str, float]:
     """What routing can win on ``rows`` at most, from the trace alone: the share of prompt blocks found in the
-    chosen engine's daemon (the leading blocks it holds) under round robin, and under perfect session affinity
-    (every turn of a session on one engine, sessions spread in turn); their ratio. ``capacity``: blocks each
-    daemon keeps, least recently used first out (None: everything kept)."""
-    def share(pick: Callable[[int, dict], int]) -> float:
-        held: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(engines)]
-        hits = total = 0
-        for i, row in enumerate(rows):
-            ids, mine = row["hash_ids"], held[pick(i, row)]
-            hits += next((n for n, h in enumerate(ids) if h not in mine), len(ids))
-            total += len(ids)
-            for h in ids:
-                mine[h] = None
-                mine.move_to_end(h)
-            while capacity is not None and len(mine) > capacity:
-                mine.popitem(last=False)
-        return hits / total if total else 0.0
-
-    first: dict[int, int] = {}
-    rr = share(lambda i, row: i % engines)
-    sticky = share(lambda i, row: first.setdefault(row["session"], len(first) % engines))
+    chosen engine's daemon (the leading blocks it holds) under round robin and under perfect session affinity
+    (``policy_picks``); their ratio. ``capacity``: blocks each daemon keeps (``found_blocks``)."""
+    total = sum(len(row["hash_ids"]) for row in rows)
+    share = {name: sum(found_blocks(rows, pick, engines, capacity)) / total if total else 0.0
+             for name, pick in policy_picks(engines).items()}
+    rr, sticky = share["round_robin"], share["session_affinity"]
     return {"round_robin": rr, "session_affinity": sticky, "ratio": sticky / rr if rr else 0.0}
+
+
+def prefill_ceiling(rows: list[dict], block_tokens: int, engines: int = 2,
+                    capacity: int | None = None) -> dict[str, float]:
+    """The bound the trace itself puts on the TTFT p50 ratio when a request's TTFT follows the tokens it must
+    prefill: the median over requests of the prompt tokens not found in the chosen engine's daemon, under
+    perfect session affinity and under round robin, and their ratio. Fixed costs per request (the HTTP hop,
+    scheduling, the first decode step) keep a measured ratio above it."""
+    p50 = {name: statistics.median(row["input_length"] - n * block_tokens
+                                   for row, n in zip(rows, found_blocks(rows, pick, engines, capacity)))
+           for name, pick in policy_picks(engines).items()}
+    rr, sticky = p50["round_robin"], p50["session_affinity"]
+    return {"round_robin_p50_tokens": rr, "session_affinity_p50_tokens": sticky, "ratio": sticky / rr if rr else 0.0}
 
 
 def daemon_mem(bench: Bench, c: Conversations, share: float) -> str:
@@ -202,6 +228,7 @@ def finish(runs: dict[str, list[dict[str, Any]]], c: Conversations, blocks: int,
            check: dict[str, Any], hashes: dict[str, Any], share: float) -> dict[str, Any]:
     """The scenario's record: runs, medians, the ratios of events to the others, and what they were run on."""
     median = {k: median_of(v) for k, v in runs.items()}
+    capacity = int(c.unique_tokens() * share) // c.block_tokens   # blocks a daemon keeps
 
     def rel(key: str, other: str) -> float | None:
         x, y = median["events"].get(key), median[other].get(key)
@@ -216,8 +243,8 @@ def finish(runs: dict[str, list[dict[str, Any]]], c: Conversations, blocks: int,
             "agreement": check, "hashes": hashes, "engines": 2, "engine_blocks": blocks,
             "engine_kv_tokens": blocks * CPU_BLOCK, "working_set_tokens": c.unique_tokens(), "requests": len(rows),
             "block_hit_ceiling": affinity_ceiling(rows),
-            "block_hit_ceiling_at_daemon_size": affinity_ceiling(rows, capacity=int(c.unique_tokens() * share)
-                                                                 // c.block_tokens),
+            "block_hit_ceiling_at_daemon_size": affinity_ceiling(rows, capacity=capacity),
+            "prefill_p50_ceiling_at_daemon_size": prefill_ceiling(rows, c.block_tokens, capacity=capacity),
             "trace": {k: getattr(c, k) for k in ("sessions", "turns", "systems", "system_blocks", "turn_blocks",
                                                   "block_tokens", "output_tokens", "session_gap_ms", "turn_gap_ms",
                                                   "jitter_ms")},
@@ -226,7 +253,9 @@ def finish(runs: dict[str, list[dict[str, Any]]], c: Conversations, blocks: int,
                          "both engines; daemon_hit_rate: the daemons' hit tokens over their lookup tokens (both "
                          "daemons); block_hit_ceiling: the trace's own bound, daemons keeping everything; "
                          "block_hit_ceiling_at_daemon_size: the same with each daemon keeping daemon_share of the "
-                         "working set, least recently used out"}
+                         "working set, least recently used out; prefill_p50_ceiling_at_daemon_size: at that size, "
+                         "the median prompt tokens a request must prefill under session affinity over round robin "
+                         "(the TTFT p50 ratio's bound when TTFT follows prefilled tokens)"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

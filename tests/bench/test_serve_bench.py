@@ -284,3 +284,17 @@ def test_the_affinity_ceiling_at_a_daemon_size_drops_least_recently_used_blocks(
     # a daemon of 2 blocks keeps only the second session's: the follow-up finds nothing
     assert affinity_ceiling(rows, engines=1, capacity=2)["round_robin"] == 0.0
     assert affinity_ceiling(rows, engines=1, capacity=4)["round_robin"] == 2 / 7
+
+
+def test_the_prefill_ceiling_is_the_median_of_the_tokens_each_request_must_prefill():
+    from bench.serve_routing import prefill_ceiling
+
+    # two sessions of two turns; round robin sends each follow-up to the other engine, which holds nothing of it
+    rows = [{"session": 0, "hash_ids": [0, 1], "input_length": 2 * 256},
+            {"session": 1, "hash_ids": [0, 2], "input_length": 2 * 256},
+            {"session": 1, "hash_ids": [0, 2, 4], "input_length": 3 * 256 + 10},
+            {"session": 0, "hash_ids": [0, 1, 3], "input_length": 3 * 256 + 10}]
+    got = prefill_ceiling(rows, 256)
+    # round robin: 512, 512 (the system block is on e0 only), 522 (e0 holds block 0), 522 -> median 517
+    # affinity: 512, 512, 266, 266 -> median 389
+    assert got == {"round_robin_p50_tokens": 517, "session_affinity_p50_tokens": 389, "ratio": 389 / 517}
