@@ -25,7 +25,8 @@ PREFIX = "kvstore_"
 TIER_LABEL = r"[a-z0-9]+"
 # The tenant label's values are the names of the config file's tenants (tenants/table.py), never the wire's.
 LABEL_PATTERNS = {"tenant": r"[A-Za-z0-9][A-Za-z0-9_-]*",
-                  "medium": r"CPU|GPU|STORAGE"}   # the KV cache events' media
+                  "medium": r"CPU|GPU|STORAGE",   # the KV cache events' media
+                  "generation": r"[0-2]"}         # the garbage collector's generations (server/heap.py)
 
 # Request latency buckets (seconds): a request is an index update of microseconds, a disk read can take
 # milliseconds, a stalled tier seconds.
@@ -286,6 +287,15 @@ METRICS: tuple[MetricDef, ...] = (
     _m("adoption_seconds", "gauge", "Seconds the kept arena's verification took (0 until it ends).",
        "adoption.seconds"),
     _m("uptime_seconds", "gauge", "Seconds since the daemon started.", "uptime_s"),
+    # the garbage collector's pauses on the event loop (2: full collections)
+    _m("gc_collections", "counter", "Collections of the Python garbage collector, per generation.",
+       "gc.generations.{generation}.collections"),
+    _m("gc_pause_seconds", "counter", "Seconds the event loop stood still in garbage collections, per generation.",
+       "gc.generations.{generation}.pause_seconds"),
+    _m("gc_longest_pause_seconds", "gauge", "The longest garbage collection since the daemon started, per "
+       "generation.", "gc.generations.{generation}.longest_pause_seconds"),
+    _m("gc_frozen_objects", "gauge", "Objects frozen out of garbage collections after start-up.",
+       "gc.frozen_objects"),
     # tenants (only with a [tenants] table; the label's values come from the config file)
     _m("tenant_dram_bytes", "gauge", "DRAM bytes each tenant's chunks hold.", "tenants.{tenant}.dram_bytes"),
     _m("tenant_dram_guaranteed_bytes", "gauge", "Each tenant's guaranteed DRAM share.",

@@ -61,6 +61,7 @@ from ..tenants.access import Principal
 from ..tenants.key_file import open_tenant_keys
 from ..tenants.key_space import scope_request
 from .handlers import HANDLERS, hello_reply
+from .heap import HeapWatch, settle_heap
 from .notify import notify, watchdog_interval
 from .reactor import SocketReactor
 from .tcp_peers import TcpPeers, set_heartbeat
@@ -108,6 +109,7 @@ class Daemon:
         self.latency = RequestLatency(self.registry)
         self.registry.register(StatsCollector(self.stats_snapshot))
         self._exporter: MetricsExporter | None = None
+        self.heap = HeapWatch()             # the garbage collector's pauses on the loop (heap.py)
         self._tasks: set[asyncio.Task] = set()
         self.stream: StreamServer | None = None        # the local stream socket (server/stream.py)
         self.refusals = RefusalLog()                   # requests refused for their size: logged, rate-bounded
@@ -115,13 +117,17 @@ class Daemon:
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def open(self) -> None:
-        """Everything that can fail with a clear message before serving; on failure, give it all back."""
+        """Everything that can fail with a clear message before serving; on failure, give it all back. Then what
+        start-up made is frozen out of the garbage collector's walks (``heap.py``)."""
         try:
             self._open_steps()
         except BaseException:
             self._claims.give_back()
             raise
         self._claims.keep_dirs()
+        settle_heap()
+        self.heap.install()
+        self._claims.take(self.heap.uninstall)
 
     def _open_steps(self) -> None:
         native.enabled()   # a bad KVSTORE_NATIVE fails here, before anything is created
@@ -502,7 +508,8 @@ class Daemon:
         return reload_tenants(self.svc, self.source or ConfigSource())
 
     def stats(self) -> dict[str, Any]:
-        return daemon_stats(self.svc, len(self.sessions), self.auth_rejected(), connector_stats(self.sessions.values()))
+        return {**daemon_stats(self.svc, len(self.sessions), self.auth_rejected(),
+                               connector_stats(self.sessions.values())), "gc": self.heap.stats()}
 
     def _stream_path(self) -> str | None:
         return self.stream.path if self.stream is not None and self.stream.listening else None
