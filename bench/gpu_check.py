@@ -371,7 +371,7 @@ def check_hf_e2e(r: dict, timeout: float) -> None:
     r["tests"] = tests
     if not tests:
         r["ok"] = False
-        r["error"] = "no HuggingFace end-to-end test file (tests/connectors/hf/test_*hf*.py) in this tree"
+        r["error"] = "no HuggingFace end-to-end test file (tests/connectors/hf_connector/test_*hf*.py) in this tree"
         return
     code = ("import sys, pytest\n"
                    f"sys.exit(pytest.main(['-q', '-x', '-p', 'no:cacheprovider', *{tests!r}]))\n")

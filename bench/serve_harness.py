@@ -17,7 +17,7 @@ from typing import Any
 from bench._common import free_port, start_daemon
 from bench.serve_engine import EngineFailed, Server, Venv, bench_serve, engine_env, make_shim
 from bench.serve_traces import Conversations
-from connectors.common.layout import session_namespace
+from kvstore.connectors.common.layout import session_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

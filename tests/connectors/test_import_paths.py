@@ -19,12 +19,18 @@ CHECKOUT = pathlib.Path(__file__).resolve().parents[2]
 ENGINE_MODULES = ("kvstore.connectors.vllm", "kvstore.connectors.sglang", "kvstore.connectors.hf",
                   "kvstore.connectors.vllm.scheduler", "kvstore.connectors.vllm.worker",
                   "kvstore.connectors.common.store")
-# Prints where each module would load from; imports hf for real (torch and transformers are in the test venv;
-# vLLM and SGLang are not, so those are located, not executed).
+# Prints where each module would load from; imports hf for real (torch and transformers are in the test venv).
+# The engines' own packages may be absent, so nothing of kvstore.connectors.vllm or .sglang is executed: a
+# submodule is looked for in its package's folder, which importing the package (and so the engine) would need.
 PROBE = f"""
-import importlib.util, kvstore.connectors.hf
+import importlib.machinery, importlib.util, kvstore.connectors.hf
 for name in {ENGINE_MODULES!r}:
-    print(importlib.util.find_spec(name).origin)
+    package, _, leaf = name.rpartition(".")
+    if package == "kvstore.connectors":
+        print(importlib.util.find_spec(name).origin)
+    else:
+        folders = importlib.util.find_spec(package).submodule_search_locations
+        print(importlib.machinery.PathFinder.find_spec(name, folders).origin)
 """
 
 

@@ -322,26 +322,47 @@ def test_readme_first_screen_has_two_commands_and_names_what_the_tests_skip():
         assert what in skip_line, what
 
 
-def test_ci_installs_torch_first_and_runs_the_readme_test_command_verbatim():
+def ci_steps() -> list[str]:
+    """The commands of .ci/run, one a line, comments left out."""
     with open(os.path.join(ROOT, ".ci", "run")) as f:
-        steps = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+        return [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+
+
+def readme_test_command() -> str:
     block = first_screen().split("```sh\n", 1)[1].split("```", 1)[0]
-    test_command = block.splitlines()[1].split("#", 1)[0].strip()
-    pip = [s for s in steps if s.startswith("pip install")]
+    return block.splitlines()[1].split("#", 1)[0].strip()
+
+
+def test_ci_runs_the_readme_test_command_first_where_nothing_but_torch_is_installed():
+    steps = ci_steps()
+    bare_run = steps.index(readme_test_command())   # its first run
+    before = steps[:bare_run]
+    assert "bash .ci/install-extras.sh" in steps[bare_run:]
+    installs = [s for s in before if " install " in f" {s} "]
+    assert installs == ['"$BARE/bin/pip" install torch==2.13.0']   # a fresh virtualenv, torch only
+    assert before.index('rm -rf "$BARE"') < before.index('python3 -m venv "$BARE"')
+    assert "export KVSTORE_TEST_BARE=1" in before   # missing extras skip with their reason, even under CI
+
+
+def test_ci_installs_torch_first_and_runs_the_readme_test_command_verbatim():
+    steps = ci_steps()
+    test_command = readme_test_command()
+    main_run = steps[steps.index(test_command) + 1:]   # after the run without extras
+    pip = [s for s in main_run if s.startswith("pip install")]
     assert pip[0] == "pip install torch==2.13.0"
-    assert "bash .ci/install-extras.sh" in steps and steps[-1] == test_command
+    assert "bash .ci/install-extras.sh" in main_run and main_run[-1] == test_command
 
 
 def test_ci_runs_everything_in_a_fresh_virtualenv_it_makes():
-    with open(os.path.join(ROOT, ".ci", "run")) as f:
-        steps = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
-    made = next(i for i, s in enumerate(steps) if s.startswith("python3 -m venv "))
-    activated = next(i for i, s in enumerate(steps) if s.endswith("/bin/activate\"") and s.startswith("."))
-    first_pip = next(i for i, s in enumerate(steps) if s.startswith("pip install"))
+    steps = ci_steps()
+    made = steps.index('python3 -m venv "$VENV"')
+    activated = steps.index('. "$VENV/bin/activate"')
+    first_pip = next(i for i, s in enumerate(steps) if i > activated and s.startswith("pip install"))
     assert steps[made - 1].startswith("rm -rf ") and made < activated < first_pip   # fresh, then used
     assert any(s.startswith('export PYTHON="$VENV/bin/python"') for s in steps)   # and so do the .ci/install-*.sh
     with open(os.path.join(ROOT, ".gitignore")) as f:
-        assert "/.venv-ci/" in f.read().split()
+        ignored = f.read().split()
+    assert "/.venv-ci/" in ignored and "/.venv-bare/" in ignored
 
 
 def test_install_extras_runs_every_installer_once(tmp_path):
@@ -361,6 +382,6 @@ def test_skips_for_missing_extras_name_the_install_command():
     for check in (lambda: servers.require("no-such-server-binary"),
                   lambda: servers.require_module("no_such_module_for_kvstore", "the thing")):
         with pytest.raises(pytest.skip.Exception, match=r"`bash \.ci/install-extras\.sh` installs it"):
-            if servers.in_ci():
+            if servers.extras_required():
                 pytest.skip("under CI a missing extra fails instead: `bash .ci/install-extras.sh` installs it")
             check()

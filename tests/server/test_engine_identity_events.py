@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from support.daemons import short_tempdir
-from support.events_consumer import Consumer
+from support.events_consumer import Consumer, vllm_event_classes
 from kvstore.errors import BadRequestError, LimitError
 from kvstore.protocol.engine_blocks import EngineBlocks
 from kvstore.protocol.engine_identity import EngineIdentity
@@ -244,8 +244,8 @@ def test_an_engines_topic_names_the_tenant_owning_its_namespace(start_daemon, tm
 
 def test_one_turn_of_several_namespaces_packs_each_event_once_and_every_stream_decodes(tmp_path):
     import msgspec
-    from vllm.distributed.kv_events import KVEventBatch
 
+    KVEventBatch = vllm_event_classes().KVEventBatch
     from kvstore.protocol.kv_events import Stored, array_header
     from kvstore.server.kv_events import EventPublisher, EventSettings
 

@@ -9,12 +9,16 @@ import os
 import msgpack
 import msgspec
 import pytest
-from vllm.distributed.kv_events import BlockStored, KVEventBatch
 
 from kvstore.protocol.engine_blocks import EngineBlocks
 from kvstore.protocol.kv_events import FORMATS, array_header, encoded_events
 from kvstore.store.entry import DiskState, Entry, State
 from kvstore.store.events import EventLog, snapshot_events, snapshot_packed
+from support.events_consumer import vllm_event_classes
+
+vllm_events = vllm_event_classes()   # vLLM's own decoder: the module is skipped without the vllm wheel
+BlockStored = vllm_events.BlockStored
+KVEventBatch = vllm_events.KVEventBatch
 
 
 def held_log() -> EventLog:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from ..servers import extras_required
 from .sandbox import engine_home_env
 
 REPO = Path(__file__).resolve().parents[3]
@@ -50,7 +51,7 @@ def require_engine() -> str:
     """The engine virtualenv's python; else skip the test (under CI, where it must be there, fail)."""
     python = engine_python()
     if python is None:
-        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        if extras_required():
             pytest.fail(skip_reason() + " -- required when CI is set", pytrace=False)
         pytest.skip(skip_reason())
     return python
