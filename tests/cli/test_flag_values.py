@@ -38,7 +38,7 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
     ("1.5b", "'1.5b' is not a whole number of bytes"),
 ])
 def test_a_size_without_its_unit_is_refused_with_the_unit_to_write(text, needle):
-    with pytest.raises(ConfigError, match="^--gpu-mem: ") as err:
+    with pytest.raises(ConfigError, match=r"^--gpu-mem: ") as err:
         parse_size(text, "--gpu-mem")
     assert needle in str(err.value)
 
