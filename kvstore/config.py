@@ -426,7 +426,7 @@ def load_toml(path: str) -> dict[str, Any]:
 
 
 def build_config(flags: dict[str, Any] | None = None, config_file: str | None = None,
-                 checks: Sequence[Callable[[ServerConfig], None]] = ()) -> ServerConfig:
+                 checks: Sequence[Callable[[ServerConfig], None]] = (), origins: Origins | None = None) -> ServerConfig:
     """Merge defaults < config file < flags, reading and checking every value.
 
     Args:
@@ -434,11 +434,13 @@ def build_config(flags: dict[str, Any] | None = None, config_file: str | None = 
         config_file: the TOML file of settings, if any.
         checks: more checks of the whole configuration, after ``check_config``'s: those that need modules above
             this one (``server/config_checks.py`` has the daemon's).
+        origins: where the caller keeps where each value came from, to word its own later errors the same way
+            (``kvstore serve``: the checks at start, such as the disk tier's room); a fresh one by default.
 
     Raises:
         ConfigError: naming the flag, or the config file and its key, that holds the bad value.
     """
-    origins = Origins(config_file)
+    origins = origins if origins is not None else Origins(config_file)
     config = ServerConfig(**read_settings(flags, config_file, origins))
     try:
         check_config(config)

@@ -11,7 +11,8 @@ import argparse
 import json
 
 from ..errors import KVStoreError
-from .stats import address_of, open_client, positive_seconds
+from .flag_types import positive_seconds
+from .stats import address_of, open_client
 
 
 def register(sub: argparse._SubParsersAction) -> None:

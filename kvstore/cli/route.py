@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from ..errors import ConfigError
+from .flag_types import positive_count
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,20 +26,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--instance", action="append", required=True, metavar="NAME=ADDRESS",
                    help="an instance and its daemon (ipc:// or tcp://); repeat for each")
     p.add_argument("--namespace", default="default", help="the engines' key namespace (default: %(default)s)")
-    p.add_argument("--chunk-tokens", type=_positive_int, default=256, metavar="N",
+    p.add_argument("--chunk-tokens", type=positive_count, default=256, metavar="N",
                    help="the engines' chunk size in tokens (default: %(default)s)")
-    p.add_argument("--deadline-ms", type=_positive_int, default=50, metavar="MS",
+    p.add_argument("--deadline-ms", type=positive_count, default=50, metavar="MS",
                    help="how long to wait for the daemons' answers (default: %(default)s)")
     p.add_argument("--load-factor", type=float, default=1.25, metavar="C",
                    help="no instance takes more than C times its share (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object a request")
     p.set_defaults(run=run)
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) == 0:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
-    return int(text)
 
 
 def parse_instances(specs: list[str]) -> dict[str, str]:

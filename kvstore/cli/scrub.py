@@ -21,8 +21,9 @@ import time
 from typing import Any
 
 from ..errors import ConfigError, DaemonUnavailable
-from ..units import format_size, parse_size
-from .stats import address_of, open_client, positive_seconds, show
+from ..units import format_size
+from .flag_types import bytes_per_second, positive_seconds
+from .stats import address_of, open_client, show
 
 EXIT_DAMAGED = 3
 EXIT_STOPPED = 1
@@ -37,20 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--socket", default=None, metavar="PATH", help="the daemon's socket (default: its default)")
     p.add_argument("--address", default=None, metavar="URL", help="ipc:// or tcp:// address instead of --socket")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--rate", type=rate_of, default=0, metavar="BYTES/s",
+    p.add_argument("--rate", type=bytes_per_second, default=0, metavar="BYTES/s",
                    help="check at most this many bytes per second, e.g. 500MiB (default: no bound)")
     p.add_argument("--timeout", type=positive_seconds, default=None, metavar="SECONDS",
                    help="stop the pass if it has not finished after this long (default: let it finish)")
     p.add_argument("--cancel", action="store_true", help="stop every scrub pass clients started, and exit")
     p.set_defaults(run=run)
-
-
-def rate_of(text: str) -> int:
-    """``--rate``'s value; argparse names the flag, so the message does not."""
-    try:
-        return parse_size(text.removesuffix("/s"), "rate")
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("rate: ")) from None
 
 
 def render(report: dict[str, Any]) -> None:

@@ -8,6 +8,8 @@ import os
 import sys
 
 from ..config import add_setting_flags, build_config
+from ..config_file import Origins
+from ..errors import ConfigError
 from ..logs import setup_logging
 
 
@@ -21,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..server.config_checks import SERVING_CHECKS
 
-    config = build_config(vars(args), args.config, SERVING_CHECKS)
+    origins = Origins(args.config)
+    config = build_config(vars(args), args.config, SERVING_CHECKS, origins)
     setup_logging(config.log_level)
     from ..server.daemon import run_daemon  # imported here so that `kvstore stats` starts fast
 
@@ -29,7 +32,10 @@ def run(args: argparse.Namespace) -> int:
     from ..tenants.table import load_tenants
 
     source = ConfigSource(os.path.abspath(args.config) if args.config else None, dict(vars(args)))
-    status = run_daemon(config, load_tenants(args.config), source)
+    try:
+        status = run_daemon(config, load_tenants(args.config), source)
+    except ConfigError as exc:   # a check at start (the disk tier's room, the socket) names the file's key
+        raise origins.reword(exc) from None
     end_process(status)
     return status   # not reached
 

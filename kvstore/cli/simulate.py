@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..units import format_size, parse_size
+from .flag_types import positive_count
 
 DEFAULT_PLOT = "hit-rate-sweep.png"
 
@@ -34,30 +35,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-mem", default="0", metavar="SIZE", help="GPU HBM tier size (default: 0)")
     p.add_argument("--chunk-bytes", required=True, metavar="SIZE",
                    help="KV bytes of one trace block (e.g. 64MiB: 512 tokens of Llama-3-8B in bf16)")
-    p.add_argument("--block-tokens", type=_positive_int, default=512, metavar="N",
+    p.add_argument("--block-tokens", type=positive_count, default=512, metavar="N",
                    help="tokens per trace block (default: %(default)s, as in Mooncake's traces)")
     p.add_argument("--policy", default=DEFAULT_POLICY, choices=[*POLICIES, "all"],
                    help="eviction policy (default: %(default)s); all: one row (and curve) per policy")
-    p.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="replay the first N requests")
+    p.add_argument("--limit", type=positive_count, default=None, metavar="N", help="replay the first N requests")
     p.add_argument("--tenants", default=None, metavar="TOML",
                    help="a config file whose [tenants.NAME] tables give budgets; the trace's tenant field names "
                         "each request's tenant, and each tenant's hit rate is reported")
-    p.add_argument("--restart-every", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--restart-every", type=positive_count, default=None, metavar="N",
                    help="also replay a rolling upgrade: every N requests the next daemon of the fleet restarts, "
                         "once with and once without warm restart, and report the hit rate it costs")
-    p.add_argument("--fleet", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--fleet", type=positive_count, default=1, metavar="N",
                    help="--restart-every: daemons in the fleet, requests routed by prefix (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--sweep", action="store_true", help="also replay at 0.5 %%..100 %% of the distinct blocks "
                                                         "and draw hit rate against capacity")
     p.add_argument("--out", default=None, metavar="PNG", help=f"--sweep: the plot (default: {DEFAULT_PLOT})")
     p.set_defaults(run=run)
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) == 0:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
-    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,16 +17,45 @@ def _is_tensor(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "element_size")
 
 
+# What a refused buffer is, after "CALL: NAME[i]: " (``client/arguments.each`` names the call, argument and index)
+NOT_CONTIGUOUS = ("not C-contiguous (a strided slice or a transposed array?); pass a contiguous copy "
+                  "(bytes(...), numpy.ascontiguousarray(...))")
+EMPTY = "empty (0 bytes); every chunk stored holds at least one byte"
+
+
 def nbytes_of(buf: Any) -> int:
     if _is_tensor(buf):
         return buf.numel() * buf.element_size()
     return memoryview(buf).nbytes
 
 
+def stored_size(buf: Any) -> int:
+    """The bytes ``put`` stores of ``buf`` (copied into the arena later): a tensor (made contiguous as it is copied)
+    or a C-contiguous buffer, not empty. Raises UsageError (or TypeError for what is no buffer at all)."""
+    if _is_tensor(buf):
+        size = buf.numel() * buf.element_size()
+    else:
+        view = memoryview(buf)
+        if not view.c_contiguous:
+            raise UsageError(NOT_CONTIGUOUS)
+        size = view.nbytes
+    if not size:
+        raise UsageError(EMPTY)
+    return size
+
+
+def stored_bytes(buf: Any) -> Any:
+    """``as_host_bytes`` of a buffer ``put`` sends in a frame; refuses an empty one as ``stored_size`` does."""
+    flat = as_host_bytes(buf)
+    if not flat.nbytes:
+        raise UsageError(EMPTY)
+    return flat
+
+
 def _flat_bytes_view(buf: Any) -> memoryview:
     view = memoryview(buf)
     if not view.c_contiguous:
-        raise UsageError("buffers must be C-contiguous")
+        raise UsageError(NOT_CONTIGUOUS)
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 

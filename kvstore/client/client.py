@@ -42,7 +42,7 @@ from ..protocol.retention import wire_retention
 from ..protocol.wire import Op
 from . import arguments
 from .arena_read import read_into, read_with
-from .buffers import as_host_bytes, copy_into, copy_out, nbytes_of, writable_bytes
+from .buffers import copy_into, copy_out, nbytes_of, stored_bytes, stored_size, writable_bytes
 from .copies import copy_batch
 from .lease import InlineReservation, Lease, LookupResult, Reservation
 from .scrub_pass import cancel as cancel_scrubs
@@ -177,7 +177,7 @@ class Client(Session):
         parent = arguments.optional_key("put", "parent", parent)
         inline = self._arena_view is None
         # The one conversion each buffer needs anyway (its size, or its bytes for a frame) checks it too
-        converted = arguments.each("put", "buffers", buffers, as_host_bytes if inline else nbytes_of,
+        converted = arguments.each("put", "buffers", buffers, stored_bytes if inline else stored_size,
                                    arguments.BUFFERS)
         arguments.same_length("put", keys, "buffers", converted)
         extra = arguments.engine_blocks("put", keys, engine)

@@ -54,8 +54,7 @@ class Session(Mappings):
         if not isinstance(self.address, str) or not self.address.startswith(("ipc://", "tcp://")):
             hint = f" (a socket path? use ipc://{self.address})" if str(self.address).startswith("/") else ""
             raise UsageError(f"address must start with ipc:// or tcp://, got {self.address!r}{hint}")
-        if type(chunk_tokens) is not int or chunk_tokens <= 0:
-            raise UsageError(f"chunk_tokens must be positive, got {chunk_tokens!r}")
+        arguments.positive_int("connect", "chunk_tokens", chunk_tokens)
         self.namespace = arguments.text("connect", "namespace", namespace)
         self.chunk_tokens = chunk_tokens
         self.timeout = arguments.positive_seconds("connect", "timeout", timeout)

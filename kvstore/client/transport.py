@@ -148,7 +148,7 @@ class Transport(RequestTransport):
 
     def _why_unreachable(self) -> str:
         found = self._watch.explain(self.address, self.curve is not None) if self._watch is not None else None
-        return found or f"no kvstore daemon is accepting requests at {self.address}"
+        return found or f"no kvstore daemon is accepting requests at {self.address}; {how_to_reach(self.address)}"
 
     def close(self) -> None:
         """Close the socket; idempotent. Later calls raise ClientClosedError."""
@@ -157,3 +157,15 @@ class Transport(RequestTransport):
             self._watch.close()
             self._watch = None
         self._sock.close(linger=0)
+
+
+def how_to_reach(address: str) -> str:
+    """What to do when nothing listens at ``address``: start a daemon there, or name one that runs."""
+    from ..defaults import default_socket
+
+    if address.startswith("tcp://"):
+        start = f"kvstore serve --tcp {address.removeprefix('tcp://')}"
+    else:
+        path = address.removeprefix("ipc://")
+        start = "kvstore serve" if path == default_socket() else f"kvstore serve --socket {path}"
+    return f"start one ({start}), or pass the address of a running one (--socket or --address of kvstore commands)"

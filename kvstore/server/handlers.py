@@ -166,6 +166,7 @@ def handle_reserve(svc: Service, s: Session, h: dict, frames: list) -> Any:
         kept = req.credit if req.credit and svc.store.credits.holds(s.owner, req.credit) else 0
         return [ok_reply(h["id"], reservation=0, slots=[None] * len(req.keys), credit=kept)]
     svc.safeguards.params.stored(s.namespace, s.key_params)
+    svc.store.refuse_never_fitting(s.namespace, req.keys, req.sizes)   # at once, not after waiting for the disk
     return _throttled(svc, sum(req.sizes), lambda: _reserve_now(svc, s, h, req))
 
 
@@ -229,6 +230,7 @@ def handle_put_inline(svc: Service, s: Session, h: dict, frames: list) -> Frames
                              f"the largest chunk accepted is {svc.config.chunk_limit}")
     engine = read_engine(h, len(keys))
     svc.safeguards.params.stored(s.namespace, s.key_params)
+    svc.store.refuse_never_fitting(s.namespace, keys, sizes)   # at once, not after waiting for the disk
     return _throttled(svc, sum(sizes), lambda: _put_inline_now(svc, s, h, frames, keys, sizes, engine, retention))
 
 

@@ -58,6 +58,7 @@ class Store(Protocol):
     def publish(self, entries: list[Entry], retention: RetentionAsk = NORMAL) -> int: ...
     def apply_retention(self, entries: Sequence[Entry], ask: RetentionAsk, fresh: bool = False) -> None: ...
     def put_refusal(self) -> str: ...
+    def refuse_never_fitting(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> None: ...
     def charge_host(self, entry: Entry) -> None: ...
     def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = (),
                       namespace: str | None = None) -> int: ...
@@ -135,6 +136,7 @@ class CreditBook:
                 store.counters.full_errors += 1
                 raise StoreFullError(refusal)
             self._check_layout(handle.payload, offsets, sizes)
+            self._refuse_never_fitting(owner, handle, namespace, keys, sizes)
             self._hold_to_ceiling(owner, handle, namespace, keys, sizes)
         self._drop_others(owner, credit_id)
         committed, rest = 0, None
@@ -177,6 +179,16 @@ class CreditBook:
         for hid in list(self.table.ids_of(owner)):
             if hid != credit_id:
                 self._free(self.table.take(owner, hid).payload)
+
+    def _refuse_never_fitting(self, owner: bytes, handle: Handle[Credit], namespace: str, keys: Sequence[bytes],
+                              sizes: Sequence[int]) -> None:
+        """A put more than its tenant's whole DRAM ceiling is refused before any chunk of the tenant leaves
+        (``Store.refuse_never_fitting``); its credit goes back to the free space, as at the ceiling."""
+        try:
+            self.store.refuse_never_fitting(namespace, keys, sizes)
+        except StoreFullError:
+            self._free(self.table.take(owner, handle.id).payload)
+            raise
 
     def _hold_to_ceiling(self, owner: bytes, handle: Handle[Credit], namespace: str, keys: Sequence[bytes],
                          sizes: Sequence[int]) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..tiers.host.arena import SHM_DIR, shm_free
+from ..units import format_size
 from .entry import Entry, State
 
 
@@ -68,6 +69,26 @@ def count_holders(store: Any, owner: bytes | None, taken: Sequence[Entry],
         else:
             held.credits_others += handle.payload.size
     return held
+
+
+def never_fits_message(asked: int, chunks: int, capacity: int) -> str:
+    """One line: a put of ``chunks`` new chunks, ``asked`` bytes in all, can never fit a ``capacity``-byte tier."""
+    return (f"host tier is too small for this put: it asks for {asked} bytes ({format_size(asked)}) in "
+            f"{_new_chunks(chunks)}, and the whole host tier holds {capacity} bytes ({format_size(capacity)}); "
+            f"nothing was evicted for it. Put the chunks in smaller batches, or start the daemon with a larger "
+            f"--host-mem")
+
+
+def over_ceiling_message(tenant: str, asked: int, chunks: int, ceiling: int) -> str:
+    """One line: a put of ``asked`` bytes can never fit under its tenant's DRAM ceiling of ``ceiling`` bytes."""
+    return (f"tenant {tenant} cannot take this put: it asks for {asked} bytes ({format_size(asked)}) in "
+            f"{_new_chunks(chunks)}, more than the tenant's whole dram ceiling ({ceiling} bytes, "
+            f"{format_size(ceiling)}); nothing was evicted for it. Put the chunks in smaller batches, or raise the "
+            f"tenant's dram ceiling")
+
+
+def _new_chunks(n: int) -> str:
+    return f"{n} new chunk" if n == 1 else f"{n} new chunks"
 
 
 def host_full_message(capacity: int, size: int, held: HostHolders) -> str:

@@ -17,6 +17,7 @@ from ..protocol.engine_blocks import EngineBlocks
 from ..protocol.retention import NORMAL, RetentionAsk
 from .entry import Entry, State
 from .handles import Handle
+from .host_full import never_fits_message, over_ceiling_message
 from .ledger import TierLedger
 
 if TYPE_CHECKING:
@@ -25,7 +26,9 @@ if TYPE_CHECKING:
     from .credits import CreditBook
     from .eviction import EvictionQueue
     from .handles import HandleTable
+    from ..tiers.host.tier import HostTier
     from .sinks import SumSink
+    from .tenant_budgets import TenantBudgets
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class PutMixin:
     sums: SumSink | None
     after_reply: AfterReply | None
 
+    host: HostTier
+    budgets: TenantBudgets
+
     if TYPE_CHECKING:
         def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = (),
                           namespace: str | None = None) -> int: ...
@@ -88,6 +94,7 @@ class PutMixin:
         the new entries for the KV cache events). ``retention``: the class the chunks are kept in once committed
         (chunks stored already are raised to it now); not ``no-store``, which the caller answers itself
         (``count_no_store``). Raises StoreFullError when there is no room."""
+        self.refuse_never_fitting(namespace, keys, sizes)
         refusal = self.put_refusal()
         if refusal:
             self.counters.full_errors += 1
@@ -103,6 +110,31 @@ class PutMixin:
         except StoreFullError:
             self.counters.full_errors += 1
             raise
+
+    def refuse_never_fitting(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> None:
+        """Refuse a put whose new chunks need more than the whole host tier, or more than its tenant's whole DRAM
+        ceiling: making room for it would evict (or move down) every chunk that may leave and still fail, so it is
+        refused before anything moves. Keys stored already need no room. Raises StoreFullError (counted) naming
+        the bytes asked and the room there could ever be."""
+        allocator = self.host.allocator
+        tenant = self.budgets.tenant_of(namespace) if self.budgets.held("dram") is not None else None
+        ceiling = tenant.budget("dram").ceiling_bytes if tenant is not None else None
+        total = sum(sizes)
+        if total + allocator.align * len(sizes) <= allocator.capacity and (ceiling is None or total <= ceiling):
+            return   # the common case, without a walk of the index (each slot rounds up to whole pages at most)
+        fresh: dict[bytes, int] = {}
+        for key, size in zip(keys, sizes):
+            if key not in self.index:
+                fresh.setdefault(key, size)
+        asked = sum(fresh.values())
+        message = ""
+        if sum(allocator.units_for(size) for size in fresh.values()) * allocator.align > allocator.capacity:
+            message = never_fits_message(asked, len(fresh), allocator.capacity)
+        elif tenant is not None and ceiling is not None and asked > ceiling:
+            message = over_ceiling_message(tenant.name, asked, len(fresh), ceiling)
+        if message:
+            self.counters.full_errors += 1
+            raise StoreFullError(message)
 
     def _reserve_slots(self, owner: bytes, namespace: str, keys: Sequence[bytes], sizes: Sequence[int],
                        parent: bytes | None, engine: Sequence[EngineBlocks | None] | None = None,

@@ -263,9 +263,9 @@ def test_scrub_rate_error_names_the_flag_once():
 
 def test_config_file_errors_name_the_key_and_the_file(tmp_path):
     cfg = tmp_path / "kv.toml"
-    cfg.write_text("host_mem = 128\n")
+    cfg.write_text("host_mem = 131072\n")
     assert one_line_error(kvstore_cli("serve", "--config", str(cfg))) == (
-        f"kvstore: error: {cfg}: host_mem: 128 bytes is too small; give at least 1MiB")
+        f"kvstore: error: {cfg}: host_mem: 131072 bytes is too small; give at least 1MiB")
     cfg.write_text('host-mem = "lots"\n')
     assert one_line_error(kvstore_cli("serve", "--config", str(cfg))).startswith(
         f"kvstore: error: {cfg}: host-mem: cannot read 'lots' as a size")

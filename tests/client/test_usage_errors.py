@@ -141,3 +141,41 @@ def test_reserve_without_the_arena_is_a_usage_error(served):
         keys = c.chunk_keys(list(range(CHUNK)))
         with pytest.raises(kvstore.UsageError, match="reserve needs the shared arena"):
             c.reserve(keys, [1000])
+
+
+# Issue 40, item 5: buffers a put cannot store, and connect's chunk_tokens, are refused on the client, naming the
+# call, the argument and (for a buffer) its index.
+PUT_BUFFER_CASES = {
+    "empty": (lambda: [b"a" * 1000, b""], r"put: buffers\[1\]: empty \(0 bytes\)"),
+    "all empty": (lambda: [b""] * 2, r"put: buffers\[0\]: empty \(0 bytes\)"),
+    "strided": (lambda: [b"a" * 1000, memoryview(b"b" * 2000)[::2]], r"put: buffers\[1\]: not C-contiguous"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PUT_BUFFER_CASES))
+def test_a_buffer_put_cannot_store_is_named_with_its_index(c, k, case):
+    buffers, message = PUT_BUFFER_CASES[case]
+    with pytest.raises(kvstore.UsageError, match=message):
+        c.put(k[1:3], buffers())
+    assert c.lookup(k[:2]) == 1   # nothing was sent
+
+
+def test_a_strided_numpy_buffer_is_named_with_its_index(c, k):
+    np = pytest.importorskip("numpy")
+    with pytest.raises(kvstore.UsageError, match=r"put: buffers\[0\]: not C-contiguous.*ascontiguousarray"):
+        c.put(k[1:2], [np.zeros((100, 100), dtype=np.uint8).T])
+
+
+@pytest.mark.parametrize("chunk_tokens", ["16", 16.0, 0, -1, None])
+def test_connect_refuses_a_chunk_tokens_that_is_no_positive_integer(served, chunk_tokens):
+    with pytest.raises(kvstore.UsageError, match=r"connect: chunk_tokens must be a positive integer; got"):
+        kvstore.connect(served.address, namespace="x", chunk_tokens=chunk_tokens)
+
+
+def test_no_daemon_says_how_to_start_one(tmp_path):
+    path = str(tmp_path / "none.sock")
+    with pytest.raises(kvstore.DaemonUnavailable) as info:
+        kvstore.connect("ipc://" + path, timeout=1.0)
+    assert f"no kvstore daemon is accepting requests at ipc://{path}; start one (kvstore serve --socket {path})" \
+        in str(info.value)
+    assert "or pass the address of a running one" in str(info.value)

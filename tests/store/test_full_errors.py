@@ -36,8 +36,8 @@ def _bytes_of(message: str, holder: str) -> int:
 def test_a_put_larger_than_the_whole_tier_says_so(daemon):
     with daemon.client() as c, pytest.raises(kvstore.StoreFullError) as err:
         c.put(_keys(10), [b"x" * 500_000] * 10)
-    assert "more than the whole host tier (4194304 bytes)" in str(err.value)
-    assert "put fewer or smaller chunks" in str(err.value)
+    assert "it asks for 5000000 bytes" in str(err.value) and "the whole host tier holds 4194304 bytes" in str(err.value)
+    assert "smaller batches" in str(err.value) and "--host-mem" in str(err.value)
 
 
 def test_room_held_by_the_writers_own_reservation_is_named_as_its_own(daemon):
