@@ -324,3 +324,66 @@ def test_stats_and_watch_show_a_tier_use_the_same_way(daemon):
     for text in (table, watched):
         row = next(line for line in text.splitlines() if " host " in line)
         assert shown in row, (shown, row)
+
+
+def _watch_once(d) -> str:
+    """One ``kvstore stats --watch`` frame, piped (not a terminal)."""
+    return subprocess.run([sys.executable, "-m", "kvstore", "stats", "--socket", d.socket_path, "--watch",
+                           "--count", "1"], capture_output=True, text=True, timeout=60,
+                          env=sandbox_env(d.workdir), check=True).stdout
+
+
+def _row(text: str, label: str) -> str:
+    return next(line for line in text.splitlines() if label in line)
+
+
+def test_stats_does_not_count_itself_as_a_client(daemon):
+    with daemon.client(namespace="one") as c:
+        clients = c.stats()["sessions"]   # this test's clients, which it holds open
+        shown = _row(kvstore_cli("stats", "--socket", daemon.socket_path).stdout, "clients").split("│")[2].strip()
+        watched = _row(_watch_once(daemon), "leases / reservations / clients").split("│")[3].strip()
+    assert shown == str(clients) and watched == f"0 / 0 / {clients}"
+
+
+def test_watch_since_start_column_is_the_rate_over_the_uptime(daemon):
+    import io
+
+    from rich.console import Console
+
+    from kvstore.cli.watch import Sample, render
+    from kvstore.units import format_size
+
+    with daemon.client(namespace="w") as c:
+        c.put(c.chunk_keys(list(range(256 * 4))), [b"x" * (1 << 20)] * 4)
+        stats = c.stats()
+    stats["uptime_s"] = 1000.0   # the column must be the total over the uptime, whatever the uptime
+    put = stats["counters"]["put_bytes"]
+    assert put >= 4 << 20
+    out = io.StringIO()
+    Console(file=out, width=200).print(render(stats, None, Sample.of(stats), daemon.address))
+    assert _row(out.getvalue(), "bytes in/s (put)").split("│")[3].strip() == format_size(int(put / 1000.0))
+    assert _row(out.getvalue(), "hit tokens/s").split("│")[3].strip() == str(int(stats["hit_tokens"] / 1000.0))
+
+
+def _tenants_daemon(start_daemon, tmp_path, *flags: str):
+    cfg = tmp_path / "kv.toml"
+    cfg.write_text('[tenants.interactive-chat]\nnamespaces = ["chat*"]\n[tenants.interactive-chat.dram]\n'
+                   'guaranteed = "8MiB"\n')
+    return start_daemon("--config", str(cfg), *flags)
+
+
+def test_piped_stats_show_whole_tenant_names_and_only_the_tiers_that_run(start_daemon, tmp_path):
+    d = _tenants_daemon(start_daemon, tmp_path, "--disk-size", "0")
+    for text in (kvstore_cli("stats", "--socket", d.socket_path).stdout, _watch_once(d)):
+        tenants = text[text.index("tenants"):]
+        assert "…" not in tenants, tenants
+        assert "interactive-chat" in tenants and "default" in tenants and "evicted by others" in tenants
+        tiers = {line.split("│")[2].strip() for line in tenants.splitlines() if line.startswith("│")}
+        assert tiers == {"dram"}, tenants
+
+
+def test_stats_show_the_disk_rows_of_tenants_when_the_disk_tier_runs(start_daemon, tmp_path):
+    d = _tenants_daemon(start_daemon, tmp_path)
+    tenants = kvstore_cli("stats", "--socket", d.socket_path).stdout.split("tenants", 1)[1]
+    tiers = {line.split("│")[2].strip() for line in tenants.splitlines() if line.startswith("│")}
+    assert tiers == {"dram", "disk"}, tenants
