@@ -387,3 +387,29 @@ def test_stats_show_the_disk_rows_of_tenants_when_the_disk_tier_runs(start_daemo
     tenants = kvstore_cli("stats", "--socket", d.socket_path).stdout.split("tenants", 1)[1]
     tiers = {line.split("│")[2].strip() for line in tenants.splitlines() if line.startswith("│")}
     assert tiers == {"dram", "disk"}, tenants
+
+
+@pytest.mark.parametrize("extra", [[], ["--replay-endpoint", "REPLAY", "--from", "0"], ["--snapshot",
+                                                                                      "--replay-endpoint", "REPLAY"]])
+def test_events_on_a_dead_endpoint_give_up_in_one_line(extra):
+    where = short_tempdir()
+    dead = "ipc://" + os.path.join(where, "ev.sock")
+    args = [a.replace("REPLAY", "ipc://" + os.path.join(where, "evr.sock")) for a in extra]
+    result = kvstore_cli("events", "--endpoint", dead, *args, "--timeout", "0.5")
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"--endpoint: nothing accepted a connection at {dead} within 0.5s" in one_line_error(result)
+
+
+def test_events_with_a_dead_replay_endpoint_give_up_in_one_line(start_daemon):
+    workdir = short_tempdir()
+    pub = "ipc://" + os.path.join(workdir, "ev.sock")
+    d = start_daemon("--events-endpoint", pub, workdir=workdir)
+    dead = "ipc://" + os.path.join(d.workdir, "no-replay.sock")
+    result = kvstore_cli("events", "--endpoint", pub, "--replay-endpoint", dead, "--from", "0", "--timeout", "0.5")
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"--replay-endpoint: nothing accepted a connection at {dead}" in one_line_error(result)
+
+
+def test_events_timeout_must_be_positive():
+    result = kvstore_cli("events", "--endpoint", "ipc:///tmp/x.sock", "--timeout", "0")
+    assert result.returncode == 2 and "--timeout: must be positive" in one_line_error(result)
