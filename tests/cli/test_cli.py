@@ -413,3 +413,17 @@ def test_events_with_a_dead_replay_endpoint_give_up_in_one_line(start_daemon):
 def test_events_timeout_must_be_positive():
     result = kvstore_cli("events", "--endpoint", "ipc:///tmp/x.sock", "--timeout", "0")
     assert result.returncode == 2 and "--timeout: must be positive" in one_line_error(result)
+
+
+def test_a_clean_stop_removes_the_events_socket_files_it_made_and_no_other(start_daemon):
+    workdir = short_tempdir()
+    pub, replay = os.path.join(workdir, "ev.sock"), os.path.join(workdir, "evr.sock")
+    d = start_daemon("--events-endpoint", "ipc://" + pub, "--events-replay-endpoint", "ipc://" + replay,
+                     workdir=workdir)
+    assert os.path.exists(pub) and os.path.exists(replay)
+    os.unlink(replay)   # another program's file now stands where the daemon's was
+    with open(replay, "w") as f:
+        f.write("not the daemon's")
+    assert d.stop() == 0
+    assert not os.path.exists(pub)
+    assert open(replay).read() == "not the daemon's"
