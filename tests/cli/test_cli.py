@@ -450,3 +450,18 @@ def test_a_bare_clean_frees_only_the_default_sockets_leftovers(start_daemon):
 def test_clean_all_and_socket_are_one_or_the_other():
     result = kvstore_cli("clean", "--all", "--socket", "/tmp/x.sock")
     assert result.returncode == 2 and "--all frees the files of every socket" in one_line_error(result)
+
+
+def test_the_example_systemd_config_starts_on_a_small_disk():
+    from pathlib import Path
+
+    from support.daemons import Daemons
+
+    from kvstore.config import build_config
+
+    example = Path(__file__).resolve().parents[2] / "systemd" / "kvstore.toml"
+    assert build_config({}, str(example)).disk_size < 0   # auto: sized from the free space, never refused for it
+    with Daemons(test_sizes=False) as daemons:   # the example's own sizes; only its paths and port moved
+        d = daemons.start("--config", str(example), "--metrics-port", "0")
+        with d.client(namespace="t") as c:
+            assert c.stats()["tiers"]["disk"]["capacity_bytes"] > 0
