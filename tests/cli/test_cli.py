@@ -465,3 +465,9 @@ def test_the_example_systemd_config_starts_on_a_small_disk():
         d = daemons.start("--config", str(example), "--metrics-port", "0")
         with d.client(namespace="t") as c:
             assert c.stats()["tiers"]["disk"]["capacity_bytes"] > 0
+
+
+def test_a_bare_kvstore_prints_its_help_as_a_usage_error():
+    result = kvstore_cli()
+    assert result.returncode == 2 and result.stdout == ""   # no command: a usage error, as argparse's are
+    assert result.stderr.startswith("usage: kvstore") and "serve" in result.stderr and "clean" in result.stderr
