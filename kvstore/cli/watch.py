@@ -1,11 +1,12 @@
 """``kvstore stats --watch``: a live view that refreshes in place, with rates between two snapshots.
 
-Each refresh fetches ``stats`` over one kept-open connection and compares it with the previous snapshot:
-lookups, hit tokens and bytes per second over the last interval and averaged since the daemon started (its
-total over its uptime), the hit rate over that interval and since the daemon started. Bytes moved are puts (in), gets (out) and promotions plus demotions (between tiers). Below
-them, the integrity of what is stored: damaged copies found (any tier, any check) and what became of them,
-scrubs, and engines' verification; a line turns red while anything there is non-zero. With a tenants table,
-last, each tenant's use of every tier against its budget, evictions by others, ceiling refusals and hit rate.
+Each refresh fetches ``stats`` over one kept-open connection and compares it with the previous snapshot: lookups,
+hit tokens and bytes per second over the last interval and averaged since the daemon started (its total over its
+uptime), the hit rate over that interval and since the daemon started. Bytes moved are puts (in), gets (out) and
+promotions plus demotions (between tiers). Below them, the integrity of what is stored: damaged copies found (any
+tier, any check) and what became of them, scrubs, and engines' verification; a line turns red while anything there
+is non-zero. With a tenants table, last, each tenant's use of every tier against its budget, evictions by others,
+ceiling refusals and hit rate.
 """
 
 from __future__ import annotations

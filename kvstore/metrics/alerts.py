@@ -7,8 +7,10 @@ small or keys do not match across engines), an eviction storm in a tier (warning
 A full tier alone is no alarm: a warm cache sits at its high watermark and evicts its coldest chunks, as it
 should. What hurts is sustained pressure, a tier that is full *and* turns its whole content over faster than
 prefixes come back: ``KVStoreTierNearlyFull`` fires when a tier above 95 % full has evicted, over
-``TURNOVER_WINDOW``, more chunks than it holds, for that long (a storm, not one burst of large puts). Any damaged chunk copy found in memory or by a scrub, and any mismatch an engine's verification
-reports, are critical too: bad memory or a client scribbling on the shared arena, found before users read wrong
+``TURNOVER_WINDOW``, more chunks than it holds, for that long (a storm, not one burst of large puts).
+
+Any damaged chunk copy found in memory or by a scrub, and any mismatch an engine's verification reports, are
+critical too: bad memory or a client scribbling on the shared arena, found before users read wrong
 answers. Thresholds are the constants below.
 """
 

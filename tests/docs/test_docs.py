@@ -295,5 +295,6 @@ def test_no_page_names_the_native_build_that_was_removed():
 
 
 def test_no_page_names_a_path_of_one_machine():
-    local = [(page, m) for page, text in written_pages().items() for m in re.findall(r"(?<![\w.])/(?:work|home)/\S+", text)]
+    local = [(page, m) for page, text in written_pages().items()
+             for m in re.findall(r"(?<![\w.])/(?:work|home)/\S+", text)]
     assert not local
