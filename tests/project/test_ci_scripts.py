@@ -22,33 +22,39 @@ def script_venv(env: dict[str, str]) -> str:
 
 
 @pytest.mark.parametrize("cache", ["xdg", "home"])
-def test_the_engine_virtualenv_lives_outside_the_checkout_by_default(tmp_path, monkeypatch, cache):
+def test_the_engine_virtualenv_lives_outside_the_checkout_by_default(tmp_path, cache):
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home")}
     if cache == "xdg":
         env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
-    for name in ("KVSTORE_VLLM_VENV", "XDG_CACHE_HOME", "HOME"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
     base = tmp_path / "cache" if cache == "xdg" else tmp_path / "home" / ".cache"
-    assert venv_dir() == base / "kvstore-dev" / "venv-vllm"
-    assert script_venv(env) == str(venv_dir())
-    assert not str(venv_dir()).startswith(str(Path(ROOT).resolve()) + os.sep)
+    assert venv_dir(env) == base / "kvstore-dev" / "venv-vllm"
+    assert script_venv(env) == str(venv_dir(env))
+    assert not str(venv_dir(env)).startswith(str(Path(ROOT).resolve()) + os.sep)
 
 
 def test_kvstore_vllm_venv_names_the_virtualenv_for_the_script_and_the_tests(tmp_path, monkeypatch):
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KVSTORE_VLLM_VENV": str(tmp_path / "engine")}
+    assert venv_dir(env) == tmp_path / "engine" and script_venv(env) == str(tmp_path / "engine")
     monkeypatch.setenv("KVSTORE_VLLM_VENV", str(tmp_path / "engine"))
     assert venv_dir() == tmp_path / "engine"
-    assert script_venv({"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KVSTORE_VLLM_VENV": str(tmp_path /
-                                                                                                     "engine")}) \
-        == str(tmp_path / "engine")
+
+
+def test_the_session_looks_in_the_users_cache_not_its_sandbox():
+    import support
+
+    # conftest.py pointed XDG_CACHE_HOME into the session's sandbox; the virtualenv stays where the user has it
+    assert os.environ.get("XDG_CACHE_HOME", "") != support.USER_XDG_CACHE_HOME
+    user = {"HOME": os.environ.get("HOME", ""), "XDG_CACHE_HOME": support.USER_XDG_CACHE_HOME}
+    if not os.environ.get("KVSTORE_VLLM_VENV"):
+        assert venv_dir() == venv_dir(user)
 
 
 def test_the_engine_tests_find_a_virtualenv_at_the_default_place(tmp_path, monkeypatch):
+    import support
     from support.engines import vllm_real
 
     monkeypatch.delenv("KVSTORE_VLLM_VENV", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(support, "USER_XDG_CACHE_HOME", str(tmp_path))
     venv = tmp_path / "kvstore-dev" / "venv-vllm"
     assert vllm_real.engine_python() is None and str(venv) in vllm_real.skip_reason()
     (venv / "bin").mkdir(parents=True)
