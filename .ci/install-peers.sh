@@ -5,6 +5,11 @@
 # Store's CUDA-free Python package, which ships mooncake_master and
 # mooncake_client, and matplotlib for the benchmark's chart.
 # Idempotent: does nothing that is already in place. Never touches torch.
+#
+# Needs apt-get and root (or sudo) only for the system packages that are missing. A redis-server it installs is
+# not left enabled at boot nor running: Debian's package enables and starts its service, which this script undoes
+# (the tests start their own servers on ports of their own). A redis-server that was there before is left as
+# its administrator set it.
 set -euo pipefail
 
 PYTHON="${PYTHON:-python3}"
@@ -16,13 +21,23 @@ ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1' || need_apt+=(libibverbs1)
 if ((${#need_apt[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    if [ "$(id -u)" -ne 0 ]; then
+        if ! command -v sudo >/dev/null 2>&1; then
+            echo "install-peers: installing ${need_apt[*]} needs root or sudo; install them yourself and rerun" >&2
+            exit 1
+        fi
+        SUDO="sudo"
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "install-peers: no apt-get to install ${need_apt[*]}; install them yourself and rerun" >&2
+        exit 1
+    fi
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
-fi
-# Tests start their own redis-server; the packaged service is not needed.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet redis-server 2>/dev/null; then
-    systemctl stop redis-server || true
+    # The package just installed enabled its service at boot and started it: the tests need neither.
+    if [[ " ${need_apt[*]} " == *" redis-server "* ]] && command -v systemctl >/dev/null 2>&1; then
+        $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true
+    fi
 fi
 
 pip_install() {

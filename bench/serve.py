@@ -3,10 +3,10 @@
     python -m bench.serve [--quick] [--scenarios restart,replicas,working_set,all_miss,slice] [--repeats N]
 
 A kvstore daemon and `vllm serve` from the CPU build's virtualenv (``KVSTORE_VLLM_VENV``, default
-``<repo>/.venv-vllm``; `bench/serve_engine.py` says how its two quirks are handled), on a random-weight
-float32 Llama with a word-level tokenizer (`bench/serve_model.py`), replayed with vLLM's own client on timed
-Mooncake-format traces (`bench/serve_traces.py`). Every scenario compares its arms in the same run, repeats
-interleaved (each arm first in turn), medians reported:
+``${XDG_CACHE_HOME:-~/.cache}/kvstore-dev/venv-vllm``; `bench/serve_engine.py` says how its two quirks are
+handled), on a random-weight float32 Llama with a word-level tokenizer (`bench/serve_model.py`), replayed with
+vLLM's own client on timed Mooncake-format traces (`bench/serve_traces.py`). Every scenario compares its arms in
+the same run, repeats interleaved (each arm first in turn), medians reported:
 
 * **restart**: the first half of a conversation trace, an engine restart (the daemon keeps running), the
   second half measured: kvstore vs vLLM restarted vs vLLM never restarted;
@@ -32,7 +32,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from bench._common import short_tempdir, write_result
-from bench.serve_engine import REPO, find_venv
+from bench.serve_engine import find_venv
 from bench.serve_harness import FULL, QUICK, Bench, Profile
 
 SCENARIOS = ("restart", "all_miss", "slice", "replicas", "working_set")  # the default order: engines reused
@@ -55,7 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, in this order")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per scenario")
     parser.add_argument("--concurrency", type=int, default=None, help="requests in flight (client)")
-    parser.add_argument("--venv", default=os.environ.get("KVSTORE_VLLM_VENV") or str(REPO / ".venv-vllm"))
+    from tests.support.engines.venv import venv_dir
+
+    parser.add_argument("--venv", default=str(venv_dir()))
     parser.add_argument("--trace", default=TRACE, help="the Mooncake conversation trace the slice comes from")
     parser.add_argument("--lmcache-site", default=os.environ.get("LMCACHE_SITE", ""),
                         help="a directory where `lmcache` is importable (pip install --target), for its peer")

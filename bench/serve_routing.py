@@ -259,13 +259,13 @@ def finish(runs: dict[str, list[dict[str, Any]]], c: Conversations, blocks: int,
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from bench.serve_engine import REPO as _repo
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small model, few requests (smoke test)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per policy (default 2)")
     parser.add_argument("--concurrency", type=int, default=None, help="requests in flight (client)")
-    parser.add_argument("--venv", default=os.environ.get("KVSTORE_VLLM_VENV") or str(_repo / ".venv-vllm"),
+    from tests.support.engines.venv import venv_dir
+
+    parser.add_argument("--venv", default=str(venv_dir()),
                         help=f"the vLLM CPU engine's virtualenv (`{INSTALL_HINT}`)")
     parser.add_argument("--out", default=None, help="write the result here instead")
     parser.add_argument("--daemon-share", type=float, default=0.25,

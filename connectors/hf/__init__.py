@@ -3,8 +3,14 @@
     from kvstore.connectors.hf import load_prefix, save_prefix
 
     cache, n = load_prefix(client, model, input_ids)     # first n tokens, n a multiple of chunk_tokens
-    out = model(input_ids[:, n:], past_key_values=cache, use_cache=True)
-    save_prefix(client, model, input_ids, out.past_key_values)
+    out = model(input_ids[:, n:], cache=cache, use_cache=True)
+    save_prefix(client, model, input_ids, out.cache)
+
+transformers names the forward pass's cache argument and its output's field `cache`; releases before that
+rename (4.46 up to the 5.x that made it) call both `past_key_values`, and the rename keeps that name working
+with a deprecation warning. Code that must run on releases on either side passes `**cache_kwargs(model, cache)`
+and reads `output_cache(out)`; the connector's own forward passes (verification) do the same, so they never
+warn.
 
 `input_ids` is a `1 x T` tensor: one sequence. A batch (`B x T`, B > 1) is
 refused with `kvstore.UsageError` (call once per row, each row with its own
@@ -280,14 +286,28 @@ def _mla_split(model: torch.nn.Module) -> list[int]:
     return [config.kv_lora_rank, config.qk_rope_head_dim]
 
 
+def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """The keyword argument that hands `cache` to `model`'s forward pass: `{"cache": cache}` where transformers
+    names it so, `{"past_key_values": cache}` on releases before that rename."""
+    parameters = inspect.signature(model.forward).parameters
+    return {"cache": cache} if "cache" in parameters else {"past_key_values": cache}
+
+
+def output_cache(output: Any) -> Any:
+    """The cache a forward pass returned: `output.cache`, or `output.past_key_values` on releases before the
+    rename (read without the deprecation warning the new releases give that name)."""
+    fields = getattr(output, "__dataclass_fields__", None)   # transformers' outputs are dataclasses
+    new_name = "cache" in fields if fields is not None else hasattr(output, "cache")
+    return output.cache if new_name else output.past_key_values
+
+
 @torch.no_grad()
 def verify_prefix(store: ChunkStore, model: torch.nn.Module, prefix_ids: torch.Tensor, keys: list[bytes],
                   tolerance: tuple[float, float] | None = None) -> tuple[Any, VerifyResult]:
     """Compute the KV of `prefix_ids` (whole chunks, one per key), compare it with the stored chunks and report
     the comparison; returns the computed cache and the result."""
     cache = new_cache(model)
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    model(prefix_ids, use_cache=True, **{name: cache})
+    model(prefix_ids, use_cache=True, **cache_kwargs(model, cache))
     planes, values = _planes(cache, store.dense)
     computed = dense_to_chunks(planes, values, 0, len(keys), store.dense)
     atol, rtol = tolerance if tolerance is not None else (None, None)

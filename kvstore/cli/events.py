@@ -4,7 +4,9 @@ One line per event: ``seq``, the medium, the event type and its block hashes, or
 event (``seq``, ``ts``, ``topic`` and the event's own fields as the wire has them). ``--from SEQ`` first asks the
 replay socket for the batches from SEQ on (``--snapshot``: for one batch of everything held), then goes on live
 without printing a batch twice; a live batch past a
-gap (a batch neither received nor replayed: dropped by the publisher) is printed after a ``gap`` line. Formats:
+gap (a batch neither received nor replayed: dropped by the publisher) is printed after a ``gap`` line. An endpoint
+that accepts no connection within ``--timeout`` (a daemon not running, or not publishing there), or a replay
+socket that does not answer within it, ends the command with one line and exit 1. Formats:
 ``protocol/kv_events.py`` and docs/operations/events.md.
 """
 
@@ -21,8 +23,9 @@ import zmq
 
 from ..errors import ConfigError, DaemonUnavailable
 from ..protocol.kv_events import END_SEQ, INCARNATION_KEY, SNAPSHOT_REQUEST, split_batch
+from .stats import positive_seconds
 
-REPLAY_TIMEOUT_S = 5.0
+TIMEOUT_S = 5.0   # the default of --timeout
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="first print everything the daemon holds now (one batch), then what changes after it")
     p.add_argument("--count", type=_seq, metavar="N", help="stop after N events (default: run until interrupted)")
     p.add_argument("--json", action="store_true", help="one JSON object per event")
+    p.add_argument("--timeout", type=positive_seconds, default=TIMEOUT_S, metavar="SECONDS",
+                   help="how long to wait for the endpoints to accept the connection and for the replay socket "
+                        "to answer; then give up with exit 1 (default: %(default)s; live events may take any time)")
     p.set_defaults(run=run)
 
 
@@ -63,15 +69,17 @@ def run(args: argparse.Namespace) -> int:
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt_string(zmq.SUBSCRIBE, args.topic)
+    connected = sub.get_monitor_socket(zmq.EVENT_CONNECTED)   # before connecting, so the event is not missed
     sub.connect(args.endpoint)   # before the replay: nothing published meanwhile is missed
     printed = 0
     try:
+        wait_connected(sub, connected, args.endpoint, args.timeout)
         stream = args.topic.encode()   # the stream replayed: that topic's (an engine's), the daemon-wide one for ""
         expected: dict[bytes, int] = {stream: args.start} if args.start is not None else {}   # next seq per topic
         if args.snapshot:
-            batches = ask(ctx, args.replay_endpoint, SNAPSHOT_REQUEST, stream)
+            batches = ask(ctx, args.replay_endpoint, SNAPSHOT_REQUEST, stream, args.timeout)
         elif args.start is not None:
-            batches = ask(ctx, args.replay_endpoint, args.start.to_bytes(8, "big"), stream)
+            batches = ask(ctx, args.replay_endpoint, args.start.to_bytes(8, "big"), stream, args.timeout)
         else:
             batches = iter(())
         for topic, seq, payload in _then_live(batches, sub):
@@ -93,6 +101,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def wait_connected(sock: zmq.Socket, monitor: zmq.Socket, endpoint: str, timeout: float) -> None:
+    """Wait until ``sock`` has connected to ``endpoint`` (``monitor``: its monitor socket for EVENT_CONNECTED,
+    closed here).
+
+    Raises:
+        DaemonUnavailable: no connection within ``timeout`` seconds (nothing listens there).
+    """
+    try:
+        if not monitor.poll(int(timeout * 1000)):
+            raise DaemonUnavailable(
+                f"--endpoint: nothing accepted a connection at {endpoint} within {timeout:g}s; start the daemon "
+                f"with --events-endpoint {endpoint}, or pass the endpoint it publishes on (--timeout waits longer)")
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+
+
 def _then_live(replayed: Iterator[tuple[bytes, int, bytes]],
                sub: zmq.Socket) -> Iterator[tuple[bytes, int, bytes]]:
     yield from replayed
@@ -101,22 +126,29 @@ def _then_live(replayed: Iterator[tuple[bytes, int, bytes]],
         yield topic, int.from_bytes(seq, "big"), payload
 
 
-def ask(ctx: zmq.Context, endpoint: str, request: bytes, topic: bytes = b"") -> Iterator[tuple[bytes, int, bytes]]:
+def ask(ctx: zmq.Context, endpoint: str, request: bytes, topic: bytes = b"",
+        timeout: float = TIMEOUT_S) -> Iterator[tuple[bytes, int, bytes]]:
     """The batches the replay socket answers ``request`` with (an 8-byte start seq: the buffered batches from it
     on; ``SNAPSHOT_REQUEST``: one batch of everything held), as (topic, seq, payload), until the end marker.
     ``topic``: the stream asked about (an engine's topic; empty: the daemon-wide stream, as vLLM's replay asks).
 
     Raises:
-        DaemonUnavailable: the replay socket did not answer within ``REPLAY_TIMEOUT_S``.
+        DaemonUnavailable: the replay socket accepted no connection, or did not answer, within ``timeout`` seconds.
     """
     req = ctx.socket(zmq.DEALER)
     req.setsockopt(zmq.LINGER, 0)
+    req.setsockopt(zmq.IMMEDIATE, 1)   # writable only once connected: a dead endpoint is told from a mute one
     req.connect(endpoint)
     try:
+        if not req.poll(int(timeout * 1000), zmq.POLLOUT):
+            raise DaemonUnavailable(
+                f"--replay-endpoint: nothing accepted a connection at {endpoint} within {timeout:g}s; start the "
+                f"daemon with --events-replay-endpoint {endpoint}, or pass the one it answers on")
         req.send_multipart([b"", request, *([topic] if topic else [])])
         while True:
-            if not req.poll(int(REPLAY_TIMEOUT_S * 1000)):
-                raise DaemonUnavailable(f"the replay socket at {endpoint} did not answer within {REPLAY_TIMEOUT_S}s")
+            if not req.poll(int(timeout * 1000)):
+                raise DaemonUnavailable(f"--replay-endpoint: the replay socket at {endpoint} did not answer within "
+                                        f"{timeout:g}s (--timeout waits longer)")
             frames = req.recv_multipart()
             if len(frames) != 4:
                 continue

@@ -28,7 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser,
                                 help="what to do (COMMAND --help for its flags)")
-    sub.required = True
     for module in SUBCOMMANDS:
         module.register(sub)
     return parser
@@ -50,6 +49,10 @@ def attach_negative_values(argv: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(attach_negative_values(sys.argv[1:] if argv is None else argv))
+    if args.command is None:
+        # No command is a usage error (exit 2, as argparse's own), answered with the help rather than one line.
+        parser.print_help(sys.stderr)
+        return 2
     try:
         status = int(args.run(args) or 0)
         sys.stdout.flush()   # here, so that a closed pipe is caught below rather than at exit

@@ -112,7 +112,7 @@ def render_table(stats: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .watch import percent
+    from .watch import other_clients, percent, print_whole
 
     console = Console()
     tiers = Table(title=f"kvstore {stats.get('version', '')} — up {stats.get('uptime_s', 0):.0f}s")
@@ -122,14 +122,14 @@ def render_table(stats: dict[str, Any]) -> None:
         cap = t["capacity_bytes"]
         tiers.add_row(name, format_size(cap), format_size(t["used_bytes"]), percent(t["used_bytes"], cap),
                       str(t["chunks"]))
-    console.print(tiers)
+    print_whole(console, tiers)
     c = stats["counters"]
     asked, hit = stats["lookup_tokens"], stats["hit_tokens"]
     rate = percent(hit, asked)
     summary = Table(show_header=False)
     for label, value in (("hit tokens", hit), ("miss tokens", asked - hit), ("token hit rate", rate),
                          ("evictions", c["evictions"]), ("active leases", stats["leases"]),
-                         ("reservations", stats["reservations"]), ("clients", stats["sessions"]),
+                         ("reservations", stats["reservations"]), ("clients", other_clients(stats)),
                          ("native paths", stats.get("native", "-"))):
         summary.add_row(label, str(value))
     from .watch import Sample, integrity_rows
@@ -144,12 +144,12 @@ def render_table(stats: dict[str, Any]) -> None:
     adoption = stats.get("adoption")
     if adoption:
         summary.add_row("warm restart", adoption_text(adoption))
-    console.print(summary)
+    print_whole(console, summary)
     from .watch import tenant_table
 
     tenants = tenant_table(stats)
     if tenants is not None:
-        console.print(tenants)
+        print_whole(console, tenants)
     connectors = stats.get("connector_list") or []
     if connectors:
         table = Table(title="engine connectors")
@@ -157,7 +157,7 @@ def render_table(stats: dict[str, Any]) -> None:
             table.add_column(col)
         for c in connectors:
             table.add_row(c["engine"], c["family"], c["state"], c["reason"], c["client_id"])
-        console.print(table)
+        print_whole(console, table)
 
 
 def run(args: argparse.Namespace) -> int:

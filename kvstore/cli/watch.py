@@ -1,11 +1,12 @@
 """``kvstore stats --watch``: a live view that refreshes in place, with rates between two snapshots.
 
-Each refresh fetches ``stats`` over one kept-open connection and compares it with the previous snapshot:
-lookups, hit tokens and bytes per second over the last interval, the hit rate over that interval and since the
-daemon started. Bytes moved are puts (in), gets (out) and promotions plus demotions (between tiers). Below
-them, the integrity of what is stored: damaged copies found (any tier, any check) and what became of them,
-scrubs, and engines' verification; a line turns red while anything there is non-zero. With a tenants table,
-last, each tenant's use of every tier against its budget, evictions by others, ceiling refusals and hit rate.
+Each refresh fetches ``stats`` over one kept-open connection and compares it with the previous snapshot: lookups,
+hit tokens and bytes per second over the last interval and averaged since the daemon started (its total over its
+uptime), the hit rate over that interval and since the daemon started. Bytes moved are puts (in), gets (out) and
+promotions plus demotions (between tiers). Below them, the integrity of what is stored: damaged copies found (any
+tier, any check) and what became of them, scrubs, and engines' verification; a line turns red while anything there
+is non-zero. With a tenants table, last, each tenant's use of every tier against its budget, evictions by others,
+ceiling refusals and hit rate.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Callable, Iterator
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 
 from ..metrics.definitions import flatten
@@ -63,10 +65,19 @@ def quantity(sample: Sample, name: str) -> float:
 
 
 def rates(prev: Sample | None, cur: Sample) -> dict[str, float]:
+    """Each quantity per second between two snapshots (empty for the first frame)."""
     if prev is None or cur.at <= prev.at:
         return {}
     dt = cur.at - prev.at
     return {name: max(0.0, (quantity(cur, name) - quantity(prev, name)) / dt) for name in QUANTITIES}
+
+
+def rates_since_start(cur: Sample, uptime_s: float) -> dict[str, float]:
+    """Each quantity per second averaged over the daemon's uptime: its total since start over the uptime
+    (empty before the first second, where the average means nothing)."""
+    if uptime_s < 1.0:
+        return {}
+    return {name: quantity(cur, name) / uptime_s for name in QUANTITIES}
 
 
 def percent(num: float, den: float) -> str:
@@ -76,6 +87,7 @@ def percent(num: float, den: float) -> str:
 
 def render(stats: dict[str, Any], prev: Sample | None, cur: Sample, address: str) -> Group:
     r = rates(prev, cur)
+    since = rates_since_start(cur, float(stats.get("uptime_s", 0)))
     tiers = Table(title=f"kvstore {stats.get('version', '')} — up {stats.get('uptime_s', 0):.0f}s",
                   caption=address)
     for col in ("tier", "capacity", "used", "use %", "chunks"):
@@ -93,23 +105,36 @@ def render(stats: dict[str, Any], prev: Sample | None, cur: Sample, address: str
         ("lookups/s", "lookups", str), ("hit tokens/s", "hit_tokens", str),
         ("bytes in/s (put)", "bytes_in", format_size), ("bytes out/s (get)", "bytes_out", format_size),
         ("bytes between tiers/s", "bytes_between", format_size), ("evictions/s", "evictions", str)]
+    per_s.append(("bytes scrubbed/s", "scrubbed", format_size))
     for label, name, fmt in per_s:
-        shown = fmt(int(r[name])) if r else "-"
-        total = fmt(int(quantity(cur, name)))
-        live.add_row(label, shown, total)
+        live.add_row(label, fmt(int(r[name])) if r else "-", fmt(int(since[name])) if since else "-")
     live.add_row("leases / reservations / clients", "",
-                 f"{stats['leases']} / {stats['reservations']} / {stats['sessions']}")
-    live.add_row("bytes scrubbed/s", format_size(int(r["scrubbed"])) if r else "-",
-                 format_size(int(quantity(cur, "scrubbed"))))
+                 f"{stats['leases']} / {stats['reservations']} / {other_clients(stats)}")
     for label, text, bad in integrity_rows(cur):
         live.add_row(f"[red]{label}[/red]" if bad else label, "", f"[red]{text}[/red]" if bad else text)
     tenants = tenant_table(stats)
     return Group(tiers, live, *([tenants] if tenants is not None else []))
 
 
+def other_clients(stats: dict[str, Any]) -> int:
+    """The daemon's clients less the one ``kvstore stats`` itself holds while it asks."""
+    return max(0, int(stats["sessions"]) - 1)
+
+
+# A tenant's row per tier (``tenant_budgets.py``'s names) against the key of ``stats["tiers"]`` that says the
+# tier runs; the remote tier's rows come only when it runs.
+TENANT_TIERS = {"dram": "host", "disk": "disk", "gpu": "gpu"}
+
+
+def tier_runs(stats: dict[str, Any], tier: str) -> bool:
+    """Whether the daemon runs ``tier`` (a tenant row's name: dram, disk, gpu, remote)."""
+    running = stats.get("tiers", {})
+    return TENANT_TIERS[tier] in running if tier in TENANT_TIERS else True
+
+
 def tenant_table(stats: dict[str, Any]) -> Table | None:
-    """Each tenant's use of every budgeted tier against its guarantee and ceiling, the chunks other tenants'
-    puts evicted, its refusals at the ceiling, and its token hit rate (None: no tenants table)."""
+    """Each tenant's use of every budgeted tier the daemon runs against its guarantee and ceiling, the chunks
+    other tenants' puts evicted, its refusals at the ceiling, and its token hit rate (None: no tenants table)."""
     tenants = stats.get("tenants")
     if not tenants:
         return None
@@ -119,7 +144,8 @@ def tenant_table(stats: dict[str, Any]) -> Table | None:
         table.add_column(col, justify="left" if col in ("tenant", "tier") else "right")
     for name, row in tenants.items():
         rate = percent(row.get("hit_tokens", 0), row.get("lookup_tokens", 0))
-        for i, (tier, t) in enumerate(row.get("tiers", {}).items()):
+        shown = [(tier, t) for tier, t in row.get("tiers", {}).items() if tier_runs(stats, tier)]
+        for i, (tier, t) in enumerate(shown):
             ceiling = t["ceiling"]
             table.add_row(name if i == 0 else "", tier, format_size(t["bytes"]), format_size(t["guaranteed"]),
                           "-" if ceiling is None else format_size(ceiling),
@@ -140,6 +166,17 @@ def integrity_rows(s: Sample) -> list[tuple[str, str, bool]]:
         ("verify checks / mismatches / max diff",
          f"{int(s.get('verify.checks'))} / {mismatches} / {s.get('verify.max_difference'):.3g}", mismatches > 0),
     ]
+
+
+def print_whole(console: Console, renderable: Any) -> None:
+    """Print ``renderable``; into a file or a pipe as wide as it needs, never cut to the width of a terminal that
+    is not there (a terminal's width still applies on a terminal)."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    needed = Measurement.get(console, console.options.update_width(1 << 14), renderable).maximum
+    console.width = max(needed, console.width)   # print's own width may only narrow the console's
+    console.print(renderable)
 
 
 class Terminated(Exception):
@@ -177,7 +214,7 @@ def watch(client: Any, address: str, interval: float, count: int) -> int:
                     live.update(frame, refresh=True)
         else:
             for frame in frames(client, address, interval, count):
-                console.print(frame)
+                print_whole(console, frame)
                 sys.stdout.flush()
     except (KeyboardInterrupt, Terminated):
         pass

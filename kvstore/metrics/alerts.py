@@ -1,10 +1,16 @@
 """Prometheus alerting rules, generated from the metric definitions (``kvstore alerts`` prints them as YAML).
 
 The rules follow the project's brief: prefix hit rate below 30 % for 10 minutes (warning: the cache is too
-small or keys do not match across engines), a tier above 95 % full for 5 minutes (critical: an eviction storm
-is coming), p99 get latency too high (warning), and any checksum failure or disk I/O error (critical: a disk is
-going bad). Any damaged chunk copy found in memory or by a scrub, and any mismatch an engine's verification
-reports, are critical too: bad memory or a client scribbling on the shared arena, found before users read wrong
+small or keys do not match across engines), an eviction storm in a tier (warning), p99 get latency too high
+(warning), and any checksum failure or disk I/O error (critical: a disk is going bad).
+
+A full tier alone is no alarm: a warm cache sits at its high watermark and evicts its coldest chunks, as it
+should. What hurts is sustained pressure, a tier that is full *and* turns its whole content over faster than
+prefixes come back: ``KVStoreTierNearlyFull`` fires when a tier above 95 % full has evicted, over
+``TURNOVER_WINDOW``, more chunks than it holds, for that long (a storm, not one burst of large puts).
+
+Any damaged chunk copy found in memory or by a scrub, and any mismatch an engine's verification reports, are
+critical too: bad memory or a client scribbling on the shared arena, found before users read wrong
 answers. Thresholds are the constants below.
 """
 
@@ -18,6 +24,7 @@ from . import queries as q
 
 HIT_RATE_MIN = 0.30
 TIER_FILL_MAX = 0.95
+TURNOVER_WINDOW = "15m"   # a tier that evicts more chunks than it holds in this long, for this long, is in a storm
 GET_P99_MAX_S = 0.25
 TENANT_CEILING_FILL = 0.98
 
@@ -47,10 +54,12 @@ def alert_rules() -> list[AlertRule]:
                   "{{ $labels.instance }}: only {{ $value | humanizePercentage }} of looked-up tokens were "
                   "stored over the last 10 minutes. The cache may be too small, or engines may use "
                   "different namespaces or chunk sizes for the same model."),
-        AlertRule("KVStoreTierNearlyFull", f"{q.tier_fill()} > {TIER_FILL_MAX}", "5m", "critical",
-                  "kvstore tier {{ $labels.tier }} above 95 % full",
-                  "{{ $labels.instance }}: tier {{ $labels.tier }} is {{ $value | humanizePercentage }} full; "
-                  "an eviction storm is coming. Give the tier more capacity or add a lower tier."),
+        AlertRule("KVStoreTierNearlyFull", q.eviction_storm(TIER_FILL_MAX, TURNOVER_WINDOW), TURNOVER_WINDOW,
+                  "warning", "kvstore tier {{ $labels.tier }} full and evicting faster than it is reused",
+                  "{{ $labels.instance }}: tier {{ $labels.tier }} is above 95 % full and has evicted more chunks "
+                  f"in {TURNOVER_WINDOW} than it holds, for {TURNOVER_WINDOW}: stored prefixes leave before they "
+                  "come back (being full alone is a warm cache's normal state). Give the tier more capacity or "
+                  "add a lower tier, and watch KVStorePrefixHitRateLow."),
         AlertRule("KVStoreGetLatencyHigh", f"{q.latency_quantile(0.99, 'get')} > {GET_P99_MAX_S}", "10m",
                   "warning", "kvstore p99 load (get) latency high",
                   "{{ $labels.instance }}: p99 get latency is {{ $value | humanizeDuration }} "

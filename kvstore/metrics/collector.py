@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..tenants.table import DEFAULT_TENANT
 from .definitions import METRICS, MetricDef, flatten
 
 Snapshot = Callable[[], dict]
@@ -24,7 +25,7 @@ class StatsCollector(Collector):
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        paths = list(flatten(self._snapshot()))
+        paths = list(flatten(with_default_tenant(self._snapshot())))
         for definition in METRICS:
             if definition.sources:
                 yield family_of(definition, paths)
@@ -33,6 +34,26 @@ class StatsCollector(Collector):
         for definition in METRICS:
             if definition.sources:
                 yield family_of(definition, [])
+
+
+# A tier's name in ``stats()["tiers"]`` against its name in a tenant's rows (``store/tenant_budgets.py``).
+TENANT_TIER_NAMES = {"host": "dram", "disk": "disk", "gpu": "gpu"}
+
+
+def with_default_tenant(stats: dict) -> dict:
+    """``stats`` as the exporter reads it: without a ``[tenants]`` table every chunk belongs to the default
+    tenant, which is served as one (its bytes per tier, no guarantee, no ceiling, nothing evicted by others), so
+    the tenant families an alert or a panel reads exist from the start; with a table, ``stats`` unchanged."""
+    if stats.get("tenants"):
+        return stats
+    tiers = stats.get("tiers", {})
+    rows = {TENANT_TIER_NAMES[name]: {"bytes": tier["used_bytes"], "guaranteed": 0, "evicted_by_others": 0,
+                                      "ceiling_refusals": 0}
+            for name, tier in tiers.items() if name in TENANT_TIER_NAMES}
+    host = tiers.get("host", {}).get("used_bytes", 0)
+    default = {"dram_bytes": host, "dram_guaranteed": 0, "evicted_by_others": 0, "ceiling_refusals": 0,
+               "tiers": rows, "lookup_tokens": stats.get("lookup_tokens", 0), "hit_tokens": stats.get("hit_tokens", 0)}
+    return {**stats, "tenants": {DEFAULT_TENANT: default}}
 
 
 def family_of(definition: MetricDef, paths: list[tuple[str, float]]) -> Metric:

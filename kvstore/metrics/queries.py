@@ -31,6 +31,13 @@ def tier_fill() -> str:
     return f"{series('tier_used_bytes')} / {series('tier_capacity_bytes')}"
 
 
+def eviction_storm(fill: float, window: str) -> str:
+    """The tiers above ``fill`` full that evicted more chunks over ``window`` than they hold now."""
+    evicted = f"sum by (instance, tier) (increase({series('evictions')}[{window}]))"
+    held = f"sum by (instance, tier) ({series('tier_chunks')})"
+    return f"({tier_fill()} > {fill}) and on (instance, tier) ({evicted} > {held})"
+
+
 def tenant_ceiling_fill() -> str:
     """Fraction of each tenant's ceiling in use, per tier (a tenant without a ceiling in a tier has no series)."""
     return f"{series('tenant_bytes')} / {series('tenant_ceiling_bytes')}"

@@ -66,6 +66,33 @@ class EventSettings:
     topic: str = DEFAULT_TOPIC    # a plain topic or a template (event_topics.py)
 
 
+@dataclass(frozen=True)
+class OwnSocketFile:
+    """An ``ipc://`` socket file a bind of this daemon made, known by its inode: removed at a clean stop only
+    while it is still that file (never one another process bound there since)."""
+
+    path: str
+    device: int
+    inode: int
+
+    @classmethod
+    def of(cls, path: str) -> "OwnSocketFile | None":
+        """The file just bound at ``path`` (None: no file there, as for an abstract ``ipc://@name``)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return cls(path, st.st_dev, st.st_ino)
+
+    def remove(self) -> None:
+        try:
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) == (self.device, self.inode):
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+
 @dataclass
 class EventCounters:
     events: int = 0      # events sent
@@ -102,6 +129,7 @@ class EventPublisher:
         self._ctx = zmq.Context()
         self._pub: zmq.Socket | None = None
         self._replay: zmq.Socket | None = None
+        self._socket_files: list[OwnSocketFile] = []   # the ipc:// files this daemon's binds made
         self._pub = self._bind(zmq.PUB, settings.endpoint, "--events-endpoint", settings.hwm)
         if settings.replay_endpoint:
             self._replay = self._bind(zmq.ROUTER, settings.replay_endpoint, "--events-replay-endpoint",
@@ -119,6 +147,10 @@ class EventPublisher:
             sock.close()
             self.close()
             raise ConfigError(f"{flag}: cannot listen on {endpoint}: {exc}") from None
+        if endpoint.startswith("ipc://"):
+            made = OwnSocketFile.of(endpoint[len("ipc://"):])
+            if made is not None:
+                self._socket_files.append(made)
         return sock
 
     # -- the event loop's side -------------------------------------------------------------------------------
@@ -253,7 +285,8 @@ class EventPublisher:
                 "engine_topics": self.audience.topics(), "topics": len(self._seqs), "incarnation": self.incarnation}
 
     def close(self) -> None:
-        """Send what is gathered, stop the replay thread, close the sockets."""
+        """Send what is gathered, stop the replay thread, close the sockets and remove the ``ipc://`` socket files
+        the binds made (a file since replaced by another process's is left alone)."""
         if self._pub is not None:
             self.flush()
         self._stopping.set()
@@ -264,6 +297,9 @@ class EventPublisher:
                 sock.close(linger=0)
         self._pub = self._replay = None
         self._ctx.term()
+        for made in self._socket_files:   # ZeroMQ leaves an ipc:// socket file behind; only ours goes
+            made.remove()
+        self._socket_files = []
 
     def _copy_holdings(self, topic: bytes, done: concurrent.futures.Future) -> None:
         """On the loop: send what is gathered, then copy what ``topic``'s stream holds (consistent with the last

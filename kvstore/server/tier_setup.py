@@ -218,5 +218,9 @@ def open_remote(config: ServerConfig, arena: SharedArena, claims: Claims) -> Any
         raise ConfigError(f"--remote: {redact_url(str(exc))}") from None
     claims.take(backend.close, 0.0)   # a no-op once the remote mover has closed it (with its stop's wait)
     zero_copy = backend.register_memory(arena.buf)
-    logs.info("remote_tier", url=backend.url, zero_copy=zero_copy)
+    # Asked once now, for at most one metadata deadline, so that a store down at start is said at start (the
+    # check's remote_unavailable warning, with the reason) rather than at the first miss; the daemon serves
+    # either way, and the tier comes back by itself when the store answers.
+    up = backend.check(REMOTE_TIMEOUT)
+    logs.info("remote_tier", url=backend.url, zero_copy=zero_copy, up=up)
     return backend

@@ -324,3 +324,150 @@ def test_stats_and_watch_show_a_tier_use_the_same_way(daemon):
     for text in (table, watched):
         row = next(line for line in text.splitlines() if " host " in line)
         assert shown in row, (shown, row)
+
+
+def _watch_once(d) -> str:
+    """One ``kvstore stats --watch`` frame, piped (not a terminal)."""
+    return subprocess.run([sys.executable, "-m", "kvstore", "stats", "--socket", d.socket_path, "--watch",
+                           "--count", "1"], capture_output=True, text=True, timeout=60,
+                          env=sandbox_env(d.workdir), check=True).stdout
+
+
+def _row(text: str, label: str) -> str:
+    return next(line for line in text.splitlines() if label in line)
+
+
+def test_stats_does_not_count_itself_as_a_client(daemon):
+    with daemon.client(namespace="one") as c:
+        clients = c.stats()["sessions"]   # this test's clients, which it holds open
+        shown = _row(kvstore_cli("stats", "--socket", daemon.socket_path).stdout, "clients").split("│")[2].strip()
+        watched = _row(_watch_once(daemon), "leases / reservations / clients").split("│")[3].strip()
+    assert shown == str(clients) and watched == f"0 / 0 / {clients}"
+
+
+def test_watch_since_start_column_is_the_rate_over_the_uptime(daemon):
+    import io
+
+    from rich.console import Console
+
+    from kvstore.cli.watch import Sample, render
+    from kvstore.units import format_size
+
+    with daemon.client(namespace="w") as c:
+        c.put(c.chunk_keys(list(range(256 * 4))), [b"x" * (1 << 20)] * 4)
+        stats = c.stats()
+    stats["uptime_s"] = 1000.0   # the column must be the total over the uptime, whatever the uptime
+    put = stats["counters"]["put_bytes"]
+    assert put >= 4 << 20
+    out = io.StringIO()
+    Console(file=out, width=200).print(render(stats, None, Sample.of(stats), daemon.address))
+    assert _row(out.getvalue(), "bytes in/s (put)").split("│")[3].strip() == format_size(int(put / 1000.0))
+    assert _row(out.getvalue(), "hit tokens/s").split("│")[3].strip() == str(int(stats["hit_tokens"] / 1000.0))
+
+
+def _tenants_daemon(start_daemon, tmp_path, *flags: str):
+    cfg = tmp_path / "kv.toml"
+    cfg.write_text('[tenants.interactive-chat]\nnamespaces = ["chat*"]\n[tenants.interactive-chat.dram]\n'
+                   'guaranteed = "8MiB"\n')
+    return start_daemon("--config", str(cfg), *flags)
+
+
+def test_piped_stats_show_whole_tenant_names_and_only_the_tiers_that_run(start_daemon, tmp_path):
+    d = _tenants_daemon(start_daemon, tmp_path, "--disk-size", "0")
+    for text in (kvstore_cli("stats", "--socket", d.socket_path).stdout, _watch_once(d)):
+        tenants = text[text.index("tenants"):]
+        assert "…" not in tenants, tenants
+        assert "interactive-chat" in tenants and "default" in tenants and "evicted by others" in tenants
+        tiers = {line.split("│")[2].strip() for line in tenants.splitlines() if line.startswith("│")}
+        assert tiers == {"dram"}, tenants
+
+
+def test_stats_show_the_disk_rows_of_tenants_when_the_disk_tier_runs(start_daemon, tmp_path):
+    d = _tenants_daemon(start_daemon, tmp_path)
+    tenants = kvstore_cli("stats", "--socket", d.socket_path).stdout.split("tenants", 1)[1]
+    tiers = {line.split("│")[2].strip() for line in tenants.splitlines() if line.startswith("│")}
+    assert tiers == {"dram", "disk"}, tenants
+
+
+@pytest.mark.parametrize("extra", [[], ["--replay-endpoint", "REPLAY", "--from", "0"], ["--snapshot",
+                                                                                      "--replay-endpoint", "REPLAY"]])
+def test_events_on_a_dead_endpoint_give_up_in_one_line(extra):
+    where = short_tempdir()
+    dead = "ipc://" + os.path.join(where, "ev.sock")
+    args = [a.replace("REPLAY", "ipc://" + os.path.join(where, "evr.sock")) for a in extra]
+    result = kvstore_cli("events", "--endpoint", dead, *args, "--timeout", "0.5")
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"--endpoint: nothing accepted a connection at {dead} within 0.5s" in one_line_error(result)
+
+
+def test_events_with_a_dead_replay_endpoint_give_up_in_one_line(start_daemon):
+    workdir = short_tempdir()
+    pub = "ipc://" + os.path.join(workdir, "ev.sock")
+    d = start_daemon("--events-endpoint", pub, workdir=workdir)
+    dead = "ipc://" + os.path.join(d.workdir, "no-replay.sock")
+    result = kvstore_cli("events", "--endpoint", pub, "--replay-endpoint", dead, "--from", "0", "--timeout", "0.5")
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"--replay-endpoint: nothing accepted a connection at {dead}" in one_line_error(result)
+
+
+def test_events_timeout_must_be_positive():
+    result = kvstore_cli("events", "--endpoint", "ipc:///tmp/x.sock", "--timeout", "0")
+    assert result.returncode == 2 and "--timeout: must be positive" in one_line_error(result)
+
+
+def test_a_clean_stop_removes_the_events_socket_files_it_made_and_no_other(start_daemon):
+    workdir = short_tempdir()
+    pub, replay = os.path.join(workdir, "ev.sock"), os.path.join(workdir, "evr.sock")
+    d = start_daemon("--events-endpoint", "ipc://" + pub, "--events-replay-endpoint", "ipc://" + replay,
+                     workdir=workdir)
+    assert os.path.exists(pub) and os.path.exists(replay)
+    os.unlink(replay)   # another program's file now stands where the daemon's was
+    with open(replay, "w") as f:
+        f.write("not the daemon's")
+    assert d.stop() == 0
+    assert not os.path.exists(pub)
+    assert open(replay).read() == "not the daemon's"
+
+
+def test_a_bare_clean_frees_only_the_default_sockets_leftovers(start_daemon):
+    from kvstore.tiers.host.arena import arena_path_for
+
+    d = start_daemon("--adopt")
+    with d.client(namespace="t") as c:
+        c.put(c.chunk_keys(list(range(256))), [b"x" * 4096])
+    assert d.stop() == 0
+    kept = arena_path_for(d.socket_path)
+    assert os.path.exists(kept)   # kept for a warm restart on its socket, which is not the default one
+    bare = kvstore_cli("clean")
+    assert bare.returncode == 0 and kept not in bare.stdout and os.path.exists(kept), bare.stdout
+    assert "nothing to clean for this socket" in bare.stdout or "freed" in bare.stdout
+    listed = kvstore_cli("clean", "--all", "--dry-run")   # every socket's, only listed: other users' tests run here
+    assert listed.returncode == 0 and f"would free  {kept}" in listed.stdout and os.path.exists(kept)
+    own = kvstore_cli("clean", "--socket", d.socket_path)
+    assert own.returncode == 0 and f"freed {kept}" in own.stdout and not os.path.exists(kept)
+
+
+def test_clean_all_and_socket_are_one_or_the_other():
+    result = kvstore_cli("clean", "--all", "--socket", "/tmp/x.sock")
+    assert result.returncode == 2 and "--all frees the files of every socket" in one_line_error(result)
+
+
+def test_the_example_systemd_config_starts_on_a_small_disk():
+    from pathlib import Path
+
+    from support.daemons import Daemons
+
+    from kvstore.config import build_config
+
+    example = Path(__file__).resolve().parents[2] / "systemd" / "kvstore.toml"
+    assert build_config({}, str(example)).disk_size < 0   # auto: sized from the free space, never refused for it
+    with Daemons(test_sizes=False) as daemons:   # the example's own sizes; only its paths and port moved
+        d = daemons.start("--config", str(example), "--metrics-port", "0")
+        with d.client(namespace="t") as c:
+            assert c.stats()["tiers"]["disk"]["capacity_bytes"] > 0
+
+
+def test_a_bare_kvstore_prints_its_help_as_a_usage_error():
+    result = kvstore_cli()
+    assert result.returncode == 2 and result.stdout == ""   # no command: a usage error, as argparse's are
+    assert result.stderr.startswith("usage: kvstore") and "serve" in result.stderr and "clean" in result.stderr

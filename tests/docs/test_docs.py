@@ -220,3 +220,81 @@ def test_the_site_builds_with_mkdocs_strict_and_files_a_new_page_under_its_folde
     operations = re.search(r">\s*Operations\s*<(.*?)>\s*Connectors\s*<", home, flags=re.DOTALL)
     assert operations and "operations/unlisted-page/" in operations.group(1)
     assert "A page no nav entry lists" in operations.group(1)
+
+
+def written_pages() -> dict[str, str]:
+    """The README and every page under docs/ as written (the generated reference pages are checked above)."""
+    out = {}
+    for folder, _, names in os.walk(os.path.join(ROOT, "docs")):
+        for name in names:
+            if name.endswith(".md"):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    out[os.path.relpath(path, ROOT)] = f.read()
+    with open(README) as f:
+        out["README.md"] = f.read()
+    return out
+
+
+def module_file(module: str) -> str | None:
+    """The file ``python -m module`` runs, found without importing it (an engine's package may be absent):
+    ``kvstore.connectors.X`` lives in ``connectors/X``."""
+    parts = module.split(".")
+    if parts[:2] == ["kvstore", "connectors"]:
+        parts = parts[1:]
+    base = os.path.join(ROOT, *parts)
+    for candidate in (base + ".py", os.path.join(base, "__main__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+# Tops of the repository a page may name a file under, in backticks.
+REPO_TOPS = ("kvstore/", "connectors/", "native/", "tests/", "bench/", "docs/", "systemd/", ".ci/")
+# Files the install makes in the package (setup.py), absent from a checkout that was not built.
+BUILT = re.compile(r"kvstore/native/(_kvstore_\w+\.so|kvstore_copy\.cu)")
+# Names of the run-time native build that was replaced by the install's (kvstore/native/, docs/design/native.md).
+REMOVED_NAMES = ("kvstore.ops.native", "ops/native_src", "native_walk", "KVSTORE_NATIVE=build", "native.conf",
+                 ".cache/kvstore/native")
+
+
+def test_every_module_the_docs_run_exists():
+    missing = [(page, module) for page, text in written_pages().items()
+               for module in re.findall(r"python3? -m ((?:kvstore|bench)(?:\.\w+)*)", text)
+               if not module.split(".")[-1].isupper() and module_file(module) is None]   # bench.NAME: a blank
+    assert not missing
+
+
+def test_every_repository_file_the_docs_name_exists():
+    missing = []
+    for page, text in written_pages().items():
+        for path in re.findall(r"`([^`\s]+)`", text):
+            path = path.split("#")[0].split(":")[0].rstrip(".,")
+            if path.startswith(REPO_TOPS) and not re.search(r"[<>*{}…]|NAME", path) \
+                    and not os.path.exists(os.path.join(ROOT, path)) and not BUILT.fullmatch(path):
+                missing.append((page, path))
+    assert not missing
+
+
+def test_every_kvstore_variable_the_docs_name_is_read_by_the_code():
+    code = []
+    for top in ("kvstore", "connectors", "tests", "bench", ".ci"):
+        for folder, _, names in os.walk(os.path.join(ROOT, top)):
+            for name in names:
+                if name.endswith((".py", ".sh")) or top == ".ci":
+                    with open(os.path.join(folder, name), errors="replace") as f:
+                        code.append(f.read())
+    source = "\n".join(code)
+    named = {(page, var) for page, text in written_pages().items() for var in re.findall(r"\bKVSTORE_[A-Z0-9_]+", text)}
+    assert named and not [(page, var) for page, var in named if var not in source]
+
+
+def test_no_page_names_the_native_build_that_was_removed():
+    stale = [(page, name) for page, text in written_pages().items() for name in REMOVED_NAMES if name in text]
+    assert not stale
+
+
+def test_no_page_names_a_path_of_one_machine():
+    local = [(page, m) for page, text in written_pages().items()
+             for m in re.findall(r"(?<![\w.])/(?:work|home)/\S+", text)]
+    assert not local

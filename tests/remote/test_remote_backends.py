@@ -206,7 +206,7 @@ def test_corrupt_value_is_a_miss(backend, damage):
 def test_stopped_server_degrades_to_misses_and_recovers(kind, server, backend, caplog):
     keys, payloads = chunks(3, 64 * 1024)
     assert put(backend, keys, payloads) == 3
-    caplog.set_level(logging.WARNING, logger="kvstore.remote")
+    caplog.set_level(logging.WARNING, logger="kvstore")
 
     server.stop()
     t0 = time.monotonic()
@@ -234,7 +234,7 @@ def test_stopped_server_degrades_to_misses_and_recovers(kind, server, backend, c
     assert stored(backend, keys) == 3
     assert [bytes(v) for v in get(backend, keys)] == payloads
     assert backend.stats()["outages"] == 1
-    assert any("is back" in r.getMessage() for r in caplog.records)
+    assert any("event=remote_back " in r.getMessage() for r in caplog.records)
 
 
 def test_frozen_server_costs_one_deadline(kind, server, backend):

@@ -191,3 +191,23 @@ def test_mooncake_store_shares_chunks_between_daemons(tmp_path, two_hosts):
 def test_bad_remote_url_is_one_clear_line(tmp_path, url, message):
     result = run_cli("serve", "--socket", str(tmp_path / "s.sock"), "--remote", url)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_a_store_down_at_start_is_said_at_start_in_key_value_lines(start_daemon):
+    import socket as sockets
+
+    with sockets.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = start_daemon("--remote", f"redis://127.0.0.1:{port}", "--remote-wait", "100ms")
+    lines = d.log().splitlines()
+    down = [line for line in lines if "event=remote_unavailable " in line]
+    assert len(down) == 1 and f"url=redis://127.0.0.1:{port}" in down[0] and "level=WARNING" in down[0], lines
+    started = [line for line in lines if "event=remote_tier " in line]
+    assert len(started) == 1 and "up=False" in started[0], lines
+    assert lines.index(down[0]) < next(i for i, line in enumerate(lines) if "event=ready " in line)
+    assert all(" event=" in line for line in lines if line.startswith("ts=")), lines
+    with d.client(namespace="t") as c:   # the daemon serves from its local tiers meanwhile
+        keys = c.chunk_keys(list(range(256)))
+        c.put(keys, [b"x" * 100])
+        assert c.lookup(keys) == 1

@@ -112,8 +112,8 @@ class SharedArena:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise ConfigError(f"cannot open the kept arena {path}: {exc.strerror}; remove it with kvstore clean") \
-                from None
+            raise ConfigError(f"cannot open the kept arena {path}: {exc.strerror}; remove it with "
+                              f"kvstore clean --socket and this daemon's socket") from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:

@@ -6,7 +6,8 @@ committed slots a crash leaves: ``journal.py``). A running daemon maps its arena
 its journal; a cleanly stopped one leaves its arena and description for the next start on the same socket
 (``adoption.py``); a killed one (SIGKILL, OOM) leaves its arena, journal and index, which the next start on the
 same socket adopts (what the journal proves) or frees. When no later start comes, these files hold memory until
-a reboot, so ``kvstore clean`` finds every such file of the calling user that no process maps and frees it.
+a reboot, so ``kvstore clean`` finds every such file of the calling user that no process maps and frees those
+of one socket (the default one, or ``--socket``), or with ``--all`` of every socket.
 
 Safety: only files that match the daemon's own names and belong to the caller are considered; a file some
 process maps is never removed (a running daemon's, or a client still reading an old one). A kept arena whose

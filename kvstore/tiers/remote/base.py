@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import enum
-import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from ... import logs
 from ...errors import RemoteError
 from ...security.redact import redact_url
 from . import record
@@ -51,7 +51,6 @@ from .guarded import GuardedCalls
 
 __all__ = ["Health", "RemoteBackend", "RemoteError"]
 
-log = logging.getLogger("kvstore.remote")
 
 MiB = 1 << 20
 
@@ -258,13 +257,13 @@ class RemoteBackend(GuardedCalls):
             while self._inflight and time.monotonic() < deadline:
                 self._idle.wait(deadline - time.monotonic())
             if self._inflight:
-                log.warning("remote store %s: %d calls still running at close; "
-                            "leaving its client open", self.url, self._inflight)
+                logs.warning("remote_close_unfinished", url=self.url, calls=self._inflight,
+                             effect="its client is left open")
                 return
         try:
             self._close()
-        except Exception:
-            log.debug("closing %s failed", self.url, exc_info=True)
+        except Exception as exc:   # noqa: BLE001 - closing is best effort
+            logs.debug("remote_close_failed", url=self.url, error=repr(exc))
 
     def __enter__(self):
         return self

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import logging
 import threading
 from typing import Any
 
+from ... import logs
 from ...breaker import Breaker
 
-log = logging.getLogger("kvstore.remote")
 
 
 class GuardedCalls:
@@ -112,7 +111,7 @@ class GuardedCalls:
         except Exception as exc:   # noqa: BLE001
             with self._lock:
                 self._breaker.failed()
-            log.debug("remote store %s still down: %s", self.url, exc)
+            logs.debug("remote_still_down", url=self.url, reason=str(exc))
             return
         self._recovered()
 
@@ -123,10 +122,10 @@ class GuardedCalls:
             if was_up:
                 self.counters["outages"] += 1
         if was_up:
-            log.warning("remote store %s unavailable (%s); remote lookups are misses "
-                        "until it answers again", self.url, exc)
+            logs.warning("remote_unavailable", url=self.url, reason=str(exc),
+                         effect="remote lookups are misses until it answers again")
         else:
-            log.debug("remote store %s: %s", self.url, exc)
+            logs.debug("remote_call_failed", url=self.url, reason=str(exc))
 
     def _recovered(self) -> None:
         with self._lock:
@@ -134,6 +133,5 @@ class GuardedCalls:
             if down_for is None:
                 return
             skipped = self.counters["skipped"]
-        log.warning("remote store %s is back after %.1fs (%d calls skipped in total)",
-                    self.url, down_for, skipped)
+        logs.warning("remote_back", url=self.url, down_s=round(down_for, 1), skipped_calls=skipped)
 

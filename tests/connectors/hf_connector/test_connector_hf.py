@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 import torch
@@ -225,3 +226,69 @@ def test_a_batch_of_input_ids_is_refused_in_one_line_and_each_row_works_alone(kv
         cache, n = load_prefix(kv, model, row)
         assert n == 256
         assert_continues_like_full_prefill(model, row, cache, n)
+
+
+def documented_snippet(page: str) -> str:
+    """The python block of ``page`` (relative to the repository) that uses the transformers connector."""
+    import re
+
+    from support.paths import ROOT
+
+    with open(os.path.join(ROOT, page)) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.DOTALL)
+    return next(block for block in blocks if "connectors.hf" in block)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/connectors/transformers.md"])
+def test_the_documented_snippet_runs_warning_free_on_the_installed_transformers(daemon, model, monkeypatch, page):
+    import functools
+    import warnings
+
+    import kvstore
+
+    snippet = documented_snippet(page)
+    monkeypatch.setattr(kvstore, "connect", functools.partial(kvstore.connect, daemon.address))   # its daemon
+    ids = prompt(600, seed=41)
+    found = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # a deprecated name is a FutureWarning: it fails here
+        for _ in range(2):   # a miss that saves, then a hit that loads
+            scope = {"model": model, "input_ids": ids}
+            exec(snippet, scope)
+            scope["client"].close()
+            found.append(scope["n"])
+    assert found == [0, 512]
+
+
+class OldNames(torch.nn.Module):
+    """A causal LM whose forward pass takes and returns the cache as ``past_key_values``, as transformers did
+    before the rename (the installed release underneath, called by its current name)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+        self.dtype = inner.dtype
+        self.device = inner.device
+
+    def forward(self, input_ids, past_key_values=None, use_cache=None):
+        out = self.inner(input_ids, cache=past_key_values, use_cache=use_cache)
+        return types.SimpleNamespace(logits=out.logits, past_key_values=out.cache)
+
+
+def test_cache_kwargs_and_output_cache_follow_either_name_and_verification_runs_on_both(kv, model):
+    from kvstore.connectors.hf import cache_kwargs, new_cache, output_cache
+
+    import warnings
+
+    for seed, lm in enumerate((model, OldNames(model))):
+        ids = prompt(600, seed=43 + seed)   # the same weights: a prompt of its own for each
+        cache = new_cache(lm)
+        assert list(cache_kwargs(lm, cache)) == (["cache"] if lm is model else ["past_key_values"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = lm(ids, use_cache=True, **cache_kwargs(lm, cache))
+            assert output_cache(out) is cache
+            assert save_prefix(kv, lm, ids, output_cache(out)) == 2
+            loaded, n = load_prefix(kv, lm, ids, verify_fraction=1.0)   # the connector's own forward pass
+        assert n == 512 and loaded.get_seq_length() == 512

@@ -1,10 +1,10 @@
 """The test side of real vLLM engines: find the engine's virtualenv, start engines, talk to them.
 
-An engine process (``vllm_engine.py``) runs in the virtualenv that ``.ci/install-vllm-engine.sh`` makes
-(default ``<repo>/.venv-vllm``; ``KVSTORE_VLLM_VENV`` points elsewhere) with ``PYTHONPATH`` at the repository
-root, so the connector under test is the source tree's. Engines are started once per configuration and kept
-in ``POOL`` for the whole session; each test brings its own daemon on the one socket path every engine is
-configured with (``POOL.socket``), so the connector meets a fresh daemon per test, exactly as after a restart.
+An engine process (``vllm_engine.py``) runs in the virtualenv that ``.ci/install-vllm-engine.sh`` makes (outside
+the checkout: ``venv.py`` says where; ``KVSTORE_VLLM_VENV`` points elsewhere) with ``PYTHONPATH`` at the repository
+root, so the connector under test is the source tree's. Engines are started once per configuration and kept in
+``POOL`` for the whole session; each test brings its own daemon on the one socket path every engine is configured
+with (``POOL.socket``), so the connector meets a fresh daemon per test, exactly as after a restart.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 
 from ..servers import extras_required
 from .sandbox import engine_home_env
+from .venv import venv_dir
 
 REPO = Path(__file__).resolve().parents[3]
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
@@ -34,7 +35,7 @@ VOCAB = 512
 
 def engine_python() -> str | None:
     """The engine virtualenv's python, or None when there is none."""
-    venv = Path(os.environ.get("KVSTORE_VLLM_VENV") or REPO / ".venv-vllm")
+    venv = venv_dir()
     python = venv / "bin" / "python"
     if not python.exists() or not list(venv.glob("lib/python*/site-packages/vllm/__init__.py")):
         return None
@@ -42,7 +43,7 @@ def engine_python() -> str | None:
 
 
 def skip_reason() -> str:
-    venv = os.environ.get("KVSTORE_VLLM_VENV") or str(REPO / ".venv-vllm")
+    venv = venv_dir()
     return (f"no vLLM engine virtualenv at {venv} (KVSTORE_VLLM_VENV names another): `{EXTRAS_COMMAND}` "
             f"installs it (or `{INSTALL_HINT}` alone)")
 

@@ -1,0 +1,31 @@
+"""Where the real vLLM engine's virtualenv is: one answer for the tests, the benchmarks and
+``.ci/install-vllm-engine.sh`` (which computes the same in shell).
+
+It holds a few GB, so it lives outside the checkout: ``KVSTORE_VLLM_VENV`` when set, else
+``${XDG_CACHE_HOME:-~/.cache}/kvstore-dev/venv-vllm`` of the user running the tests. The test session points
+``XDG_CACHE_HOME`` into its sandbox, so the user's own value is the one read when the helpers were first
+imported (``support.USER_XDG_CACHE_HOME``). This module imports nothing beyond the standard library and its
+package, so benchmarks can use it without pytest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+VARIABLE = "KVSTORE_VLLM_VENV"
+
+
+def venv_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The engine virtualenv's directory (it may not exist yet), for ``env`` (default: this process's
+    environment, with the user's own ``XDG_CACHE_HOME``)."""
+    if env is None:
+        from .. import USER_XDG_CACHE_HOME
+
+        env = {**os.environ, "XDG_CACHE_HOME": USER_XDG_CACHE_HOME}
+    forced = env.get(VARIABLE)
+    if forced:
+        return Path(forced)
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+    return Path(cache) / "kvstore-dev" / "venv-vllm"
