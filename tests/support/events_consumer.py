@@ -42,13 +42,15 @@ class Consumer:
     payloads: list[bytes] = field(default_factory=list)   # every batch applied, as sent
 
     def __post_init__(self) -> None:
+        # first, before any socket: a skip raised with a context open would leave it for the garbage collector,
+        # whose term() blocks on the open socket in whatever test runs then
+        self._events = vllm_event_classes()
+        self._decode = msgspec.msgpack.Decoder(type=self._events.KVEventBatch)
         self._ctx = zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt_string(zmq.SUBSCRIBE, self.topic)
         self._sub.connect(self.endpoint)
-        self._events = vllm_event_classes()
-        self._decode = msgspec.msgpack.Decoder(type=self._events.KVEventBatch)
 
     def close(self) -> None:
         self._sub.close(linger=0)
