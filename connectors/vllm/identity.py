@@ -130,7 +130,9 @@ def model_identity(vllm_config: "VllmConfig", mode: str) -> str:
     Raises:
         ConfigError: the checkpoint cannot be read for its fingerprint.
     """
-    model = vllm_config.model_config
+    model = getattr(vllm_config, "model_config", None)
+    if model is None:
+        return "no-model"   # a config without a model (vLLM's own unit harnesses): nothing to fingerprint
     settings = model_settings(vllm_config)
     if mode == "off":
         weights = "off"
