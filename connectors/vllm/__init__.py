@@ -13,7 +13,9 @@ daemon after it failed, default 5), `load_async` (true: loads off the engine's s
 the step), `max_save_bytes` (saves in flight, default 1 GiB; more is dropped), `lookup_batch` (waiting
 requests looked up in one daemon round trip, default 64), `gpu_tier` (CUDA engines: map the daemon's GPU
 pool, default true), `verify_fraction` (the share of would-be hits computed and compared with the store instead
-of loaded, from 0 to 1; default 0: see "Online verification"). `kv_role`: `kv_both`, `kv_producer` (saves, never loads)
+of loaded, from 0 to 1; default 0: see "Online verification"), `fingerprint` ("sampled", "full" or "off": how
+the weights are fingerprinted into every key; ``identity.py``), `weights_version` (the weights' version before any
+`reset_cache()`). `kv_role`: `kv_both`, `kv_producer` (saves, never loads)
 or `kv_consumer` (loads, never saves).
 
 How a request flows
