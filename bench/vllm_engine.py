@@ -172,10 +172,11 @@ def scheduler_cost(daemon: Any, waiting: int = 256, length: int = 2000) -> dict[
 
     engine = Engine(daemon.ipc, layers=4, kv_heads=2, head_dim=32, chunk_tokens=256)
     reqs = [request(f"w{i}", p) for i, p in enumerate(prompts(waiting, length, seed=3000))]
-    store = engine.scheduler.scheduler_side.stores[0]
+    side = engine.scheduler.scheduler_side
+    store = side.stores[0]
     with daemon_client(daemon) as c:  # half of them stored
         for r in reqs[::2]:
-            keys = store.keys(list(r.prompt_token_ids)[: (length - 1) // 256 * 256])
+            keys = side.plain_keys(store, list(r.prompt_token_ids)[: (length - 1) // 256 * 256])
             c.put(keys, [bytes(store.geometry.chunk_nbytes)] * len(keys))
     for r in reqs:
         engine.scheduler.on_new_request(r)
@@ -192,7 +193,7 @@ def scheduler_cost(daemon: Any, waiting: int = 256, length: int = 2000) -> dict[
     def ask_each() -> float:  # what a connector that asks every time pays per pass
         t0 = time.perf_counter()
         for r in reqs:
-            store.lookup(store.keys(list(r.prompt_token_ids)[: (length - 1) // 256 * 256]))
+            store.lookup(side.plain_keys(store, list(r.prompt_token_ids)[: (length - 1) // 256 * 256]))
         return time.perf_counter() - t0
 
     each = statistics.median(ask_each() for _ in range(3))

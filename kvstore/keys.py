@@ -1,10 +1,12 @@
 """Chained chunk keys.
 
-``key_i = H(key_{i-1} ‖ tokens_i)`` with ``key_{-1} = H(namespace)``. H is xxh3-128: stable across processes,
-machines and Python versions (never Python's ``hash()``, whose seed differs per process). Because every key
-commits to its whole prefix, "how much of this prompt is cached" is a walk over a flat map that stops at the
-first miss. Tokens are hashed as little-endian int64 so that the same ids give the same key whatever integer
-type the caller holds them in.
+``key_i = H(key_{i-1} ‖ tokens_i ‖ extras_i)`` with ``key_{-1} = H(namespace)``; ``extras_i`` is what a connector
+folds into chunk i beyond its token ids (the hashes of the images whose placeholder the chunk holds, its prompt
+embeddings...): empty for a chunk of plain tokens, whose key is then ``H(key_{i-1} ‖ tokens_i)``. H is xxh3-128:
+stable across processes, machines and Python versions (never Python's ``hash()``, whose seed differs per process).
+Because every key commits to its whole prefix, "how much of this prompt is cached" is a walk over a flat map that
+stops at the first miss. Tokens are hashed as little-endian int64 so that the same ids give the same key whatever
+integer type the caller holds them in.
 """
 
 from __future__ import annotations
@@ -60,11 +62,12 @@ def _as_int64_bytes(token_ids: object) -> bytes:
 
 
 def chunk_keys(namespace: str, token_ids: Sequence[int] | object, chunk_tokens: int,
-               include_partial: bool = False) -> list[bytes]:
+               include_partial: bool = False, extras: Sequence[bytes] = ()) -> list[bytes]:
     """One key per full chunk of ``token_ids`` (plus the short tail if ``include_partial``).
 
-    ``token_ids``: one sequence (see ``ONE_SEQUENCE``). Raises UsageError for anything else, or a
-    ``chunk_tokens`` that is not a positive integer."""
+    ``token_ids``: one sequence (see ``ONE_SEQUENCE``); ``extras``: per chunk, bytes folded into its key after
+    its tokens (chunks past the end of ``extras``, and empty entries, fold nothing). Raises UsageError for
+    anything else, or a ``chunk_tokens`` that is not a positive integer."""
     if type(chunk_tokens) is not int or chunk_tokens <= 0:
         raise UsageError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
     raw = _as_int64_bytes(token_ids)
@@ -76,10 +79,14 @@ def chunk_keys(namespace: str, token_ids: Sequence[int] | object, chunk_tokens: 
     keys: list[bytes] = []
     prev = namespace_root(namespace)
     start = 0
-    for end in ends:
+    for i, end in enumerate(ends):
         h = xxhash.xxh3_128()
         h.update(prev)
         h.update(raw[start * 8:end * 8])
+        extra = extras[i] if i < len(extras) else b""
+        if extra:   # its length after it: a short tail's tokens and extras never read as another split
+            h.update(extra)
+            h.update(len(extra).to_bytes(8, "little"))
         prev = h.digest()
         keys.append(prev)
         start = end

@@ -149,10 +149,18 @@ class ChunkStore:
             raise TypeError(f"chunks of {self.namespace} are paged ({type(self.geometry).__name__}), not dense")
         return self.geometry
 
-    def keys(self, token_ids: Sequence[int] | torch.Tensor, salt: str = "") -> list[bytes]:
-        """One chained key per full chunk of `token_ids` (`salt`: a per-request cache salt)."""
+    def keys(self, token_ids: Sequence[int] | torch.Tensor, salt: str = "", extras: Sequence[bytes] = ()
+             ) -> list[bytes]:
+        """One chained key per full chunk of `token_ids`.
+
+        Args:
+            token_ids: the prompt's token ids.
+            salt: the request's key root beyond the namespace (its cache salt, and what a connector adds of
+                the request's and the model's identity), folded into the chain's root.
+            extras: per chunk, what the request holds beyond its token ids there (``kvstore.chunk_keys``).
+        """
         ns = self.namespace + (f";request-salt={salt}" if salt else "")
-        return kvstore.chunk_keys(ns, token_ids, self.geometry.chunk_tokens)
+        return kvstore.chunk_keys(ns, token_ids, self.geometry.chunk_tokens, extras=extras)
 
     def _client(self) -> kvstore.Client:
         client = self.link.client()

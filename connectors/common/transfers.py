@@ -47,11 +47,12 @@ class LoadJob:
 
     req_id: str
     token_ids: list[int]
-    salt: str
+    salt: str                                   # the request's key root (``ChunkStore.keys``)
     first_chunk: int
     num_chunks: int
     chunk_blocks: Callable[[int], list[list[int]]]   # chunk index -> per cache group, the block ids it fills
     loaded: int = 0                             # chunks written (set by the job)
+    extras: list[bytes] = field(default_factory=list)   # per chunk, what its key folds in beyond its tokens
 
 
 @dataclass
@@ -71,6 +72,7 @@ class SaveJob:
     engine: list[EngineBlocks | None] | None = None   # the engine's names of each chunk's blocks, if known
     retention: str = "normal"    # how the daemon keeps the chunks (``kvstore.protocol.retention``)
     pin_ttl: float | None = None
+    extras: list[bytes] = field(default_factory=list)   # per chunk, what its key folds in beyond its tokens
 
 
 @dataclass
@@ -195,7 +197,7 @@ class Transfers:
         started = time.perf_counter()
         try:
             keys = self._load_store.keys(job.token_ids[: job.num_chunks * self._load_store.geometry.chunk_tokens],
-                                         job.salt)[job.first_chunk: job.num_chunks]
+                                         job.salt, job.extras)[job.first_chunk: job.num_chunks]
             with self._load_store.lease(keys) as views:
                 events = []
                 for i, view in enumerate(views):
@@ -244,7 +246,7 @@ class Transfers:
         reservation, failed = None, True
         started = time.perf_counter()
         try:
-            keys = store.keys(job.token_ids[: end * t], job.salt)
+            keys = store.keys(job.token_ids[: end * t], job.salt, job.extras)
             reservation = store.reserve(keys, job.first_chunk, job.num_chunks, job.engine, job.retention,
                                         job.pin_ttl)
             if reservation is None:
@@ -275,7 +277,7 @@ class Transfers:
         t, nbytes = store.geometry.chunk_tokens, store.geometry.chunk_nbytes
         end = job.first_chunk + job.num_chunks
         try:
-            keys = store.keys(job.token_ids[: end * t], job.salt)[job.first_chunk:end]
+            keys = store.keys(job.token_ids[: end * t], job.salt, job.extras)[job.first_chunk:end]
             computed = torch.empty((job.num_chunks, nbytes), dtype=torch.uint8, device=self.kv.device)
             events = [e for i in range(job.num_chunks)
                       for e in self._gather(job.chunk_blocks(job.first_chunk + i), computed[i], job.ready)]

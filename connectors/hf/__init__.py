@@ -79,12 +79,14 @@ from ..common.families import (
     attention_kind,
     mla_layout,
 )
+from ..common.fingerprint import settings_digest, tensors_fingerprint
 from ..common.layout import KVGeometry, dense_to_chunks
 from ..common.store import ChunkStore, VerifyResult
 
 log = logging.getLogger("kvstore.connectors.hf")
 
-_FINGERPRINTS: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+# model -> (its tensors' names, addresses, shapes and dtypes; their fingerprint)
+_FINGERPRINTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[Any, ...], str]]" = weakref.WeakKeyDictionary()
 
 
 def _text_config(model: torch.nn.Module) -> Any:
@@ -134,27 +136,55 @@ def _attention_kinds(config: Any, family: str) -> tuple[str, ...]:
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
-    """A cheap digest of a sample of every parameter (first and last 8 values).
+    """The fingerprint of `model`'s weights and of what else shapes its KV at the same shape: every parameter
+    and buffer (``common.fingerprint.tensors_fingerprint``: names, dtypes, shapes and windows of their bytes;
+    rotary buffers carry RoPE scaling), the model's config (``common.fingerprint.settings_digest``) and, for a
+    PEFT model, which adapters are active, merged or disabled in each adapted layer (`adapter_state`).
 
-    Tells apart models that share a name or config but not weights (a
-    fine-tune, or random weights built from a config). Computed once a model.
+    The tensors' part is remembered per model while its tensors are the same objects (an adapter loaded or a
+    tensor replaced is seen); after changing weights in place (an optimizer step, a weight sync) call
+    `weights_changed`.
     """
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    stamp = tuple((name, t.data_ptr(), tuple(t.shape), t.dtype) for name, t in tensors)
     cached = _FINGERPRINTS.get(model)
-    if cached is not None:
-        return cached
-    samples = []
-    with torch.no_grad():
-        for _, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            flat = p.detach().reshape(-1)
-            samples.append(torch.cat([flat[:8], flat[-8:]]).float())
-    blob = torch.cat(samples).cpu().numpy().tobytes() if samples else b""
-    digest = xxhash.xxh3_64_hexdigest(blob)
-    _FINGERPRINTS[model] = digest
-    return digest
+    if cached is None or cached[0] != stamp:
+        with torch.no_grad():
+            cached = (stamp, tensors_fingerprint(tensors))
+        _FINGERPRINTS[model] = cached
+    config = _text_config(model)
+    settings = {k: v for k, v in (config.to_dict() if hasattr(config, "to_dict") else {}).items()
+                if not k.startswith("_") and k not in ("transformers_version", "name_or_path")}
+    return xxhash.xxh3_128_hexdigest(f"{cached[1]}.{settings_digest(settings)}.{adapter_state(model)}".encode())
+
+
+def weights_changed(model: torch.nn.Module) -> None:
+    """Say that `model`'s weights changed in place: its next fingerprint is taken afresh, so chunks saved before
+    are never loaded after (nothing is deleted; a model given the same weights elsewhere shares again)."""
+    _FINGERPRINTS.pop(model, None)
+
+
+def adapter_state(model: torch.nn.Module) -> str:
+    """Which PEFT adapters shape `model`'s output, per adapted layer ("" for a model without adapters): the
+    active ones (none while they are disabled, as inside ``PeftModel.disable_adapter()``) and the merged ones.
+    A PEFT model and its base model, or two adapters of one model, never give the same state."""
+    layers = []
+    for name, module in model.named_modules():
+        if not (hasattr(module, "active_adapters") and hasattr(module, "merged_adapters")
+                and hasattr(module, "disable_adapters")):
+            continue
+        active = () if module.disable_adapters else tuple(sorted(_names(module.active_adapters)))
+        layers.append(f"{name}:{','.join(active)}:{','.join(sorted(_names(module.merged_adapters)))}")
+    return xxhash.xxh3_64_hexdigest("\n".join(layers).encode()) if layers else ""
+
+
+def _names(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else [str(v) for v in value or ()]
 
 
 def model_namespace(model: torch.nn.Module, chunk_tokens: int, salt: str = "") -> str:
-    """The namespace of `model`'s chunks: name, weights, dtype and the layout of its KV cache."""
+    """The namespace of `model`'s chunks: name, weights (with adapters and config), dtype and the layout of its
+    KV cache."""
     config = _text_config(model)
     name = getattr(model.config, "name_or_path", "") or getattr(config, "model_type", "model")
     revision = getattr(model.config, "_commit_hash", None)

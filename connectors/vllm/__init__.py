@@ -13,7 +13,9 @@ daemon after it failed, default 5), `load_async` (true: loads off the engine's s
 the step), `max_save_bytes` (saves in flight, default 1 GiB; more is dropped), `lookup_batch` (waiting
 requests looked up in one daemon round trip, default 64), `gpu_tier` (CUDA engines: map the daemon's GPU
 pool, default true), `verify_fraction` (the share of would-be hits computed and compared with the store instead
-of loaded, from 0 to 1; default 0: see "Online verification"). `kv_role`: `kv_both`, `kv_producer` (saves, never loads)
+of loaded, from 0 to 1; default 0: see "Online verification"), `fingerprint` ("sampled", "full" or "off": how
+the weights are fingerprinted into every key; ``identity.py``), `weights_version` (the weights' version before any
+`reset_cache()`). `kv_role`: `kv_both`, `kv_producer` (saves, never loads)
 or `kv_consumer` (loads, never saves).
 
 How a request flows
@@ -72,6 +74,7 @@ from ..common.families import Unsupported
 from ..common.report import refuse
 from .config import VllmConnectorConfig
 from .geometry import EngineGeometry, engine_geometry
+from .identity import model_identity
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .scheduler import SchedulerSide
 from .settings import SUPPORTED_VLLM, check_vllm_version, model_id, vllm_engine_identity
@@ -139,6 +142,8 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
             vllm_config.parallel_config.tensor_parallel_size,
             self._kv_transfer_config.is_kv_consumer, self._kv_transfer_config.is_kv_producer, save_async, config,
             identity=vllm_engine_identity(vllm_config, config.engine_id, config.served_model_name),
+            model_identity=(model_identity(vllm_config, config.fingerprint)
+                            if role == KVConnectorRole.SCHEDULER and geometry is not None else ""),
         )
 
     # -- scheduler side ----------------------------------------------------------------------------------
@@ -213,6 +218,12 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker_side.take_load_errors() if self.worker_side is not None else set()
+
+    def reset_cache(self) -> bool | None:
+        """Forget every chunk saved before now, after the weights changed in place (vLLM calls it from
+        ``reset_prefix_cache(reset_connector=True)``, on the scheduler): see ``SchedulerSide.reset_cache``. Nothing
+        is deleted from the daemon."""
+        return self.scheduler_side.reset_cache() if self.scheduler_side is not None else None
 
     # -- both --------------------------------------------------------------------------------------------
     def get_kv_connector_stats(self) -> KVStoreConnectorStats | None:

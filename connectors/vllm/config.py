@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from kvstore.errors import ConfigError
 from kvstore.protocol.engine_identity import MAX_ENGINE_ID_CHARS, MAX_MODEL_CHARS, name_fault
 
+from ..common.fingerprint import MODES
 from .retention import Retention
 from .settings import load_mode, verify_fraction
 
@@ -59,6 +60,12 @@ def _name(key: str, value: Any, kind: str, limit: int) -> str | None:
     return text or None
 
 
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"kvstore {key} must be one of {', '.join(repr(a) for a in allowed)}, not {value!r}")
+    return str(value)
+
+
 def _priority_retention(value: Any) -> tuple[tuple[int, Retention], ...]:
     """``{"0": "pin", "10": "low"}``: the highest priority (a whole number, vLLM's: lower is more important) that
     gets each class (``retention.py``), as (priority, class) pairs sorted by priority."""
@@ -101,6 +108,8 @@ class VllmConnectorConfig:
     engine_id: str | None = None        # None: the host name, with "-dp<rank>" under data parallelism
     served_model_name: str | None = None   # None: vLLM's served model name
     priority_retention: tuple[tuple[int, Retention], ...] = ()   # (): a request's priority picks no class
+    fingerprint: str = "sampled"        # the weights' fingerprint: "sampled", "full" or "off" (``identity.py``)
+    weights_version: str = ""           # the weights' version before any reset_cache() ("": as loaded)
 
     @classmethod
     def known_keys(cls) -> list[str]:
@@ -142,4 +151,7 @@ class VllmConnectorConfig:
             served_model_name=_name("served_model_name", raw.get("served_model_name", d.served_model_name),
                                     "model", MAX_MODEL_CHARS),
             priority_retention=_priority_retention(raw.get("priority_retention")),
+            fingerprint=_choice("fingerprint", raw.get("fingerprint", d.fingerprint), MODES),
+            weights_version=str(_text("weights_version", raw.get("weights_version", d.weights_version),
+                                      optional=False)),
         )

@@ -20,8 +20,9 @@ class LoadSpec:
     block_ids: list[list[int]]   # per KV cache group
     num_chunks: int
     skip_tokens: int
-    salt: str = ""
+    salt: str = ""               # the request's key root (``identity.RequestKeys.root``)
     is_async: bool = True
+    extras: list[bytes] = field(default_factory=list)   # per chunk, what its key folds in beyond its tokens
 
 
 @dataclass
@@ -42,6 +43,7 @@ class SaveSpec:
     engine_block_size: int = 0
     retention: str = "normal"           # the request's retention class (``retention.py``), sent with the chunks
     pin_ttl: float | None = None        # with ``pin``: its TTL in seconds (None: the daemon's)
+    extras: list[bytes] = field(default_factory=list)   # per chunk, what its key folds in beyond its tokens
 
 
 @dataclass
@@ -58,7 +60,9 @@ class Tracked:
     prompt: list[int]
     block_ids: list[list[int]]   # per KV cache group
     saved_chunks: int
-    salt: str
+    salt: str                    # the request's key root
     saving: bool = False  # a save was planned: its blocks outlive the request until the workers are done
     verify_chunks: int = 0  # leading chunks stored but computed, to be compared with the store
     verified_chunks: int = 0  # ... of which a comparison was planned
+    extras: list[bytes] = field(default_factory=list)   # per prompt chunk, what its key folds in
+    stale: bool = False     # saves nothing more (weights reset under it, or an input it cannot key)

@@ -7,6 +7,7 @@ See ``kvstore.connectors.vllm`` for how a request flows.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from kvstore.protocol.kv_events import block_hash
@@ -14,6 +15,7 @@ from kvstore.protocol.kv_events import block_hash
 from ..common.report import state_report
 from ..common.store import ChunkStore
 from .geometry import NULL_BLOCK
+from .identity import AdapterFingerprints, RequestKeys, Unkeyable, WeightsEpoch, extend, request_keys
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec, Tracked
 from .retention import RequestRetention, request_retention
 from .settings import chosen_for_verify
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
 
 NORMAL = RequestRetention()
+log = logging.getLogger("kvstore.connectors")
 
 
 class SchedulerSide:
@@ -46,7 +49,11 @@ class SchedulerSide:
         self._interval = Interval()
         self._unasked: dict[str, "Request"] = {}   # waiting requests not looked up yet
         self._lookups: dict[str, tuple[int, int]] = {}  # req id -> (tokens when asked, chunks found)
-        self._salts: dict[str, str] = {}
+        self._keys: dict[str, RequestKeys] = {}     # req id -> its key root and per-chunk extras
+        self._refused: set[str] = set()             # requests with an input the connector cannot key
+        self._epoch = WeightsEpoch(settings.config.weights_version)
+        self._adapters = AdapterFingerprints()
+        self._warned_kinds: set[str] = set()
         self._retention: dict[str, RequestRetention] = {}  # req id -> its retention class, read once
         self._by_priority = settings.config.priority_retention
         self._loads: dict[str, LoadSpec] = {}
@@ -79,7 +86,8 @@ class SchedulerSide:
         """What the scheduler did since the last call: prompt tokens to load from the store, lookups."""
         grown = self._interval.take(self._stats)
         return KVStoreConnectorStats(data={"hit_tokens": grown.get("hit_tokens", 0),
-                                           "lookups": grown.get("lookups", 0)})
+                                           "lookups": grown.get("lookups", 0),
+                                           "unkeyable": grown.get("unkeyable", 0)})
 
     def _count(self, name: str, n: int = 1) -> None:
         self._stats[name] = self._stats.get(name, 0) + n
@@ -89,8 +97,9 @@ class SchedulerSide:
             self._unasked[request.request_id] = request
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
-        self._salts[request.request_id] = getattr(request, "cache_salt", None) or ""
         self._read_retention(request)
+        if self._keyed(request, request.num_tokens // self._chunk_tokens) is None:
+            return 0, False   # an input it cannot key: neither loaded nor saved
         if not self._settings.load_enabled:
             return 0, False
         self._count("asked")
@@ -121,8 +130,54 @@ class SchedulerSide:
                                                      getattr(request, "priority", None), self._by_priority)
 
     def saves_allowed(self, req_id: str) -> bool:
-        """Whether the connector may save what `req_id` computes (saving on, and its retention class allows it)."""
-        return self._settings.save_enabled and self._retention.get(req_id, NORMAL).cls.saves
+        """Whether the connector may save what `req_id` computes (saving on, its retention class allows it, and
+        every input of it is keyed)."""
+        return (self._settings.save_enabled and self._retention.get(req_id, NORMAL).cls.saves
+                and req_id not in self._refused)
+
+    def _keyed(self, request: "Request", chunks: int) -> RequestKeys | None:
+        """`request`'s key root and the extras of its first `chunks` chunks (made once, extended on demand);
+        None for a request with an input the connector cannot key (counted, logged once per kind)."""
+        rid = request.request_id
+        if rid in self._refused:
+            return None
+        try:
+            keys = self._keys.get(rid)
+            if keys is None:
+                keys = self._keys[rid] = request_keys(request, self._chunk_tokens, chunks,
+                                                      self._settings.model_identity, self._epoch, self._adapters)
+            else:
+                extend(keys, request, self._chunk_tokens, chunks)
+            return keys
+        except Unkeyable as exc:
+            self._keys.pop(rid, None)
+            self._refused.add(rid)
+            self._count("unkeyable")
+            self._count(f"unkeyable_{exc.kind}")
+            if exc.kind not in self._warned_kinds:
+                self._warned_kinds.add(exc.kind)
+                log.warning("kvstore neither loads nor saves requests with an input it cannot key (%s); "
+                            "counted under unkeyable", exc)
+            return None
+
+    def plain_keys(self, store: ChunkStore, token_ids: list[int], cache_salt: str = "") -> list[bytes]:
+        """The keys `store` holds a prompt of plain token ids under (no adapter or multimodal input) in this
+        engine's current weights epoch: what an operator's tool or a test looks up or deletes."""
+        root = f"{cache_salt};model={self._settings.model_identity};weights={self._epoch.current}"
+        return store.keys(token_ids, root)
+
+    def reset_cache(self) -> bool:
+        """Forget every chunk saved before now (vLLM's ``reset_prefix_cache(reset_connector=True)``, after the
+        weights were updated in place): a new weights epoch in every key root, so nothing saved before is found,
+        and nothing is deleted (other engines' chunks stay theirs). Requests already running save no more (their
+        KV may straddle the update); waiting ones are looked up again under the new epoch."""
+        self._epoch.reset()
+        self._lookups.clear()
+        self._keys.clear()
+        for tracked in self._tracked.values():
+            tracked.stale = True
+        self._count("resets")
+        return True
 
     def _look_up(self, request: "Request") -> None:
         """Look `request` up, and with it the waiting requests not asked about yet, in one round trip."""
@@ -134,10 +189,18 @@ class SchedulerSide:
         t = self._chunk_tokens
         prompts = {rid: list(r.all_token_ids[: r.num_tokens]) for rid, r in batch.items()}
         hits = {rid: (len(tokens) - 1) // t for rid, tokens in prompts.items()}  # leave the last token
+        keyed = {rid: self._keyed(batch[rid], hits[rid]) for rid in batch}
+        for rid, keys in keyed.items():
+            if keys is None:
+                hits[rid] = 0
         for store in self.stores:
             asked = [rid for rid in batch if hits[rid] > 0]
-            salts = {rid: getattr(batch[rid], "cache_salt", None) or "" for rid in asked}
-            counts = store.lookup_many([store.keys(prompts[rid][: hits[rid] * t], salts[rid]) for rid in asked])
+            chains = []
+            for rid in asked:
+                keys = keyed[rid]
+                assert keys is not None
+                chains.append(store.keys(prompts[rid][: hits[rid] * t], keys.root, keys.upto(hits[rid])))
+            counts = store.lookup_many(chains)
             self._count("lookup_calls")
             for rid, count in zip(asked, counts):
                 hits[rid] = count
@@ -156,10 +219,14 @@ class SchedulerSide:
         if num_external_tokens <= 0 or found is None or found[1] <= 0:
             return
         chunks = found[1]
+        keys = self._keys.get(rid)
+        if keys is None:
+            return
         end = chunks * self._chunk_tokens
         block_ids = [[NULL_BLOCK if b.is_null else b.block_id for b in group] for group in blocks.blocks]
         self._loads[rid] = LoadSpec(rid, list(request.all_token_ids[:end]), block_ids, chunks,
-                                    end - num_external_tokens, self._salts.get(rid, ""), self._async.pop(rid, True))
+                                    end - num_external_tokens, keys.root, self._async.pop(rid, True),
+                                    extras=keys.upto(chunks))
         self._loaded[rid] = chunks
         self._count("load_specs")
         self._count("hit_tokens", num_external_tokens)
@@ -172,10 +239,7 @@ class SchedulerSide:
             self._count("preempted", len(meta.preempted))
         for new in scheduler_output.scheduled_new_reqs:
             verify = self._verifying.pop(new.req_id, 0)
-            self._tracked[new.req_id] = Tracked(
-                list(new.prompt_token_ids or []), [list(g) for g in new.block_ids],
-                max(self._loaded.pop(new.req_id, 0), verify), self._salts.pop(new.req_id, ""), verify_chunks=verify,
-            )
+            self._tracked[new.req_id] = self._track(new, verify)
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
             self._plan(new.req_id, done, meta, new.num_computed_tokens)
         cached = scheduler_output.scheduled_cached_reqs
@@ -193,10 +257,25 @@ class SchedulerSide:
             self._plan(req_id, done, meta, cached.num_computed_tokens[i])
         return meta
 
+    def _track(self, new: Any, verify: int) -> Tracked:
+        """The scheduler's record of a newly scheduled request: its prompt (as vLLM holds it: prompt embeddings'
+        positions are zeros), blocks, and the key root and extras its chunks are saved under."""
+        request = self._requests.get(new.req_id)
+        prompt = (list(request.all_token_ids[: request.num_prompt_tokens]) if request is not None
+                  else list(new.prompt_token_ids or []))
+        keys = self._keyed(request, len(prompt) // self._chunk_tokens) if request is not None else None
+        tracked = Tracked(prompt, [list(g) for g in new.block_ids], max(self._loaded.pop(new.req_id, 0), verify),
+                          keys.root if keys is not None else "", verify_chunks=verify,
+                          extras=keys.upto(len(prompt) // self._chunk_tokens) if keys is not None else [])
+        tracked.stale = keys is None   # an input it cannot key: nothing of it is saved
+        return tracked
+
     def _plan(self, req_id: str, computed: int, meta: KVStoreConnectorMetadata, before: int) -> None:
         """Plan the saves (and comparisons) of the chunks `req_id` completes in this step; `before`: the
         tokens it had computed before it (vLLM may have freed blocks behind a sliding window at them)."""
         tracked = self._tracked[req_id]
+        if tracked.stale:
+            return
         t = self._chunk_tokens
         ready = min(computed, len(tracked.prompt)) // t
         if ready > tracked.saved_chunks and self.saves_allowed(req_id):
@@ -206,7 +285,8 @@ class SchedulerSide:
             if ready > first:
                 kept = self._retention.get(req_id, NORMAL)
                 spec = SaveSpec(req_id, tracked.prompt[: ready * t], tracked.block_ids, first, ready - first,
-                                tracked.salt, retention=kept.cls.value, pin_ttl=kept.pin_ttl)
+                                tracked.salt, retention=kept.cls.value, pin_ttl=kept.pin_ttl,
+                                extras=tracked.extras[:ready])
                 self._name_engine_blocks(spec)
                 meta.saves.append(spec)
                 tracked.saving = True
@@ -216,7 +296,8 @@ class SchedulerSide:
         if compared > tracked.verified_chunks:
             first = tracked.verified_chunks
             meta.saves.append(SaveSpec(req_id, tracked.prompt[: compared * t], tracked.block_ids, first,
-                                       compared - first, tracked.salt, verify=True))
+                                       compared - first, tracked.salt, verify=True,
+                                       extras=tracked.extras[:compared]))
             tracked.verified_chunks = compared
             tracked.saving = True  # the comparison reads the blocks: they outlive the request until it is done
             self._count("verify_specs")
@@ -240,9 +321,10 @@ class SchedulerSide:
         rid = request.request_id
         self._requests.pop(rid, None)
         tracked = self._tracked.pop(rid, None)
-        for state in (self._lookups, self._unasked, self._salts, self._retention, self._loads, self._loaded,
+        for state in (self._lookups, self._unasked, self._keys, self._retention, self._loads, self._loaded,
                       self._async, self._verifying):
             state.pop(rid, None)
+        self._refused.discard(rid)
         delay = tracked is not None and tracked.saving and self._settings.save_async
         if delay:
             self._count("delayed_frees")

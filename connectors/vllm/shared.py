@@ -33,6 +33,7 @@ class ConnectorSettings:
     config: VllmConnectorConfig          # kv_connector_extra_config, checked
     links: list[DaemonLink] = field(default_factory=list)
     identity: EngineIdentity | None = None   # who this engine is to its router (said at hello)
+    model_identity: str = ""             # the weights' fingerprint and KV settings (scheduler: ``identity.py``)
 
     @property
     def timeout(self) -> float:

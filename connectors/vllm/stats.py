@@ -16,7 +16,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 # Scheduler: prompt tokens offered from the store and allocated. Workers: the loads and saves done.
 FIELDS: tuple[str, ...] = (
     "hit_tokens", "lookups", "loaded_chunks", "loaded_bytes", "load_failures", "saved_chunks", "saved_bytes",
-    "saves_dropped", "save_failures", "load_seconds", "save_seconds",
+    "saves_dropped", "save_failures", "load_seconds", "save_seconds", "unkeyable",
 )
 
 

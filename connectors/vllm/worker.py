@@ -99,7 +99,8 @@ class WorkerSide:
         t = self._settings.chunk_tokens
         for spec in meta.loads:
             job = LoadJob(spec.req_id, spec.token_ids, spec.salt, spec.skip_tokens // t,
-                          spec.num_chunks, self._chunk_blocks(spec.block_ids, spec.skip_tokens))
+                          spec.num_chunks, self._chunk_blocks(spec.block_ids, spec.skip_tokens),
+                          extras=list(spec.extras))
             if spec.is_async:
                 self._loading[spec.req_id] = spec
                 self.transfers.submit_load(job)
@@ -123,7 +124,7 @@ class WorkerSide:
             job = SaveJob(spec.req_id, spec.token_ids, spec.salt, spec.first_chunk, spec.num_chunks,
                           self._chunk_blocks(spec.block_ids), spec.num_chunks * self._geometry.paged.chunk_nbytes,
                           ready, verify=spec.verify, engine=engine_blocks_of(spec, self._settings.chunk_tokens),
-                          retention=spec.retention, pin_ttl=spec.pin_ttl)
+                          retention=spec.retention, pin_ttl=spec.pin_ttl, extras=list(spec.extras))
             if self._settings.save_async:
                 self._saving.add(spec.req_id)  # reported sent once done (at once by a rank that does not save)
                 if self._saves_here:

@@ -145,9 +145,9 @@ def load_after_deleting_two_chunks(daemon, model, ids):
     req = request("b", ids[0].tolist())
     assert two.lookup(req) == 1024
     meta = two.admit(req, 0, 1024)
-    store = two.scheduler.scheduler_side.stores[0]
+    side = two.scheduler.scheduler_side
     with daemon.client() as c:
-        assert c.delete(store.keys(ids[0].tolist())[2:]) == 2
+        assert c.delete(side.plain_keys(side.stores[0], ids[0].tolist())[2:]) == 2
     two.run_step(meta)
     two.wait_loaded("b")
     return two

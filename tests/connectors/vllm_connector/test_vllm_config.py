@@ -30,6 +30,8 @@ GOOD = {
     "verify_fraction": (0.25, 0.25),
     "engine_id": ("pod-1", "pod-1"),
     "served_model_name": ("org/llama", "org/llama"),
+    "fingerprint": ("full", "full"),
+    "weights_version": ("step-7", "step-7"),
     "priority_retention": ({"5": "low", 0: "pin"}, ((0, Retention.PIN), (5, Retention.LOW))),
 }
 
@@ -49,6 +51,8 @@ BAD = {
     "engine_id": [7, "pod 7", "p" * 129],
     "served_model_name": [7, "a@b"],
     "priority_retention": [["low"], {"x": "low"}, {"1": "keep"}],
+    "fingerprint": ["fast", True, None],
+    "weights_version": [None, 3],
 }
 
 

@@ -2,6 +2,7 @@
 
     <engine venv>/bin/python tests/support/engines/vllm_engine.py save-model DIR [FAMILY]  # a random-weight model, once
     <engine venv>/bin/python tests/support/engines/vllm_engine.py serve CONFIG_JSON   # then one request per line
+    <engine venv>/bin/python tests/support/engines/vllm_engine.py model-identity DIR ENGINE_ARGS_JSON
 
 The CPU build of vLLM and the `vllm` interface wheel the other tests use install the same module, so the engine
 lives in a virtualenv of its own (`.ci/install-vllm-engine.sh`) and the tests talk to it through this script:
@@ -14,7 +15,13 @@ an engine start costs ~15 s, so one process serves every test of a configuration
         [{...} | null, ...], each request's `SamplingParams.extra_args["kv_transfer_params"]`)
         (`abort`: request index -> abort it after that many engine steps; `pause_after`: after that many
         steps reply {"paused": n} and wait for a line (any) before going on, so the test can act mid-run)
-    {"op": "reset_prefix_cache"} -> {"ok": true}         (vLLM forgets its own cached blocks)
+        (`loras` [{"name", "id", "path"} | null, ...]: each prompt's LoRA adapter (config `lora`: the
+        largest rank); `embeds` [{"seed", "scale"} | null, ...]: the prompt given as random prompt embeddings of
+        its length drawn from the seed instead of its token ids (config `prompt_embeds`))
+    {"op": "reset_prefix_cache", "reset_connector": false} -> {"ok": true}   (vLLM forgets its own cached
+        blocks; with `reset_connector`, the connector's `reset_cache()` too)
+    {"op": "update_weights", "seed": n, "scale": s} -> {"ok": true}   (every weight += s * noise from the
+        seed, in place in the workers through `LLM.collective_rpc`, as a trainer syncing weights)
     {"op": "stats"} -> {"scheduler": {...}, "worker": {...}}   (the connector's counters, if it has them)
     {"op": "exit"}
 
@@ -77,6 +84,10 @@ class Engine:
             kwargs["kv_transfer_config"] = config["connector"]
         if config.get("attention_backend"):
             kwargs["attention_config"] = {"backend": config["attention_backend"]}
+        if config.get("lora"):
+            kwargs.update(enable_lora=True, max_lora_rank=int(config["lora"]), max_loras=2)
+        if config.get("prompt_embeds"):
+            kwargs["enable_prompt_embeds"] = True
         self.llm = LLM(**kwargs)
         self.engine = self.llm.llm_engine
         self._next_id = 0
@@ -84,7 +95,9 @@ class Engine:
     def generate(self, prompts: list[list[int]], max_tokens: int = 8, abort: dict[str, int] | None = None,
                  ignore_eos: bool = True, pause_after: int | None = None,
                  pause: Callable[[int], None] | None = None, salts: list[str | None] | None = None,
-                 kv_transfer_params: list[dict[str, Any] | None] | None = None) -> dict[str, Any]:
+                 kv_transfer_params: list[dict[str, Any] | None] | None = None,
+                 loras: list[dict[str, Any] | None] | None = None,
+                 embeds: list[dict[str, Any] | None] | None = None) -> dict[str, Any]:
         from vllm import SamplingParams
 
         abort_at = {int(i): int(n) for i, n in (abort or {}).items()}
@@ -98,9 +111,16 @@ class Engine:
                                     ignore_eos=ignore_eos,
                                     extra_args={"kv_transfer_params": transfer} if transfer else None)
             inputs: dict[str, Any] = {"prompt_token_ids": list(prompt)}
+            if embeds and embeds[i] is not None:
+                inputs = {"prompt_embeds": self._embeddings(len(prompt), **embeds[i])}
             if salts and salts[i] is not None:
                 inputs["cache_salt"] = salts[i]
-            self.engine.add_request(rid, inputs, params)
+            lora = None
+            if loras and loras[i] is not None:
+                from vllm.lora.request import LoRARequest
+
+                lora = LoRARequest(loras[i]["name"], int(loras[i]["id"]), loras[i]["path"])
+            self.engine.add_request(rid, inputs, params, lora_request=lora)
         index = {rid: i for i, rid in enumerate(ids)}
         outputs: list[dict[str, Any]] = [{"tokens": [], "logprobs": [], "ttft": None, "finished": None}
                                          for _ in prompts]
@@ -136,16 +156,28 @@ class Engine:
             self.engine.step()
             time.sleep(0.002)
 
-    def reset_prefix_cache(self) -> dict[str, Any]:
+    def _embeddings(self, length: int, seed: int, scale: float = 0.02) -> Any:
+        import torch
+
+        hidden = self.llm.llm_engine.model_config.get_hidden_size()
+        return torch.randn(length, hidden, generator=torch.Generator().manual_seed(seed)) * scale
+
+    def reset_prefix_cache(self, reset_connector: bool = False) -> dict[str, Any]:
         self._drain()
-        return {"ok": bool(self.engine.reset_prefix_cache())}
+        return {"ok": bool(self.engine.reset_prefix_cache(reset_connector=reset_connector))}
+
+    def update_weights(self, seed: int, scale: float = 0.05) -> dict[str, Any]:
+        self._drain()
+        self.llm.collective_rpc(_perturb_weights, args=(seed, scale))
+        return {"ok": True}
 
     def chunk_keys(self, prompts: list[list[int]], salts: list[str | None] | None = None) -> dict[str, Any]:
         """The connector's chunk keys of each prompt (hex; `salts`: each prompt's cache salt), for tests that
         delete or look up chunks."""
-        store = self.engine.engine_core.engine_core.scheduler.connector.scheduler_side.stores[0]
+        side = self.engine.engine_core.engine_core.scheduler.connector.scheduler_side
         salted = salts or [None] * len(prompts)
-        return {"keys": [[k.hex() for k in store.keys(p, salt or "")] for p, salt in zip(prompts, salted)]}
+        return {"keys": [[k.hex() for k in side.plain_keys(side.stores[0], p, salt or "")]
+                         for p, salt in zip(prompts, salted)]}
 
     def stats(self) -> dict[str, Any]:
         found: dict[str, Any] = {}
@@ -161,6 +193,29 @@ class Engine:
         except Exception:  # noqa: BLE001 - no connector, or not in this process
             pass
         return found
+
+
+def _perturb_weights(worker: Any, seed: int, scale: float) -> None:
+    """In a worker: every floating-point weight += scale * standard noise from `seed` (in place)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in sorted(worker.model_runner.model.named_parameters()):
+            if param.is_floating_point():
+                param.add_(torch.randn(param.shape, generator=generator).to(param.dtype) * scale)
+
+
+def model_identity(model: str, engine_args: dict[str, Any]) -> str:
+    """The vLLM connector's model identity of `model` under `engine_args` (vLLM's own config, no engine)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from kvstore.connectors.vllm.identity import model_identity as identity
+
+    mode = engine_args.pop("fingerprint", "sampled")
+    args = EngineArgs(model=model, skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+                      max_model_len=2048, **engine_args)
+    return identity(args.create_engine_config(), mode)
 
 
 def serve(config: dict[str, Any]) -> None:
@@ -191,9 +246,11 @@ def serve(config: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "save-model":  # DIR [FAMILY [HIDDEN LAYERS]]
-        save_model(sys.argv[2], *sys.argv[3:4], **dict(zip(("hidden", "layers"), map(int, sys.argv[4:6]))))
+    if sys.argv[1] == "save-model":  # DIR [FAMILY [HIDDEN LAYERS [SEED]]]
+        save_model(sys.argv[2], *sys.argv[3:4], **dict(zip(("hidden", "layers", "seed"), map(int, sys.argv[4:7]))))
     elif sys.argv[1] == "serve":
         serve(json.loads(sys.argv[2]))
+    elif sys.argv[1] == "model-identity":  # MODEL ENGINE_ARGS_JSON: the connector's model identity, one line
+        print(model_identity(sys.argv[2], json.loads(sys.argv[3])))
     else:
         raise SystemExit(f"unknown command {sys.argv[1]!r}: use save-model DIR or serve CONFIG_JSON")

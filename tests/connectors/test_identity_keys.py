@@ -1,0 +1,122 @@
+"""What the connectors fold into chunk keys beyond token ids: per-chunk extras in the chain, the weights'
+fingerprint, the settings digest, the canonical encoding of vLLM's extra keys and the weights epoch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import kvstore
+from kvstore.connectors.common.fingerprint import WINDOW, WINDOWS, settings_digest, weights_fingerprint
+from kvstore.connectors.common.keying import WEIGHTS_VERSION_PARAM, Unkeyable, WeightsEpoch, encode
+from kvstore.errors import ConfigError
+
+TOKENS = list(range(64))
+
+
+def test_extras_change_the_key_of_their_chunk_and_every_later_one():
+    plain = kvstore.chunk_keys("ns", TOKENS, 16)
+    assert kvstore.chunk_keys("ns", TOKENS, 16, extras=[b"", b""]) == plain   # empty extras fold nothing
+    image = kvstore.chunk_keys("ns", TOKENS, 16, extras=[b"", b"image-1"])
+    assert image[0] == plain[0] and all(x != y for x, y in zip(image[1:], plain[1:]))
+    other = kvstore.chunk_keys("ns", TOKENS, 16, extras=[b"", b"image-2"])
+    assert other[0] == image[0] and all(x != y for x, y in zip(other[1:], image[1:]))
+
+
+def checkpoint(directory: Path, seed: int, big: int = 4 * WINDOWS * WINDOW) -> Path:
+    """A two-file safetensors checkpoint: a large tensor (read by windows) and a small one (read whole)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    save_file({"big": torch.randn(big // 4, generator=g), "norm": torch.randn(16, generator=g)},
+              str(directory / "model-00001-of-00002.safetensors"))
+    save_file({"head": torch.randn(64, 8, generator=g)}, str(directory / "model-00002-of-00002.safetensors"))
+    (directory / "config.json").write_text("{}")
+    return directory
+
+
+def test_identical_bytes_give_one_fingerprint_wherever_they_lie(tmp_path):
+    one = checkpoint(tmp_path / "host-a" / "model", seed=0)
+    two = shutil.copytree(one, tmp_path / "elsewhere" / "copy")
+    os.utime(two / "model-00002-of-00002.safetensors", (1, 1))   # times and paths do not count
+    assert weights_fingerprint(one).digest == weights_fingerprint(two).digest
+    assert weights_fingerprint(one, "full").digest == weights_fingerprint(two, "full").digest
+
+
+@pytest.mark.parametrize("tensor", ["big", "norm"])
+def test_one_rewritten_tensor_changes_the_fingerprint(tmp_path, tensor):
+    path = checkpoint(tmp_path / "m", seed=0)
+    before = weights_fingerprint(path)
+    from safetensors.torch import load_file
+
+    file = str(path / "model-00001-of-00002.safetensors")
+    tensors = load_file(file)
+    tensors[tensor] = torch.randn(tensors[tensor].shape, generator=torch.Generator().manual_seed(9))
+    save_file(tensors, file)
+    after = weights_fingerprint(path)
+    assert after.digest != before.digest
+    assert after.bytes_read < path.joinpath("model-00001-of-00002.safetensors").stat().st_size  # sampled
+
+
+def test_full_mode_sees_a_change_between_the_windows(tmp_path):
+    path = checkpoint(tmp_path / "m", seed=0)
+    file = path / "model-00001-of-00002.safetensors"
+    sampled, full = weights_fingerprint(path).digest, weights_fingerprint(path, "full").digest
+    data = bytearray(file.read_bytes())
+    length = int.from_bytes(data[:8], "little")
+    start = json.loads(data[8:8 + length])["big"]["data_offsets"][0]
+    data[8 + length + start + WINDOW + WINDOW // 2] ^= 0xFF   # inside "big", after its first window
+    file.write_bytes(bytes(data))
+    assert weights_fingerprint(path, "full").digest != full
+    assert weights_fingerprint(path).digest == sampled      # the documented limit of "sampled"
+
+
+def test_a_directory_without_weights_or_a_broken_header_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="no weight file"):
+        weights_fingerprint(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 16)
+    with pytest.raises(ConfigError, match="not a safetensors file"):
+        weights_fingerprint(tmp_path)
+    with pytest.raises(ConfigError, match="fingerprint mode"):
+        weights_fingerprint(tmp_path, "fast")
+
+
+def test_settings_digest_is_stable_and_sees_every_value():
+    settings = {"rope_scaling": {"type": "yarn", "factor": 4.0}, "kv_cache_dtype": "auto", "quantization": None}
+    assert settings_digest(settings) == settings_digest(dict(reversed(list(settings.items()))))
+    assert settings_digest(settings) != settings_digest({**settings, "kv_cache_dtype": "fp8"})
+    assert settings_digest(settings) != settings_digest({**settings, "rope_scaling": {"type": "yarn", "factor": 2.0}})
+
+
+def test_extra_keys_encode_canonically_and_refuse_what_they_cannot_encode():
+    key = (("mm", "abc", 3), ("prompt_embeds", b"\x01\x02"))
+    assert encode(key) == encode(tuple(list(k) for k in key))   # a list is a tuple
+    assert encode(("mm", "ab", 1)) != encode(("mm", "a", "b1"))  # lengths keep fields apart
+    assert encode(1) != encode("1") != encode(True)
+    with pytest.raises(Unkeyable) as refused:
+        encode(("mm", object()))
+    assert refused.value.kind == "extra_keys"
+
+
+class _Request:
+    def __init__(self, params: object = None) -> None:
+        self.kv_transfer_params = params
+
+
+def test_a_reset_moves_the_epoch_and_a_named_version_is_shared():
+    epoch = WeightsEpoch("")
+    plain, named = _Request(), _Request({WEIGHTS_VERSION_PARAM: "step-7"})
+    first = epoch.of(plain)
+    epoch.reset()
+    assert epoch.of(plain) != first
+    again = epoch.of(plain)
+    epoch.reset()
+    assert epoch.of(plain) not in (first, again)
+    assert epoch.of(named) == WeightsEpoch("other").of(named) == "named-step-7"
+    with pytest.raises(Unkeyable):
+        epoch.of(_Request({WEIGHTS_VERSION_PARAM: 7}))
