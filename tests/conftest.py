@@ -129,12 +129,14 @@ PROCESS_MODULES = frozenset({
     "server/test_startup_safety.py", "server/test_stop_cleanup.py", "server/test_stop_safety.py",
     "sim/test_simulate.py", "store/test_integrity.py", "tiers/test_warm_restart.py",
 })
-# Modules that run real vLLM engine processes (the CPU build in KVSTORE_VLLM_VENV): minutes each.
+# Modules that run real engine processes (vLLM's CPU build in KVSTORE_VLLM_VENV, SGLang's CPU path in
+# KVSTORE_SGLANG_VENV): minutes each.
 ENGINE_MODULES = frozenset({
     "connectors/vllm/test_vllm_engine.py", "connectors/vllm/test_vllm_engine_roles.py",
     "connectors/vllm/test_vllm_families.py", "connectors/vllm/test_vllm_verify.py",
     "connectors/vllm/test_vllm_engine_block_events.py",
     "connectors/vllm/test_vllm_engine_tenants.py",
+    "connectors/sglang/test_sglang_engine.py", "connectors/sglang/test_sglang_engine_mla.py",
 })
 # Modules that need a CUDA device when KVSTORE_TEST_DEVICE=cuda asks them to run on one.
 GPU_MODULES = frozenset({"connectors/hf/test_connector_hf.py"})
