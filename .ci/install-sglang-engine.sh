@@ -12,6 +12,7 @@
 # Usage: bash .ci/install-sglang-engine.sh
 #   KVSTORE_SGLANG_VENV: where (default ${XDG_CACHE_HOME:-$HOME/.cache}/kvstore-dev/venv-sglang, outside the checkout)
 set -euo pipefail
+SCRIPT="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/.."
 
 VENV="${KVSTORE_SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvstore-dev/venv-sglang}"
@@ -52,6 +53,18 @@ PYMISSING
 
 [ -x "$VENV/bin/python" ] || { mkdir -p "$(dirname "$VENV")"; "$PY_BASE" -m venv "$VENV"; }
 
+# Fast path: this very script completed here before and nothing it installs has gone since.
+STAMP="$VENV/.kvstore-install-sglang-engine"
+script_digest="$(sha256sum "$SCRIPT" | cut -d' ' -f1)"
+if [ "$(cat "$STAMP" 2>/dev/null)" = "$script_digest" ] \
+    && ls "$VENV"/torch-extensions/hicache_hash_cpp/hicache_hash_cpp*.so >/dev/null 2>&1 \
+    && [ -z "$(missing_of "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" "sglang==$SGLANG_VERSION" \
+                "xgrammar==0.2.7" "${RUNTIME_DEPS[@]}" "${KVSTORE_DEPS[@]}")" ]; then
+  echo "install-sglang-engine: sglang $SGLANG_VERSION already installed in $VENV"
+  exit 0
+fi
+rm -f "$STAMP"
+
 mapfile -t wanted < <(missing_of "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION")
 if [ "${#wanted[@]}" -gt 0 ]; then
   echo "install-sglang-engine: torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION"
@@ -84,3 +97,4 @@ assert hasattr(mha, "transfer_kv_direct"), "the CPU shim (tests/support/engines/
 from kvstore.connectors import sglang as connector  # noqa: F401
 print(f"install-sglang-engine: sglang {sglang.__version__}, torch {torch.__version__} import with the backend")
 PYCHECK
+echo "$script_digest" > "$STAMP"
