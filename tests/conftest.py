@@ -136,7 +136,7 @@ ENGINE_MODULES = frozenset({
     "connectors/vllm/test_vllm_families.py", "connectors/vllm/test_vllm_verify.py",
     "connectors/vllm/test_vllm_engine_block_events.py",
     "connectors/vllm/test_vllm_engine_tenants.py",
-    "connectors/sglang/test_sglang_engine.py", "connectors/sglang/test_sglang_engine_mla.py",
+    "connectors/sglang/test_sglang_engine.py",
 })
 # Modules that need a CUDA device when KVSTORE_TEST_DEVICE=cuda asks them to run on one.
 GPU_MODULES = frozenset({"connectors/hf/test_connector_hf.py"})

@@ -211,7 +211,9 @@ class SGLangServer:
         return "\n".join(line[:500] for line in lines[-n:])
 
     def close(self) -> None:
-        """Stop the server and its children (its own process group)."""
+        """Stop the server and its children (its own process group), and remove the shared-memory files they
+        had mapped and left behind (SGLang's processes end by SIGKILL, which skips their own unlinking)."""
+        leftovers = shm_files_of_group(self.proc.pid)
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -225,7 +227,55 @@ class SGLangServer:
             os.killpg(self.proc.pid, signal.SIGKILL)   # children left behind by a server that exited first
         except (ProcessLookupError, PermissionError):
             pass
+        self._wait_group_gone()
+        for path in leftovers:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
         self._log.close()
+
+    def _wait_group_gone(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while group_members(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid`."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
+
+
+# What SGLang's processes make in /dev/shm: multiprocessing's semaphores and SGLang's own segments (never the
+# daemon's arena, which the backend in the scheduler maps too)
+ENGINE_SHM_PREFIXES = ("sem.mp-", "sglang_", "sgl_shm_", "multi_tokenizer_args_")
+
+
+def shm_files_of_group(pgid: int) -> set[str]:
+    """The engine's own /dev/shm files that the processes of group `pgid` have mapped."""
+    paths: set[str] = set()
+    for pid in group_members(pgid):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    path = line.split(None, 5)[-1].strip() if line.count(" ") >= 5 else ""
+                    name = path[len("/dev/shm/"):] if path.startswith("/dev/shm/") else ""
+                    if name.startswith(ENGINE_SHM_PREFIXES) and not path.endswith("(deleted)"):
+                        paths.add(path)
+        except OSError:
+            continue
+    return paths
 
 
 def storage_tokens(details: Any) -> int:

@@ -1,1 +1,0 @@
-from sglang.srt.models.deepseek_v2 import EntryClass  # noqa: F401 - what SGLang registers
