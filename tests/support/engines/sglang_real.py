@@ -9,6 +9,7 @@ directory of its own: a folder named ``kvstore`` in the working directory would 
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
@@ -135,9 +136,13 @@ class SGLangServer:
         command = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", "127.0.0.1",
                    "--port", str(self.port), *BASE_FLAGS, *flags]
         self._log = open(self.log_path, "ab")
+        before = set(glob.glob(LOAD_SNAPSHOT_GLOB))
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=rundir,
                                      start_new_session=True)
         self._wait_ready()
+        # SGLang's load-snapshot file (its name is random) is made during start and survives the SIGKILL that
+        # ends SGLang's processes: the one that appeared while this server started is its own
+        self.own_shm = set(glob.glob(LOAD_SNAPSHOT_GLOB)) - before
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -213,7 +218,7 @@ class SGLangServer:
     def close(self) -> None:
         """Stop the server and its children (its own process group), and remove the shared-memory files they
         had mapped and left behind (SGLang's processes end by SIGKILL, which skips their own unlinking)."""
-        leftovers = shm_files_of_group(self.proc.pid)
+        leftovers = shm_files_of_group(self.proc.pid) | getattr(self, "own_shm", set())
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -257,6 +262,7 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+LOAD_SNAPSHOT_GLOB = "/dev/shm/sglang_loads_*.shm"
 # What SGLang's processes make in /dev/shm: multiprocessing's semaphores and SGLang's own segments (never the
 # daemon's arena, which the backend in the scheduler maps too)
 ENGINE_SHM_PREFIXES = ("sem.mp-", "sglang_", "sgl_shm_", "multi_tokenizer_args_")
