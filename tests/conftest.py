@@ -122,22 +122,24 @@ def client(daemon) -> Iterator[kvstore.Client]:
 PROCESS_MODULES = frozenset({
     "cli/test_cli.py", "client/test_request_limits.py", "connectors/test_import_paths.py",
     "connectors/test_connector_report.py",
-    "connectors/vllm/test_connector_vllm.py", "gpu/test_gpu_tier.py", "gpu/test_gpu_wiring.py",
+    "connectors/vllm_connector/test_connector_vllm.py", "gpu/test_gpu_tier.py", "gpu/test_gpu_wiring.py",
     "metrics/test_metrics.py", "native/test_native.py", "project/test_hygiene.py", "project/test_packaging.py",
     "remote/test_remote_backends.py", "remote/test_remote_tier.py", "routing/test_routing.py",
     "security/test_redaction.py", "security/test_security.py", "server/test_kv_events.py", "server/test_ops.py",
     "server/test_startup_safety.py", "server/test_stop_cleanup.py", "server/test_stop_safety.py",
     "sim/test_simulate.py", "store/test_integrity.py", "tiers/test_warm_restart.py",
 })
-# Modules that run real vLLM engine processes (the CPU build in KVSTORE_VLLM_VENV): minutes each.
+# Modules that run real engine processes (vLLM's CPU build in KVSTORE_VLLM_VENV, SGLang's CPU path in
+# KVSTORE_SGLANG_VENV): minutes each.
 ENGINE_MODULES = frozenset({
-    "connectors/vllm/test_vllm_engine.py", "connectors/vllm/test_vllm_engine_roles.py",
-    "connectors/vllm/test_vllm_families.py", "connectors/vllm/test_vllm_verify.py",
-    "connectors/vllm/test_vllm_engine_block_events.py",
-    "connectors/vllm/test_vllm_engine_tenants.py", "connectors/vllm/test_vllm_engine_identity.py",
+    "connectors/vllm_connector/test_vllm_engine.py", "connectors/vllm_connector/test_vllm_engine_roles.py",
+    "connectors/vllm_connector/test_vllm_families.py", "connectors/vllm_connector/test_vllm_verify.py",
+    "connectors/vllm_connector/test_vllm_engine_block_events.py",
+    "connectors/vllm_connector/test_vllm_engine_tenants.py", "connectors/vllm_connector/test_vllm_engine_identity.py",
+    "connectors/sglang_connector/test_sglang_engine.py",
 })
 # Modules that need a CUDA device when KVSTORE_TEST_DEVICE=cuda asks them to run on one.
-GPU_MODULES = frozenset({"connectors/hf/test_connector_hf.py"})
+GPU_MODULES = frozenset({"connectors/hf_connector/test_connector_hf.py"})
 DAEMON_FIXTURES = frozenset({"start_daemon", "start_module_daemon"})
 TESTS_DIR = Path(__file__).resolve().parent
 

@@ -44,3 +44,12 @@ def test_no_test_folder_or_module_is_named_like_a_real_module():
     real = real_module_names()
     shadowing = {name: str(path.relative_to(TESTS)) for name, path in names_on_the_path().items() if name in real}
     assert not shadowing, f"rename these (pytest would import them in place of the real module): {shadowing}"
+
+
+def test_every_module_the_markers_name_exists():
+    """conftest.py marks modules by path (engine, process, GPU): a moved module would silently lose its marker."""
+    import conftest
+
+    named = conftest.PROCESS_MODULES | conftest.ENGINE_MODULES | conftest.GPU_MODULES
+    missing = sorted(path for path in named if not (TESTS / path).is_file())
+    assert not missing, f"conftest.py names modules that are not there: {missing}"
