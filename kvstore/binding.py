@@ -24,12 +24,16 @@ the half the shared index probes from) XORed with a 64-bit mask of the namespace
 Where. The dispatcher maps every key field of every request (``tenants/key_space.KEY_FIELDS``) through the
 session's ``KeyBinding`` (the tenant's key space first, then the namespace); everything below it — the index,
 the shared index, disk files, the remote store's object names, kept arenas and the journal — sees bound keys.
-Records written before keys were bound (a disk file without ``FLAG_BOUND``, a kept arena description before
-version 3, a journal before version 2) hold unbound keys and the namespace beside them, and are bound when read.
+What the daemon writes down keeps the key as its client sent it (after its tenant's key space) beside the
+namespace, and binds it again when it reads it (``rebind``: the binding is its own inverse): a disk file's
+header, a kept arena's description, the journal. So records written before keys were bound read as those written
+since, a daemon from before the binding reads what this one wrote, and a disk file is named by its bound key
+(a file from before, named by the key as sent, is renamed at the index rebuild).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -39,9 +43,10 @@ KEY_BYTES = 16
 BINDING_SCHEME = "ns-xor64/v1"
 
 
+@lru_cache(maxsize=4096)
 def namespace_mask(namespace: str) -> int:
     """The 64-bit mask of ``namespace`` (xxh3-64 of its UTF-8 name under a fixed label)."""
-    return xxhash.xxh3_64_intdigest(b"kvstore:namespace-binding:" + namespace.encode())
+    return xxhash.xxh3_64_intdigest(b"kvstore:namespace-binding:" + namespace.encode(errors="surrogatepass"))
 
 
 def bind_key(mask: int, key: bytes) -> bytes:
@@ -49,6 +54,13 @@ def bind_key(mask: int, key: bytes) -> bytes:
     if len(key) != KEY_BYTES:
         return key
     return (int.from_bytes(key[:8], "little") ^ mask).to_bytes(8, "little") + key[8:]
+
+
+def rebind(namespace: str, key: bytes) -> bytes:
+    """``key`` bound to ``namespace`` — and, since the binding is its own inverse, a bound key unbound: what the
+    records the daemon writes (disk headers, kept arena descriptions, the journal) hold is the key as its client
+    sent it, beside the namespace, so that records from before the binding and after it read the same way."""
+    return bind_key(namespace_mask(namespace), key)
 
 
 def bind_packed(mask: int, packed: bytes) -> bytes:

@@ -182,6 +182,7 @@ def rebuild_index(ledger: DiskLedger) -> None:
     ledger.store.tier_counters.quarantined += len(found.quarantined)
     logs.info("disk_index_rebuilt", directory=disk.directory, chunks=adopted, dropped=len(found.chunks) - adopted,
               quarantined=len(found.quarantined), foreign=len(found.foreign), temps_removed=found.temps_removed,
+              renamed=found.renamed,
               seconds=round(elapsed, 3), chunks_per_s=round(len(found.chunks) / elapsed) if elapsed else 0,
               direct_io=disk.direct, capacity_bytes=disk.capacity_bytes, used_bytes=disk.used_bytes)
 

@@ -13,12 +13,13 @@ Layout (little-endian)::
     12  2  ns_len       bytes of the UTF-8 namespace stored at offset 64
     14  2  retention    the chunk's retention class as it was written: 0 normal (and every file from before the
                         field, when it was a reserved 0), 1 low, 2 high (a pin is written as high)
-    16 16  key          the chunk's 16-byte chained key
+    16 16  key          the chunk's 16-byte chained key as its client sent it (``ChunkHeader.key`` is the key the
+                        daemon keeps, bound to the namespace: ``kvstore/binding.py``; the file is named by it)
     32  8  raw_len      length of the chunk as put
     40  8  stored_len   length of the payload on disk (== raw_len unless compressed)
     48  8  payload_sum  xxh3-64 of the chunk (of the stored payload in lz4 files without bit 1)
     56  8  header_sum   xxh3-64 of bytes 0..56 and of everything after byte 64 (namespace, parent, engine names)
-    64  …  namespace, then the parent key (with flag bit 2), then the engine names (with flag bit 3)
+    64  …  namespace, then the parent key (with flag bit 2; as sent, like the key), then the engine names (with flag bit 3)
     4096   payload (stored_len bytes); the file is exactly HEADER_BYTES + stored_len long
 
 The header fills one 4 KiB block so that the payload starts block-aligned: O_DIRECT reads and writes move the
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from ...binding import rebind
 from ...errors import BadRequestError, FormatError, LimitError
 from ...protocol.engine_blocks import EngineBlocks, read_engine_chunk
 from ...protocol.retention import Retention
@@ -111,14 +113,14 @@ def pack_header(header: ChunkHeader, into: memoryview | bytearray | None = None)
     if len(ns) > MAX_NAMESPACE_BYTES:
         raise ValueError(f"namespace of {len(ns)} bytes does not fit the header ({MAX_NAMESPACE_BYTES} max)")
     flags = header.flags | (FLAG_PARENT if header.parent is not None else 0)
-    tail = ns + (header.parent or b"")
+    tail = ns + (rebind(header.namespace, header.parent) if header.parent is not None else b"")
     names = _pack_engine(header.engine) if header.engine is not None else b""
     if names and 64 + len(tail) + len(names) <= HEADER_BYTES:
         flags |= FLAG_ENGINE
         tail += names
     version = ENGINE_FORMAT_VERSION if flags & FLAG_ENGINE else FORMAT_VERSION
-    fixed = _FIXED.pack(MAGIC, version, flags, len(ns), _CLASS_CODE[header.retention], header.key,
-                        header.raw_len, header.stored_len, header.payload_sum)
+    fixed = _FIXED.pack(MAGIC, version, flags, len(ns), _CLASS_CODE[header.retention],
+                        rebind(header.namespace, header.key), header.raw_len, header.stored_len, header.payload_sum)
     block = into if into is not None else bytearray(HEADER_BYTES)
     block[:HEADER_BYTES] = bytes(HEADER_BYTES)
     block[0:56] = fixed
@@ -154,8 +156,10 @@ def unpack_header(block: bytes | memoryview, file_len: int | None = None) -> Chu
         raise FormatError(f"unknown retention class {code} (0 normal, 1 low, 2 high)")
     if stored_len == 0 or raw_len == 0 or (not flags & FLAG_LZ4 and stored_len != raw_len):
         raise FormatError(f"inconsistent lengths raw={raw_len} stored={stored_len}")
-    header = ChunkHeader(key, ns.decode(errors="replace"), raw_len, stored_len, payload_sum,
-                         flags & ~(FLAG_PARENT | FLAG_ENGINE), parent, engine, _CODE_CLASS[code])
+    namespace = ns.decode(errors="replace")
+    header = ChunkHeader(rebind(namespace, key), namespace, raw_len, stored_len, payload_sum,
+                         flags & ~(FLAG_PARENT | FLAG_ENGINE), None if parent is None else rebind(namespace, parent),
+                         engine, _CODE_CLASS[code])
     if file_len is not None and file_len != header.file_len:
         raise FormatError(f"file is {file_len} bytes, header says {header.file_len}")
     return header

@@ -18,6 +18,9 @@ Layout: a fixed header, then one msgpack map::
                               first; engine: [block_size, block_hashes, parent_block_hash, token_ids] or null;
                               retention: the class, 0 low, 1 normal, 2 high)
 
+Keys: each chunk's key and parent as its client sent them, beside its namespace; the daemon keeps them bound to
+the namespace (``kvstore/binding.py``) and binds them again as it reads them.
+
 Every chunk listed was committed and carries the checksum its bytes had at commit: nothing listed is served
 before its bytes are hashed again and match (``adoption.py``). Versions: a reader refuses a version it does not
 know in one line, and the arena is then freed, never guessed at. Version 2 added each chunk's retention class (a
@@ -36,6 +39,7 @@ from typing import Any
 import msgpack
 import xxhash
 
+from ...binding import rebind
 from ...protocol.engine_blocks import EngineBlocks
 from ...protocol.retention import Retention
 
@@ -128,10 +132,13 @@ def remove_description(path: str) -> None:
 
 
 def pack_chunk(c: KeptChunk) -> list[Any]:
-    """``c`` as the list a description (and the journal, ``journal.py``) stores."""
+    """``c`` as the list a description (and the journal, ``journal.py``) stores: its key and parent as its client
+    sent them (``binding.rebind``), beside its namespace."""
     engine = None if c.engine is None else [c.engine.block_size, list(c.engine.hashes), c.engine.parent,
                                             list(c.engine.token_ids)]
-    return [c.key, c.offset, c.size, c.namespace, c.parent, c.checksum, c.leased, engine, int(c.retention)]
+    parent = None if c.parent is None else rebind(c.namespace, c.parent)
+    return [rebind(c.namespace, c.key), c.offset, c.size, c.namespace, parent, c.checksum, c.leased, engine,
+            int(c.retention)]
 
 
 def unpack_chunk(item: Any) -> KeptChunk:
@@ -146,7 +153,11 @@ def unpack_chunk(item: Any) -> KeptChunk:
         raise ValueError(f"chunk record {item!r:.80} is malformed")
     blocks = None if engine is None else EngineBlocks(int(engine[0]), tuple(engine[1]), engine[2],
                                                       tuple(engine[3]))
-    return KeptChunk(key, offset, size, namespace, parent, checksum, bool(leased), blocks, Retention(retention))
+    if len(key) != 16 or (parent is not None and len(parent) != 16):
+        raise ValueError(f"chunk record {item!r:.80} is malformed: keys are 16 bytes")
+    bound_parent = None if parent is None else rebind(namespace, parent)
+    return KeptChunk(rebind(namespace, key), offset, size, namespace, bound_parent, checksum, bool(leased), blocks,
+                     Retention(retention))
 
 
 def _unpack(body: dict[str, Any]) -> ArenaDescription:
