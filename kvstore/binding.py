@@ -83,7 +83,7 @@ def bind_keys(mask: int, keys: Sequence[bytes]) -> list[bytes]:
 class NamespaceBinding:
     """One namespace's binding: the keys its sessions send mapped to the keys its chunks are kept under."""
 
-    __slots__ = ("namespace", "mask")
+    __slots__ = ("mask", "namespace")
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace

@@ -51,7 +51,8 @@ KEY_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.LOOKUP_SEEN: ("found", "read"),
 }
 NO_KEYS = frozenset({Op.HELLO, Op.PING, Op.COMMIT, Op.ABORT, Op.RELEASE, Op.EXTEND, Op.STATS, Op.CLEAR,
-                     Op.SCRUB, Op.SCRUB_START, Op.SCRUB_STATUS, Op.SCRUB_CANCEL, Op.RELOAD, Op.LOAD_TIMES})
+                     Op.SCRUB, Op.SCRUB_START, Op.SCRUB_STATUS, Op.SCRUB_CANCEL, Op.RELOAD, Op.LOAD_TIMES,
+                     Op.INVALIDATE})
 assert set(KEY_FIELDS) | NO_KEYS == set(Op) and not set(KEY_FIELDS) & NO_KEYS, \
     "every operation must say whether it carries keys (tenants/key_space.py)"
 
@@ -126,7 +127,7 @@ class SessionKeys:
     """What a session's keys are mapped through: its tenant's key space when the tenant is restricted, then its
     namespace's binding (``binding.py``). Every session has one, so every key below the dispatcher is bound."""
 
-    __slots__ = ("space", "binding")
+    __slots__ = ("binding", "space")
 
     def __init__(self, namespace: str, space: KeySpace | None) -> None:
         self.space = space

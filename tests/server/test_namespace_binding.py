@@ -32,7 +32,7 @@ def read(client, keys: list[bytes]) -> list[bytes]:
 
 def settled(daemon) -> None:
     with daemon.client(namespace="probe") as c:
-        wait_for(lambda: c.stats().get("adoption", {}).get("state", "done") == "done", timeout=30)
+        assert wait_for(lambda: c.stats()["adoption"]["state"] != "verifying", timeout=30)
 
 
 def test_another_namespace_put_under_my_keys_is_never_read_by_me(daemon):

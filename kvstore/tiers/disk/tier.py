@@ -40,6 +40,7 @@ from ...binding import rebind
 from ...errors import ConfigError
 from ...errors import ChecksumError, DamagedSource
 from ...protocol.engine_blocks import EngineBlocks
+from ...protocol.key_params import KeyParams
 from ...protocol.retention import Retention
 from .format import FLAG_LZ4, FLAG_RAW_SUM, HEADER_BYTES, ChunkHeader, FormatError, checksum, pack_header, unpack_header
 
@@ -146,7 +147,7 @@ class DiskTier:
     # -- file I/O (worker threads) ---------------------------------------------------------------------------
     def write(self, key: bytes, namespace: str, slot: memoryview, size: int, expected: int | None = None,
               parent: bytes | None = None, engine: EngineBlocks | None = None,
-              retention: Retention = Retention.NORMAL) -> int:
+              retention: Retention = Retention.NORMAL, params: KeyParams | None = None) -> int:
         """Write the chunk whose bytes are ``slot[:size]`` (``slot`` page-aligned, ``len(slot)`` rounded up to a
         block). ``expected`` is the chunk's checksum: the slot is checked against it on the way (DamagedSource
         when it differs: the DRAM copy changed since commit) and it is the sum the header carries. Returns the
@@ -166,7 +167,7 @@ class DiskTier:
             stored = size
             if len(slot) % BLOCK or len(slot) < size:
                 raise ValueError("slot must be block-rounded and hold the chunk")
-        header = ChunkHeader(key, namespace, size, stored, raw_sum, flags, parent, engine, retention)
+        header = ChunkHeader(key, namespace, size, stored, raw_sum, flags, parent, engine, retention, params)
         block = memoryview(self._scratch.header)
         pack_header(header, block)
         final = self.path_for(key)
