@@ -191,3 +191,24 @@ def test_mooncake_store_shares_chunks_between_daemons(tmp_path, two_hosts):
 def test_bad_remote_url_is_one_clear_line(tmp_path, url, message):
     result = run_cli("serve", "--socket", str(tmp_path / "s.sock"), "--remote", url)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_the_remote_store_keeps_namespaces_apart_and_invalidate_deletes_what_it_wrote(redis_server, start_daemon):
+    """Keys bound to their namespace in the remote store: a chunk another namespace put under this namespace's
+    keys on host A is not fetched by this namespace on host B, while the same namespace still shares across hosts;
+    ``kvstore invalidate`` on A deletes the values A wrote, so B fetches none of them."""
+    hosts = [start_daemon("--remote", redis_server.url, "--remote-wait", WAIT) for _ in range(2)]
+    with hosts[0].client(namespace="nsB") as evil, hosts[0].client(namespace="nsA") as a, \
+            hosts[1].client(namespace="nsA") as b:
+        keys, payloads = chain(a, 7)
+        put_and_share(evil, keys, [b"EVIL" * 10_000] * len(keys))
+        assert b.lookup_tiers(keys).count == 0
+        put_and_share(a, keys, payloads)
+        with b.get(keys) as views:
+            assert [bytes(v) for v in views] == payloads
+        other, other_payloads = chain(a, 8)
+        put_and_share(a, other, other_payloads)
+        with hosts[0].client(namespace="operator") as op:
+            report = op.invalidate(["nsA"])
+        assert report["chunks"] == {"nsA": 6} and report["remote_deleted"] == 6
+        assert b.lookup_tiers(other).count == 0   # B never held them, and the store has them no more
