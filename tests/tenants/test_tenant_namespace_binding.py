@@ -52,14 +52,14 @@ def test_another_users_client_in_another_tenant_reaches_only_its_own_chunks(star
 
     def probe() -> list[str]:   # in the open tenant, under the restricted tenant's keys, before and after it puts
         with kvstore.connect(d.address, namespace="beta:m", chunk_tokens=16, timeout=10) as c:
-            stored = c.put(keys, [EVIL] * 4)
-            return [f"stored {stored}", f"reads own {read(c, keys) == [EVIL] * 4}"]
+            c.put(keys, [EVIL] * 4)
+            return [f"reads own {read(c, keys) == [EVIL] * 4}"]
 
-    assert as_other_user(STRANGER_UID, STRANGER_UID, probe) == ["stored 4", "reads own True"]
+    assert as_other_user(STRANGER_UID, STRANGER_UID, probe) == ["reads own True"]
     with d.client(namespace="alpha:m", chunk_tokens=16) as a:
         assert a.lookup(keys) == 0
         assert a.put(keys, [GOOD] * 4) == 4
         assert read(a, keys) == [GOOD] * 4
-    assert as_other_user(STRANGER_UID, STRANGER_UID, probe) == ["stored 4", "reads own True"]
+    assert as_other_user(STRANGER_UID, STRANGER_UID, probe) == ["reads own True"]
     with d.client(namespace="alpha:m", chunk_tokens=16) as a:
         assert read(a, keys) == [GOOD] * 4
