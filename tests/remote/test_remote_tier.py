@@ -13,6 +13,7 @@ import pytest
 
 from kvstore.metrics.collector import unmapped_paths
 from kvstore.tiers.remote import record
+from kvstore.binding import rebind
 from support.daemons import run_cli
 
 try:
@@ -113,7 +114,7 @@ def test_corrupted_value_in_the_store_is_a_miss(redis_server, two_hosts):
     keys, payloads = chain(a, 3, n=2)
     put_and_share(a, keys, payloads)
     raw = redis.Redis.from_url(redis_server.url)
-    name = record.object_name("kvstore", keys[1])
+    name = record.object_name("kvstore", rebind("m", keys[1]))   # named by the key bound to its namespace
     raw.setrange(name, record.HEADER_SIZE + 100, b"\xff\x00\xff")   # damage the second chunk's payload
     raw.close()
 
@@ -204,6 +205,7 @@ def test_the_remote_store_keeps_namespaces_apart_and_invalidate_deletes_what_it_
         put_and_share(evil, keys, [b"EVIL" * 10_000] * len(keys))
         assert b.lookup_tiers(keys).count == 0
         put_and_share(a, keys, payloads)
+        assert b.lookup_tiers(keys).count == len(keys)   # fetched: this namespace still shares across hosts
         with b.get(keys) as views:
             assert [bytes(v) for v in views] == payloads
         other, other_payloads = chain(a, 8)
