@@ -6,6 +6,9 @@
  * is in it). Loads are issued in program order (volatile) and x86-64 does not reorder loads with loads, which is
  * what the lock needs; the index is offered on x86-64 only.
  *
+ * Keys are listed bound to their namespace (kvstore/binding.py): the walk binds each key it is given with one XOR
+ * of its low half by `ns_mask`, as the daemon did before listing it.
+ *
  * `index` is the mapped file; the table starts `header_bytes` into it. For each leading listed key, out[4 * i ..] =
  * the slot's byte offset in the file, seq, host, size (out may be NULL: a lookup needs none of it), and
  * counts[state] is how many of them each tier (state) holds.
@@ -15,6 +18,11 @@
  */
 #include <stdint.h>
 
+/* The calling convention of this library's functions: kvstore/native/__init__.py refuses a library built from
+ * other sources (an older build left in place) rather than call it with arguments it does not take.
+ * 2: the walks bind keys to their namespace (ns_mask). */
+int64_t kvstore_index_abi(void) { return 2; }
+
 #define SLOT_WORDS 8
 #define EMPTY 0
 #define TOMBSTONE 1
@@ -23,12 +31,12 @@
 
 int64_t kvstore_index_walk(const volatile uint64_t *index, uint64_t header_bytes, uint64_t mask,
                            const uint64_t *keys, int64_t n, int64_t max_probe, uint64_t *out, uint64_t *counts,
-                           int64_t *missed) {
+                           int64_t *missed, uint64_t ns_mask) {
     const volatile uint64_t *table = index + header_bytes / 8;
     *missed = 0;
     for (int k = 0; k < STATES; ++k) counts[k] = 0;
     for (int64_t i = 0; i < n; ++i) {
-        const uint64_t lo = keys[2 * i], hi = keys[2 * i + 1];
+        const uint64_t lo = keys[2 * i] ^ ns_mask, hi = keys[2 * i + 1];
         uint64_t slot = lo & mask;
         int64_t probe = 0;
         for (; probe < max_probe; ++probe, slot = (slot + 1) & mask) {
@@ -76,7 +84,8 @@ int64_t kvstore_index_walk(const volatile uint64_t *index, uint64_t header_bytes
 #define REMOTE 2
 
 int64_t kvstore_index_lookup(const volatile uint64_t *index, uint64_t header_bytes, const uint64_t *keys, int64_t n,
-                             int64_t max_probe, int64_t stale_ns, int64_t promote, uint64_t *counts) {
+                             int64_t max_probe, int64_t stale_ns, int64_t promote, uint64_t *counts,
+                             uint64_t ns_mask) {
     const uint64_t epoch = index[H_EPOCH];
     const uint64_t flags = index[H_FLAGS];
     if (epoch & 1) return -1;
@@ -86,7 +95,7 @@ int64_t kvstore_index_lookup(const volatile uint64_t *index, uint64_t header_byt
     if ((flags & CLOSED) || age > stale_ns) return -2;
     int64_t missed = 0;
     const int64_t got = kvstore_index_walk(index, header_bytes, index[H_SLOTS] - 1, keys, n, max_probe, 0, counts,
-                                           &missed);
+                                           &missed, ns_mask);
     if (got < 0) return got;
     if (index[H_EPOCH] != epoch) return -1;
     if (promote && (counts[DISK] || (missed && (flags & REMOTE)))) return -2;

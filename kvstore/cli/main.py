@@ -10,9 +10,9 @@ from typing import Sequence
 
 from .._version import __version__
 from ..errors import ConfigError, KVStoreError
-from . import alerts, clean, events, keygen, reload, route, scrub, serve, simulate, stats
+from . import alerts, clean, events, invalidate, keygen, reload, route, scrub, serve, simulate, stats
 
-SUBCOMMANDS = (serve, stats, scrub, alerts, keygen, simulate, route, events, clean, reload)
+SUBCOMMANDS = (serve, stats, scrub, alerts, keygen, simulate, route, events, clean, reload, invalidate)
 
 
 class OneLineParser(argparse.ArgumentParser):

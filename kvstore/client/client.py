@@ -424,6 +424,28 @@ class Client(Session):
         header, _ = self._call({"op": Op.RELOAD})
         return {k: header[k] for k in ("applied", "tenants", "needs_restart", "error")}
 
+    def invalidate(self, namespaces: Sequence[str], prefix: bool = False) -> dict[str, Any]:
+        """Have the daemon drop every chunk of ``namespaces`` from every tier it holds (``kvstore invalidate``);
+        taken only from a local client of the daemon's own user (or root).
+
+        Args:
+            namespaces: the namespaces to drop (any, not only this client's).
+            prefix: each name is a prefix: every namespace the daemon holds that starts with it (not empty).
+
+        Returns:
+            ``chunks`` (per namespace dropped: its chunks that went), ``adopting`` (chunks of a kept arena dropped
+            before adoption), ``remote_deleted`` (values the remote store removed) and ``remote_failed``.
+
+        Raises:
+            PermissionDeniedError: the client is not the daemon's user (nor root) on its host.
+            UsageError: ``namespaces`` is empty or not a list of strings.
+        """
+        names = list(namespaces) if not isinstance(namespaces, str) else [namespaces]
+        if not names or not all(isinstance(n, str) for n in names):
+            raise UsageError("invalidate takes one namespace or more, as a list of strings")
+        header, _ = self._call({"op": Op.INVALIDATE, "namespaces": names, "prefix": bool(prefix)})
+        return {k: header[k] for k in ("chunks", "adopting", "remote_deleted", "remote_failed")}
+
     def __enter__(self) -> "Client":
         return self
 

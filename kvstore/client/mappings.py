@@ -16,6 +16,7 @@ from typing import Any
 
 from ..tiers.host.arena import SharedArena
 from .pages import PagePopulator
+from ..binding import namespace_mask
 from .shared_index import SharedIndexView
 
 
@@ -30,6 +31,7 @@ def file_identity(path: str) -> tuple[int, int] | None:
 class Mappings:
     """The Client's mappings (a base class: the Client's session code attaches them, its operations read them)."""
 
+    namespace: str
     _arena: SharedArena | None
     _arena_view: memoryview | None
     _read_view: memoryview | None
@@ -76,7 +78,7 @@ class Mappings:
         self._detach_index()
         if path:
             self._index_file = file_identity(path)
-            self._index = SharedIndexView.open(path)
+            self._index = SharedIndexView.open(path, namespace_mask(self.namespace))
 
     def _detach_index(self) -> None:
         if self._index is not None:

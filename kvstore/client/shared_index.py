@@ -58,14 +58,17 @@ class Prefix:
 class SharedIndexView:
     """A read-only mapping of one daemon's published index."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, ns_mask: int = 0) -> None:
+        """Map ``path`` for a reader whose keys are bound by ``ns_mask`` (its namespace's, ``binding.py``): the
+        daemon lists keys bound, and the walk binds each key it reads with."""
+        self._ns_mask = ns_mask
         fd = os.open(path, os.O_RDONLY)
         try:
             self._buf = mmap.mmap(fd, FILE_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
         self._words = memoryview(self._buf).cast("Q")
-        self._native = NativeWalk.open(self._buf)   # None: the Python walk (the library is not built)
+        self._native = NativeWalk.open(self._buf, ns_mask)   # None: the Python walk (the library is not built)
         if self._words[H_MAGIC] != MAGIC or self._words[H_VERSION] != LAYOUT_VERSION:
             self.close()
             raise OSError(f"{path} is not a kvstore lookup index of layout {LAYOUT_VERSION}")
@@ -74,12 +77,13 @@ class SharedIndexView:
         self.deferred = 0        # lookups handed to the socket
 
     @classmethod
-    def open(cls, path: str | None) -> "SharedIndexView | None":
-        """The view of ``path``, or None when there is none to have (no path, unsupported machine, unreadable)."""
+    def open(cls, path: str | None, ns_mask: int = 0) -> "SharedIndexView | None":
+        """The view of ``path`` for a reader of the namespace whose mask is ``ns_mask``, or None when there is none
+        to have (no path, unsupported machine, unreadable)."""
         if not path or not supported():
             return None
         try:
-            return cls(path)
+            return cls(path, ns_mask)
         except (OSError, ValueError):
             return None
 
@@ -146,8 +150,9 @@ class SharedIndexView:
         counts = [0] * STATES
         hosts: list[int] = []
         sizes: list[int] = []
+        ns_mask = self._ns_mask
         for j in range(0, len(words), 2):
-            lo, hi = words[j], words[j + 1]
+            lo, hi = words[j] ^ ns_mask, words[j + 1]
             slot = lo & mask
             for _ in range(MAX_PROBE):
                 off = HEADER_BYTES + slot * SLOT_BYTES

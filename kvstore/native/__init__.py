@@ -28,6 +28,7 @@ from ..errors import ConfigError
 
 HERE = Path(__file__).resolve().parent
 LIBRARIES = {"index": "_kvstore_index.so", "copy": "_kvstore_copy.so"}
+INDEX_ABI = 2   # native/kvstore_index.c's kvstore_index_abi(): a library built from other sources is not used
 
 _LOADED: dict[str, ctypes.CDLL | None] = {}
 
@@ -88,11 +89,14 @@ def _open(kind: str, path: Path) -> ctypes.CDLL | None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     if kind == "index":
+        if not _index_abi_is(lib, INDEX_ABI):   # an older build left in place: the Python path
+            return None
         fn = lib.kvstore_index_walk
-        fn.argtypes = [ptr, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p, i64, i64, ptr, ptr, ptr]
+        fn.argtypes = [ptr, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p, i64, i64, ptr, ptr, ptr,
+                       ctypes.c_uint64]
         fn.restype = i64
         fn = lib.kvstore_index_lookup
-        fn.argtypes = [ptr, ctypes.c_uint64, ctypes.c_char_p, i64, i64, i64, i64, ptr]
+        fn.argtypes = [ptr, ctypes.c_uint64, ctypes.c_char_p, i64, i64, i64, i64, ptr, ctypes.c_uint64]
         fn.restype = i64
         fn = lib.kvstore_index_place
         fn.argtypes = [ptr, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p, ptr, i64, i64, ptr]
@@ -102,6 +106,16 @@ def _open(kind: str, path: Path) -> ctypes.CDLL | None:
         fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
         fn.restype = i64
     return lib
+
+
+def _index_abi_is(lib: ctypes.CDLL, abi: int) -> bool:
+    """Whether the index library was built from the sources this package expects (``INDEX_ABI``)."""
+    try:
+        fn = lib.kvstore_index_abi
+    except AttributeError:
+        return False
+    fn.argtypes, fn.restype = [], ctypes.c_int64
+    return bool(fn() == abi)
 
 
 def cuda_source() -> Path | None:

@@ -32,7 +32,8 @@ WalkRead = tuple[bool, int, list[int], list[int], list[int], list[int], list[int
 class NativeWalk:
     """The C walk over one mapped index file."""
 
-    def __init__(self, lib: ctypes.CDLL, buf: mmap.mmap) -> None:
+    def __init__(self, lib: ctypes.CDLL, buf: mmap.mmap, ns_mask: int = 0) -> None:
+        self._ns_mask = ns_mask   # the reader's namespace (``binding.py``): each key is bound as it is walked
         self._fn = lib.kvstore_index_walk
         self._lookup = lib.kvstore_index_lookup
         self._export: Any = np.frombuffer(buf, dtype=np.uint8)   # the mapping's address (a read-only mapping)
@@ -40,9 +41,10 @@ class NativeWalk:
         self._scratch = threading.local()   # the call lets go of the GIL: each thread has its own out-buffers
 
     @classmethod
-    def open(cls, buf: mmap.mmap) -> "NativeWalk | None":
+    def open(cls, buf: mmap.mmap, ns_mask: int = 0) -> "NativeWalk | None":
+        """The C walk over ``buf`` for a reader of the namespace whose mask is ``ns_mask``, or None (not built)."""
         lib = load("index")
-        return None if lib is None else cls(lib, buf)
+        return None if lib is None else cls(lib, buf, ns_mask)
 
     def walk(self, packed: bytes, n: int, mask: int, detail: bool = True) -> WalkRead | Literal[False] | None:
         """What the walk of the ``n`` keys in ``packed`` read (``detail``: with each listed key's slot), or False
@@ -50,7 +52,7 @@ class NativeWalk:
         scratch = self._buffers()
         out = (ctypes.c_uint64 * (4 * n))() if detail else None
         got = self._fn(self._address, HEADER_BYTES, mask, packed, n, MAX_PROBE, out, scratch.counts,
-                       ctypes.byref(scratch.missed))
+                       ctypes.byref(scratch.missed), self._ns_mask)
         if got < 0:
             return False if got == -1 else None
         flat = out[:4 * got] if out is not None else []
@@ -61,7 +63,8 @@ class NativeWalk:
         the promote rule): (leading keys listed, count per state), False (the table moved: try again) or None
         (only the socket can answer)."""
         scratch = self._buffers()
-        got = self._lookup(self._address, HEADER_BYTES, packed, n, MAX_PROBE, STALE_NS, promote, scratch.counts)
+        got = self._lookup(self._address, HEADER_BYTES, packed, n, MAX_PROBE, STALE_NS, promote, scratch.counts,
+                           self._ns_mask)
         if got < 0:
             return False if got == -1 else None
         return got, scratch.counts[:]

@@ -13,8 +13,10 @@ Header (little-endian u64 fields)::
     0 magic   8 layout version   16 slots   24 epoch   32 heartbeat (CLOCK_MONOTONIC ns)   40 flags   48 writer pid
 
 Slot: ``seq, key_lo, key_hi, state, host, size`` and two spare words (u64 each); ``key_lo``/``key_hi`` are the
-key's two little-endian halves, ``host`` is the byte offset of the chunk's DRAM copy in the arena plus one (0: none)
-and ``size`` its length, so that a local reader can copy a chunk straight out of the arena (``client/arena_read.py``).
+two little-endian halves of the key as the daemon keeps it, bound to its namespace (``kvstore/binding.py``: a
+reader XORs the low half of each key it looks for with its namespace's mask), ``host`` is the byte offset of the
+chunk's DRAM copy in the arena plus one (0: none) and ``size`` its length, so that a local reader can copy a
+chunk straight out of the arena (``client/arena_read.py``).
 Open addressing with linear probing from ``key_lo & (slots - 1)`` (keys are xxh3-128 outputs: uniform), at most
 ``MAX_PROBE`` slots. A removed key leaves a TOMBSTONE so that probe chains past it stay intact; a tombstone whose
 next slot is EMPTY becomes EMPTY again (no chain runs through it), which keeps tombstones from piling up.
@@ -47,7 +49,7 @@ import platform
 import struct
 
 MAGIC = int.from_bytes(b"KVSINDX1", "little")
-LAYOUT_VERSION = 2          # 2: slots carry the DRAM copy's offset and size
+LAYOUT_VERSION = 3          # 2: slots carry the DRAM copy's offset and size; 3: keys are bound (binding.py)
 HEADER_BYTES = 4096
 SLOT_BYTES = 64
 SLOT_WORDS = SLOT_BYTES // 8

@@ -313,6 +313,30 @@ class Scrub:
         return cls(rate=read_int(h, "rate", 0, MAX_SCRUB_RATE, default=0))
 
 
+MAX_INVALIDATE_NAMES = 1024   # namespaces (or prefixes) one INVALIDATE names at most
+
+
+@dataclass(frozen=True)
+class Invalidate:
+    names: list[str]    # namespaces, or with ``prefix`` the starts of namespaces, whose chunks are dropped
+    prefix: bool        # each name is a prefix: every namespace that starts with it (not empty)
+
+    @classmethod
+    def parse(cls, h: dict[str, Any]) -> "Invalidate":
+        names = h.get("namespaces")
+        if not isinstance(names, list) or not names:
+            raise BadRequestError("field 'namespaces' must be a non-empty list of namespace names")
+        if len(names) > MAX_INVALIDATE_NAMES:
+            raise LimitError(f"field 'namespaces' names {len(names)}; the limit is {MAX_INVALIDATE_NAMES}")
+        prefix = read_bool(h, "prefix", False)
+        for i, name in enumerate(names):
+            read_str({"name": name}, "name", MAX_NAMESPACE_CHARS)
+            if prefix and not name:
+                raise BadRequestError(f"namespaces[{i}] is an empty prefix, which would name every namespace; "
+                                      f"name the namespaces (or their prefixes) to drop")
+        return cls(names=list(names), prefix=prefix)
+
+
 MAX_KEEPALIVE_MS = 3_600_000   # a client may go quiet for an hour at most before its pass is stopped
 
 

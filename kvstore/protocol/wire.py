@@ -64,6 +64,7 @@ class Op(enum.IntEnum):
     SCRUB_CANCEL = 21  # stop one scrub pass, or (pass 0) every pass clients started
     RELOAD = 22        # read the config file's tenants table again and apply it (kvstore reload, server/reload.py)
     LOAD_TIMES = 23    # how long a client's own loads took per medium, for routers (server/load_costs.py)
+    INVALIDATE = 24    # an operator drops namespaces' chunks from every tier (kvstore invalidate, server/invalidate.py)
 
 
 def _check_unique_ops() -> None:

@@ -8,31 +8,33 @@ whose parameters differ while chunks stored under the old ones are still held, w
 naming both sides. Once nothing of the namespace is held any more, a client with new parameters is accepted and
 they become the namespace's.
 
+The parameters outlive a restart: every record the daemon keeps of a chunk carries its namespace's (a kept arena's
+description and the journal, ``tiers/host/description.py``; a disk file's header, ``tiers/disk/format.py``), and a
+start fills them in from what it adopts (``Store.key_params``) before it serves, chunks still being verified
+counting as held. A record without them (written before they were kept) leaves its namespace unknown: the first
+client to store chunks in it names them again.
+
 Cost: a dict lookup per hello and per put; the scan for chunks still held runs only when parameters differ.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import IncompatibleError
+from ..protocol.key_params import KeyParams
 
-
-@dataclass(frozen=True)
-class KeyParams:
-    chunk_tokens: int
-    key_scheme: str
-    hash_seed: int
-
-    def differences(self, other: "KeyParams") -> list[str]:
-        return [f"{name} {getattr(other, name)!r} (the daemon holds chunks made with {getattr(self, name)!r})"
-                for name in ("chunk_tokens", "key_scheme", "hash_seed") if getattr(self, name) != getattr(other, name)]
+__all__ = ["KeyParams", "NamespaceParams"]
 
 
 class NamespaceParams:
-    def __init__(self, holds_chunks: Callable[[str], bool]) -> None:
-        self._params: dict[str, KeyParams] = {}
+    def __init__(self, holds_chunks: Callable[[str], bool], params: dict[str, KeyParams] | None = None) -> None:
+        """Args:
+            holds_chunks: whether chunks of a namespace are held (or still being adopted).
+            params: the parameters known per namespace, shared with the Store, which writes them into every
+                record of a chunk and fills them in from what a restart finds (kept arena, journal, disk).
+        """
+        self._params: dict[str, KeyParams] = params if params is not None else {}
         self._holds_chunks = holds_chunks
 
     def check(self, namespace: str, params: KeyParams) -> None:

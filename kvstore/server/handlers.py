@@ -23,6 +23,7 @@ from ..protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
 from ..tenants.access import AccessCache, Principal, may_access
 from ..tenants.table import TenantTable
 from .integrity_handlers import INTEGRITY_HANDLERS
+from .invalidate import invalidate
 from .service import Service
 from .session import Session
 
@@ -324,6 +325,20 @@ def handle_reload(svc: Service, s: Session, h: dict, frames: list) -> Frames:
     return [ok_reply(h["id"], **svc.reload().wire())]
 
 
+def handle_invalidate(svc: Service, s: Session, h: dict, frames: list) -> Any:
+    """Drop every chunk of the namespaces the request names from every tier (``server/invalidate.py``). Taken
+    only from a local client the daemon's own user runs (or root), as ``handle_reload``."""
+    if not s.owner_local:
+        raise PermissionDeniedError("invalidate is taken only from a local client run by the daemon's user or "
+                                    "root; run kvstore invalidate on the daemon's host as that user")
+    req = m.Invalidate.parse(h)
+
+    async def later() -> Frames:
+        done = await invalidate(svc, req)
+        return [ok_reply(h["id"], **done.wire())]
+    return later()
+
+
 HANDLERS: dict[Op, Handler] = {
     Op.PING: handle_ping,
     Op.LOOKUP: handle_lookup,
@@ -341,6 +356,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.CLEAR: handle_clear,
     Op.STATS: handle_stats,
     Op.RELOAD: handle_reload,
+    Op.INVALIDATE: handle_invalidate,
     **INTEGRITY_HANDLERS,
 }
 # HELLO is handled by the daemon itself, since it creates the session.

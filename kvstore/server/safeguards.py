@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .. import logs
 from ..store.integrity import Integrity
@@ -47,7 +47,8 @@ class Safeguards:
         self.scrubber = Scrubber(store, self.integrity, disk_mover)
         self.passes = ScrubPasses(self.scrubber)   # the passes clients start (kvstore scrub)
         self.verify = VerifyCounters()
-        self.params = NamespaceParams(self._holds_chunks)
+        self.params = NamespaceParams(self._holds_chunks, store.key_params)
+        self.kept_waiting: Callable[[str], bool] | None = None   # chunks of a namespace still being adopted
         self.scrub_rate = scrub_rate
         self.remote: "RemoteMover | None" = None
         self.reported = 0   # chunks clients reported as failing their checksum in a view
@@ -67,6 +68,8 @@ class Safeguards:
         return [*tasks, loop.create_task(self.scrubber.run_background(self.scrub_rate))]
 
     def _holds_chunks(self, namespace: str) -> bool:
+        if self.kept_waiting is not None and self.kept_waiting(namespace):
+            return True
         return any(e.namespace == namespace and e.readable for e in self.store.index.values())
 
     def verified(self, namespace: str, keys: Sequence[bytes], checks: int, mismatches: int,

@@ -19,7 +19,7 @@ from ..config import ServerConfig
 from ..store.events import EventLog
 from ..tenants.access import private_namespaces
 from ..tenants.key_file import open_tenant_keys
-from ..tenants.key_space import KeySpace, TenantKeys
+from ..tenants.key_space import SessionKeys, TenantKeys
 from ..tiers.gpu.mover import GpuMover
 from ..tiers.disk.mover import DiskMover
 from ..store.published_index import PublishedIndex
@@ -131,13 +131,15 @@ class Service:
         self.store.set_tenants(table)
         self.store.set_private(private_namespaces(table))
 
-    def key_space(self, session: Session) -> KeySpace | None:
-        """The key space ``session``'s keys are mapped into (``tenants/key_space.py``; None: raw keys): chosen at
-        its hello, and again at its first request under a reloaded table. A namespace whose space changes leaves
-        its chunks under the old keys, misses for its sessions from then on."""
-        if session.key_space_table is not self.tenants:
+    def key_space(self, session: Session) -> SessionKeys:
+        """What ``session``'s keys are mapped through (``tenants/key_space.py``): its tenant's key space when the
+        tenant is restricted, then its namespace's binding (``binding.py``). Chosen at its hello, and again at its
+        first request under a reloaded table. A namespace whose space changes leaves its chunks under the old keys,
+        misses for its sessions from then on."""
+        if session.key_space is None or session.key_space_table is not self.tenants:
             keys = self.tenant_keys
-            session.key_space = keys.space_for(self.tenants, session.namespace) if keys is not None else None
+            space = keys.space_for(self.tenants, session.namespace) if keys is not None else None
+            session.key_space = SessionKeys(session.namespace, space)
             session.key_space_table = self.tenants
         return session.key_space
 

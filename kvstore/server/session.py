@@ -9,7 +9,7 @@ from ..procinfo import process_start_time
 from ..protocol.engine_identity import EngineIdentity
 from ..protocol.messages import ConnectorReport
 from ..tenants.access import AccessCache, Principal
-from ..tenants.key_space import KeySpace
+from ..tenants.key_space import SessionKeys
 from ..tenants.table import TenantTable
 from .compat import KeyParams
 
@@ -31,8 +31,9 @@ class Session:
     # Who the client is: known for stream connections (SO_PEERCRED), unknown (all None) on ZeroMQ.
     principal: Principal = field(default_factory=Principal)
     access: AccessCache | None = None   # what the principal may read under the table in force (handlers.py)
-    # The key space of its namespace (None: raw keys), and the table it was chosen under (Service.key_space).
-    key_space: KeySpace | None = None
+    # What its keys are mapped through (its tenant's key space, its namespace's binding: None until the first
+    # request), and the table that was chosen under (Service.key_space).
+    key_space: SessionKeys | None = None
     key_space_table: TenantTable | None = None
     # The daemon's own user or root, locally (local_access.may_map): may be offered the arena, and may reload.
     owner_local: bool = False

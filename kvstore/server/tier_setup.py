@@ -123,9 +123,11 @@ def open_tiers(config: ServerConfig, tenants: "TenantTable | None", host: HostTi
         take(lambda: remote.close(remote_close_wait()))   # its workers use the arena
     safeguards = Safeguards(store, disk_mover, config.scrub_rate)
     take(safeguards.close)   # its worker hashes arena slots: before the arena is unmapped
+    adoption = open_adoption(store, kept, config.lease_ttl, claims)
+    if adoption is not None:
+        safeguards.kept_waiting = adoption.holds   # a namespace being adopted holds chunks (server/compat.py)
     return Tiers(store, safeguards, disk_mover=disk_mover, gpu_mover=gpu_mover, gpu_hello=gpu_hello, remote=remote,
-                 index=index, events=publisher, event_log=event_log,
-                 adoption=open_adoption(store, kept, config.lease_ttl, claims))
+                 index=index, events=publisher, event_log=event_log, adoption=adoption)
 
 
 def open_adoption(store: Store, kept: KeptArena | None, lease_ttl: float, claims: Claims) -> Adoption | None:
@@ -171,6 +173,7 @@ def rebuild_index(ledger: DiskLedger) -> None:
         if ledger.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len),
                        header.payload_sum if header.raw_sum else None, header.parent, header.engine,
                        header.retention):
+            ledger.store.learn_params(header.namespace, header.params)
             adopted += 1
         else:
             disk.remove(header.key)  # over a lowered cap, or a duplicate
@@ -182,6 +185,7 @@ def rebuild_index(ledger: DiskLedger) -> None:
     ledger.store.tier_counters.quarantined += len(found.quarantined)
     logs.info("disk_index_rebuilt", directory=disk.directory, chunks=adopted, dropped=len(found.chunks) - adopted,
               quarantined=len(found.quarantined), foreign=len(found.foreign), temps_removed=found.temps_removed,
+              renamed=found.renamed,
               seconds=round(elapsed, 3), chunks_per_s=round(len(found.chunks) / elapsed) if elapsed else 0,
               direct_io=disk.direct, capacity_bytes=disk.capacity_bytes, used_bytes=disk.used_bytes)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
 
+from ..protocol.key_params import KeyParams
 from .counters import StoreCounters, TierCounters
 from .entry import Entry
 from .eviction import EvictionQueue
@@ -43,6 +44,7 @@ class StoreCore(Protocol):
     tier_counters: TierCounters
     disk_ledger: Any              # disk_ledger.DiskLedger | None: where a chunk copied down is queued
     budgets: Any                  # tenant_budgets.TenantBudgets: each tenant's bytes in every tier
+    key_params: dict[str, KeyParams]   # how each namespace's clients make keys: written into its chunks' records
 
     def leading(self, keys: Sequence[bytes]) -> list[Entry]: ...
     def read(self, entry: Entry) -> memoryview: ...
@@ -62,6 +64,7 @@ class StoreCore(Protocol):
     def pin(self, entry: Entry) -> None: ...
     def unpin_chain(self, entries: list[Entry]) -> None: ...
     def retention_queues(self) -> None: ...
+    def learn_params(self, namespace: str, params: KeyParams | None) -> None: ...
 
 
 class TierLedger:

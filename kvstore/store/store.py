@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from ..defaults import MAX_PIN_SHARE, MAX_PIN_TTL, PIN_TTL
 from ..errors import LeaseError, ReservationError, StoreFullError
 from ..protocol.index_layout import STATE_OF_TIER
+from ..protocol.key_params import KeyParams
 from ..protocol.retention import Retention, RetentionAsk
 from ..tiers.disk.tier import DiskTier
 from ..tiers.host.description import KeptChunk
@@ -109,6 +110,9 @@ class Store(PutMixin, DamageMixin):
         self.reserve_ttl = reserve_ttl
         self.clock = clock
         self.index: dict[bytes, Entry] = {}
+        # How each namespace's clients make keys (server/compat.py checks them at hello): written into every record
+        # of a chunk (kept arena, journal, disk header) and filled in from those a restart finds.
+        self.key_params: dict[str, KeyParams] = {}
         # Each tenant's bytes in every tier, and the queues that hold its guarantee (tenant_budgets.py).
         self.budgets = TenantBudgets(tenants, self.policy)
         self.lru = self.budgets.queue("dram")
@@ -396,6 +400,7 @@ class Store(PutMixin, DamageMixin):
         if any(chunk.retention is not Retention.NORMAL for chunk in chunks):
             self.retention_queues()   # before any is queued: each goes to its class's queue
         for chunk in chunks:
+            self.learn_params(chunk.namespace, chunk.params)
             entry = self.index.get(chunk.key)
             if entry is None:
                 entry = Entry(chunk.key, chunk.size, chunk.namespace, chunk.parent, State.COMMITTED,
@@ -425,6 +430,12 @@ class Store(PutMixin, DamageMixin):
             self.leases.issue(KEPT_READERS, held, hold_for, self.clock())
         return published, duplicates
 
+    def learn_params(self, namespace: str, params: KeyParams | None) -> None:
+        """A record found at start says how ``namespace``'s clients made its chunk's keys: the first such record
+        of a namespace names them (all of a namespace's held chunks share them: ``server/compat.py``)."""
+        if params is not None:
+            self.key_params.setdefault(namespace, params)
+
     def drop_unverified(self, chunks: Sequence[KeptChunk]) -> int:
         """Free the kept slots of chunks that failed verification and drop every published chunk that continues
         one of them (a chain is unreachable past a missing link). Returns how many published chunks went."""
@@ -437,7 +448,8 @@ class Store(PutMixin, DamageMixin):
         their DRAM slots with final bytes; those whose checksum is not known yet are left out."""
         journal = self.host.journal
         if journal is not None:
-            journal.committed([kept_chunk(e, e.checksum) for e in entries
+            params = self.key_params.get
+            journal.committed([kept_chunk(e, e.checksum, params=params(e.namespace)) for e in entries
                                if e.host_offset is not None and e.checksum is not None])
 
     # -- the one place each resource is taken and given back (ledgers call these too) ---------------------------
@@ -626,12 +638,12 @@ class Store(PutMixin, DamageMixin):
             ledger.on_unpin(back_in_queue)
 
 
-def kept_chunk(entry: Entry, checksum: int, leased: bool = False) -> KeptChunk:
+def kept_chunk(entry: Entry, checksum: int, leased: bool = False, params: KeyParams | None = None) -> KeptChunk:
     """``entry``'s DRAM copy as a kept arena's record names it (``entry.host_offset`` is set), its class a pin's
-    ``high`` (``retention.stored_class``)."""
+    ``high`` (``retention.stored_class``), with its namespace's key parameters ``params`` when known."""
     assert entry.host_offset is not None
     return KeptChunk(entry.key, entry.host_offset, entry.size, entry.namespace, entry.parent, checksum, leased,
-                     entry.engine, stored_class(entry))
+                     entry.engine, stored_class(entry), params)
 
 
 def top_tier(entry: Entry) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Sequence
 
+from ..binding import NamespaceBinding
 from ..keys import KEY_BYTES
 from ..protocol.wire import MAX_BATCH, Op
 from .table import TenantTable
@@ -50,7 +51,8 @@ KEY_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.LOOKUP_SEEN: ("found", "read"),
 }
 NO_KEYS = frozenset({Op.HELLO, Op.PING, Op.COMMIT, Op.ABORT, Op.RELEASE, Op.EXTEND, Op.STATS, Op.CLEAR,
-                     Op.SCRUB, Op.SCRUB_START, Op.SCRUB_STATUS, Op.SCRUB_CANCEL, Op.RELOAD, Op.LOAD_TIMES})
+                     Op.SCRUB, Op.SCRUB_START, Op.SCRUB_STATUS, Op.SCRUB_CANCEL, Op.RELOAD, Op.LOAD_TIMES,
+                     Op.INVALIDATE})
 assert set(KEY_FIELDS) | NO_KEYS == set(Op) and not set(KEY_FIELDS) & NO_KEYS, \
     "every operation must say whether it carries keys (tenants/key_space.py)"
 
@@ -121,12 +123,35 @@ class TenantKeys:
         return f"TenantKeys(spaces={sorted(self._spaces)})"   # never the secret
 
 
+class SessionKeys:
+    """What a session's keys are mapped through: its tenant's key space when the tenant is restricted, then its
+    namespace's binding (``binding.py``). Every session has one, so every key below the dispatcher is bound."""
+
+    __slots__ = ("binding", "space")
+
+    def __init__(self, namespace: str, space: KeySpace | None) -> None:
+        self.space = space
+        self.binding = NamespaceBinding(namespace)
+
+    def scope_key(self, key: bytes) -> bytes:
+        return self.binding.scope_key(self.space.scope_key(key) if self.space is not None else key)
+
+    def scope(self, keys: Sequence[bytes]) -> list[bytes]:
+        return self.binding.scope(self.space.scope(keys) if self.space is not None else keys)
+
+    def scope_packed(self, packed: bytes) -> bytes:
+        return self.binding.scope_packed(self.space.scope_packed(packed) if self.space is not None else packed)
+
+    def __repr__(self) -> str:
+        return f"SessionKeys({self.binding!r}, {self.space!r})"
+
+
 def needs_key_spaces(table: TenantTable | None) -> bool:
     """Whether ``table`` has a restricted tenant (only then is a secret needed)."""
     return table is not None and any(t.restricted for t in table.all())
 
 
-def scope_request(space: KeySpace | None, op: Op, header: dict[str, Any]) -> dict[str, Any]:
+def scope_request(space: KeySpace | SessionKeys | None, op: Op, header: dict[str, Any]) -> dict[str, Any]:
     """``header`` with the keys of every key field of ``op`` mapped into ``space`` (a copy; the header itself when
     ``space`` is None or ``op`` carries no keys). Fields that are absent or not well formed stay as they are, for
     the operation's parser to refuse."""
@@ -140,7 +165,7 @@ def scope_request(space: KeySpace | None, op: Op, header: dict[str, Any]) -> dic
     return scoped
 
 
-def _scope_value(space: KeySpace, value: Any, chains: bool) -> Any:
+def _scope_value(space: KeySpace | SessionKeys, value: Any, chains: bool) -> Any:
     """A key field's value scoped: a key or packed keys (bin), a list of keys, or (``chains``) a list of packed
     chains. Anything else is returned unchanged."""
     if isinstance(value, bytes):
@@ -154,7 +179,7 @@ def _scope_value(space: KeySpace, value: Any, chains: bool) -> Any:
     return value
 
 
-def _scope_bin(space: KeySpace, value: bytes) -> bytes:
+def _scope_bin(space: KeySpace | SessionKeys, value: bytes) -> bytes:
     if not value or len(value) % KEY_BYTES or len(value) // KEY_BYTES > MAX_BATCH:
         return value
     return space.scope_packed(value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from ..protocol.engine_blocks import EngineBlocks
+from ..protocol.key_params import KeyParams
 from ..protocol.retention import Retention
 from .disk.tier import DiskTier, ScanResult
 from .host.tier import HostTier
@@ -58,7 +59,7 @@ class VirtualDisk(DiskTier):
 
     def write(self, key: bytes, namespace: str, slot: memoryview, size: int, expected: int | None = None,
               parent: bytes | None = None, engine: EngineBlocks | None = None,
-              retention: Retention = Retention.NORMAL) -> int:
+              retention: Retention = Retention.NORMAL, params: KeyParams | None = None) -> int:
         return size
 
     def read_into(self, key: bytes, slot: memoryview, size: int) -> int:

@@ -11,6 +11,7 @@ import pytest
 from conftest import wait_for
 
 from kvstore.tiers.remote import record
+from kvstore.binding import rebind
 
 try:
     from support.servers import RedisServer, require
@@ -68,7 +69,8 @@ def test_a_tenants_remote_writes_are_held_to_its_ceiling(redis_server, start_dae
         for key in theirs:
             _put_and_land(other, key)   # no remote ceiling: never deleted for chat's puts, nor held
         stored = _stored(redis_server.url)
-        names = {record.object_name("kvstore", k).encode(): k for k in keys + theirs}
+        names = {record.object_name("kvstore", rebind(ns, k)).encode(): k   # named by keys bound to the namespace
+                 for ns, ks in (("chat:m", keys), ("other", theirs)) for k in ks}
         held = [names[n] for n in stored]
         assert sorted(held) == sorted(keys[-5:] + theirs)   # chat's newest five, and all of the other's
         row = chat.stats()["tenants"]["chat"]["tiers"]["remote"]
@@ -79,7 +81,7 @@ def test_a_tenants_remote_writes_are_held_to_its_ceiling(redis_server, start_dae
         # of the daemon finds it missing
         import redis
         raw = redis.Redis.from_url(redis_server.url)
-        raw.delete(record.object_name("kvstore", keys[-1]))
+        raw.delete(record.object_name("kvstore", rebind("chat:m", keys[-1])))
         raw.close()
         assert chat.delete([keys[-1]]) == 1 and chat.lookup([keys[-1]]) == 0
         row = chat.stats()["tenants"]["chat"]["tiers"]["remote"]

@@ -13,6 +13,7 @@ import pytest
 
 from kvstore.metrics.collector import unmapped_paths
 from kvstore.tiers.remote import record
+from kvstore.binding import rebind
 from support.daemons import run_cli
 
 try:
@@ -113,7 +114,7 @@ def test_corrupted_value_in_the_store_is_a_miss(redis_server, two_hosts):
     keys, payloads = chain(a, 3, n=2)
     put_and_share(a, keys, payloads)
     raw = redis.Redis.from_url(redis_server.url)
-    name = record.object_name("kvstore", keys[1])
+    name = record.object_name("kvstore", rebind("m", keys[1]))   # named by the key bound to its namespace
     raw.setrange(name, record.HEADER_SIZE + 100, b"\xff\x00\xff")   # damage the second chunk's payload
     raw.close()
 
@@ -211,3 +212,25 @@ def test_a_store_down_at_start_is_said_at_start_in_key_value_lines(start_daemon)
         keys = c.chunk_keys(list(range(256)))
         c.put(keys, [b"x" * 100])
         assert c.lookup(keys) == 1
+
+
+def test_the_remote_store_keeps_namespaces_apart_and_invalidate_deletes_what_it_wrote(redis_server, start_daemon):
+    """Keys bound to their namespace in the remote store: a chunk another namespace put under this namespace's
+    keys on host A is not fetched by this namespace on host B, while the same namespace still shares across hosts;
+    ``kvstore invalidate`` on A deletes the values A wrote, so B fetches none of them."""
+    hosts = [start_daemon("--remote", redis_server.url, "--remote-wait", WAIT) for _ in range(2)]
+    with hosts[0].client(namespace="nsB") as evil, hosts[0].client(namespace="nsA") as a, \
+            hosts[1].client(namespace="nsA") as b:
+        keys, payloads = chain(a, 7)
+        put_and_share(evil, keys, [b"EVIL" * 10_000] * len(keys))
+        assert b.lookup_tiers(keys).count == 0
+        put_and_share(a, keys, payloads)
+        assert b.lookup_tiers(keys).count == len(keys)   # fetched: this namespace still shares across hosts
+        with b.get(keys) as views:
+            assert [bytes(v) for v in views] == payloads
+        other, other_payloads = chain(a, 8)
+        put_and_share(a, other, other_payloads)
+        with hosts[0].client(namespace="operator") as op:
+            report = op.invalidate(["nsA"])
+        assert report["chunks"] == {"nsA": 6} and report["remote_deleted"] == 6
+        assert b.lookup_tiers(other).count == 0   # B never held them, and the store has them no more

@@ -75,7 +75,7 @@ def test_offsets_outside_the_credit_are_refused_and_change_nothing(daemon):
     rnd = random.Random(17)
     base, size, cid = credit["offset"], credit["size"], credit["credit"]
     try:
-        with daemon.client(namespace="probe", use_arena=False) as probe:
+        with daemon.client(namespace="t", use_arena=False) as probe:   # the raw clients' namespace (keys bound to it)
             used = probe.stats()["tiers"]["host"]["used_bytes"]
             candidates = [base - PAGE, base + size, base + size - PAGE + 1, base + 1, base + PAGE // 2, 0,
                           1 << 47, -1, foreign["offset"]]
@@ -146,7 +146,7 @@ def test_a_dead_writers_credit_is_reclaimed(daemon):
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "held"
-        with daemon.client(namespace="probe", use_arena=False) as probe:
+        with daemon.client(namespace="t", use_arena=False) as probe:   # the raw clients' namespace (keys bound to it)
             assert probe.stats()["credits"]["active"] == 1
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -246,7 +246,7 @@ def test_a_writer_holds_one_credit_and_a_forgotten_one_is_freed(daemon):
     try:
         again = raw.request({"op": Op.CREDIT_PUT, "id": 5, "credit": 0, "keys": b"", "want": 8 * PAGE})
         assert again["ok"] and again["credit"]
-        with daemon.client(namespace="probe", use_arena=False) as probe:
+        with daemon.client(namespace="t", use_arena=False) as probe:   # the raw clients' namespace (keys bound to it)
             credits = probe.stats()["credits"]
             assert credits["active"] == 1 and credits["lent_bytes"] == again["size"]
         stale = raw.request({"op": Op.CREDIT_PUT, "id": 6, "credit": first["credit"], "keys": os.urandom(16),

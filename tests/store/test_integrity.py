@@ -10,6 +10,7 @@ import os
 import pytest
 
 import kvstore
+from kvstore.binding import rebind
 from conftest import wait_for
 from support.daemons import run_cli
 from support.scribble import damage, damage_file
@@ -148,7 +149,7 @@ def on_disk(daemon, namespace: str, seed: int) -> tuple[kvstore.Client, list[byt
 
 def test_damaged_disk_copy_of_a_chunk_in_dram_is_rewritten_never_served(daemon):
     c, keys, payloads = on_disk(daemon, "disk", 6)
-    name = keys[2].hex()
+    name = rebind("disk", keys[2]).hex()   # files are named by the key bound to the namespace
     path = os.path.join(daemon.workdir, "disk", name[:2], name + ".kv")
     damage_file(path, 4096 + 100)
     _code, report = scrub_cli(daemon)
@@ -168,7 +169,7 @@ def test_damaged_file_without_dram_copy_is_a_miss_and_drops_its_continuations(da
     c, keys, payloads = on_disk(daemon, "cold", 9)
     c.close()
     daemon.restart()
-    name = keys[1].hex()
+    name = rebind("cold", keys[1]).hex()
     damage_file(os.path.join(daemon.workdir, "disk", name[:2], name + ".kv"), 4096 + 7)
     c = daemon.client(namespace="cold")
     assert stored(c, keys, payloads) == 1

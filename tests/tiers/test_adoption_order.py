@@ -33,6 +33,9 @@ class FakeStore:
         self.calls.append(("drop", [c.offset // SIZE for c in chunks]))
         return 0
 
+    def learn_params(self, namespace, params):   # the kept chunks' key parameters, learnt before verification
+        pass
+
 
 def test_batches_hashed_at_once_are_settled_in_order_and_a_corrupt_chunk_is_dropped(monkeypatch):
     monkeypatch.setattr(adoption, "BATCH_BYTES", 2 * SIZE)

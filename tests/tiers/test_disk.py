@@ -12,6 +12,7 @@ import pytest
 
 import kvstore
 from kvstore.tiers.disk.format import HEADER_BYTES, ChunkHeader, FormatError, pack_header, unpack_header
+from kvstore.binding import rebind
 
 from support.daemons import short_tempdir
 from support.disk import wait_written
@@ -23,8 +24,10 @@ def disk_dir(d) -> str:
     return os.path.join(d.workdir, "disk")
 
 
-def chunk_file(d, key: bytes) -> str:
-    return os.path.join(disk_dir(d), key.hex()[:2], key.hex() + ".kv")
+def chunk_file(d, key: bytes, namespace: str) -> str:
+    """The file of the chunk a client of ``namespace`` put under ``key`` (named by the key bound to it)."""
+    name = rebind(namespace, key).hex()
+    return os.path.join(disk_dir(d), name[:2], name + ".kv")
 
 
 def put_chain(c: kvstore.Client, keys: list[bytes], payloads: list[bytes], batch: int = 4) -> None:
@@ -116,12 +119,12 @@ def test_damaged_and_foreign_files_are_misses_or_ignored(start_daemon):
             c.put(keys, [payload])
     d.stop()
     flipped, truncated = chains[0][0], chains[1][0]
-    with open(chunk_file(d, flipped), "r+b") as f:
+    with open(chunk_file(d, flipped, "dmg"), "r+b") as f:
         f.seek(HEADER_BYTES + 1000)
         byte = f.read(1)
         f.seek(HEADER_BYTES + 1000)
         f.write(bytes([byte[0] ^ 0x40]))
-    with open(chunk_file(d, truncated), "r+b") as f:
+    with open(chunk_file(d, truncated, "dmg"), "r+b") as f:
         f.truncate(HEADER_BYTES + 100)
     os.makedirs(os.path.join(disk_dir(d), "ab"), exist_ok=True)
     with open(os.path.join(disk_dir(d), "ab", "notes.txt"), "w") as f:

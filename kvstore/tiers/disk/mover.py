@@ -92,7 +92,7 @@ class DiskMover(MoverLife):
         if before is not None:
             before.result()
         return self.disk.write(entry.key, entry.namespace, slot, entry.size, entry.checksum, entry.parent,
-                               entry.engine, retention)
+                               entry.engine, retention, self.ledger.store.key_params.get(entry.namespace))
 
     def _write_done(self, entry: Entry, fut: asyncio.Future) -> None:
         self.writing -= 1

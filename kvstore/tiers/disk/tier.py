@@ -36,9 +36,11 @@ from dataclasses import dataclass, field
 
 import lz4.block
 
+from ...binding import rebind
 from ...errors import ConfigError
 from ...errors import ChecksumError, DamagedSource
 from ...protocol.engine_blocks import EngineBlocks
+from ...protocol.key_params import KeyParams
 from ...protocol.retention import Retention
 from .format import FLAG_LZ4, FLAG_RAW_SUM, HEADER_BYTES, ChunkHeader, FormatError, checksum, pack_header, unpack_header
 
@@ -57,6 +59,8 @@ def round_up(n: int, to: int = BLOCK) -> int:
 class ScanResult:
     chunks: list[tuple[ChunkHeader, int]] = field(default_factory=list)   # (header, mtime_ns)
     quarantined: list[tuple[str, str]] = field(default_factory=list)      # (file name, reason)
+    renamed: int = 0   # files named by their key as sent (written before keys were bound), renamed
+    to_rename: list[tuple[str, ChunkHeader, int]] = field(default_factory=list)   # (path, header, mtime_ns)
     foreign: list[str] = field(default_factory=list)
     temps_removed: int = 0
 
@@ -143,7 +147,7 @@ class DiskTier:
     # -- file I/O (worker threads) ---------------------------------------------------------------------------
     def write(self, key: bytes, namespace: str, slot: memoryview, size: int, expected: int | None = None,
               parent: bytes | None = None, engine: EngineBlocks | None = None,
-              retention: Retention = Retention.NORMAL) -> int:
+              retention: Retention = Retention.NORMAL, params: KeyParams | None = None) -> int:
         """Write the chunk whose bytes are ``slot[:size]`` (``slot`` page-aligned, ``len(slot)`` rounded up to a
         block). ``expected`` is the chunk's checksum: the slot is checked against it on the way (DamagedSource
         when it differs: the DRAM copy changed since commit) and it is the sum the header carries. Returns the
@@ -163,7 +167,7 @@ class DiskTier:
             stored = size
             if len(slot) % BLOCK or len(slot) < size:
                 raise ValueError("slot must be block-rounded and hold the chunk")
-        header = ChunkHeader(key, namespace, size, stored, raw_sum, flags, parent, engine, retention)
+        header = ChunkHeader(key, namespace, size, stored, raw_sum, flags, parent, engine, retention, params)
         block = memoryview(self._scratch.header)
         pack_header(header, block)
         final = self.path_for(key)
@@ -267,7 +271,29 @@ class DiskTier:
                 result.quarantined += part.quarantined
                 result.foreign += part.foreign
                 result.temps_removed += part.temps_removed
+                result.to_rename += part.to_rename
+        for path, header, mtime in result.to_rename:
+            reason = self._rename_to_bound(path, header.key)
+            if reason is None:
+                result.chunks.append((header, mtime))
+                result.renamed += 1
+            else:
+                self._quarantine_path(path, reason)
+                result.quarantined.append((os.path.basename(path), reason))
+        result.to_rename = []
         return result
+
+    def _rename_to_bound(self, path: str, key: bytes) -> str | None:
+        """Rename a chunk file named by its key as sent to the name of its bound key; None, or why it failed."""
+        target = self.path_for(key)
+        try:
+            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+            if os.path.exists(target):
+                return "a file of its bound key exists already"
+            os.rename(path, target)
+        except OSError as exc:
+            return f"cannot rename it to its bound key: {exc.strerror}"
+        return None
 
     def _scan_dir(self, path: str) -> ScanResult:
         result = ScanResult()
@@ -308,7 +334,12 @@ class DiskTier:
         except FormatError as exc:
             return str(exc)
         if header.key.hex() + ".kv" != name:
-            return "file name does not match the key in its header"
+            if rebind(header.namespace, header.key).hex() + ".kv" != name:   # nor the key as its client sent it
+                return "file name does not match the key in its header"
+            # Named by the key as sent: written before keys were bound (kvstore/binding.py). Renamed once every
+            # folder is scanned, so that no scan meets it twice.
+            result.to_rename.append((path, header, st.st_mtime_ns))
+            return None
         result.chunks.append((header, st.st_mtime_ns))
         return None
 

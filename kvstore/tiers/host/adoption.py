@@ -171,6 +171,9 @@ class Adoption:
         self.store = store
         self.report = kept.report
         self._waiting = list(kept.chunks)   # listed, slot taken, not verified yet (oldest first)
+        self._dropped: set[str] = set()     # namespaces invalidated meanwhile: their chunks are freed, not adopted
+        for chunk in self._waiting:   # known before anything is served: a client's hello is checked against them
+            store.learn_params(chunk.namespace, chunk.params)
         self._hold_for = hold_for
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
@@ -182,10 +185,20 @@ class Adoption:
         self._pool = concurrent.futures.ThreadPoolExecutor(VERIFY_WORKERS, thread_name_prefix="kvstore-adopt")
         self._task = loop.create_task(self._verify_all(loop))
 
+    def holds(self, namespace: str) -> bool:
+        """Whether a chunk of ``namespace`` still waits to be verified (it counts as held: ``server/compat.py``)."""
+        return namespace not in self._dropped and any(c.namespace == namespace for c in self._waiting)
+
+    def drop_namespaces(self, namespaces: set[str]) -> int:
+        """Chunks of ``namespaces`` still waiting are freed as they are settled instead of adopted (``kvstore
+        invalidate``); returns how many were waiting."""
+        self._dropped |= namespaces
+        return sum(1 for c in self._waiting if c.namespace in namespaces)
+
     @property
     def waiting(self) -> list[KeptChunk]:
         """Kept chunks not verified yet: their slots are still taken, and a stop lists them again."""
-        return list(self._waiting)
+        return [c for c in self._waiting if c.namespace not in self._dropped]
 
     async def _verify_all(self, loop: asyncio.AbstractEventLoop) -> None:
         """Hash up to ``VERIFY_WORKERS`` batches at once, and settle them in order (oldest first), so that a
@@ -213,6 +226,12 @@ class Adoption:
         logs.info("arena_adopted", **_summary(self.report))
 
     def _settle(self, batch: Sequence[KeptChunk], sums: Sequence[int]) -> None:
+        if self._dropped:
+            for chunk in batch:
+                if chunk.namespace in self._dropped:
+                    self.store.host.free(chunk.offset)
+            kept = [(c, s) for c, s in zip(batch, sums) if c.namespace not in self._dropped]
+            batch, sums = [c for c, _ in kept], [s for _, s in kept]
         good = [c for c, s in zip(batch, sums) if s == c.checksum]
         bad = [c for c, s in zip(batch, sums) if s != c.checksum]
         r = self.report
@@ -251,7 +270,8 @@ def describe(store: "Store", waiting: Sequence[KeptChunk], socket: str) -> Arena
         checksum = entry.checksum
         if checksum is None:
             checksum = xxhash.xxh3_64_intdigest(store.host.read(entry.host_offset, entry.size))
-        chunks.append(kept_chunk(entry, checksum, leased=entry.pins > 0))
+        params = store.key_params.get(entry.namespace)
+        chunks.append(kept_chunk(entry, checksum, leased=entry.pins > 0, params=params))
     return ArenaDescription(socket, os.getuid(), store.host.arena.size, chunks)
 
 

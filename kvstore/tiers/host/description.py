@@ -14,15 +14,21 @@ Layout: a fixed header, then one msgpack map::
     16     8    length       bytes of the payload that follows
     24     8    payload_sum  xxh3-64 of the payload
     32     …    payload      {"socket", "uid", "arena_size", "written", "chunks": [[key, offset, size, namespace,
-                              parent, checksum, leased, engine, retention], ...]} (oldest in the eviction order
-                              first; engine: [block_size, block_hashes, parent_block_hash, token_ids] or null;
-                              retention: the class, 0 low, 1 normal, 2 high)
+                              parent, checksum, leased, engine, retention, params], ...]} (oldest in the
+                              eviction order first; engine: [block_size, block_hashes, parent_block_hash,
+                              token_ids] or null; retention: the class, 0 low, 1 normal, 2 high; params: how its
+                              namespace's clients make keys, [chunk_tokens, key_scheme, hash_seed], or null)
+
+Keys: each chunk's key and parent as its client sent them, beside its namespace; the daemon keeps them bound to
+the namespace (``kvstore/binding.py``) and binds them again as it reads them.
 
 Every chunk listed was committed and carries the checksum its bytes had at commit: nothing listed is served
 before its bytes are hashed again and match (``adoption.py``). Versions: a reader refuses a version it does not
 know in one line, and the arena is then freed, never guessed at. Version 2 added each chunk's retention class (a
-pin is recorded as ``high``: its TTL does not survive the restart); this daemon reads versions 1 (every chunk
-``normal``) and 2, and writes 2.
+pin is recorded as ``high``: its TTL does not survive the restart); version 3 each chunk's key parameters (what
+``server/compat.py`` checks at hello, so that a client that cuts chunks otherwise is refused after a restart as
+before it). This daemon reads versions 1 (every chunk ``normal``), 2 and 3 (a chunk without parameters leaves its
+namespace's unknown), and writes 3.
 """
 
 from __future__ import annotations
@@ -36,12 +42,15 @@ from typing import Any
 import msgpack
 import xxhash
 
+from ...binding import rebind
 from ...protocol.engine_blocks import EngineBlocks
+from ...protocol.key_params import KeyParams, params_from_record
 from ...protocol.retention import Retention
 
 MAGIC = b"KVSKEPT\0"
-FORMAT_VERSION = 2                 # what is written
-READ_VERSIONS = (1, 2)             # what is read (version 1 records have no retention class: normal)
+FORMAT_VERSION = 3                 # what is written
+READ_VERSIONS = (1, 2, 3)          # what is read (version 1 records have no retention class: normal; versions
+                                   # before 3 no key parameters)
 KEPT_CLASSES = (Retention.LOW, Retention.NORMAL, Retention.HIGH)   # a pin is kept as high
 _HEADER = struct.Struct("<8sIIQQ")
 SUFFIX = ".kept"
@@ -64,6 +73,7 @@ class KeptChunk:
     leased: bool = False               # a reader held it at the stop (kept from reuse for a lease's TTL)
     engine: EngineBlocks | None = None
     retention: Retention = Retention.NORMAL   # its class (low, normal or high: a pin comes back as high)
+    params: KeyParams | None = None    # how its namespace's clients make keys (None: not known)
 
 
 @dataclass(frozen=True)
@@ -128,10 +138,13 @@ def remove_description(path: str) -> None:
 
 
 def pack_chunk(c: KeptChunk) -> list[Any]:
-    """``c`` as the list a description (and the journal, ``journal.py``) stores."""
+    """``c`` as the list a description (and the journal, ``journal.py``) stores: its key and parent as its client
+    sent them (``binding.rebind``), beside its namespace."""
     engine = None if c.engine is None else [c.engine.block_size, list(c.engine.hashes), c.engine.parent,
                                             list(c.engine.token_ids)]
-    return [c.key, c.offset, c.size, c.namespace, c.parent, c.checksum, c.leased, engine, int(c.retention)]
+    parent = None if c.parent is None else rebind(c.namespace, c.parent)
+    return [rebind(c.namespace, c.key), c.offset, c.size, c.namespace, parent, c.checksum, c.leased, engine,
+            int(c.retention), None if c.params is None else c.params.record()]
 
 
 def unpack_chunk(item: Any) -> KeptChunk:
@@ -139,14 +152,20 @@ def unpack_chunk(item: Any) -> KeptChunk:
     ValueError (or TypeError) when it is malformed."""
     if len(item) == 8:
         item = [*item, int(Retention.NORMAL)]
-    key, offset, size, namespace, parent, checksum, leased, engine, retention = item
+    if len(item) == 9:
+        item = [*item, None]
+    key, offset, size, namespace, parent, checksum, leased, engine, retention, params = item
     if not (isinstance(key, bytes) and type(offset) is int and type(size) is int and size > 0 and offset >= 0
             and isinstance(namespace, str) and (parent is None or isinstance(parent, bytes))
             and type(checksum) is int and retention in KEPT_CLASSES):
         raise ValueError(f"chunk record {item!r:.80} is malformed")
     blocks = None if engine is None else EngineBlocks(int(engine[0]), tuple(engine[1]), engine[2],
                                                       tuple(engine[3]))
-    return KeptChunk(key, offset, size, namespace, parent, checksum, bool(leased), blocks, Retention(retention))
+    if len(key) != 16 or (parent is not None and len(parent) != 16):
+        raise ValueError(f"chunk record {item!r:.80} is malformed: keys are 16 bytes")
+    bound_parent = None if parent is None else rebind(namespace, parent)
+    return KeptChunk(rebind(namespace, key), offset, size, namespace, bound_parent, checksum, bool(leased), blocks,
+                     Retention(retention), params_from_record(params))
 
 
 def _unpack(body: dict[str, Any]) -> ArenaDescription:

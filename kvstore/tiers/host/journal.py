@@ -44,7 +44,8 @@ Layout: header ``magic b"KVSJRNL\\0", version u32, socket length u32, socket (ut
 ``kind u8, 3 bytes 0, body length u32, xxh3-64 of the body u64, body`` (COMMIT: the msgpack list of
 ``description.py``'s chunk; FREE: the offset, u64), little endian. Version 2 added the chunk's retention class to
 COMMIT records (as the description's version 2 did); a chunk whose class changes while it holds its slot gets a
-COMMIT again (``Store.reclass``). This daemon reads versions 1 (every chunk ``normal``) and 2.
+COMMIT again (``Store.reclass``). Version 3 added the key parameters of the chunk's namespace (as the description's
+version 3 did). This daemon reads versions 1 (every chunk ``normal``), 2 and 3, and writes 3.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ from ... import logs
 from .description import DescriptionError, KeptChunk, pack_chunk, unpack_chunk
 
 MAGIC = b"KVSJRNL\0"
-FORMAT_VERSION = 2          # what is written: COMMIT records carry the chunk's retention class
-READ_VERSIONS = (1, 2)      # what is read (version 1 COMMITs have no class: normal)
+FORMAT_VERSION = 3          # what is written: COMMIT records carry the chunk's class (2) and key parameters (3)
+READ_VERSIONS = (1, 2, 3)   # what is read (version 1 COMMITs have no class: normal; before 3, no parameters)
 SUFFIX = ".journal"
 _HEADER = struct.Struct("<8sII")
 _RECORD = struct.Struct("<B3xIQ")

@@ -1,0 +1,54 @@
+"""``kvstore invalidate``: have a running daemon drop every chunk of named namespaces from every tier.
+
+The namespaces a connector says hello in name its engine and model (``vllm:MODEL``): dropping a model's chunks
+after its weights changed is ``kvstore invalidate vllm:MODEL``, or ``--prefix vllm:MODEL`` for every salt and
+layout of it. What goes and what cannot be reached: ``kvstore/server/invalidate.py``. Prints what was dropped per
+namespace (exit 0); a daemon that refuses (another user's client) exits 1 with its one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .stats import address_of, open_client, positive_seconds
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("invalidate", help="drop every chunk of namespaces from every tier of a running daemon",
+                       description="Have a running daemon drop every chunk of the named namespaces from DRAM, "
+                                   "disk, the GPU tier and the remote store (the values it holds of them), with KV "
+                                   "cache events for what was removed. Leased chunks are invisible at once and free "
+                                   "their space when their leases end. Taken only from the daemon's own user (or "
+                                   "root) on its host.")
+    p.add_argument("namespaces", nargs="+", metavar="NAMESPACE",
+                   help="a namespace to drop (a connector's is its engine and model, e.g. vllm:MODEL)")
+    p.add_argument("--prefix", action="store_true",
+                   help="each NAMESPACE is a prefix: drop every namespace the daemon holds that starts with it")
+    p.add_argument("--socket", default=None, metavar="PATH", help="the daemon's socket (default: its default)")
+    p.add_argument("--address", default=None, metavar="URL", help="ipc:// address instead of --socket")
+    p.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
+                   help="how long to wait for the daemon's answer (default: 30)")
+    p.add_argument("--json", action="store_true", help="print the daemon's answer as one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    client = open_client(address_of(args), args.timeout)
+    try:
+        report = client.invalidate(args.namespaces, prefix=args.prefix)
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    if not report["chunks"]:
+        print("no namespace held matches" + (" those prefixes" if args.prefix else ""))
+    for namespace, chunks in report["chunks"].items():
+        print(f"{namespace}: {chunks} chunks dropped")
+    if report["adopting"]:
+        print(f"dropped before adoption: {report['adopting']} chunks of the kept arena")
+    if report["remote_deleted"] or report["remote_failed"]:
+        state = "failed (not fetched back for a while)" if report["remote_failed"] else "done"
+        print(f"remote store: {report['remote_deleted']} values deleted, delete {state}")
+    return 0
