@@ -171,6 +171,13 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
                                     ) -> tuple[bool, dict[str, Any] | None]:
         return self.request_finished(request, list(block_ids[0]) if block_ids else [])
 
+    def get_loaded_kv_cache_group_ids(self, request: "Request") -> tuple[int, ...]:
+        """Every transferred group: a load writes all of them (a hybrid model's recurrent state included)."""
+        g = self._settings.geometry
+        if g is None or not g.hybrid:
+            return super().get_loaded_kv_cache_group_ids(request)
+        return tuple(self._kv_cache_config.transfer_group_ids)
+
     # -- worker side -------------------------------------------------------------------------------------
     def _step_meta(self) -> KVStoreConnectorMetadata | None:
         """This step's metadata, when the worker half is on and the step has any."""

@@ -41,7 +41,8 @@ class SchedulerSide:
         self._chunk_tokens = settings.chunk_tokens
         self._load_mode = settings.config.load_async
         self._lookup_batch = settings.config.lookup_batch
-        self._verify_fraction = settings.config.verify_fraction
+        # A hybrid model's state exists only in the step that computed it: none is left to compare later.
+        self._verify_fraction = 0.0 if g.hybrid else settings.config.verify_fraction
         self._stats: dict[str, int] = {}
         self._interval = Interval()
         self._unasked: dict[str, "Request"] = {}   # waiting requests not looked up yet
@@ -200,7 +201,7 @@ class SchedulerSide:
         t = self._chunk_tokens
         ready = min(computed, len(tracked.prompt)) // t
         if ready > tracked.saved_chunks and self.saves_allowed(req_id):
-            first = self._geometry.valid_chunks(tracked.block_ids, tracked.saved_chunks, ready, before)
+            first = self._geometry.valid_chunks(tracked.block_ids, tracked.saved_chunks, ready, before, computed)
             if first > tracked.saved_chunks:
                 self._count("chunks_not_held", first - tracked.saved_chunks)
             if ready > first:

@@ -15,6 +15,7 @@ an engine start costs ~15 s, so one process serves every test of a configuration
         (`abort`: request index -> abort it after that many engine steps; `pause_after`: after that many
         steps reply {"paused": n} and wait for a line (any) before going on, so the test can act mid-run)
     {"op": "reset_prefix_cache"} -> {"ok": true}         (vLLM forgets its own cached blocks)
+    {"op": "chunk_parts"} -> {"parts": [{"kind": "full", "nbytes": n}, ...]}   (a chunk's bytes, group by group)
     {"op": "stats"} -> {"scheduler": {...}, "worker": {...}}   (the connector's counters, if it has them)
     {"op": "exit"}
 
@@ -54,8 +55,15 @@ def save_model(directory: str, family: str = "dense", seed: int = 0, hidden: int
         model = tf.Gemma3ForCausalLM, tf.Gemma3TextConfig(
             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=64,
             layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"], **common)
+    elif family == "hybrid-mamba2":  # Granite 4 shaped: Mamba-2 and attention layers in turn, dense MLPs
+        model = tf.GraniteMoeHybridForCausalLM, tf.GraniteMoeHybridConfig(
+            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+            layer_types=["mamba", "attention"] * (layers // 2), mamba_n_heads=8, mamba_d_head=hidden * 2 // 8,
+            mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256,
+            num_local_experts=0, shared_intermediate_size=2 * hidden, position_embedding_type="rope",
+            initializer_range=0.2, **common)  # weights this far from flat make the state move the outputs
     else:
-        raise SystemExit(f"unknown model family {family!r}: dense, mla or sliding")
+        raise SystemExit(f"unknown model family {family!r}: dense, mla, sliding or hybrid-mamba2")
     torch.manual_seed(seed)
     model[0](model[1]).to(torch.float32).save_pretrained(directory)
 
@@ -146,6 +154,14 @@ class Engine:
         store = self.engine.engine_core.engine_core.scheduler.connector.scheduler_side.stores[0]
         salted = salts or [None] * len(prompts)
         return {"keys": [[k.hex() for k in store.keys(p, salt or "")] for p, salt in zip(prompts, salted)]}
+
+    def chunk_parts(self) -> dict[str, Any]:
+        """What a chunk holds, group after group in its bytes: each group's kind and byte count (tests that
+        rewrite one part of stored chunks, e.g. a hybrid model's recurrent state)."""
+        side = self.engine.engine_core.engine_core.scheduler.connector.scheduler_side
+        g, t = side._geometry, side._chunk_tokens
+        return {"parts": [{"kind": x.kind, "nbytes": len(x.layer_names) * x.page_bytes * (t // x.block_size)}
+                          for x in g.groups]}
 
     def stats(self) -> dict[str, Any]:
         found: dict[str, Any] = {}

@@ -169,6 +169,10 @@ class EngineProc:
     def stats(self) -> dict[str, Any]:
         return self.call("stats")
 
+    def chunk_parts(self) -> list[dict[str, Any]]:
+        """A chunk's bytes group by group: each group's kind (``full``, ``state``...) and byte count."""
+        return list(self.call("chunk_parts")["parts"])
+
     def chunk_keys(self, prompts: list[list[int]], salts: list[str | None] | None = None) -> list[list[bytes]]:
         """The connector's chunk keys of each prompt (`salts`: each prompt's cache salt, None for none)."""
         keys = self.call("chunk_keys", prompts=prompts, salts=salts)["keys"]
@@ -260,12 +264,13 @@ class EnginePool:
         python = engine_python()
         assert python is not None
         family = config.pop("family", "dense")
+        env = {**self.env(), **config.pop("env", {})}
         config = {"model": self.model(family), "num_blocks": 256, **config}  # 32k tokens of KV: a few MiB
         if family == "mla":
             # On x86 CPUs with AMX tiles vLLM picks its AMX_MLA backend, which takes bf16/fp16 weights only;
             # these float32 models need the reference CPU_MLA backend on every CPU.
             config.setdefault("attention_backend", "CPU_MLA")
-        engine = EngineProc(python, config, os.path.join(self.workdir, f"engine-{name}.log"), self.env())
+        engine = EngineProc(python, config, os.path.join(self.workdir, f"engine-{name}.log"), env)
         self.engines[name] = engine
         return engine
 
