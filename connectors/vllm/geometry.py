@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..common.families import Unsupported, attention_kind
 from ..common.layout import PagedGeometry, dtype_name
-from .hybrid import STATE_KIND, state_group_format, state_saved_at, state_target
+from .hybrid import STATE_KIND, state_bytes, state_group_format, state_saved_at, state_target
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -214,7 +214,7 @@ def _describe(layer_names: Sequence[str], spec: Any, family: str, vllm_config: "
         spec = specs[0]
     if isinstance(spec, MambaSpec):
         fmt = state_group_format(layer_names, spec, family, chunk_tokens)
-        return GroupGeometry(tuple(layer_names), spec.block_size, spec.page_size_bytes, STATE_KIND), fmt, False
+        return GroupGeometry(tuple(layer_names), spec.block_size, state_bytes(spec), STATE_KIND), fmt, False
     if isinstance(spec, CrossAttentionSpec):
         raise Unsupported(family, "encoder-decoder cross-attention caches hold the encoder's input, not a prefix")
     for name, what in (("page_size_padded", "padded pages"), ("num_head_slots", "head slots"),

@@ -9,7 +9,8 @@ request holds the state after ``(p + 1) * block_size`` tokens while the step tha
 
 What a chunk holds. One chunk of `chunk_tokens` tokens (which must equal the state groups' block size: a
 state exists only at block boundaries) is every group's blocks of those tokens, as for attention-only models
-(``geometry.py``), so a state group adds one page per layer: the state at the chunk's last token. It is one
+(``geometry.py``), so a state group adds one state per layer: the state at the chunk's last token (its
+page's state bytes, not the padding vLLM adds to make state and attention pages one size). It is one
 object with the chunk's attention KV: checksummed, tiered and evicted together, never one without the other.
 The state groups' layout (the state shapes and dtypes, the page size, the kind of layer) is part of the
 chunk format, so a namespace never mixes states of two layouts.
@@ -17,7 +18,9 @@ chunk format, so a namespace never mixes states of two layouts.
 Saves. vLLM writes a request's running state into the block of its last scheduled token and nulls older
 state blocks at the next schedules, so a chunk's state is taken in `wait_for_save` of the step whose
 computed tokens end exactly on the chunk's last token (in the step: `EngineGeometry.frees_blocks`). A
-chunk computed in a step that goes on past it (its state already overwritten) is not saved.
+chunk computed in a step that goes on past it (its state already overwritten) is not saved; nor are the
+states vLLM exports mid-step into prefill checkpoint blocks (`num_prefill_checkpoint_blocks`), which a
+token budget of one block a step (what vLLM's CPU scan needs in align mode) never makes.
 
 Loads. A loaded prefix ends on a chunk boundary: every chunk's attention KV, and the state of its last chunk
 written into the block vLLM reads it from. For a load off the step (asynchronous) that is the block of the
@@ -30,6 +33,8 @@ failed one (vLLM recomputes the prefix), never a prefix with another state.
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+import torch
 
 from ..common.families import Unsupported
 from ..common.layout import dtype_name
@@ -48,8 +53,6 @@ def state_group_format(layer_names: Sequence[str], spec: Any, family: str, chunk
                                   "caching")
     if getattr(spec, "num_speculative_blocks", 0):
         raise Unsupported(family, "recurrent states with speculative decoding blocks have no chunk layout")
-    if getattr(spec, "num_prefill_checkpoint_blocks", 0):
-        raise Unsupported(family, "recurrent states with prefill checkpoint blocks have no chunk layout")
     if chunk_tokens != spec.block_size:
         raise Unsupported(family, f"chunk_tokens {chunk_tokens} must equal the hybrid block size {spec.block_size} "
                                   f"(a recurrent state exists only at block boundaries): set chunk_tokens to "
@@ -58,7 +61,23 @@ def state_group_format(layer_names: Sequence[str], spec: Any, family: str, chunk
     shapes = "/".join("x".join(str(d) for d in shape) for shape in spec.shapes)
     dtypes = "/".join(dtype_name(d) for d in spec.dtypes)
     return (f"{STATE_KIND}(n={len(layer_names)},type={kind.lower()},shapes={shapes},dtypes={dtypes},"
-            f"page={spec.page_size_bytes},block={spec.block_size})")
+            f"bytes={state_bytes(spec)},block={spec.block_size})")
+
+
+def state_bytes(spec: Any) -> int:
+    """The bytes of one layer's state a chunk holds: the state itself, not the padding vLLM adds to its page
+    (`page_size_padded`, so that state and attention pages are the same size)."""
+    return int(spec.state_content_size_bytes)
+
+
+def state_rows(layer: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """One state layer's cache (``[blocks, ...]``, each block one page) as its pages' first `nbytes` bytes:
+    a view (raises rather than copies when a page is not one run of memory)."""
+    pages = layer.view(layer.shape[0], -1)
+    if pages.shape[1] * pages.element_size() < nbytes:
+        raise ValueError(f"a state page of {pages.shape[1] * pages.element_size()} bytes cannot hold a "
+                         f"{nbytes}-byte state")
+    return pages.view(torch.uint8)[:, :nbytes]
 
 
 def state_saved_at(computed: int, chunk_tokens: int, block_ids: Sequence[int]) -> int | None:

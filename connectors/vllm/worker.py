@@ -17,7 +17,7 @@ from kvstore.protocol.engine_blocks import EngineBlocks
 
 from ..common.transfers import LoadJob, SaveJob, Transfers
 from .geometry import EngineGeometry
-from .hybrid import state_target
+from .hybrid import state_rows, state_target
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .settings import tp_rank
 from .shared import ConnectorSettings
@@ -74,8 +74,9 @@ class WorkerSide:
         self._ratios = [max(1, kv_caches[group.layer_names[0]].shape[0] // self._num_blocks) if self._num_blocks
                         else 1 for group in g.groups]
         try:  # one set of block planes per KV cache group (each group has its own block table)
-            kvs = [PagedKV.from_blocks([kv_caches[n] for n in group.layer_names],
-                                       1 if group.holds_state else group.block_size // ratio)  # a page: one row
+            kvs = [PagedKV.from_blocks([state_rows(kv_caches[n], group.page_bytes) for n in group.layer_names], 1)
+                   if group.holds_state else  # a state: one row a block, whatever its tokens
+                   PagedKV.from_blocks([kv_caches[n] for n in group.layer_names], group.block_size // ratio)
                    for group, ratio in zip(g.groups, self._ratios)]
         except ValueError as exc:
             return self._disable(str(exc))

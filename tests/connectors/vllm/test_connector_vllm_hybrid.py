@@ -22,6 +22,7 @@ from kvstore.connectors.common.families import Unsupported  # noqa: E402
 from kvstore.connectors.common.layout import paged_namespace  # noqa: E402
 from kvstore.connectors.common.transfers import Transfers  # noqa: E402
 from kvstore.connectors.vllm.geometry import KEEP, NULL_BLOCK, engine_geometry  # noqa: E402
+from kvstore.connectors.vllm.hybrid import state_rows  # noqa: E402
 from kvstore.connectors.vllm.records import LoadSpec  # noqa: E402
 from kvstore.connectors.vllm.worker import has_state_target  # noqa: E402
 from kvstore.ops import PagedKV  # noqa: E402
@@ -61,10 +62,12 @@ def ns(cfg) -> str:
 def test_a_chunk_holds_its_attention_kv_and_the_state_at_its_last_token():
     g = engine_geometry(hybrid(), CHUNK, engine_config())
     assert [x.kind for x in g.groups] == ["full", "state"] and g.hybrid and g.frees_blocks
-    state_page = state().page_size_bytes
-    assert state_page == (48 * 3 + 4 * 8 * 16) * 4
-    assert g.paged.chunk_nbytes == 2 * attention().page_size_bytes + 2 * state_page   # one state page a layer
-    assert "state(n=2,type=mamba2,shapes=3x48/4x8x16,dtypes=float32/float32" in ns(hybrid())
+    state_size = (48 * 3 + 4 * 8 * 16) * 4
+    assert g.paged.chunk_nbytes == 2 * attention().page_size_bytes + 2 * state_size   # one state a layer
+    assert "state(n=2,type=mamba2,shapes=3x48/4x8x16,dtypes=float32/float32,bytes=2624" in ns(hybrid())
+    padded = engine_geometry(hybrid(state(page_size_padded=4 * state_size)), CHUNK, engine_config())
+    assert padded.paged.chunk_nbytes == g.paged.chunk_nbytes and ns(hybrid()) == ns(hybrid(state(
+        page_size_padded=4 * state_size)))                                            # padding is not stored
 
 
 def test_the_state_layout_and_dtype_are_part_of_the_format():
@@ -115,12 +118,16 @@ def test_a_load_writes_the_last_chunks_state_into_the_block_vllm_reads():
 def test_the_state_travels_inside_the_chunk_bytes():
     g = engine_geometry(hybrid(), CHUNK, engine_config())
     torch.manual_seed(0)
-    page = state().page_size_bytes
+    size = state().state_content_size_bytes
+    page = size + 100                                                  # vLLM pads state pages to attention's
     src = [[torch.randn(8, 2, BLOCK, 16) for _ in range(2)], [torch.randint(-128, 127, (8, 1, 1, page),
                                                                             dtype=torch.int8) for _ in range(2)]]
     dst = [[torch.zeros_like(t) for t in group] for group in src]
-    a = Transfers([PagedKV.from_blocks(src[0], BLOCK), PagedKV.from_blocks(src[1], 1)], None, None, 1)
-    b = Transfers([PagedKV.from_blocks(dst[0], BLOCK), PagedKV.from_blocks(dst[1], 1)], None, None, 1)   # a page: a row
+
+    def caches(groups):
+        return [PagedKV.from_blocks(groups[0], BLOCK), PagedKV.from_blocks([state_rows(t, size) for t in groups[1]], 1)]
+
+    a, b = Transfers(caches(src), None, None, 1), Transfers(caches(dst), None, None, 1)
     try:
         chunk = torch.empty(g.paged.chunk_nbytes, dtype=torch.uint8)
         a._gather(g.chunk_blocks([[1, 2], [3, 4]], 1), chunk, None)          # chunk 1: attention block 2, state 4
@@ -131,4 +138,5 @@ def test_the_state_travels_inside_the_chunk_bytes():
     for s, d in zip(src[0], dst[0]):
         assert torch.equal(d[6], s[2])
     for s, d in zip(src[1], dst[1]):
-        assert torch.equal(d[7], s[4]) and not d[NULL_BLOCK].any()
+        assert torch.equal(d[7, ..., :size], s[4, ..., :size]) and not d[7, ..., size:].any()
+        assert not d[NULL_BLOCK].any()

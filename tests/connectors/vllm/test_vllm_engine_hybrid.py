@@ -3,10 +3,11 @@
 (`initializer_range` 0.2) so that the recurrent state moves the outputs.
 
 A chunk holds its attention KV and the state at its last token (``kvstore.connectors.vllm.hybrid``). vLLM keeps
-states for prefix caching in its align mode only, whose block is 256 tokens (the connector's `chunk_tokens`),
-and its CPU scan needs a token budget of one block a step. Every output is checked against a plain engine (no
-connector, no prefix caching: every prompt prefilled in full). Any `kv_transfer_config` makes the CPU worker
-reserve a core and change its thread count, so every engine here is pinned to one reserved core.
+states for prefix caching in its align mode only, whose block is 256 tokens (the connector's `chunk_tokens`).
+Its CPU scan needs one block and one prefill a step (two prefills in one step fail in `mamba_mixer2`, with or
+without the connector): `max_num_batched_tokens` 256, `max_num_seqs` 1. Every output is checked against a
+plain engine (no connector, no prefix caching: every prompt prefilled in full). Any `kv_transfer_config` makes
+the CPU worker reserve a core and change its thread count, so every engine here is pinned to one reserved core.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from support.engines.vllm_real import (
     engine_venv, pool,  # noqa: F401 - fixtures
 )
 
+pytestmark = pytest.mark.timeout(1200)   # three engine starts in one test, on a shared machine
+
 FAMILY = "hybrid-mamba2"
 PINNED = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
 
@@ -27,7 +30,7 @@ def engine(pool, name: str, connector: bool = True):
     """A hybrid engine: with the connector (prefix caching in align mode, one block a step) or plain."""
     config = {"family": FAMILY, "num_blocks": 128, "env": PINNED, "max_model_len": 4096}
     if connector:
-        config.update(connector=pool.connector(), max_num_batched_tokens=CHUNK)
+        config.update(connector=pool.connector(), max_num_batched_tokens=CHUNK, max_num_seqs=1)
     else:
         config["prefix_caching"] = False
     return pool.get(f"hybrid-{name}", **config)
@@ -104,7 +107,7 @@ def test_a_chunk_size_other_than_the_hybrid_block_is_refused_in_one_line(pool, s
     start_daemon("--disk-size", "0", workdir=pool.workdir)
     pool.keep("hybrid-plain", "hybrid-b")
     wrong = pool.get("hybrid-wrong", family=FAMILY, num_blocks=128, env=PINNED, max_model_len=4096,
-                     connector=pool.connector(chunk_tokens=2 * CHUNK), max_num_batched_tokens=CHUNK)
+                     connector=pool.connector(chunk_tokens=2 * CHUNK), max_num_batched_tokens=CHUNK, max_num_seqs=1)
     lines = [line for line in wrong.log_tail(400).splitlines() if "connector off" in line]
     pool.keep("hybrid-plain", "hybrid-b")
     assert lines and f"chunk_tokens {2 * CHUNK} must equal the hybrid block size {CHUNK}" in lines[0]

@@ -59,9 +59,10 @@ def save_model(directory: str, family: str = "dense", seed: int = 0, hidden: int
         model = tf.GraniteMoeHybridForCausalLM, tf.GraniteMoeHybridConfig(
             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
             layer_types=["mamba", "attention"] * (layers // 2), mamba_n_heads=8, mamba_d_head=hidden * 2 // 8,
-            mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256,
+            mamba_d_state=64, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256,
             num_local_experts=0, shared_intermediate_size=2 * hidden, position_embedding_type="rope",
             initializer_range=0.2, **common)  # weights this far from flat make the state move the outputs
+        # (a state larger than 128 tokens of attention KV: vLLM makes the hybrid block 256 tokens)
     else:
         raise SystemExit(f"unknown model family {family!r}: dense, mla, sliding or hybrid-mamba2")
     torch.manual_seed(seed)
