@@ -47,9 +47,10 @@ would have saved (``bench/verify.py`` measures what a fraction costs in throughp
 
 Chunks are the engine's own block bytes (`kvstore.ops` block planes), every KV cache group's blocks of the
 chunk's tokens, so the namespace names the KV cache format: per model family (dense, MLA, sliding-window and
-hybrid groups, pipeline stages, fp8) what a chunk holds is `vllm_geometry`'s. A cache it does not describe
-(Mamba state, cross attention...) turns the connector off: one line naming the family and the reason, and a
-connector report the daemon shows as off (`kvstore stats`, /metrics).
+hybrid groups, pipeline stages, fp8) what a chunk holds is `vllm_geometry`'s; for Mamba-2 / linear-attention
+hybrids (vLLM's align mode) a chunk also holds each recurrent layer's state at its last token (`hybrid`). A
+cache it does not describe (a state outside align mode, cross attention...) turns the connector off: one line
+naming the family and the reason, and a connector report the daemon shows as off (`kvstore stats`, /metrics).
 """
 
 from __future__ import annotations

@@ -25,7 +25,9 @@ Pipeline parallelism: a stage holds a range of layers (vLLM's own split, `get_pp
 names the range and the scheduler, which sees stage 0's config, looks a prefix up under every stage's.
 fp8 caches (`kv_quant_mode` FP8_PER_TENSOR, scales from the checkpoint) are stored as the bytes the engine
 holds, the quantisation named in the namespace; scales an engine computes itself (`calculate_kv_scales`)
-differ per engine and are refused. Anything else raises `families.Unsupported` naming the family and reason.
+differ per engine and are refused. Hybrid models' recurrent-state groups (`MambaSpec` in vLLM's align mode)
+add one state per layer to a chunk: ``hybrid``. Anything else raises `families.Unsupported` naming the family
+and reason.
 """
 
 from __future__ import annotations
@@ -103,8 +105,8 @@ class EngineGeometry:
         """One line for the connector report: family, groups and their kinds, stage, cache format."""
         kinds = ",".join(dict.fromkeys(g.kind for g in self.groups))
         stage = f", stage layers {self.stage}" if self.stage else ""
-        mla = "mla" if self.mla else "dense"
-        return f"{mla}, {len(self.groups)} group(s) {kinds}{stage}; {self.paged.cache_format}"
+        what = "mla" if self.mla else "hybrid" if self.hybrid else "dense"
+        return f"{what}, {len(self.groups)} group(s) {kinds}{stage}; {self.paged.cache_format}"
 
     def valid_chunks(self, block_ids: Sequence[Sequence[int]], first: int, end: int, computed_before: int,
                      computed: int | None = None) -> int:

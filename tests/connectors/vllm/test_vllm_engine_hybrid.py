@@ -26,11 +26,11 @@ FAMILY = "hybrid-mamba2"
 PINNED = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
 
 
-def engine(pool, name: str, connector: bool = True):
+def engine(pool, name: str, connector: bool = True, **extra):
     """A hybrid engine: with the connector (prefix caching in align mode, one block a step) or plain."""
     config = {"family": FAMILY, "num_blocks": 128, "env": PINNED, "max_model_len": 4096}
     if connector:
-        config.update(connector=pool.connector(), max_num_batched_tokens=CHUNK, max_num_seqs=1)
+        config.update(connector=pool.connector(**extra), max_num_batched_tokens=CHUNK, max_num_seqs=1)
     else:
         config["prefix_caching"] = False
     return pool.get(f"hybrid-{name}", **config)
@@ -111,6 +111,20 @@ def test_a_chunk_size_other_than_the_hybrid_block_is_refused_in_one_line(pool, s
     lines = [line for line in wrong.log_tail(400).splitlines() if "connector off" in line]
     pool.keep("hybrid-plain", "hybrid-b")
     assert lines and f"chunk_tokens {2 * CHUNK} must equal the hybrid block size {CHUNK}" in lines[0]
+
+
+def test_a_load_off_the_step_writes_the_state_where_vllm_copies_it_from(pool, start_daemon):
+    """`load_async` "async": the load runs while the request waits; vLLM copies the loaded state into the
+    running block when it schedules the request (the loads above run in the step: an idle engine)."""
+    daemon = start_daemon("--disk-size", "0", "--host-mem", "256MiB", workdir=pool.workdir)
+    batch = prompts(2, 1100, seed=95)
+    want = engine(pool, "plain", connector=False).generate(batch)
+    engine(pool, "b").generate(batch)
+    assert wait_for(lambda: stored(daemon) == full_chunks(batch))
+    pool.keep("hybrid-plain", "hybrid-async")
+    out, loaded, failed = loads(engine(pool, "async", load_async="async"), batch)
+    assert_same(out, want)
+    assert (loaded, failed) == (full_chunks(batch), 0)
 
 
 @pytest.fixture(autouse=True)
