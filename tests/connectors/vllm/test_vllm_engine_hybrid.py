@@ -114,7 +114,7 @@ def test_a_chunk_size_other_than_the_hybrid_block_is_refused_in_one_line(pool, s
 
 
 def test_a_load_off_the_step_writes_the_state_where_vllm_copies_it_from(pool, start_daemon):
-    """`load_async` "async": the load runs while the request waits; vLLM copies the loaded state into the
+    """`load_async` true: the load runs while the request waits; vLLM copies the loaded state into the
     running block when it schedules the request (the loads above run in the step: an idle engine)."""
     daemon = start_daemon("--disk-size", "0", "--host-mem", "256MiB", workdir=pool.workdir)
     batch = prompts(2, 1100, seed=95)
@@ -122,9 +122,27 @@ def test_a_load_off_the_step_writes_the_state_where_vllm_copies_it_from(pool, st
     engine(pool, "b").generate(batch)
     assert wait_for(lambda: stored(daemon) == full_chunks(batch))
     pool.keep("hybrid-plain", "hybrid-async")
-    out, loaded, failed = loads(engine(pool, "async", load_async="async"), batch)
+    out, loaded, failed = loads(engine(pool, "async", load_async=True), batch)
     assert_same(out, want)
     assert (loaded, failed) == (full_chunks(batch), 0)
+
+
+def test_gated_deltanet_loads_equal_what_the_engine_computes(pool, start_daemon):
+    """Qwen3-Next shaped (Gated DeltaNet and attention layers in turn), bfloat16: vLLM's CPU Gated DeltaNet
+    kernels take nothing else. A hit runs the prompt's last step exactly as the miss did (the same tokens on
+    the same kernels), over the loaded attention KV and state instead of computed ones: the same outputs."""
+    daemon = start_daemon("--disk-size", "0", "--host-mem", "256MiB", workdir=pool.workdir)
+    pool.keep()
+    gdn = pool.get("hybrid-gdn", family="hybrid-gdn", dtype="bfloat16", num_blocks=128, env=PINNED,
+                   max_model_len=4096, connector=pool.connector(), max_num_batched_tokens=CHUNK, max_num_seqs=1)
+    assert [p["kind"] for p in gdn.chunk_parts()].count("state") == 1
+    batch = prompts(2, 1100, seed=97)
+    want = gdn.generate(batch)
+    assert wait_for(lambda: stored(daemon) == full_chunks(batch))
+    out, loaded, failed = loads(gdn, batch)
+    assert_same(out, want)
+    assert (loaded, failed) == (full_chunks(batch), 0)
+    pool.keep()
 
 
 @pytest.fixture(autouse=True)
