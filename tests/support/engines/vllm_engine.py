@@ -63,8 +63,15 @@ def save_model(directory: str, family: str = "dense", seed: int = 0, hidden: int
             num_local_experts=0, shared_intermediate_size=2 * hidden, position_embedding_type="rope",
             initializer_range=0.2, **common)  # weights this far from flat make the state move the outputs
         # (a state larger than 128 tokens of attention KV: vLLM makes the hybrid block 256 tokens)
+    elif family == "hybrid-gdn":  # Qwen3-Next shaped: Gated DeltaNet and attention layers in turn, small MoE MLPs
+        model = tf.Qwen3NextForCausalLM, tf.Qwen3NextConfig(
+            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+            layer_types=["linear_attention", "full_attention"] * (layers // 2), linear_conv_kernel_dim=4,
+            linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2, linear_num_value_heads=8,
+            mlp_only_layers=[], num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+            shared_expert_intermediate_size=64, initializer_range=0.2, **common)
     else:
-        raise SystemExit(f"unknown model family {family!r}: dense, mla, sliding or hybrid-mamba2")
+        raise SystemExit(f"unknown model family {family!r}: dense, mla, sliding, hybrid-mamba2 or hybrid-gdn")
     torch.manual_seed(seed)
     model[0](model[1]).to(torch.float32).save_pretrained(directory)
 
@@ -74,7 +81,7 @@ class Engine:
         from vllm import LLM
 
         kwargs: dict[str, Any] = dict(
-            model=config["model"], skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
+            model=config["model"], skip_tokenizer_init=True, enforce_eager=True, dtype=config.get("dtype", "float32"),
             max_model_len=config.get("max_model_len", 8192), seed=0,
             enable_prefix_caching=config.get("prefix_caching", True),
             max_num_batched_tokens=config.get("max_num_batched_tokens", 4096),
