@@ -67,7 +67,7 @@ def save_model(directory: str, family: str = "dense", seed: int = 0, hidden: int
         model = tf.Qwen3NextForCausalLM, tf.Qwen3NextConfig(
             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
             layer_types=["linear_attention", "full_attention"] * (layers // 2), linear_conv_kernel_dim=4,
-            linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2, linear_num_value_heads=8,
+            linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2, linear_num_value_heads=16,
             mlp_only_layers=[], num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
             shared_expert_intermediate_size=64, initializer_range=0.2, **common)
     else:
