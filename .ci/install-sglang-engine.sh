@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install a real SGLang engine (its CPU path) in a virtualenv of its own, for tests/connectors/sglang/test_sglang_engine*.py.
+# Install a real SGLang engine (its CPU path) in a virtualenv of its own, for tests/connectors/sglang_connector/test_sglang_engine*.py.
 #
 # SGLang pins CUDA builds of everything, so the engine and xgrammar go in with --no-deps, after SGLang's own
 # torch and torchvision pins (it imports torchvision at start; the index's torchvision fails beside the 2.13 CPU

@@ -160,10 +160,12 @@ def replay(daemon: Any, limit: int) -> dict[str, Any]:
     return out
 
 
-def daemon_client(daemon: Any) -> Any:
+def daemon_client(daemon: Any, namespace: str | None = None) -> Any:
+    """A client of `daemon`; in `namespace` (an engine's session namespace) to reach the chunks it stores."""
     import kvstore
 
-    return kvstore.connect(daemon.ipc, timeout=10.0)
+    chosen = {} if namespace is None else {"namespace": namespace}
+    return kvstore.connect(daemon.ipc, timeout=10.0, **chosen)
 
 
 def scheduler_cost(daemon: Any, waiting: int = 256, length: int = 2000) -> dict[str, Any]:
@@ -174,7 +176,7 @@ def scheduler_cost(daemon: Any, waiting: int = 256, length: int = 2000) -> dict[
     reqs = [request(f"w{i}", p) for i, p in enumerate(prompts(waiting, length, seed=3000))]
     side = engine.scheduler.scheduler_side
     store = side.stores[0]
-    with daemon_client(daemon) as c:  # half of them stored
+    with daemon_client(daemon, side.session_namespace) as c:  # half of them stored
         for r in reqs[::2]:
             keys = side.plain_keys(store, list(r.prompt_token_ids)[: (length - 1) // 256 * 256])
             c.put(keys, [bytes(store.geometry.chunk_nbytes)] * len(keys))

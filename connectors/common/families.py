@@ -37,7 +37,9 @@ Layered on either family:
   and revision, which the namespace already names; scales an engine computes
   from its own first batch differ per engine, so such a cache is refused.
 
-Anything else (Mamba or linear-attention state, encoder-decoder cross
+Hybrid Mamba-2 / linear-attention models add each recurrent layer's state at
+the chunk's last token to the chunk (vLLM only: ``kvstore.connectors.vllm.hybrid``).
+Anything else (recurrent state elsewhere, encoder-decoder cross
 attention, per-token-head quantisation with in-page scales) raises
 `Unsupported`, whose one line names the family and the reason; connectors log
 it once at start and report themselves off (`ConnectorState`).

@@ -49,9 +49,10 @@ would have saved (``bench/verify.py`` measures what a fraction costs in throughp
 
 Chunks are the engine's own block bytes (`kvstore.ops` block planes), every KV cache group's blocks of the
 chunk's tokens, so the namespace names the KV cache format: per model family (dense, MLA, sliding-window and
-hybrid groups, pipeline stages, fp8) what a chunk holds is `vllm_geometry`'s. A cache it does not describe
-(Mamba state, cross attention...) turns the connector off: one line naming the family and the reason, and a
-connector report the daemon shows as off (`kvstore stats`, /metrics).
+hybrid groups, pipeline stages, fp8) what a chunk holds is `vllm_geometry`'s; for Mamba-2 / linear-attention
+hybrids (vLLM's align mode) a chunk also holds each recurrent layer's state at its last token (`hybrid`). A
+cache it does not describe (a state outside align mode, cross attention...) turns the connector off: one line
+naming the family and the reason, and a connector report the daemon shows as off (`kvstore stats`, /metrics).
 """
 
 from __future__ import annotations
@@ -175,6 +176,13 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished_all_groups(self, request: "Request", block_ids: tuple[list[int], ...]
                                     ) -> tuple[bool, dict[str, Any] | None]:
         return self.request_finished(request, list(block_ids[0]) if block_ids else [])
+
+    def get_loaded_kv_cache_group_ids(self, request: "Request") -> tuple[int, ...]:
+        """Every transferred group: a load writes all of them (a hybrid model's recurrent state included)."""
+        g = self._settings.geometry
+        if g is None or not g.hybrid:
+            return super().get_loaded_kv_cache_group_ids(request)
+        return tuple(self._kv_cache_config.transfer_group_ids)
 
     # -- worker side -------------------------------------------------------------------------------------
     def _step_meta(self) -> KVStoreConnectorMetadata | None:

@@ -25,7 +25,9 @@ Pipeline parallelism: a stage holds a range of layers (vLLM's own split, `get_pp
 names the range and the scheduler, which sees stage 0's config, looks a prefix up under every stage's.
 fp8 caches (`kv_quant_mode` FP8_PER_TENSOR, scales from the checkpoint) are stored as the bytes the engine
 holds, the quantisation named in the namespace; scales an engine computes itself (`calculate_kv_scales`)
-differ per engine and are refused. Anything else raises `families.Unsupported` naming the family and reason.
+differ per engine and are refused. Hybrid models' recurrent-state groups (`MambaSpec` in vLLM's align mode)
+add one state per layer to a chunk: ``hybrid``. Anything else raises `families.Unsupported` naming the family
+and reason.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..common.families import Unsupported, attention_kind
 from ..common.layout import PagedGeometry, dtype_name
+from .hybrid import STATE_KIND, state_bytes, state_group_format, state_saved_at, state_target
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -54,14 +57,19 @@ class GroupGeometry:
     layer_names: tuple[str, ...]
     block_size: int
     page_bytes: int                 # one layer's block
-    kind: str                       # families.attention_kind: full, swa<W>, local<C>
+    kind: str                       # families.attention_kind: full, swa<W>, local<C>; or hybrid.STATE_KIND
     window: int = 0                 # sliding window (tokens), or attention chunk for local attention
     retained: int = 0               # vLLM's extra_retained_tokens of a sliding window
 
     @property
+    def holds_state(self) -> bool:
+        """A recurrent-state group (``hybrid``): one block per chunk, the state at the chunk's last token."""
+        return self.kind == STATE_KIND
+
+    @property
     def frees_blocks(self) -> bool:
-        """Whether vLLM frees this group's blocks behind the window while a request runs."""
-        return self.window > 0
+        """Whether vLLM frees (or, for a state group, overwrites) this group's blocks while a request runs."""
+        return self.window > 0 or self.holds_state
 
     def skipped_tokens(self, computed: int) -> int:
         """vLLM's `get_num_skipped_tokens`: the leading tokens whose blocks it frees once `computed` are done."""
@@ -88,17 +96,30 @@ class EngineGeometry:
     def frees_blocks(self) -> bool:
         return any(g.frees_blocks for g in self.groups)
 
+    @property
+    def hybrid(self) -> bool:
+        """Whether a chunk holds recurrent state (``hybrid``) besides attention KV."""
+        return any(g.holds_state for g in self.groups)
+
     def describe(self) -> str:
         """One line for the connector report: family, groups and their kinds, stage, cache format."""
         kinds = ",".join(dict.fromkeys(g.kind for g in self.groups))
         stage = f", stage layers {self.stage}" if self.stage else ""
-        mla = "mla" if self.mla else "dense"
-        return f"{mla}, {len(self.groups)} group(s) {kinds}{stage}; {self.paged.cache_format}"
+        what = "mla" if self.mla else "hybrid" if self.hybrid else "dense"
+        return f"{what}, {len(self.groups)} group(s) {kinds}{stage}; {self.paged.cache_format}"
 
-    def valid_chunks(self, block_ids: Sequence[Sequence[int]], first: int, end: int, computed_before: int) -> int:
+    def valid_chunks(self, block_ids: Sequence[Sequence[int]], first: int, end: int, computed_before: int,
+                     computed: int | None = None) -> int:
         """The first chunk of `first .. end` from which on every group still holds every block (a save takes
-        those); `computed_before`: the tokens computed before the step whose schedule may have freed some."""
+        those); `computed_before`: the tokens computed before the step whose schedule may have freed some;
+        `computed`: after it (a state group holds only the state there: ``hybrid.state_saved_at``)."""
         t = self.paged.chunk_tokens
+        for group, ids in zip(self.groups, block_ids):
+            if group.holds_state:
+                at = state_saved_at(end * t if computed is None else computed, t, ids)
+                if at != end - 1:
+                    return end
+                first = max(first, at)
         for chunk in range(end - 1, first - 1, -1):
             for group, ids in zip(self.groups, block_ids):
                 per = t // group.block_size
@@ -109,11 +130,19 @@ class EngineGeometry:
         return first
 
     def chunk_blocks(self, block_ids: Sequence[Sequence[int]], chunk: int, skip_tokens: int = 0,
-                     ratio: int = 1) -> list[list[int]]:
+                     ratio: int | Sequence[int] = 1, state_chunk: int | None = None) -> list[list[int]]:
         """Per group, the kernel block ids of one chunk's blocks; `KEEP` (a load writes none) for those before
-        `skip_tokens`, which the engine holds, and for a sliding group's null blocks behind its window."""
+        `skip_tokens`, which the engine holds, and for a sliding group's null blocks behind its window.
+        `ratio`: kernel blocks per vLLM block (per group, or one for all). A state group's block: for a save
+        (`state_chunk` None) the chunk's own; for a load, only chunk `state_chunk` (the last loaded) writes
+        its state, into ``hybrid.state_target`` (`KEEP` when there is none: the caller refuses such a load)."""
         t, out = self.paged.chunk_tokens, []
-        for group, ids in zip(self.groups, block_ids):
+        ratios = [ratio] * len(self.groups) if isinstance(ratio, int) else list(ratio)
+        for group, ids, ratio in zip(self.groups, block_ids, ratios):
+            if group.holds_state and state_chunk is not None:
+                target = state_target(ids, chunk) if chunk == state_chunk else None
+                out.append([KEEP if target is None else target])
+                continue
             per = t // group.block_size
             held = max(0, skip_tokens - chunk * t) // group.block_size
             mine = [KEEP if i < held or (group.frees_blocks and b == NULL_BLOCK) else b
@@ -136,7 +165,7 @@ def engine_geometry(kv_cache_config: "KVCacheConfig", chunk_tokens: int, vllm_co
         raise Unsupported(family, "the engine has no KV cache groups to transfer")
     if any(getattr(g, "is_eagle_group", False) for g in groups):
         raise Unsupported(family, "speculative-decoding draft KV cache groups are not stored")
-    described = [_describe(g.layer_names, g.kv_cache_spec, family, vllm_config) for g in groups]
+    described = [_describe(g.layer_names, g.kv_cache_spec, family, vllm_config, chunk_tokens) for g in groups]
     mla = any(m for _, _, m in described)
     if mla and not all(m for _, _, m in described):
         raise Unsupported(family, "MLA and other attention groups in one model have no chunk layout")
@@ -167,7 +196,7 @@ def model_family(vllm_config: "VllmConfig") -> str:
     return str(getattr(hf, "model_type", None) or "unknown model")
 
 
-def _describe(layer_names: Sequence[str], spec: Any, family: str, vllm_config: "VllmConfig"
+def _describe(layer_names: Sequence[str], spec: Any, family: str, vllm_config: "VllmConfig", chunk_tokens: int
               ) -> tuple[GroupGeometry, str, bool]:
     """(the group, its format for the namespace, whether it is MLA) of one spec; raises `Unsupported`."""
     from vllm.v1.kv_cache_interface import (
@@ -186,7 +215,8 @@ def _describe(layer_names: Sequence[str], spec: Any, family: str, vllm_config: "
             raise Unsupported(family, "layers of one KV cache group hold different page formats")
         spec = specs[0]
     if isinstance(spec, MambaSpec):
-        raise Unsupported(family, "Mamba / linear-attention layers keep a recurrent state, not a per-token KV cache")
+        fmt = state_group_format(layer_names, spec, family, chunk_tokens)
+        return GroupGeometry(tuple(layer_names), spec.block_size, state_bytes(spec), STATE_KIND), fmt, False
     if isinstance(spec, CrossAttentionSpec):
         raise Unsupported(family, "encoder-decoder cross-attention caches hold the encoder's input, not a prefix")
     for name, what in (("page_size_padded", "padded pages"), ("num_head_slots", "head slots"),

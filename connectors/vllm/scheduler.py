@@ -44,7 +44,8 @@ class SchedulerSide:
         self._chunk_tokens = settings.chunk_tokens
         self._load_mode = settings.config.load_async
         self._lookup_batch = settings.config.lookup_batch
-        self._verify_fraction = settings.config.verify_fraction
+        # A hybrid model's state exists only in the step that computed it: none is left to compare later.
+        self._verify_fraction = 0.0 if g.hybrid else settings.config.verify_fraction
         self._stats: dict[str, int] = {}
         self._interval = Interval()
         self._unasked: dict[str, "Request"] = {}   # waiting requests not looked up yet
@@ -159,6 +160,11 @@ class SchedulerSide:
                 log.warning("kvstore neither loads nor saves requests with an input it cannot key (%s); "
                             "counted under unkeyable", exc)
             return None
+
+    @property
+    def session_namespace(self) -> str:
+        """The namespace this engine's chunks are stored in (a client looking them up says hello with it)."""
+        return self._settings.session_namespace
 
     def plain_keys(self, store: ChunkStore, token_ids: list[int], cache_salt: str = "") -> list[bytes]:
         """The keys `store` holds a prompt of plain token ids under (no adapter or multimodal input) in this
@@ -279,7 +285,7 @@ class SchedulerSide:
         t = self._chunk_tokens
         ready = min(computed, len(tracked.prompt)) // t
         if ready > tracked.saved_chunks and self.saves_allowed(req_id):
-            first = self._geometry.valid_chunks(tracked.block_ids, tracked.saved_chunks, ready, before)
+            first = self._geometry.valid_chunks(tracked.block_ids, tracked.saved_chunks, ready, before, computed)
             if first > tracked.saved_chunks:
                 self._count("chunks_not_held", first - tracked.saved_chunks)
             if ready > first:

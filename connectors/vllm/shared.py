@@ -39,9 +39,14 @@ class ConnectorSettings:
     def timeout(self) -> float:
         return self.config.timeout
 
+    @property
+    def session_namespace(self) -> str:
+        """The namespace this engine's links say hello with, which its chunks are bound to in the daemon."""
+        return session_namespace(f"vllm:{self.model_id}", self.salt)
+
     def link(self, **connect: Any) -> DaemonLink:
         """A new link to the daemon (a client is not thread-safe: one per thread that calls it)."""
-        connect = {"namespace": session_namespace(f"vllm:{self.model_id}", self.salt), **connect}
+        connect = {"namespace": self.session_namespace, **connect}
         if self.identity is not None:
             connect = {"identity": self.identity, **connect}
         link = DaemonLink.to(self.config.address, self.chunk_tokens, timeout=self.timeout,

@@ -16,6 +16,8 @@ from kvstore.ops import PagedKV
 from kvstore.protocol.engine_blocks import EngineBlocks
 
 from ..common.transfers import LoadJob, SaveJob, Transfers
+from .geometry import EngineGeometry
+from .hybrid import state_rows, state_target
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .settings import tp_rank
 from .shared import ConnectorSettings
@@ -37,11 +39,12 @@ class WorkerSide:
         self._vllm_config = vllm_config
         self._num_blocks = num_blocks
         self.transfers: Transfers | None = None      # set once the caches are registered
-        self._ratio = 1                              # kernel blocks per vLLM block
+        self._ratios: list[int] = [1] * len(settings.geometry.groups)   # kernel blocks per vLLM block, per group
         self._loading: dict[str, LoadSpec] = {}      # asynchronous loads in flight
         self._saving: set[str] = set()               # requests with saves planned (their blocks are kept)
         self._finishing: set[str] = set()            # ... that finished, waiting for their saves
         self._load_errors: set[int] = set()
+        self._refused: set[str] = set()              # asynchronous loads refused (reported done, nothing written)
         self._saves_here = False                     # this worker saves (MLA under TP: rank 0 only)
         self._interval = Interval()
 
@@ -67,14 +70,18 @@ class WorkerSide:
         if missing:
             return self._disable(f"no KV cache for layers {missing[:3]}")
         first = kv_caches[g.groups[0].layer_names[0]]
-        self._ratio = max(1, first.shape[0] // self._num_blocks) if self._num_blocks else 1
+        # kernel blocks per vLLM block, per group (attention kernels may split a block; state pages never do)
+        self._ratios = [max(1, kv_caches[group.layer_names[0]].shape[0] // self._num_blocks) if self._num_blocks
+                        else 1 for group in g.groups]
         try:  # one set of block planes per KV cache group (each group has its own block table)
-            kvs = [PagedKV.from_blocks([kv_caches[n] for n in group.layer_names], group.block_size // self._ratio)
-                   for group in g.groups]
+            kvs = [PagedKV.from_blocks([state_rows(kv_caches[n], group.page_bytes) for n in group.layer_names], 1)
+                   if group.holds_state else  # a state: one row a block, whatever its tokens
+                   PagedKV.from_blocks([kv_caches[n] for n in group.layer_names], group.block_size // ratio)
+                   for group, ratio in zip(g.groups, self._ratios)]
         except ValueError as exc:
             return self._disable(str(exc))
-        held = sum(len(kv.rows) * kv.row_bytes * self._ratio * (s.chunk_tokens // group.block_size)
-                   for kv, group in zip(kvs, g.groups))
+        held = sum(len(kv.rows) * kv.row_bytes * ratio * (s.chunk_tokens // group.block_size)
+                   for kv, group, ratio in zip(kvs, g.groups, self._ratios))
         if held != g.paged.chunk_nbytes:
             return self._disable(f"the caches hold {held} bytes a chunk, the KV cache spec says {g.paged.chunk_nbytes}")
         rank = tp_rank(self._vllm_config)
@@ -88,10 +95,12 @@ class WorkerSide:
         log.warning("kvstore connector disabled: %s", why)
         self.transfers = None
 
-    def _chunk_blocks(self, block_ids: list[list[int]], skip_tokens: int = 0) -> Callable[[int], list[list[int]]]:
-        """Chunk index -> per KV cache group, the kernel block ids that chunk fills (see `chunk_blocks`)."""
+    def _chunk_blocks(self, block_ids: list[list[int]], skip_tokens: int = 0,
+                      state_chunk: int | None = None) -> Callable[[int], list[list[int]]]:
+        """Chunk index -> per KV cache group, the kernel block ids that chunk fills (see `chunk_blocks`;
+        `state_chunk`: a load's last chunk, whose recurrent state it writes)."""
         g = self._geometry
-        return lambda chunk: g.chunk_blocks(block_ids, chunk, skip_tokens, self._ratio)
+        return lambda chunk: g.chunk_blocks(block_ids, chunk, skip_tokens, self._ratios, state_chunk)
 
     def start_load_kv(self, meta: KVStoreConnectorMetadata) -> None:
         if self.transfers is None:
@@ -99,19 +108,32 @@ class WorkerSide:
         t = self._settings.chunk_tokens
         for spec in meta.loads:
             job = LoadJob(spec.req_id, spec.token_ids, spec.salt, spec.skip_tokens // t,
-                          spec.num_chunks, self._chunk_blocks(spec.block_ids, spec.skip_tokens),
-                          extras=list(spec.extras))
+                          spec.num_chunks, self._load_blocks(spec), extras=list(spec.extras))
+            if self._geometry.hybrid and not has_state_target(self._geometry, spec):
+                log.warning("kvstore load of request %s refused: no block to write its recurrent state into",
+                            spec.req_id)
+                self._note_load(spec, job)   # nothing written: vLLM recomputes the prefix
+                if spec.is_async:
+                    self._loading[spec.req_id] = spec
+                    self._refused.add(spec.req_id)
+                continue
             if spec.is_async:
                 self._loading[spec.req_id] = spec
                 self.transfers.submit_load(job)
             else:
                 self._note_load(spec, self.transfers.run_load(job))
 
+    def _load_blocks(self, spec: LoadSpec) -> Callable[[int], list[list[int]]]:
+        """The blocks each chunk of a load fills (a hybrid model's state: the last chunk's only)."""
+        return self._chunk_blocks(spec.block_ids, spec.skip_tokens,
+                                  spec.num_chunks - 1 if self._geometry.hybrid else None)
+
     def _note_load(self, spec: LoadSpec, job: LoadJob) -> None:
         """Report the blocks a load left unwritten, in every group (vLLM recomputes them)."""
-        blocks = self._chunk_blocks(spec.block_ids, spec.skip_tokens)
+        blocks = self._load_blocks(spec)
         for chunk in range(job.first_chunk + job.loaded, spec.num_chunks):
-            self._load_errors.update(b // self._ratio for group in blocks(chunk) for b in group if b >= 0)
+            self._load_errors.update(b // ratio for group, ratio in zip(blocks(chunk), self._ratios)
+                                     for b in group if b >= 0)
 
     def wait_for_save(self, meta: KVStoreConnectorMetadata) -> None:
         if self.transfers is None or not meta.saves:
@@ -139,7 +161,9 @@ class WorkerSide:
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self.transfers is None:
             return None, None
-        received = set()
+        received, self._refused = set(self._refused), set()
+        for rid in received:
+            self._loading.pop(rid, None)
         for job in self.transfers.collect().loads:
             spec = self._loading.pop(job.req_id, None)
             if spec is not None:
@@ -158,6 +182,12 @@ class WorkerSide:
     def close(self) -> None:
         if self.transfers is not None:
             self.transfers.close()
+
+
+def has_state_target(geometry: EngineGeometry, spec: LoadSpec) -> bool:
+    """Whether every recurrent-state group of a hybrid model has a block for the load's last chunk's state."""
+    return all(state_target(ids, spec.num_chunks - 1) is not None
+               for group, ids in zip(geometry.groups, spec.block_ids) if group.holds_state)
 
 
 def engine_blocks_of(spec: SaveSpec, chunk_tokens: int) -> list[EngineBlocks | None] | None:

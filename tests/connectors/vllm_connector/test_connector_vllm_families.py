@@ -169,7 +169,8 @@ def test_a_refused_engine_shows_as_an_off_connector(start_daemon, caplog):
     try:
         assert [r.message for r in caplog.records if "connector off" in r.message] == [
             "kvstore vllm connector off (unknown model): Mamba / linear-attention layers keep a recurrent state, "
-            "not a per-token KV cache"]
+            "stored only with vLLM's prefix caching in its align mode (mamba_cache_mode is 'none'): enable prefix "
+            "caching"]
         with d.client(namespace="kvstore-cli", use_arena=False) as c:
             [row] = c.stats()["connector_list"]
         assert (row["engine"], row["state"]) == ("vllm", "off") and row["reason"].startswith("Mamba")

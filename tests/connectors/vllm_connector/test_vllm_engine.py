@@ -138,7 +138,7 @@ def test_chunk_deleted_between_lookup_and_load_is_recomputed(pool, kv_daemon):
 
     def delete_the_tail():
         # The scheduler looked up both requests in the first step; the stored one is admitted steps later.
-        with kv_daemon.client() as c:
+        with engine.chunk_client(kv_daemon) as c:
             assert c.delete(keys[2:]) == len(keys) - 2
 
     before = engine.stats()

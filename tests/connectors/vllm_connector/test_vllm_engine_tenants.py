@@ -66,7 +66,7 @@ def test_cache_salt_separates_chunks_of_the_same_prompt(pool, kv_daemon):
     salts: list[str | None] = ["tenant-a", "tenant-b", None]
     keys = engine.chunk_keys(batch * len(salts), salts=salts)
     assert len({key for chain in keys for key in chain}) == len(salts) * n
-    with kv_daemon.client() as c:
+    with engine.chunk_client(kv_daemon) as c:
         assert [c.lookup(chain) for chain in keys] == [n] * len(salts)
 
 
@@ -81,8 +81,9 @@ def test_no_store_request_saves_nothing_and_still_loads(pool, kv_daemon):
     assert_same(engine.generate([quiet, normal], MAX_TOKENS, kv_transfer_params=[no_store, None]), want)
     assert wait_for(lambda: stored(kv_daemon) == full_chunks([normal]))   # only the normal request saved
     assert delta(engine.stats(), before, "scheduler", "save_specs") == 1
-    with kv_daemon.client() as c:
-        assert c.lookup(engine.chunk_keys([quiet])[0]) == 0
+    keys = engine.chunk_keys([quiet])[0]
+    with engine.chunk_client(kv_daemon) as c:
+        assert c.lookup(keys) == 0
 
     engine.reset_prefix_cache()                          # no-store loads what another request saved
     before = engine.stats()
@@ -112,5 +113,6 @@ def test_a_pinned_requests_chunks_survive_a_flood_that_evicts_an_unpinned_ones(p
         chunk = retention["pinned_bytes"] // n
         for _ in range(2 * (64 << 20) // chunk):   # twice the tier in one-chunk puts of another namespace
             c.put([os.urandom(16)], [b"f" * chunk])
-        keys = engine.chunk_keys([pinned, unpinned])
+    keys = engine.chunk_keys([pinned, unpinned])
+    with engine.chunk_client(tight_daemon) as c:
         assert [c.lookup(chain) for chain in keys] == [n, 0]

@@ -50,7 +50,7 @@ def save_then_verify(pool, daemon, batch, damaged_chunk: int | None) -> tuple[di
     v = verifier(pool)
     if damaged_chunk is not None:
         keys = v.chunk_keys(batch)
-        with daemon.client() as c:
+        with v.chunk_client(daemon) as c:
             assert wait_for(lambda: c.stats()["integrity"]["sums_pending"] == 0)  # damage after commit and sums
             payloads = []
             for chain in keys:
@@ -72,7 +72,7 @@ def test_verifying_engine_over_damaged_chunks_serves_plain_prefill_and_drops_the
     assert after["mismatches"] - before["mismatches"] == len(batch)
     assert after["max_difference"] > 1e-3
     keys = verifier(pool).chunk_keys(batch)
-    with kv_daemon.client() as c:
+    with verifier(pool).chunk_client(kv_daemon) as c:
         assert [c.lookup(chain) for chain in keys] == [1, 1]   # no damaged chain is left, chunk 0 is intact
     assert stored(kv_daemon) == len(batch)
 

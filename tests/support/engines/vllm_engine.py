@@ -22,6 +22,7 @@ an engine start costs ~15 s, so one process serves every test of a configuration
         blocks; with `reset_connector`, the connector's `reset_cache()` too)
     {"op": "update_weights", "seed": n, "scale": s} -> {"ok": true}   (every weight += s * noise from the
         seed, in place in the workers through `LLM.collective_rpc`, as a trainer syncing weights)
+    {"op": "chunk_parts"} -> {"parts": [{"kind": "full", "nbytes": n}, ...]}   (a chunk's bytes, group by group)
     {"op": "stats"} -> {"scheduler": {...}, "worker": {...}}   (the connector's counters, if it has them)
     {"op": "exit"}
 
@@ -61,8 +62,23 @@ def save_model(directory: str, family: str = "dense", seed: int = 0, hidden: int
         model = tf.Gemma3ForCausalLM, tf.Gemma3TextConfig(
             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=64,
             layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"], **common)
+    elif family == "hybrid-mamba2":  # Granite 4 shaped: Mamba-2 and attention layers in turn, dense MLPs
+        model = tf.GraniteMoeHybridForCausalLM, tf.GraniteMoeHybridConfig(
+            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+            layer_types=["mamba", "attention"] * (layers // 2), mamba_n_heads=8, mamba_d_head=hidden * 2 // 8,
+            mamba_d_state=64, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256,
+            num_local_experts=0, shared_intermediate_size=2 * hidden, position_embedding_type="rope",
+            initializer_range=0.2, **common)  # weights this far from flat make the state move the outputs
+        # (a state larger than 128 tokens of attention KV: vLLM makes the hybrid block 256 tokens)
+    elif family == "hybrid-gdn":  # Qwen3-Next shaped: Gated DeltaNet and attention layers in turn, small MoE MLPs
+        model = tf.Qwen3NextForCausalLM, tf.Qwen3NextConfig(
+            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+            layer_types=["linear_attention", "full_attention"] * (layers // 2), linear_conv_kernel_dim=4,
+            linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2, linear_num_value_heads=16,
+            mlp_only_layers=[], num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+            shared_expert_intermediate_size=64, initializer_range=0.2, **common)
     else:
-        raise SystemExit(f"unknown model family {family!r}: dense, mla or sliding")
+        raise SystemExit(f"unknown model family {family!r}: dense, mla, sliding, hybrid-mamba2 or hybrid-gdn")
     torch.manual_seed(seed)
     model[0](model[1]).to(torch.float32).save_pretrained(directory)
 
@@ -72,7 +88,7 @@ class Engine:
         from vllm import LLM
 
         kwargs: dict[str, Any] = dict(
-            model=config["model"], skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
+            model=config["model"], skip_tokenizer_init=True, enforce_eager=True, dtype=config.get("dtype", "float32"),
             max_model_len=config.get("max_model_len", 8192), seed=0,
             enable_prefix_caching=config.get("prefix_caching", True),
             max_num_batched_tokens=config.get("max_num_batched_tokens", 4096),
@@ -177,7 +193,15 @@ class Engine:
         side = self.engine.engine_core.engine_core.scheduler.connector.scheduler_side
         salted = salts or [None] * len(prompts)
         return {"keys": [[k.hex() for k in side.plain_keys(side.stores[0], p, salt or "")]
-                         for p, salt in zip(prompts, salted)]}
+                         for p, salt in zip(prompts, salted)], "namespace": side.session_namespace}
+
+    def chunk_parts(self) -> dict[str, Any]:
+        """What a chunk holds, group after group in its bytes: each group's kind and byte count (tests that
+        rewrite one part of stored chunks, e.g. a hybrid model's recurrent state)."""
+        side = self.engine.engine_core.engine_core.scheduler.connector.scheduler_side
+        g, t = side._geometry, side._chunk_tokens
+        return {"parts": [{"kind": x.kind, "nbytes": len(x.layer_names) * x.page_bytes * (t // x.block_size)}
+                          for x in g.groups]}
 
     def stats(self) -> dict[str, Any]:
         found: dict[str, Any] = {}

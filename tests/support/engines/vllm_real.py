@@ -109,6 +109,7 @@ class EngineProc:
     def __init__(self, python: str, config: dict[str, Any], log_path: str, env: dict[str, str]) -> None:
         self.config = config
         self.log_path = log_path
+        self.namespace = ""   # the connector's session namespace, learnt with its chunk keys
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
             [python, str(ENGINE_SCRIPT), "serve", json.dumps(config)], stdin=subprocess.PIPE,
@@ -171,10 +172,22 @@ class EngineProc:
     def stats(self) -> dict[str, Any]:
         return self.call("stats")
 
+    def chunk_parts(self) -> list[dict[str, Any]]:
+        """A chunk's bytes group by group: each group's kind (``full``, ``state``...) and byte count."""
+        return list(self.call("chunk_parts")["parts"])
+
     def chunk_keys(self, prompts: list[list[int]], salts: list[str | None] | None = None) -> list[list[bytes]]:
-        """The connector's chunk keys of each prompt (`salts`: each prompt's cache salt, None for none)."""
-        keys = self.call("chunk_keys", prompts=prompts, salts=salts)["keys"]
-        return [[bytes.fromhex(k) for k in chain] for chain in keys]
+        """The connector's chunk keys of each prompt (`salts`: each prompt's cache salt, None for none). They are
+        bound to the engine's namespace in the daemon: look them up through ``chunk_client``."""
+        reply = self.call("chunk_keys", prompts=prompts, salts=salts)
+        self.namespace = str(reply["namespace"])
+        return [[bytes.fromhex(k) for k in chain] for chain in reply["keys"]]
+
+    def chunk_client(self, daemon: Any) -> Any:
+        """A client of `daemon` in this engine's namespace, where its chunk keys name its chunks."""
+        if not self.namespace:
+            self.chunk_keys([])
+        return daemon.client(namespace=self.namespace)
 
     def log_tail(self, n: int = 60) -> str:
         try:
@@ -262,12 +275,13 @@ class EnginePool:
         python = engine_python()
         assert python is not None
         family = config.pop("family", "dense")
+        env = {**self.env(), **config.pop("env", {})}
         config = {"model": self.model(family), "num_blocks": 256, **config}  # 32k tokens of KV: a few MiB
         if family == "mla":
             # On x86 CPUs with AMX tiles vLLM picks its AMX_MLA backend, which takes bf16/fp16 weights only;
             # these float32 models need the reference CPU_MLA backend on every CPU.
             config.setdefault("attention_backend", "CPU_MLA")
-        engine = EngineProc(python, config, os.path.join(self.workdir, f"engine-{name}.log"), self.env())
+        engine = EngineProc(python, config, os.path.join(self.workdir, f"engine-{name}.log"), env)
         self.engines[name] = engine
         return engine
 
