@@ -25,7 +25,9 @@ from typing import Any, Iterator
 
 import pytest
 
+from ..servers import extras_required
 from .sandbox import engine_home_env
+from .venv import venv_dir
 
 REPO = Path(__file__).resolve().parents[3]
 SHIM = Path(__file__).with_name("sglang_cpu_shim")
@@ -45,13 +47,9 @@ BASE_FLAGS = [
 ]
 
 
-def default_venv() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "kvstore-dev" / "venv-sglang"
-
-
 def venv_path() -> Path:
-    return Path(os.environ.get("KVSTORE_SGLANG_VENV") or default_venv())
+    """The SGLang engine's virtualenv (``KVSTORE_SGLANG_VENV``, else under the user's own cache folder)."""
+    return venv_dir(engine="sglang")
 
 
 def engine_python() -> str | None:
@@ -72,7 +70,7 @@ def require_engine() -> str:
     """The engine virtualenv's python; else skip the test (under CI, where it must be there, fail)."""
     python = engine_python()
     if python is None:
-        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        if extras_required():
             pytest.fail(skip_reason() + " -- required when CI is set", pytrace=False)
         pytest.skip(skip_reason())
     return python

@@ -1,5 +1,5 @@
-"""Where the real vLLM engine's virtualenv is: one answer for the tests, the benchmarks and
-``.ci/install-vllm-engine.sh`` (which computes the same in shell).
+"""Where the real engines' virtualenvs are: one answer for the tests, the benchmarks and
+``.ci/install-vllm-engine.sh`` / ``.ci/install-sglang-engine.sh`` (which compute the same in shell).
 
 It holds a few GB, so it lives outside the checkout: ``KVSTORE_VLLM_VENV`` when set, else
 ``${XDG_CACHE_HOME:-~/.cache}/kvstore-dev/venv-vllm`` of the user running the tests. The test session points
@@ -14,18 +14,20 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-VARIABLE = "KVSTORE_VLLM_VENV"
+# each engine's variable; its default folder is venv-<engine>
+VARIABLES = {"vllm": "KVSTORE_VLLM_VENV", "sglang": "KVSTORE_SGLANG_VENV"}
+VARIABLE = VARIABLES["vllm"]
 
 
-def venv_dir(env: Mapping[str, str] | None = None) -> Path:
-    """The engine virtualenv's directory (it may not exist yet), for ``env`` (default: this process's
+def venv_dir(env: Mapping[str, str] | None = None, engine: str = "vllm") -> Path:
+    """The `engine`'s virtualenv directory (it may not exist yet), for ``env`` (default: this process's
     environment, with the user's own ``XDG_CACHE_HOME``)."""
     if env is None:
         from .. import USER_XDG_CACHE_HOME
 
         env = {**os.environ, "XDG_CACHE_HOME": USER_XDG_CACHE_HOME}
-    forced = env.get(VARIABLE)
+    forced = env.get(VARIABLES[engine])
     if forced:
         return Path(forced)
     cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
-    return Path(cache) / "kvstore-dev" / "venv-vllm"
+    return Path(cache) / "kvstore-dev" / f"venv-{engine}"
