@@ -25,15 +25,13 @@ from typing import Any, Iterator
 
 import pytest
 
-from ..servers import extras_required
 from .sandbox import engine_home_env
+from . import venv
 from .venv import venv_dir
 
 REPO = Path(__file__).resolve().parents[3]
 SHIM = Path(__file__).with_name("sglang_cpu_shim")
 MODEL_SCRIPT = Path(__file__).with_name("sglang_model.py")
-INSTALL_HINT = "bash .ci/install-sglang-engine.sh"
-EXTRAS_COMMAND = "bash .ci/install-extras.sh"
 START_TIMEOUT_S = 600.0
 PAGE = 16            # HiCache page size in the tests: one kvstore chunk per page
 VOCAB = 512
@@ -50,30 +48,6 @@ BASE_FLAGS = [
 def venv_path() -> Path:
     """The SGLang engine's virtualenv (``KVSTORE_SGLANG_VENV``, else under the user's own cache folder)."""
     return venv_dir(engine="sglang")
-
-
-def engine_python() -> str | None:
-    """The engine virtualenv's python, or None when there is none."""
-    venv = venv_path()
-    python = venv / "bin" / "python"
-    if not python.exists() or not list(venv.glob("lib/python*/site-packages/sglang/__init__.py")):
-        return None
-    return str(python)
-
-
-def skip_reason() -> str:
-    return (f"no SGLang engine virtualenv at {venv_path()} (KVSTORE_SGLANG_VENV names another): "
-            f"`{EXTRAS_COMMAND}` installs it (or `{INSTALL_HINT}` alone)")
-
-
-def require_engine() -> str:
-    """The engine virtualenv's python; else skip the test (under CI, where it must be there, fail)."""
-    python = engine_python()
-    if python is None:
-        if extras_required():
-            pytest.fail(skip_reason() + " -- required when CI is set", pytrace=False)
-        pytest.skip(skip_reason())
-    return python
 
 
 def prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -361,3 +335,17 @@ def engine_workdir(engine_venv: str) -> Iterator[str]:
 def kv_daemon(start_module_daemon: Any, engine_workdir: str) -> Any:
     """The module's daemon, on the socket its engines are configured with."""
     return start_module_daemon("--host-mem", "256MiB", workdir=engine_workdir)
+
+
+def engine_python() -> str | None:
+    """The SGLang engine virtualenv's python, or None (``venv.engine_python``)."""
+    return venv.engine_python("sglang")
+
+
+def skip_reason() -> str:
+    return venv.skip_reason("sglang")
+
+
+def require_engine() -> str:
+    """The SGLang engine virtualenv's python; else skip the test (fail it under CI)."""
+    return venv.require_engine("sglang")

@@ -31,3 +31,36 @@ def venv_dir(env: Mapping[str, str] | None = None, engine: str = "vllm") -> Path
         return Path(forced)
     cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
     return Path(cache) / "kvstore-dev" / f"venv-{engine}"
+
+
+TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
+EXTRAS_COMMAND = "bash .ci/install-extras.sh"   # every extra the test command skips without, the engines too
+
+
+def engine_python(engine: str = "vllm") -> str | None:
+    """The `engine` virtualenv's python, or None when there is none (or it lacks the engine's package)."""
+    venv = venv_dir(engine=engine)
+    python = venv / "bin" / "python"
+    if not python.exists() or not list(venv.glob(f"lib/python*/site-packages/{engine}/__init__.py")):
+        return None
+    return str(python)
+
+
+def skip_reason(engine: str = "vllm") -> str:
+    """Why the `engine`'s tests do not run here, and the command that makes them run."""
+    return (f"no {TITLES[engine]} engine virtualenv at {venv_dir(engine=engine)} ({VARIABLES[engine]} names "
+            f"another): `{EXTRAS_COMMAND}` installs it (or `bash .ci/install-{engine}-engine.sh` alone)")
+
+
+def require_engine(engine: str = "vllm") -> str:
+    """The `engine` virtualenv's python; else skip the test (fail it where extras are required: CI)."""
+    import pytest
+
+    from ..servers import extras_required
+
+    python = engine_python(engine)
+    if python is None:
+        if extras_required():
+            pytest.fail(skip_reason(engine) + " -- required when CI is set", pytrace=False)
+        pytest.skip(skip_reason(engine))
+    return python

@@ -20,42 +20,14 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from ..servers import extras_required
 from .sandbox import engine_home_env
-from .venv import venv_dir
+from . import venv
 
 REPO = Path(__file__).resolve().parents[3]
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
-INSTALL_HINT = "bash .ci/install-vllm-engine.sh"
-EXTRAS_COMMAND = "bash .ci/install-extras.sh"   # every extra the test command skips without, this one too
 START_TIMEOUT_S = 600.0
 CHUNK = 256        # connector chunk size in the tests: two of the CPU engine's 128-token blocks
 VOCAB = 512
-
-
-def engine_python() -> str | None:
-    """The engine virtualenv's python, or None when there is none."""
-    venv = venv_dir()
-    python = venv / "bin" / "python"
-    if not python.exists() or not list(venv.glob("lib/python*/site-packages/vllm/__init__.py")):
-        return None
-    return str(python)
-
-
-def skip_reason() -> str:
-    venv = venv_dir()
-    return (f"no vLLM engine virtualenv at {venv} (KVSTORE_VLLM_VENV names another): `{EXTRAS_COMMAND}` "
-            f"installs it (or `{INSTALL_HINT}` alone)")
-
-
-def require_engine() -> str:
-    """The engine virtualenv's python; else skip the test (under CI, where it must be there, fail)."""
-    python = engine_python()
-    if python is None:
-        if extras_required():
-            pytest.fail(skip_reason() + " -- required when CI is set", pytrace=False)
-        pytest.skip(skip_reason())
-    return python
 
 
 def prompts(n: int, length: int, seed: int, prefix: list[int] | None = None) -> list[list[int]]:
@@ -312,3 +284,17 @@ def pool() -> Iterator[EnginePool]:
     """The session's engines; closed (and their directory removed) at the end."""
     yield POOL
     POOL.close()
+
+
+def engine_python() -> str | None:
+    """The vLLM engine virtualenv's python, or None (``venv.engine_python``)."""
+    return venv.engine_python("vllm")
+
+
+def skip_reason() -> str:
+    return venv.skip_reason("vllm")
+
+
+def require_engine() -> str:
+    """The vLLM engine virtualenv's python; else skip the test (fail it under CI)."""
+    return venv.require_engine("vllm")
