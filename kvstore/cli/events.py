@@ -23,7 +23,7 @@ import zmq
 
 from ..errors import ConfigError, DaemonUnavailable
 from ..protocol.kv_events import END_SEQ, INCARNATION_KEY, SNAPSHOT_REQUEST, split_batch
-from .stats import positive_seconds
+from .flag_types import any_count, positive_seconds
 
 TIMEOUT_S = 5.0   # the default of --timeout
 
@@ -35,22 +35,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--endpoint", required=True, help="the daemon's --events-endpoint (tcp:// or ipc://)")
     p.add_argument("--replay-endpoint", help="the daemon's --events-replay-endpoint (needed with --from)")
     p.add_argument("--topic", default="", help="print only messages whose topic starts with this (default: all)")
-    p.add_argument("--from", dest="start", type=_seq, metavar="SEQ",
+    p.add_argument("--from", dest="start", type=any_count, metavar="SEQ",
                    help="first replay the buffered batches from SEQ on (0: everything still buffered)")
     p.add_argument("--snapshot", action="store_true",
                    help="first print everything the daemon holds now (one batch), then what changes after it")
-    p.add_argument("--count", type=_seq, metavar="N", help="stop after N events (default: run until interrupted)")
+    p.add_argument("--count", type=any_count, metavar="N", help="stop after N events (default: run until interrupted)")
     p.add_argument("--json", action="store_true", help="one JSON object per event")
     p.add_argument("--timeout", type=positive_seconds, default=TIMEOUT_S, metavar="SECONDS",
                    help="how long to wait for the endpoints to accept the connection and for the replay socket "
                         "to answer; then give up with exit 1 (default: %(default)s; live events may take any time)")
     p.set_defaults(run=run)
-
-
-def _seq(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
-    return int(text)
 
 
 def _check(args: argparse.Namespace) -> None:

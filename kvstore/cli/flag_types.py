@@ -30,4 +30,5 @@ def flag_type(parse: Callable[[str, str], T], what: str) -> Callable[[str], T]:
 
 positive_seconds = flag_type(parse_seconds, "seconds")       # 30s, 500ms, 2m or a number of seconds, above 0
 positive_count = flag_type(parse_count, "count")             # a whole number, 1 or more
+any_count = flag_type(lambda text, what: parse_count(text, what, minimum=0), "count")   # 0 or more
 bytes_per_second = flag_type(lambda text, what: parse_size(text.removesuffix("/s"), what), "rate")   # 500MiB/s

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .stats import address_of, open_client, positive_seconds
+from .stats import add_request_flags, address_of, open_client
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,11 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a namespace to drop (a connector's is its engine and model, e.g. vllm:MODEL)")
     p.add_argument("--prefix", action="store_true",
                    help="each NAMESPACE is a prefix: drop every namespace the daemon holds that starts with it")
-    p.add_argument("--socket", default=None, metavar="PATH", help="the daemon's socket (default: its default)")
-    p.add_argument("--address", default=None, metavar="URL", help="ipc:// address instead of --socket")
-    p.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
-                   help="how long to wait for the daemon's answer (default: 30)")
-    p.add_argument("--json", action="store_true", help="print the daemon's answer as one JSON object")
+    add_request_flags(p, timeout=30.0)
     p.set_defaults(run=run)
 
 

@@ -11,8 +11,7 @@ import argparse
 import json
 
 from ..errors import KVStoreError
-from .flag_types import positive_seconds
-from .stats import address_of, open_client
+from .stats import add_request_flags, address_of, open_client
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,11 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "access, the shared index). A bad table is refused and the old one stays in "
                                    "force (exit 1). Other settings that changed in the file are named as needing a "
                                    "restart, not applied.")
-    p.add_argument("--socket", default=None, metavar="PATH", help="the daemon's socket (default: its default)")
-    p.add_argument("--address", default=None, metavar="URL", help="ipc:// address instead of --socket")
-    p.add_argument("--timeout", type=positive_seconds, default=10.0, metavar="SECONDS",
-                   help="how long to wait for the daemon's answer (default: 10)")
-    p.add_argument("--json", action="store_true", help="print the daemon's answer as one JSON object")
+    add_request_flags(p, timeout=10.0)
     p.set_defaults(run=run)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from ..defaults import default_socket
 from ..errors import ConfigError, DaemonUnavailable
 from ..units import format_size
+from .flag_types import any_count, positive_seconds
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,24 +27,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--watch", action="store_true", help="refresh in place with rates until interrupted")
     p.add_argument("--interval", type=positive_seconds, default=None, metavar="SECONDS",
                    help="--watch refresh period (default: 1)")
-    p.add_argument("--count", type=_count, default=None, metavar="N", help="--watch: stop after N refreshes (0: never)")
+    p.add_argument("--count", type=any_count, default=None, metavar="N",
+                   help="--watch: stop after N refreshes (0: never)")
     p.set_defaults(run=run)
 
 
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds such as 1 or 0.5, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number of refreshes (0: until interrupted), got {text!r}")
-    return int(text)
+def add_request_flags(p: argparse.ArgumentParser, timeout: float) -> None:
+    """The flags of a command that sends the daemon one request: where it is (--socket, --address), how long
+    its answer may take (--timeout, default `timeout` seconds) and --json for the answer as one JSON object."""
+    p.add_argument("--socket", default=None, metavar="PATH", help="the daemon's socket (default: its default)")
+    p.add_argument("--address", default=None, metavar="URL", help="ipc:// address instead of --socket")
+    p.add_argument("--timeout", type=positive_seconds, default=timeout, metavar="SECONDS",
+                   help=f"how long to wait for the daemon's answer (default: {timeout:g})")
+    p.add_argument("--json", action="store_true", help="print the daemon's answer as one JSON object")
 
 
 def address_of(args: argparse.Namespace) -> str:
