@@ -129,15 +129,13 @@ def handle_load_times(svc: Service, s: Session, h: dict, frames: list) -> Frames
 
 
 def _not_hidden(svc: Service, s: Session, keys: list) -> list:
-    """The leading ``keys`` up to the first chunk held for a namespace the session may not read: a note names what
-    the shared index showed, which never lists such a chunk, so a note that names one is not the index's and
-    must not touch (keep hot) or count another tenant's chunks."""
-    if svc.tenants is None:
-        return keys
-    may_read = _reader(svc.tenants, s)
+    """The leading ``keys`` up to the first that is not held, or is held for a namespace the session may not read:
+    a note names what the shared index showed, which lists only held chunks and never such a one, so a key past
+    that point is not the index's (or went since) and must not touch (keep hot) or count as a hit."""
+    may_read = _reader(svc.tenants, s) if svc.tenants is not None else None
     for i, key in enumerate(keys):
         namespace = svc.store.namespace_of(key)
-        if namespace is not None and not may_read(namespace):
+        if namespace is None or (may_read is not None and not may_read(namespace)):
             return keys[:i]
     return keys
 

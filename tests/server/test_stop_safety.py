@@ -34,8 +34,9 @@ CLIENT_TIMEOUT = 5.0
 
 @pytest.fixture
 def paused_redis(tmp_path):
+    """A redis-server the test pauses (up, connections accepted, never answering) once the daemon started: a
+    store that does not answer at start is taken as down and never asked, so it must answer the start's probe."""
     server = RedisServer(tmp_path / "redis", binary=require("redis-server")).start()
-    server.pause()   # up (connections are accepted) but never answers
     yield server
     server.resume()
     server.stop()
@@ -43,6 +44,7 @@ def paused_redis(tmp_path):
 
 def test_requests_in_flight_and_during_the_flush_get_unavailable_at_once(start_daemon, paused_redis):
     d = start_daemon("--remote", paused_redis.url, "--remote-wait", "10s", "--shutdown-timeout", "10s")
+    paused_redis.pause()
     with d.client(namespace="s", timeout=CLIENT_TIMEOUT) as c, \
             d.client(namespace="s", timeout=CLIENT_TIMEOUT) as other:
         stored = c.chunk_keys(list(range(256)))
