@@ -189,6 +189,14 @@ class DaemonProc:
         self.stop()
         return self.start()
 
+    def restart_without_adopting(self) -> "DaemonProc":
+        """Stop, then start again with --no-adopt instead of --adopt: the kept arena is freed, and the new daemon
+        keeps none when it stops. For the last daemon of a test whose engine outlives it and maps the arena,
+        which would otherwise keep a kept arena from ever being freed."""
+        self.stop()
+        self.args[self.args.index("--adopt")] = "--no-adopt"
+        return self.start()
+
     def client(self, **kwargs) -> kvstore.Client:
         kwargs.setdefault("timeout", 10.0)
         return kvstore.connect(self.address, **kwargs)

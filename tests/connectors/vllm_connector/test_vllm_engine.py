@@ -167,11 +167,7 @@ def test_engine_rides_through_a_warm_restart_and_loads_what_it_saved_before(pool
         return (loaded, failed) == (full_chunks(batch), 0)
 
     assert wait_for(loads_everything, timeout=60, interval=0.5)
-    # The engine outlives this test and maps the arena, so a kept one could not be freed after it: the last
-    # daemon starts with --no-adopt, which frees the kept arena, and stops without keeping its own.
-    daemon.stop()
-    daemon.args[daemon.args.index("--adopt")] = "--no-adopt"
-    daemon.start()
+    daemon.restart_without_adopting()   # the engine outlives this test and maps the arena
 
 
 def test_daemon_killed_and_restarted_mid_run(pool, kv_daemon):

@@ -67,10 +67,7 @@ def test_another_engine_and_a_restarted_daemon_load_attention_kv_and_state(pool,
         return (loaded, failed) == (full_chunks(batch), 0)
 
     assert wait_for(loads_everything, timeout=60, interval=0.5)
-    # The engine maps the arena: the last daemon frees the kept one and keeps none (as test_vllm_engine.py).
-    daemon.stop()
-    daemon.args[daemon.args.index("--adopt")] = "--no-adopt"
-    daemon.start()
+    daemon.restart_without_adopting()   # the engine outlives this test and maps the arena
 
 
 def zero_states(daemon, engine_proc, batch) -> None:
