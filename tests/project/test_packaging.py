@@ -344,6 +344,17 @@ def test_ci_runs_the_readme_test_command_first_where_nothing_but_torch_is_instal
     assert "export KVSTORE_TEST_BARE=1" in before   # missing extras skip with their reason, even under CI
 
 
+def test_ci_builds_the_engines_during_the_bare_run_and_waits_for_them_before_the_extras():
+    steps = ci_steps()
+    bare_run = steps.index(readme_test_command())
+    started = steps.index(') >"$ENGINE_LOG" 2>&1 &')
+    waited = next(i for i, s in enumerate(steps) if s.startswith('if ! wait "$ENGINES"'))
+    assert started < bare_run < waited < steps.index("bash .ci/install-extras.sh")
+    engine_installs = [s for s in steps[:started] if ".ci/install-" in s]
+    assert engine_installs == ["nice -n 19 bash .ci/install-vllm-engine.sh",
+                               "nice -n 19 bash .ci/install-sglang-engine.sh"]
+
+
 def test_ci_installs_torch_first_and_runs_the_readme_test_command_verbatim():
     steps = ci_steps()
     test_command = readme_test_command()
