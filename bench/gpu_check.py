@@ -148,7 +148,7 @@ def vllm_cache(layers: int, blocks: int, block_size: int, heads: int, dim: int, 
 def check_env(r: dict) -> None:
     import torch
 
-    from kvstore.tiers.gpu.page_lock import memlock_limit
+    from kvstore.mapped.page_lock import memlock_limit
 
     r["python"] = platform.python_version()
     r["torch"] = torch.__version__
@@ -256,7 +256,7 @@ sys.stdin.readline()
 def check_hbm_tier(r: dict) -> None:
     import torch
 
-    from kvstore.tiers.gpu.engine import MappedPool
+    from kvstore.mapped.gpu_pool import MappedPool
     from kvstore.ops import PagedKV, registry, scatter
 
     chunk_bytes = 32 << 20
@@ -308,10 +308,10 @@ def check_hbm_tier(r: dict) -> None:
 def check_pinned_host(r: dict) -> None:
     import torch
 
-    from kvstore.tiers.gpu.page_lock import page_lock
+    from kvstore.mapped.page_lock import page_lock
     from kvstore.tiers.gpu.tier import host_tensor
     from kvstore.ops import PagedKV, scatter
-    from kvstore.tiers.host.arena import SharedArena
+    from kvstore.mapped.arena import SharedArena
 
     nbytes = 1 << 30
     chunk_bytes = 32 << 20

@@ -28,7 +28,7 @@ from kvstore.defaults import EVICTION_POLICIES
 from kvstore.protocol.retention import parse_retention
 from kvstore.store.store import PinSettings, Store
 from kvstore.tiers.host.tier import HostTier
-from kvstore.tiers.ledgers import tier_ledgers
+from kvstore.store.ledgers.builder import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena
 
 CHUNK = 4096

@@ -45,8 +45,8 @@ import xxhash
 import kvstore
 from bench._common import write_result
 from tests.support.daemons import sandbox_env
-from kvstore.store.published_index import index_path_for
-from kvstore.tiers.host.arena import arena_path_for, shm_free
+from kvstore.mapped.index_writer import index_path_for
+from kvstore.mapped.arena import arena_path_for, shm_free
 from kvstore.tiers.host.description import description_path_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,7 +11,7 @@ the half the shared index probes from) XORed with a 64-bit mask of the namespace
 * Injective per namespace and across them: two namespaces' masks differ, so the same client key in two
   namespaces gives two stored keys, and keys a chain gives (uniform 128-bit values) never meet another
   namespace's but with the chance of any two chain keys meeting.
-* Free where it matters: a reader of the shared index (``client/shared_index.py``, the C walk in
+* Free where it matters: a reader of the shared index (``mapped/index_reader.py``, the C walk in
   ``native/kvstore_index.c``) binds each key with one XOR while it walks, so a lookup costs what it did.
 * Event names do not move: a chunk saved without engine block names is published under its key's last 8 bytes
   (``protocol/kv_events.block_hash``), which the binding leaves as the client computed them.

@@ -189,14 +189,14 @@ def _read_events_format(value: Any, name: str) -> str:
 
 
 def _default_events_topic() -> str:
-    from .server.event_topics import DEFAULT_TOPIC
+    from .protocol.event_topics import DEFAULT_TOPIC
 
     return DEFAULT_TOPIC
 
 
 def _read_events_topic(value: Any, name: str) -> str:
-    """A plain topic or a template of an engine's topic (``server/event_topics.py``)."""
-    from .server.event_topics import TopicTemplate
+    """A plain topic or a template of an engine's topic (``protocol/event_topics.py``)."""
+    from .protocol.event_topics import TopicTemplate
 
     return TopicTemplate.parse(_read_str(value, name)).text
 
@@ -478,7 +478,7 @@ def check_config(config: ServerConfig) -> None:
                           f"{IPC_PATH_MAX}; choose a shorter path")
     if config.host_mem < 1 << 20:
         raise ConfigError(f"--host-mem: {config.host_mem} bytes is too small; give at least 1MiB")
-    from .tiers.host.arena import held_by_arena_of
+    from .mapped.arena import held_by_arena_of
     # the arena a stopped or killed daemon left on this socket is adopted or freed by this start: its pages count
     available = available_memory() + held_by_arena_of(config.socket)
     if config.host_mem > available:

@@ -12,6 +12,10 @@ IPC_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 EVICTION_POLICIES = ("chain-lru", "lru", "s3-fifo")
 DEFAULT_POLICY = "chain-lru"
 
+# The tenant a client belongs to when no tenant names it (``tenants/table.py``), and the topic a tenant's
+# events go to unless configured (``protocol/event_topics.py``).
+DEFAULT_TENANT = "default"
+
 # KV cache events (``server/kv_events.py``): batches kept for replay, batches queued per subscriber, wire format.
 EVENTS_BUFFER = 10_000
 EVENTS_HWM = 100_000

@@ -1,7 +1,7 @@
 /* The reader's walk of a key chain through the daemon's published lookup index (protocol/index_layout.py), and
  * the writer's placement of a batch of new keys in it (kvstore_index_place, at the end).
  *
- * The same walk as kvstore/client/shared_index.py's, a key at a time: linear probing from key_lo & mask, at most
+ * The same walk as kvstore/mapped/index_reader.py's, a key at a time: linear probing from key_lo & mask, at most
  * max_probe slots; per slot a sequence-lock read (seq, the slot, seq again; an odd or moved seq means the writer
  * is in it). Loads are issued in program order (volatile) and x86-64 does not reorder loads with loads, which is
  * what the lock needs; the index is offered on x86-64 only.
@@ -65,7 +65,7 @@ int64_t kvstore_index_walk(const volatile uint64_t *index, uint64_t header_bytes
     return n;
 }
 
-/* A whole lookup in one call, as SharedIndexView.answer takes it in Python (kvstore/client/shared_index.py): the
+/* A whole lookup in one call, as SharedIndexView.answer takes it in Python (kvstore/mapped/index_reader.py): the
  * header's checks, the walk without per-key detail, the epoch read again, and the rule that sends a promoting
  * lookup to the socket. One call instead of a dozen Python steps matters to a scheduler that wakes up every
  * pass with cold caches. The header word indices are protocol/index_layout.py's (H_SLOTS, H_EPOCH, H_HEARTBEAT,
@@ -102,7 +102,7 @@ int64_t kvstore_index_lookup(const volatile uint64_t *index, uint64_t header_byt
     return got;
 }
 
-/* The writer's side (kvstore/store/published_index.py): list n keys that hold no slot yet, each in the first
+/* The writer's side (kvstore/mapped/index_writer.py): list n keys that hold no slot yet, each in the first
  * EMPTY or TOMBSTONE slot of its probe sequence (from key_lo & mask, at most max_probe slots), the same slot the
  * Python writer would choose. Each slot is written under its sequence lock: seq + 1 (odd: readers retry), key,
  * state, host, size, then seq + 2; stores are issued in program order (volatile) and x86-64 does not reorder

@@ -4,7 +4,7 @@ A load leases the chunks (zero-copy views of the shared arena, or of the daemon'
 it) and scatters each view straight into the request's blocks; the lease ends once the copy has. A save
 reserves arena slots and gathers the blocks straight into them, then commits. Neither passes through a staging
 buffer on CPU; on a GPU a load is one host-to-device (or device-to-device) scatter on a side stream, and a save
-one device gather plus one device-to-host DMA into the page-locked slot (``kvstore.tiers.gpu.engine``).
+one device gather plus one device-to-host DMA into the page-locked slot (``kvstore.mapped.gpu_pool``).
 
 Threads. Loads and saves each have a thread and a daemon client of their own (a client is not thread-safe, and
 a save stuck behind a slow daemon must not hold up loads). The engine's step only enqueues and collects:
@@ -34,7 +34,7 @@ import torch
 
 from kvstore.ops import PagedKV
 from kvstore.protocol.engine_blocks import EngineBlocks
-from kvstore.tiers.gpu.engine import load_async, save_async
+from kvstore.mapped.gpu_pool import load_async, save_async
 
 from .store import ChunkStore, exact_or_tolerance
 

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
 def of_socket(found: list["Leftover"], socket: str) -> list["Leftover"]:
     """The files in ``found`` that belong to the daemon on ``socket`` (their names derive from its path)."""
-    from ..tiers.host.arena import arena_path_for
+    from ..mapped.arena import arena_path_for
 
     stem = arena_path_for(os.path.abspath(socket)).removesuffix(".arena")
     return [f for f in found if f.path.startswith(stem + ".")]

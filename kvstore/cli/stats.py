@@ -94,7 +94,7 @@ def run_watch(args: argparse.Namespace) -> int:
 
 
 def adoption_text(report: dict[str, Any]) -> str:
-    """One line on what this start adopted of the DRAM tier its predecessor left (``tiers/host/adoption.py``)."""
+    """One line on what this start adopted of the DRAM tier its predecessor left (``store/adoption.py``)."""
     if report["state"] not in ("verifying", "done"):
         return f"{report['state']}: {report['reason']}" if report.get("reason") else report["state"]
     text = (f"{report['state']} (from the {report.get('source') or 'description'}): {report['adopted_chunks']} "

@@ -29,7 +29,7 @@ from ..errors import UsageError
 from .buffers import copy_out, nbytes_of
 from .copies import copy_batch
 from .pages import PagePopulator
-from .shared_index import SharedIndexView
+from ..mapped.index_reader import SharedIndexView
 
 TRIES = 2   # a read that changed under the copy twice goes to the socket
 

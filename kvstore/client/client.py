@@ -22,7 +22,7 @@ back), ``mappings.py`` (the arena, index and GPU pool mapped at hello), ``credit
 transports.
 
 ``gpu=True`` (engines on the daemon's GPU): the client asks for the GPU tier's pool at hello, maps it once
-(``kvstore.tiers.gpu.engine.MappedPool``) and page-locks its own mappings of the arena; ``get`` then returns a
+(``kvstore.mapped.gpu_pool.MappedPool``) and page-locks its own mappings of the arena; ``get`` then returns a
 ``uint8`` tensor view of the pool for every chunk the GPU tier holds, and memoryviews for the others. Only such
 clients import torch. Without the mapping (no GPU tier, another GPU, CUDA IPC refused) everything is read from
 DRAM as usual: the daemon copies GPU-only chunks down for readers that do not map the pool.
@@ -48,7 +48,7 @@ from .lease import InlineReservation, Lease, LookupResult, Reservation
 from .scrub_pass import cancel as cancel_scrubs
 from .scrub_pass import run_pass
 from .session import DEFAULT_CHUNK_TOKENS, DEFAULT_NAMESPACE, Session
-from .shared_index import tiers_of
+from ..mapped.index_reader import tiers_of
 from .transport_base import ConnectionLost
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class Client(Session):
 
     def lookup_tiers(self, keys: Sequence[bytes], promote: bool = True) -> LookupResult:
         """How many leading ``keys`` are stored and how many of those each tier holds. Read from the daemon's
-        shared index where it can answer (``client/shared_index.py``), else asked over the socket."""
+        shared index where it can answer (``mapped/index_reader.py``), else asked over the socket."""
         keys, packed = arguments.packed_keys("lookup_tiers", keys)
         return self._lookup_tiers(packed, promote)
 

@@ -4,7 +4,7 @@ A restarted daemon makes new files under the same names, so each mapping remembe
 inode) and maps again when that changed. Detaching releases the views first: views of live leases keep the old
 mapping alive until they go (``lease.py``).
 
-The arena is mapped twice (``tiers/host/arena.py``): ``_arena_view`` (read-write) is only sliced for slots this
+The arena is mapped twice (``mapped/arena.py``): ``_arena_view`` (read-write) is only sliced for slots this
 client was lent to fill; ``_read_view`` (read-only) for everything handed to a reader, so that no reader can
 change the bytes another reader gets. Each mapping has its own page tables, so each has its own populator.
 """
@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..tiers.host.arena import SharedArena
+from ..mapped.arena import SharedArena
 from .pages import PagePopulator
 from ..binding import namespace_mask
-from .shared_index import SharedIndexView
+from ..mapped.index_reader import SharedIndexView
 
 
 def file_identity(path: str) -> tuple[int, int] | None:
@@ -50,9 +50,9 @@ class Mappings:
         self._arena, self._arena_view, self._pages, self._arena_file = None, None, None, None
         self._read_view, self._read_pages = None, None
         self._index, self._index_file = None, None
-        self._gpu_pool = None      # kvstore.tiers.gpu.engine.MappedPool, when the daemon's pool is mapped
+        self._gpu_pool = None      # kvstore.mapped.gpu_pool.MappedPool, when the daemon's pool is mapped
         self._gpu_info = None
-        self._page_locked = None   # kvstore.tiers.gpu.page_lock.PageLockedRegion of our arena mapping
+        self._page_locked = None   # kvstore.mapped.page_lock.PageLockedRegion of our arena mapping
         self._read_locked = None   # ... and of our read-only one
 
     def _attach_arena(self, arena: dict[str, Any] | None) -> None:
@@ -93,7 +93,7 @@ class Mappings:
         self._gpu_info = info
         if not info:
             return
-        from ..tiers.gpu.engine import MappedPool  # torch: only for clients that ask for the GPU tier
+        from ..mapped.gpu_pool import MappedPool  # torch: only for clients that ask for the GPU tier
 
         self._gpu_pool = MappedPool.from_hello(info)
         if self._gpu_pool is not None and self._gpu_pool.device.type == "cuda":
@@ -103,7 +103,7 @@ class Mappings:
         """Page-lock both our mappings of the arena (CUDA): reads go from the read-only one, writes to the other."""
         if self._page_locked is not None or self._arena is None:
             return
-        from ..tiers.gpu.engine import page_lock_mapping  # torch: only for clients that ask for page-locking
+        from ..mapped.gpu_pool import page_lock_mapping  # torch: only for clients that ask for page-locking
 
         self._page_locked = page_lock_mapping(self._arena.buf, self._arena.size)
         if self._arena.read_buf is not None:
@@ -153,7 +153,7 @@ class Mappings:
 
     @property
     def gpu_pool(self) -> Any:
-        """The mapped GPU pool (``kvstore.tiers.gpu.engine.MappedPool``), or None."""
+        """The mapped GPU pool (``kvstore.mapped.gpu_pool.MappedPool``), or None."""
         return self._gpu_pool
 
     def _detach_arena(self) -> None:

@@ -17,7 +17,7 @@ class SessionPort(Protocol):
 
     @property
     def arena(self) -> Any:
-        """The mapped arena (``tiers/host/arena.py`` SharedArena), or None; another object after a restart."""
+        """The mapped arena (``mapped/arena.py`` SharedArena), or None; another object after a restart."""
         ...
 
     @property
@@ -32,7 +32,7 @@ class SessionPort(Protocol):
 
     @property
     def shared_index(self) -> Any:
-        """The mapped shared index (``client/shared_index.py`` SharedIndexView), or None."""
+        """The mapped shared index (``mapped/index_reader.py`` SharedIndexView), or None."""
         ...
 
     @property

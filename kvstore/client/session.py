@@ -27,7 +27,7 @@ from . import arguments
 from .credit import CreditWriter
 from .load_notes import LoadNotes
 from .mappings import Mappings
-from .shared_index import SeenNotes
+from ..mapped.index_reader import SeenNotes
 from .stream_transport import StreamTransport
 from .transport import Transport
 from .transport_base import ConnectionLost

@@ -266,7 +266,7 @@ METRICS: tuple[MetricDef, ...] = (
     _m("events_replays", "counter", "KV cache event replay requests answered.", "events.replays"),
     _m("events_snapshots", "counter", "KV cache event snapshot requests answered.", "events.snapshots"),
     _m("events_buffered", "gauge", "KV cache event batches kept for replay.", "events.buffered"),
-    # warm restart (tiers/host/adoption.py): what this start adopted from the arena its predecessor kept
+    # warm restart (store/adoption.py): what this start adopted from the arena its predecessor kept
     _m("adoption_listed_chunks", "gauge", "Chunks the kept arena's description listed at start.",
        "adoption.listed_chunks"),
     _m("adoption_listed_bytes", "gauge", "Bytes of the chunks the kept arena's description listed at start.",

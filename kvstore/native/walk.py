@@ -1,6 +1,6 @@
 """The lookup index's walk in C (``native/kvstore_index.c``, built into ``_kvstore_index.so``), where it was built.
 
-The walk in ``client/shared_index.py`` is a few Python steps per key, and a scheduler asks between passes, in a
+The walk in ``mapped/index_reader.py`` is a few Python steps per key, and a scheduler asks between passes, in a
 process whose caches have gone cold; under several engines at once those walks are what their lookups wait on.
 The C walk is the same walk, slot for slot (the same probe order and bound, the same sequence-lock read of each
 slot), in one call through ctypes; a lookup takes only the count per tier back (``lookup``: with the header's

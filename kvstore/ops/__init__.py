@@ -6,7 +6,7 @@
     gather(kv, block_ids, out=slot)                   # straight into a reserved arena slot (one copy)
     scatter(kv, leased_view, block_ids, skip_blocks=1)  # from a leased view, leaving block 0 alone
 
-Every connector moves paged KV through these two functions; ``kvstore.tiers.gpu.engine`` runs them on a side stream.
+Every connector moves paged KV through these two functions; ``kvstore.mapped.gpu_pool`` runs them on a side stream.
 
 See ``paged.py`` for the layout model and ``registry.py`` for how the implementation is chosen.
 """

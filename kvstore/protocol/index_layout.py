@@ -2,7 +2,7 @@
 
 A lookup answered over the socket costs a round trip through two processes and ZeroMQ's I/O threads (tens to
 hundreds of microseconds on a busy host); a client that maps this file answers it by reading memory. The daemon
-(``store/published_index.py``) is the only writer; clients (``client/shared_index.py``) map it read-only.
+(``mapped/index_writer.py``) is the only writer; clients (``mapped/index_reader.py``) map it read-only.
 
 File: a 4 KiB header, then ``MAX_SLOTS`` slots of 64 bytes (a cache line each), of which the first ``slots`` (a
 power of two, in the header) are the table. The file is sparse: tmpfs backs only the pages the table has touched,

@@ -3,7 +3,7 @@
 Message (ZeroMQ PUB, multipart): ``[topic, seq, payload]``, ``seq`` an 8-byte big-endian unsigned integer that
 grows by one per batch (a batch dropped under back-pressure leaves a gap on purpose), ``payload`` msgpack of an
 ``EventBatch``: the array ``[ts, events, data_parallel_rank]`` (always three elements; the rank is the engine's
-on an engine's own topic, 0 on the daemon-wide one: ``server/event_topics.py``).
+on an engine's own topic, 0 on the daemon-wide one: ``protocol/event_topics.py``).
 
 Two event forms, chosen by ``--events-format``:
 

@@ -57,7 +57,7 @@ class Op(enum.IntEnum):
     SCRUB = 14          # check every copy of every chunk now (kvstore scrub)
     VERIFY = 15         # a connector compared computed KV with stored chunks: counts, and what to drop
     CORRUPT = 16        # a client's view failed its checksum: the daemon checks the chunk itself
-    LOOKUP_SEEN = 17   # lookups a client answered from the shared index: touch and count them (client/shared_index.py)
+    LOOKUP_SEEN = 17   # lookups a client answered from the shared index: touch and count them (mapped/index_reader.py)
     CREDIT_PUT = 18    # publish chunks copied into a put credit, lend the next one (store/credits.py)
     SCRUB_START = 19   # start a scrub pass and answer at once with its id (server/scrub_passes.py)
     SCRUB_STATUS = 20  # a pass's progress, its report once ended; keeps the pass alive

@@ -54,7 +54,7 @@ from ..metrics.exporter import MetricsExporter
 from ..metrics.latency import RequestLatency
 from ..protocol.wire import Op, decode_header, error_reply, header_hints, op_of, request_id_of
 from ..security.curve import ServerCurve, peer_curve_key
-from ..tiers.host.adoption import keep_arena, open_host_arena, open_journal, take_kept_slots
+from ..store.adoption import keep_arena, open_host_arena, open_journal, take_kept_slots
 from ..tiers.host.journal import journal_path_for
 from ..tiers.host.tier import HostTier
 from ..tenants.access import Principal
@@ -172,7 +172,7 @@ class Daemon:
 
     def _close_host(self, host: HostTier) -> None:
         """The last step of a stop: after a clean one (and unless ``--no-adopt``) the arena stays in /dev/shm with
-        its description, for the next daemon on this socket to adopt (``tiers/host/adoption.py``)."""
+        its description, for the next daemon on this socket to adopt (``store/adoption.py``)."""
         keep = self._clean_stop and self.config.adopt
         if keep:
             try:

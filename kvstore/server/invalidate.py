@@ -7,7 +7,7 @@ once (every salt, every layout).
 
 What goes. Every committed chunk of each namespace, in DRAM, on disk and in the GPU tier (``Store.clear``: the
 chunk leaves the index at once, its files and slots are freed, and the KV cache events name what was removed, as
-for any removal); chunks a kept arena still verifies (``tiers/host/adoption.py``: dropped instead of adopted); the
+for any removal); chunks a kept arena still verifies (``store/adoption.py``: dropped instead of adopted); the
 remote store's values of the chunks dropped here (deleted, and not fetched again for a while should the delete
 fail), and the namespace's key parameters (a client that cuts chunks otherwise is accepted from then on).
 

@@ -47,7 +47,7 @@ from ..protocol.kv_events import (
 )
 from ..store.events import Holding, snapshot_packed
 from ..tenants.table import DEFAULT_TENANT
-from .event_topics import DEFAULT_TOPIC, Audience, Target, TopicTemplate
+from ..protocol.event_topics import DEFAULT_TOPIC, Audience, Target, TopicTemplate
 
 REPLAY_POLL_MS = 200     # how long the replay thread waits for a request before it looks for the stop flag
 SNAPSHOT_WAIT_S = 5.0    # how long a snapshot request waits for the event loop to copy the holdings

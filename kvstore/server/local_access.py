@@ -2,7 +2,7 @@
 may map the daemon's files.
 
 Both are opened onto the daemon's start-up claims (``startup.py``), so that a failed start, a stop and a forced
-exit remove their files like the arena's. The index (``store/published_index.py``) is created with the Store and
+exit remove their files like the arena's. The index (``mapped/index_writer.py``) is created with the Store and
 fed by it; the stream socket (``server/stream.py``) is bound once the event loop runs. Either may be missing —
 the index on a machine whose memory model the reader cannot rely on, the stream where its path cannot be bound —
 and clients then ask the ZeroMQ socket.
@@ -24,7 +24,7 @@ from typing import Any
 
 from ..config import ServerConfig
 from ..protocol.index_layout import REMOTE, supported
-from ..store.published_index import PublishedIndex, index_path_for
+from ..mapped.index_writer import PublishedIndex, index_path_for
 from ..tenants.access import Principal
 from .startup import Claims
 from .stream import SUFFIX, Dispatcher, StreamServer

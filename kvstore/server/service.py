@@ -22,11 +22,11 @@ from ..tenants.key_file import open_tenant_keys
 from ..tenants.key_space import SessionKeys, TenantKeys
 from ..tiers.gpu.mover import GpuMover
 from ..tiers.disk.mover import DiskMover
-from ..store.published_index import PublishedIndex
+from ..mapped.index_writer import PublishedIndex
 from ..tiers.remote.mover import RemoteMover
 from ..store.store import LookupResult, Store
 from ..tenants.table import DEFAULT_TENANT
-from ..tiers.host.adoption import Adoption
+from ..store.adoption import Adoption
 from .kv_events import EventPublisher
 from .safeguards import Safeguards
 from .session import Session
@@ -67,7 +67,7 @@ class Tiers:
     index: PublishedIndex | None = None             # the lookup index clients read in shared memory
     events: EventPublisher | None = None            # KV cache events (--events-endpoint), and their log
     event_log: EventLog | None = None
-    adoption: Adoption | None = None                # the kept arena's verification (tiers/host/adoption.py)
+    adoption: Adoption | None = None                # the kept arena's verification (store/adoption.py)
 
 
 class Service:

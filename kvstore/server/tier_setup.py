@@ -20,17 +20,17 @@ from ..errors import ConfigError
 from ..security.redact import redact_url
 from ..units import format_size
 from ..store.after_reply import AfterReply
-from ..tiers.disk.ledger import DiskLedger
+from ..store.ledgers.disk import DiskLedger
 from ..store.events import EventLog
 from ..tiers.gpu.mover import GpuMover
 from ..tiers.disk.mover import DiskMover
 from ..tiers.remote.mover import RemoteMover
 from ..store.store import PinSettings, Store
-from ..tiers.ledgers import tier_ledgers
-from ..tiers.host.arena import SharedArena, arena_path_for
+from ..store.ledgers.builder import tier_ledgers
+from ..mapped.arena import SharedArena, arena_path_for
 from ..tiers.disk.tier import DiskTier, disk_room
 from ..tiers.host.tier import HostTier
-from ..tiers.host.adoption import Adoption, KeptArena
+from ..store.adoption import Adoption, KeptArena
 from ..tenants.access import private_namespaces
 from .kv_events import EventPublisher, EventSettings
 from .local_access import open_index

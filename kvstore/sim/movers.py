@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import StoreFullError
-from ..tiers.disk.ledger import DiskLedger
+from ..store.ledgers.disk import DiskLedger
 from ..store.entry import Entry
-from ..tiers.gpu.ledger import GpuLedger
+from ..store.ledgers.gpu import GpuLedger
 
 
 class InstantDiskMover:

@@ -1,7 +1,7 @@
 """Trace replay through the daemon's own Store: which tier would have served each request's prefix.
 
 The simulated daemon is the real ``Store`` (index, extent allocator, eviction policy) with the daemon's own
-ledgers (``tiers/disk/ledger.py``, ``tiers/gpu/ledger.py``: write-back queue, demotion watermarks, promotion
+ledgers (``store/ledgers/disk.py``, ``store/ledgers/gpu.py``: write-back queue, demotion watermarks, promotion
 budget, promotion on repeated hits) over payload-less tiers (``tiers/virtual.py``). Only the movers are
 replaced, by movers whose transfers complete at once (``movers.py``): the figures assume the disk and the GPU
 copies keep up. Reads map the GPU pool (an engine on the daemon's GPU).
@@ -28,7 +28,7 @@ from ..errors import StoreFullError
 from ..store.policies import DEFAULT_POLICY
 from ..store.store import Store
 from ..tenants.table import TenantTable
-from ..tiers.ledgers import tier_ledgers
+from ..store.ledgers.builder import tier_ledgers
 from ..tiers.virtual import VirtualDisk, virtual_gpu_tier, virtual_host_tier
 from .movers import InstantDiskMover, InstantGpuMover
 from .trace import BLOCK_TOKENS, Request

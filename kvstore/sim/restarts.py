@@ -10,7 +10,7 @@ ways:
 - ``none``: no restart (the reference);
 - ``cold``: a restart loses the DRAM tier (``--no-adopt``, or a daemon without warm restart): every chunk leaves
   DRAM as at a clean stop, those the disk tier holds stay there (a clean stop flushes the write-back queue);
-- ``warm``: a restart keeps the DRAM tier (``tiers/host/adoption.py``): the store goes on as it was. The seconds a
+- ``warm``: a restart keeps the DRAM tier (``store/adoption.py``): the store goes on as it was. The seconds a
   restart takes to verify what it kept, during which its chunks are misses, are not modelled: on the real
   daemon they are the start itself plus a hash of every kept byte (``bench/warm_restart.py``), short next to the
   time between two requests' worth of trace at any real request rate.

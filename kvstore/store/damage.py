@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 from .entry import DiskState, Entry, State
 
 if TYPE_CHECKING:
-    from ..tiers.disk.ledger import DiskLedger
-    from ..tiers.gpu.ledger import GpuLedger
+    from .ledgers.disk import DiskLedger
+    from .ledgers.gpu import GpuLedger
     from .eviction import EvictionQueue
 
 

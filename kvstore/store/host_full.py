@@ -5,7 +5,7 @@ what is left is held: by this put itself (a put larger than the whole tier can n
 pins (``retention.py``), by open
 reservations (this writer's or others'), by chunks whose slot a lower tier's I/O or a check reads, by put credits
 lent to writers, or it is free but in pieces smaller than the chunk — or ``/dev/shm`` could not back the pages
-of the room found (``tiers/host/arena.py``). The message names each with its bytes and
+of the room found (``mapped/arena.py``). The message names each with its bytes and
 says what would help, most of all the largest holder's fix. Counting walks the index: only a failed allocation
 pays for it.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..tiers.host.arena import SHM_DIR, shm_free
+from ..mapped.arena import SHM_DIR, shm_free
 from ..units import format_size
 from .entry import Entry, State
 

@@ -18,7 +18,7 @@ from ..protocol.retention import NORMAL, RetentionAsk
 from .entry import Entry, State
 from .handles import Handle
 from .host_full import never_fits_message, over_ceiling_message
-from .ledger import TierLedger
+from .ledgers.base import TierLedger
 
 if TYPE_CHECKING:
     from .after_reply import AfterReply

@@ -45,7 +45,7 @@ from .damage import DamageMixin, IntegrityCounters
 from .entry import Entry, State
 from .handles import Handle, HandleTable
 from .host_full import count_holders, host_full_message
-from .ledger import TierLedger
+from .ledgers.base import TierLedger
 from .policies import make_queue
 from .puts import PutMixin, Reservation, Slot
 from .retention import RetentionQueue, SoftPins, stored_class
@@ -58,7 +58,7 @@ from .tier_guard import TierGuard
 if TYPE_CHECKING:
     from .eviction import EvictionQueue
     from ..tiers.gpu.tier import GpuTier
-    from ..tiers.ledgers import TierLedgers
+    from .ledgers.builder import TierLedgers
     from ..tenants.table import TenantTable
 
 
@@ -88,7 +88,7 @@ class Store(PutMixin, DamageMixin):
                  events: EventSink | None = None, published: IndexSink | None = None,
                  pins: PinSettings = PinSettings()) -> None:
         """The index over ``host`` (the DRAM tier) and the tiers below it, whose ``ledgers`` it is handed
-        (``tiers/ledgers.py``: built first, by whoever builds the Store) and attaches to itself.
+        (``store/ledgers/builder.py``: built first, by whoever builds the Store) and attaches to itself.
 
         Args:
             lease_ttl: seconds a lease holds its chunks unless extended.

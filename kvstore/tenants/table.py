@@ -39,11 +39,11 @@ from functools import lru_cache
 from typing import Any
 
 from ..config_file import read_toml
+from ..defaults import DEFAULT_TENANT
 from ..errors import ConfigError
 from ..units import format_size, parse_size
 
 TIERS = ("gpu", "dram", "disk", "remote")
-DEFAULT_TENANT = "default"
 TENANT_KEYS = ("namespaces", "uids", "gids", "curve_keys", "max_pin_bytes") + TIERS
 BUDGET_KEYS = ("guaranteed", "ceiling")
 MAX_TENANTS = 64          # the tenant label of /metrics stays bounded

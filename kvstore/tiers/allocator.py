@@ -110,7 +110,7 @@ class ExtentAllocator:
 
     def adopt(self, extents: list[tuple[int, int]]) -> list[int]:
         """Mark ``extents`` (byte offset, bytes) allocated in a fresh allocator, the rest free: the slots of a
-        kept arena's chunks (``tiers/host/adoption.py``). Extents that are misaligned, reach past the capacity
+        kept arena's chunks (``store/adoption.py``). Extents that are misaligned, reach past the capacity
         or overlap one at a lower offset are skipped. Returns the offsets taken.
         Raises ValueError when anything is allocated already."""
         if self._allocated:

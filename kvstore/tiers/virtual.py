@@ -19,7 +19,7 @@ from .host.tier import HostTier
 
 if TYPE_CHECKING:
     from .gpu.tier import GpuTier
-    from .host.arena import SharedArena
+    from ..mapped.arena import SharedArena
 
 
 class VirtualArena:

@@ -430,7 +430,7 @@ def test_a_clean_stop_removes_the_events_socket_files_it_made_and_no_other(start
 
 
 def test_a_bare_clean_frees_only_the_default_sockets_leftovers(start_daemon):
-    from kvstore.tiers.host.arena import arena_path_for
+    from kvstore.mapped.arena import arena_path_for
 
     d = start_daemon("--adopt")
     with d.client(namespace="t") as c:

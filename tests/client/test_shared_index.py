@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import require_native, wait_for
 
 import kvstore
-from kvstore.client.shared_index import SharedIndexView, packed_keys
+from kvstore.mapped.index_reader import SharedIndexView, packed_keys
 from kvstore import native
 from kvstore.native.walk import NativeWalk
 from kvstore.protocol.wire import Op
 from kvstore.protocol.index_layout import (DISK, EMPTY, GPU, H_EPOCH, H_HEARTBEAT, H_SLOTS, HEADER_BYTES, HOST,
                                            MAX_PROBE, MIN_SLOTS, REMOTE, SLOT_BYTES, STALE_S, supported)
-from kvstore.store.published_index import PublishedIndex
+from kvstore.mapped.index_writer import PublishedIndex
 
 pytestmark = pytest.mark.skipif(not supported(), reason="the shared index is offered on x86-64 only")
 

@@ -8,12 +8,12 @@ import os
 import pytest
 import torch
 
-from kvstore.tiers.gpu.engine import MappedPool, load_async, save_async
-from kvstore.tiers.gpu.ipc import PoolExport
-from kvstore.tiers.gpu.page_lock import buffer_address, memlock_limit, page_lock
+from kvstore.mapped.gpu_pool import MappedPool, load_async, save_async
+from kvstore.mapped.pool_ipc import PoolExport
+from kvstore.mapped.page_lock import buffer_address, memlock_limit, page_lock
 from kvstore.tiers.gpu.tier import GpuTier
 from kvstore.ops import PagedKV, gather
-from kvstore.tiers.host.arena import SharedArena
+from kvstore.mapped.arena import SharedArena
 
 from support.daemons import run_cli
 

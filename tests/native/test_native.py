@@ -58,8 +58,8 @@ def test_a_bad_kvstore_native_value_is_one_clear_error(monkeypatch):
 
 
 def test_a_daemon_given_a_bad_kvstore_native_stops_before_creating_anything(start_daemon):
-    from kvstore.store.published_index import index_path_for
-    from kvstore.tiers.host.arena import arena_path_for
+    from kvstore.mapped.index_writer import index_path_for
+    from kvstore.mapped.arena import arena_path_for
 
     d = start_daemon(env={"KVSTORE_NATIVE": "build"}, wait=False)
     assert d.proc.wait(30) != 0

@@ -16,7 +16,7 @@ import time
 import uuid
 
 import kvstore
-from kvstore.tiers.host.arena import arena_path_for
+from kvstore.mapped.arena import arena_path_for
 from kvstore.tiers.host.description import description_path_for
 
 from support.daemons import Daemons, run_cli, sandbox_env, short_tempdir

@@ -247,10 +247,10 @@ INSTALLED = """
 import os, sys, torch
 import kvstore
 from kvstore import native
-from kvstore.client.shared_index import SharedIndexView
+from kvstore.mapped.index_reader import SharedIndexView
 from kvstore.ops import registry
 from kvstore.protocol.index_layout import HOST
-from kvstore.store.published_index import PublishedIndex
+from kvstore.mapped.index_writer import PublishedIndex
 
 writer = PublishedIndex(sys.argv[1], 16)
 reader = SharedIndexView(sys.argv[1])

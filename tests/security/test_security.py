@@ -14,7 +14,7 @@ import pytest
 import kvstore
 from kvstore.protocol.wire import Op
 from kvstore.security import ClientCurve, generate_keypair, is_loopback
-from kvstore.tiers.host.arena import arena_path_for
+from kvstore.mapped.arena import arena_path_for
 
 from support.daemons import run_cli, short_tempdir
 from support.users import as_other_user

@@ -211,7 +211,7 @@ def test_a_batch_framed_around_events_packed_once_is_the_batch_packed_whole(fmt)
 
 def test_a_topic_template_is_checked():
     from kvstore.errors import ConfigError
-    from kvstore.server.event_topics import TopicTemplate
+    from kvstore.protocol.event_topics import TopicTemplate
 
     assert TopicTemplate.parse("kv@{engine_id}@{model}").render(EngineIdentity("p", "m", 3)) == b"kv@p@m"
     assert TopicTemplate.parse("r{dp_rank}").render(EngineIdentity("p", "m", 3)) == b"r3"

@@ -28,7 +28,7 @@ import kvstore
 from kvstore.defaults import default_socket
 from kvstore.errors import ConfigError
 from kvstore.server.startup import share_socket_dir
-from kvstore.tiers.host.arena import arena_path_for
+from kvstore.mapped.arena import arena_path_for
 
 SMALL = ("--host-mem", "16MiB")
 

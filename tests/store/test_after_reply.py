@@ -15,7 +15,7 @@ import kvstore
 from kvstore.store.after_reply import AfterReply
 from kvstore.store.store import Store
 from kvstore.tiers.host.tier import HostTier
-from kvstore.tiers.ledgers import tier_ledgers
+from kvstore.store.ledgers.builder import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena
 
 PAGE = 4096

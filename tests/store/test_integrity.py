@@ -213,7 +213,7 @@ def test_client_with_other_key_parameters_gets_a_clear_error(host_only):
 
 
 def test_damaged_gpu_copy_is_found_by_scrub_and_the_dram_copy_served(start_daemon):
-    from kvstore.tiers.host.arena import arena_path_for
+    from kvstore.mapped.arena import arena_path_for
 
     d = start_daemon("--gpu-mem", "1MiB", "--disk-size", "0", env={"KVSTORE_GPU_TIER_DEVICE": "cpu"})
     c = d.client(namespace="gpu", chunk_tokens=4)

@@ -11,7 +11,7 @@ from kvstore.tiers.gpu.mover import GpuMover
 from kvstore.store.movers import MoverLife
 from kvstore.store.store import Store
 from kvstore.tiers.host.tier import HostTier
-from kvstore.tiers.ledgers import tier_ledgers
+from kvstore.store.ledgers.builder import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena
 
 PAGE = 4096

@@ -9,7 +9,7 @@ from kvstore.protocol.retention import Retention, parse_retention
 from kvstore.store.retention import RetentionQueue
 from kvstore.store.store import PinSettings, Store
 from kvstore.tiers.host.tier import HostTier
-from kvstore.tiers.ledgers import tier_ledgers
+from kvstore.store.ledgers.builder import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena
 
 CHUNK = 4096

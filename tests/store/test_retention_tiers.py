@@ -23,7 +23,7 @@ from kvstore.tiers.host import journal as journal_mod
 from kvstore.tiers.host.description import ArenaDescription, KeptChunk, read_description, write_description
 from kvstore.tiers.host.journal import SlotJournal, read_journal
 from kvstore.tiers.host.tier import HostTier
-from kvstore.tiers.ledgers import tier_ledgers
+from kvstore.store.ledgers.builder import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena, VirtualDisk
 
 CHUNK = 16384

@@ -9,12 +9,12 @@ import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvstore.client.shared_index import SeenNotes
+from kvstore.mapped.index_reader import SeenNotes
 from kvstore.protocol.messages import KEY_BYTES, LookupSeen
 from kvstore.store.policies import POLICIES
 from kvstore.store.store import Store
 from kvstore.tiers.host.tier import HostTier
-from kvstore.tiers.ledgers import tier_ledgers
+from kvstore.store.ledgers.builder import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena
 
 PAGE = 4096

@@ -11,7 +11,7 @@ from kvstore.store import credits
 from kvstore.store.store import Store
 from kvstore.tenants import parse_tenants
 from kvstore.tiers.host.tier import HostTier
-from kvstore.tiers.ledgers import tier_ledgers
+from kvstore.store.ledgers.builder import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena
 
 CHUNK = 4096

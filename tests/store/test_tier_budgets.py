@@ -14,7 +14,7 @@ from kvstore.store.store import Store
 from kvstore.store.tenant_budgets import CHARGE_OF, HELD_TIERS
 from kvstore.tenants import parse_tenants
 from kvstore.tiers.host.tier import HostTier
-from kvstore.tiers.ledgers import tier_ledgers
+from kvstore.store.ledgers.builder import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena, VirtualDisk
 
 from support.store_machine import KEYS, OWNERS, PAGE, StoreMachine

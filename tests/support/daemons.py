@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import kvstore
 from .hygiene import holders, mapped_arenas
-from kvstore.tiers.host.arena import arena_path_for
+from kvstore.mapped.arena import arena_path_for
 from kvstore.tiers.host.description import description_path_for
 from kvstore.tiers.host.journal import journal_path_for
 from kvstore.tiers.host.leftovers import find_leftovers, remove

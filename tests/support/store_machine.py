@@ -18,7 +18,7 @@ from kvstore.store.entry import DiskState, Entry, State
 from kvstore.store.policies import POLICIES
 from kvstore.store.store import Store, top_tier
 from kvstore.tiers.host.tier import HostTier
-from kvstore.tiers.ledgers import tier_ledgers
+from kvstore.store.ledgers.builder import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena, VirtualDisk
 
 PAGE = 4096

@@ -16,8 +16,8 @@ import kvstore
 from kvstore.client.stream_transport import StreamTransport
 from kvstore.protocol.stream import SUFFIX
 from kvstore.protocol.wire import PROTOCOL_VERSION, Op
-from kvstore.store.published_index import index_path_for
-from kvstore.tiers.host.arena import arena_path_for
+from kvstore.mapped.index_writer import index_path_for
+from kvstore.mapped.arena import arena_path_for
 
 from support.daemons import short_tempdir
 from support.users import as_other_user

@@ -1,4 +1,4 @@
-"""Kept batches hashed on several workers are still settled oldest first (``kvstore/tiers/host/adoption.py``)."""
+"""Kept batches hashed on several workers are still settled oldest first (``kvstore/store/adoption.py``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import xxhash
 
-from kvstore.tiers.host import adoption
-from kvstore.tiers.host.adoption import Adoption, AdoptionReport, KeptArena
+from kvstore.store import adoption
+from kvstore.store.adoption import Adoption, AdoptionReport, KeptArena
 from kvstore.tiers.host.description import KeptChunk
 
 SIZE = 4096

@@ -9,7 +9,7 @@ import subprocess
 import time
 
 from conftest import wait_for
-from kvstore.tiers.host.arena import arena_path_for
+from kvstore.mapped.arena import arena_path_for
 from kvstore.tiers.host.journal import journal_path_for
 from support.crashes import acked_keys, read_back
 from support.daemons import run_cli

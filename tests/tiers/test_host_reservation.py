@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from kvstore.tiers.host.arena import GRANULE, arena_path_for
+from kvstore.mapped.arena import GRANULE, arena_path_for
 from support.daemons import sandbox_env, short_tempdir
 from support.memory import large_host_mem
 from support.paths import SUPPORT

@@ -1,5 +1,5 @@
 """Warm restart with real daemons: a clean stop keeps the DRAM tier, the next daemon on the socket adopts what it
-can prove (``kvstore/tiers/host/adoption.py``)."""
+can prove (``kvstore/store/adoption.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from conftest import wait_for
-from kvstore.tiers.host.arena import arena_path_for
+from kvstore.mapped.arena import arena_path_for
 from kvstore.tiers.host.description import description_path_for
 from kvstore.tiers.host.journal import journal_path_for
 from support.scribble import damage

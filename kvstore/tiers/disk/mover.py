@@ -49,7 +49,7 @@ from typing import Sequence
 from ... import logs
 from ...errors import ChecksumError, FormatError
 from .tier import DiskTier, round_up
-from .ledger import DiskLedger
+from ...store.ledgers.disk import DiskLedger
 from ...protocol.retention import Retention
 from ...store.entry import Entry
 from ...store.retention import stored_class

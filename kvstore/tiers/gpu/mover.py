@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from ... import logs
 from ...errors import StoreFullError
 from ...store.entry import Entry
-from .ledger import GpuLedger
+from ...store.ledgers.gpu import GpuLedger
 from ...store.integrity import checksum
 from ...store.movers import MoverLife
 

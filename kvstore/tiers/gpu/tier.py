@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from ..allocator import ExtentSpace
-from ..host.arena import SharedArena
+from ...mapped.arena import SharedArena
 from .copies import CopyEngine, Transfer
-from .ipc import PoolExport, export_pool
-from .page_lock import PageLockedRegion, page_lock
+from ...mapped.pool_ipc import PoolExport, export_pool
+from ...mapped.page_lock import PageLockedRegion, page_lock
 from .pool import DevicePool
 
 

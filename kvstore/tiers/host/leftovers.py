@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .arena import SHM_DIR
+from ...mapped.arena import SHM_DIR
 from .description import DescriptionError, SUFFIX, read_description
 from .journal import SUFFIX as JOURNAL_SUFFIX, read_journal_socket
 

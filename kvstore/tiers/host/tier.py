@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...units import format_size
 from ..allocator import ExtentAllocator, ExtentSpace, TierUsage
-from .arena import SharedArena
+from ...mapped.arena import SharedArena
 from .journal import SlotJournal
 
 __all__ = ["HostTier", "TierUsage"]

@@ -58,7 +58,7 @@ from ...store.entry import Entry
 from ...store.movers import MoverLife
 from . import record
 from .book import Plan
-from .ledger import RemoteLedger
+from ...store.ledgers.remote import RemoteLedger
 
 MAX_FETCH = 256          # chunks asked for in one lookup (the Store also stops at half the host tier)
 BAD_TTL = 60.0           # seconds a value that could not be read back is not offered again

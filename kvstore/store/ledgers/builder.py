@@ -1,4 +1,4 @@
-"""The ledgers of the tiers below DRAM, built together and handed to one Store (``store/ledger.py`` says what a
+"""The ledgers of the tiers below DRAM, built together and handed to one Store (``store/ledgers/base.py`` says what a
 ledger is). Whoever builds a Store builds these first: the daemon (``server/tier_setup.py``), the simulator
 (``sim/replay.py``) and tests alike."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..store.ledger import TierLedger
-from ..store.policies import DEFAULT_POLICY
-from .disk.ledger import DiskLedger
-from .disk.tier import DiskTier
-from .gpu.ledger import GpuLedger
-from .remote.ledger import RemoteLedger
+from .base import TierLedger
+from ..policies import DEFAULT_POLICY
+from .disk import DiskLedger
+from ...tiers.disk.tier import DiskTier
+from .gpu import GpuLedger
+from .remote import RemoteLedger
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ...errors import StoreFullError
-from ...store.entry import DiskState, Entry
-from ...store.ledger import Mover, StoreCore, TierLedger
-from ...store.policies import make_queue
-from ...store.room import make_room, shed_to_low
+from ..entry import DiskState, Entry
+from .base import Mover, StoreCore, TierLedger
+from ..policies import make_queue
+from ..room import make_room, shed_to_low
 
 GPU_HIGH_WATERMARK = 0.95
 GPU_LOW_WATERMARK = 0.85

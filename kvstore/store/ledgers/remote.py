@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ...errors import StoreFullError
-from ...store.entry import Entry, State
-from ...store.ledger import Mover, TierLedger
-from .book import RemoteBook
+from ..entry import Entry, State
+from .base import Mover, TierLedger
+from ...tiers.remote.book import RemoteBook
 
 
 class RemoteLedger(TierLedger):

@@ -3,7 +3,7 @@
 The Store calls ``set`` and ``remove`` whenever a key's readable state changes (``Store.sync``): committed in
 some tier, moved between tiers, or gone. Only readable chunks are listed, so a reader can never be told a
 reserved or half-written chunk is there. The table layout and its lock-free read protocol are described in
-``protocol/index_layout.py``; the reader is ``client/shared_index.py``.
+``protocol/index_layout.py``; the reader is ``mapped/index_reader.py``.
 
 Cost per change on the event loop: a dict update and a few 8-byte stores (O(1); a new key probes at most
 ``MAX_PROBE`` slots). The table grows by rebuilding in place under the table-wide ``epoch`` lock when live keys
@@ -38,7 +38,7 @@ def _listing(state: int, host: int | None, size: int) -> Listing:
 
 def index_path_for(socket_path: str) -> str:
     """The index file of the daemon on ``socket_path``: the arena's sibling in /dev/shm."""
-    from ..tiers.host.arena import arena_path_for
+    from .arena import arena_path_for
 
     return arena_path_for(socket_path)[:-len(".arena")] + ".index"
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 
 SHM_DIR = "/dev/shm"
 GRANULE = 2 << 20   # bytes reserved at a time: a huge page, so a put of small chunks costs few system calls

@@ -18,9 +18,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ... import logs
-from ...ops import PagedKV, gather, scatter
-from .ipc import PoolExport, import_pool
+from .. import logs
+from ..ops import PagedKV, gather, scatter
+from .pool_ipc import PoolExport, import_pool
 from .page_lock import PageLockedRegion, page_lock
 
 
@@ -48,7 +48,7 @@ class MappedPool:
     @classmethod
     def _map_cpu_pool(cls, info: dict[str, Any]) -> "MappedPool":
         """The CPU-backed pool of a daemon started with the testing switch (``tiers/gpu/settings.py``)."""
-        from ..host.arena import SharedArena
+        from .arena import SharedArena
 
         nbytes = int(info["nbytes"])
         mapping = SharedArena.attach(str(info["path"]), nbytes)

@@ -19,12 +19,12 @@ from typing import Protocol, Sequence
 from ...errors import ChecksumError, DamagedSource, FormatError, StoreFullError
 from ...protocol.engine_blocks import EngineBlocks
 from ...protocol.retention import Retention
-from .tier import DiskTier
-from ...store.entry import DiskState, Entry, State
-from ...store.ledger import StoreCore, TierLedger
-from ...store.policies import make_queue
-from ...store.room import make_room, shed_to_low
-from ...store.tier_guard import TierGuard
+from ...tiers.disk.tier import DiskTier
+from ..entry import DiskState, Entry, State
+from .base import StoreCore, TierLedger
+from ..policies import make_queue
+from ..room import make_room, shed_to_low
+from ..tier_guard import TierGuard
 
 HOST_HIGH_WATERMARK = 0.95
 HOST_LOW_WATERMARK = 0.85

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ... import logs
-from ...units import format_size
+from .. import logs
+from ..units import format_size
 
 HOST_REGISTER_PORTABLE = 1
 HOST_REGISTER_READ_ONLY = 8   # cudaHostRegisterReadOnly: needed for a mapping the CPU may only read

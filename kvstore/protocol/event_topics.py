@@ -18,9 +18,9 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass
 
+from ..defaults import DEFAULT_TENANT
 from ..errors import ConfigError
-from ..protocol.engine_identity import EngineIdentity
-from ..tenants.table import DEFAULT_TENANT
+from .engine_identity import EngineIdentity
 
 PLACEHOLDERS = ("engine_id", "model", "dp_rank", "tenant")
 DEFAULT_TOPIC = "kv@{engine_id}@{model}"

@@ -1,7 +1,7 @@
 """The interface between the Store and the tiers below DRAM: the hooks a tier's ledger answers.
 
 A tier below DRAM (disk, GPU, remote) is two objects, side by side in its package under ``tiers/``. Its *ledger*
-(``tiers/disk/ledger.py``, ``tiers/gpu/ledger.py``, ``tiers/remote/ledger.py``) is the only code that changes that
+(``store/ledgers/disk.py``, ``store/ledgers/gpu.py``, ``store/ledgers/remote.py``) is the only code that changes that
 tier's fields of an ``Entry`` and its queues, and records intents (write this chunk, promote that one, send
 these); its *mover* (``tiers/disk/mover.py``, ``tiers/gpu/mover.py``, ``tiers/remote/mover.py``;
 ``sim/movers.py`` in the simulator) does the I/O those intents ask for and reports back to
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
 
-from ..protocol.key_params import KeyParams
-from .counters import StoreCounters, TierCounters
-from .entry import Entry
-from .eviction import EvictionQueue
+from ...protocol.key_params import KeyParams
+from ..counters import StoreCounters, TierCounters
+from ..entry import Entry
+from ..eviction import EvictionQueue
 
 
 class Mover(Protocol):

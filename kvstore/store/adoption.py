@@ -41,15 +41,15 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import xxhash
 
-from ... import logs
-from .arena import SharedArena, arena_path_for
-from .description import (ArenaDescription, DescriptionError, KeptChunk, description_path_for,
+from .. import logs
+from ..mapped.arena import SharedArena, arena_path_for
+from ..tiers.host.description import (ArenaDescription, DescriptionError, KeptChunk, description_path_for,
                           read_description, remove_description, write_description)
-from .journal import JournalError, SlotJournal, journal_path_for, read_journal, remove_journal
-from .tier import HostTier
+from ..tiers.host.journal import JournalError, SlotJournal, journal_path_for, read_journal, remove_journal
+from ..tiers.host.tier import HostTier
 
 if TYPE_CHECKING:
-    from ...store.store import Store
+    from .store import Store
 
 BATCH_BYTES = 64 << 20   # hashed per worker job: a batch is published as soon as it is verified
 # Threads hashing kept batches at once (xxh3 releases the GIL): a restart may borrow a few cores for its
@@ -258,7 +258,7 @@ class Adoption:
 def describe(store: "Store", waiting: Sequence[KeptChunk], socket: str) -> ArenaDescription:
     """The description of ``store``'s DRAM chunks as they are now (plus kept chunks not verified yet), oldest in
     the eviction order first. A chunk whose checksum is not taken yet is hashed now."""
-    from ...store.store import kept_chunk
+    from .store import kept_chunk
 
     queued = list(store.lru)
     seen = {id(e) for e in queued}

@@ -1,0 +1,97 @@
+"""The layers, read from every import in kvstore/ and connectors/ (module level, ``TYPE_CHECKING`` blocks and
+inside functions; relative imports resolved; ``support/imports.py``).
+
+- ``tiers/`` is media and I/O: it imports neither the bookkeeping (``store/``) nor the daemon (``server/``).
+- What an engine's process loads (the client, the connectors, ``config.py``) and the leaf package both sides
+  map (``mapped/``) import no daemon room: ``store/``, ``tiers/``, ``server/``.
+- ``store/`` never imports ``server/``; ``protocol/`` imports only leaves.
+- No two rooms import each other, directly or around a longer loop.
+
+What still breaks a rule is listed in ``OWED``, import by import: the list may only shrink. A new import that
+breaks a rule fails here, and so does a listed one that is gone (strike it from the list).
+"""
+
+from __future__ import annotations
+
+import pytest
+from support.imports import import_graph, room_edges, room_of
+
+from project.test_import_cycles import cycles
+
+DAEMON = ("kvstore.store", "kvstore.tiers", "kvstore.server")
+ENGINE_SIDE = ("kvstore.client", "kvstore.config", "kvstore.mapped", "kvstore.connectors.common",
+               "kvstore.connectors.vllm", "kvstore.connectors.sglang", "kvstore.connectors.hf")
+LEAVES = ("kvstore.errors", "kvstore.units", "kvstore.logs", "kvstore.keys", "kvstore.defaults",
+          "kvstore.native", "kvstore.ops", "kvstore.protocol")
+RULES: dict[str, tuple[str, ...]] = {
+    "kvstore.tiers": ("kvstore.store", "kvstore.server"),
+    "kvstore.store": ("kvstore.server",),
+    **{side: DAEMON for side in ENGINE_SIDE},
+}
+
+# The movers still take the Store's entries, report to their ledgers and share its movers' life cycle; they
+# are to report through interfaces declared on the tier side.
+OWED = {
+    ("kvstore.tiers.disk.mover", "kvstore.store.ledgers.disk"),
+    ("kvstore.tiers.gpu.mover", "kvstore.store.ledgers.gpu"),
+    ("kvstore.tiers.remote.mover", "kvstore.store.ledgers.remote"),
+    ("kvstore.tiers.disk.mover", "kvstore.store.entry"),
+    ("kvstore.tiers.disk.mover", "kvstore.store.movers"),
+    ("kvstore.tiers.disk.mover", "kvstore.store.retention"),
+    ("kvstore.tiers.gpu.mover", "kvstore.store.entry"),
+    ("kvstore.tiers.gpu.mover", "kvstore.store.integrity"),
+    ("kvstore.tiers.gpu.mover", "kvstore.store.movers"),
+    ("kvstore.tiers.remote.mover", "kvstore.store.entry"),
+    ("kvstore.tiers.remote.mover", "kvstore.store.movers"),
+}
+# Rooms that still import each other: the movers' imports above, and the native copy kernels, which take the
+# paged layout of ops/ while ops/ finds them through native/.
+OWED_ROOMS = {("kvstore.tiers", "kvstore.store"), ("kvstore.native", "kvstore.ops")}
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    found = import_graph()
+    assert "kvstore.store.store" in found and "kvstore.connectors.vllm.worker" in found   # the walk found both trees
+    return found
+
+
+def breaking(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Every (module, imported module) pair that breaks a rule."""
+    return {(module, dep) for module, deps in graph.items() for dep in deps
+            if room_of(dep) in RULES.get(room_of(module), ())}
+
+
+def test_no_import_breaks_a_layer_rule_beyond_those_owed(graph):
+    assert breaking(graph) - OWED == set()
+
+
+def test_every_import_owed_is_still_there(graph):
+    assert OWED - breaking(graph) == set(), "paid: strike these from OWED"
+
+
+def test_protocol_and_the_leaves_import_only_leaves(graph):
+    for module, deps in graph.items():
+        if room_of(module) in LEAVES:
+            assert {room_of(d) for d in deps} <= set(LEAVES) | {room_of(module)}, module
+
+
+def test_no_two_rooms_import_each_other_beyond_what_is_owed(graph):
+    rooms: dict[str, set[str]] = {}
+    for (importer, imported), _ in room_edges(graph).items():
+        if (importer, imported) not in OWED_ROOMS:
+            rooms.setdefault(importer, set()).add(imported)
+            rooms.setdefault(imported, set())
+    assert cycles(rooms) == []
+
+
+def test_every_room_loop_owed_is_still_there(graph):
+    assert set(room_edges(graph)) >= OWED_ROOMS, "paid: strike these from OWED_ROOMS"
+
+
+def test_the_rules_catch_what_they_are_for():
+    made_up = {"kvstore.tiers.disk.tier": {"kvstore.store.store"}, "kvstore.client.client": {"kvstore.tiers.gpu.pool"},
+               "kvstore.mapped.arena": {"kvstore.errors"}, "kvstore.store.store": {"kvstore.server.daemon"}}
+    assert breaking(made_up) == {("kvstore.tiers.disk.tier", "kvstore.store.store"),
+                                 ("kvstore.client.client", "kvstore.tiers.gpu.pool"),
+                                 ("kvstore.store.store", "kvstore.server.daemon")}
