@@ -7,7 +7,7 @@ Sections (all by default; each starts daemons of its own, in the tests' sandbox)
 * ``latency``: put → ``BlockStored`` and delete → ``BlockRemoved`` as a subscriber in this process sees them, from
   just before the call to the arrival of the batch naming the chunk (p50, p99): 500 isolated changes (10 ms
   apart, as a request's save comes), then 1,000 back to back (each the moment the previous event arrived, so
-  each falls within the batch interval of the one before: ``kvstore/server/kv_events.py``).
+  each falls within the batch interval of the one before: ``kvstore/server/events/publisher.py``).
 * ``evict``: put → ``BlockRemoved`` of the chunk that put evicts (a daemon whose DRAM is full, no disk tier): 500
   isolated puts (10 ms apart), then 1,000 back to back.
 * ``small``: one client's puts/s with events on and off, two daemons interleaved in short rounds (A B, B A), the

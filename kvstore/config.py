@@ -172,7 +172,7 @@ def _read_gpu_device(value: Any, name: str) -> int:
     return index
 
 
-# -- KV cache events (server/kv_events.py, protocol/kv_events.py) -------------------------------------------------
+# -- KV cache events (server/events/publisher.py, protocol/kv_events.py) -----------------------------------------
 def _read_events_endpoint(value: Any, name: str) -> str:
     """A ZeroMQ endpoint to bind (tcp://HOST:PORT or ipc://PATH), or "" (off)."""
     text = _read_str(value, name).strip()
@@ -433,7 +433,7 @@ def build_config(flags: dict[str, Any] | None = None, config_file: str | None = 
         flags: setting name -> value given on the command line (None: not given).
         config_file: the TOML file of settings, if any.
         checks: more checks of the whole configuration, after ``check_config``'s: those that need modules above
-            this one (``server/config_checks.py`` has the daemon's).
+            this one (``server/lifecycle/config_checks.py`` has the daemon's).
         origins: where the caller keeps where each value came from, to word its own later errors the same way
             (``kvstore serve``: the checks at start, such as the disk tier's room); a fresh one by default.
 

@@ -16,7 +16,7 @@ DEFAULT_POLICY = "chain-lru"
 # events go to unless configured (``protocol/event_topics.py``).
 DEFAULT_TENANT = "default"
 
-# KV cache events (``server/kv_events.py``): batches kept for replay, batches queued per subscriber, wire format.
+# KV cache events (``server/events/publisher.py``): batches kept for replay, batches queued per subscriber, wire format.
 EVENTS_BUFFER = 10_000
 EVENTS_HWM = 100_000
 EVENTS_FORMAT = "map"

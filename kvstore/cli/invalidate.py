@@ -2,8 +2,8 @@
 
 The namespaces a connector says hello in name its engine and model (``vllm:MODEL``): dropping a model's chunks
 after its weights changed is ``kvstore invalidate vllm:MODEL``, or ``--prefix vllm:MODEL`` for every salt and
-layout of it. What goes and what cannot be reached: ``kvstore/server/invalidate.py``. Prints what was dropped per
-namespace (exit 0); a daemon that refuses (another user's client) exits 1 with its one line.
+layout of it. What goes and what cannot be reached: ``kvstore/server/requests/invalidate.py``. Prints what
+was dropped per namespace (exit 0); a daemon that refuses (another user's client) exits 1 with its one line.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``kvstore reload``: have a running daemon read its config file's ``[tenants]`` table again and apply it.
 
-Does what SIGHUP to the daemon does (``kvstore/server/reload.py``), and says what came of it: the tenants now in
-force and the settings that changed in the file but need a restart (exit 0), or the one line that refused the
+Does what SIGHUP to the daemon does (``kvstore/server/requests/reload.py``), and says what came of it: the tenants
+now in force and the settings that changed in the file but need a restart (exit 0), or the one line that refused the
 table, the old one staying in force (exit 1).
 """
 

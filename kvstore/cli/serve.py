@@ -21,14 +21,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..server.config_checks import SERVING_CHECKS
+    from ..server.lifecycle.config_checks import SERVING_CHECKS
 
     origins = Origins(args.config)
     config = build_config(vars(args), args.config, SERVING_CHECKS, origins)
     setup_logging(config.log_level)
-    from ..server.daemon import run_daemon  # imported here so that `kvstore stats` starts fast
+    from ..server.lifecycle.daemon import run_daemon  # imported here so that `kvstore stats` starts fast
 
-    from ..server.reload import ConfigSource
+    from ..server.requests.reload import ConfigSource
     from ..tenants.table import load_tenants
 
     source = ConfigSource(os.path.abspath(args.config) if args.config else None, dict(vars(args)))

@@ -1,4 +1,4 @@
-"""A client's own loads, timed and told to the daemon now and then (``server/load_costs.py`` says why)."""
+"""A client's own loads, timed and told to the daemon now and then (``server/requests/load_costs.py`` says why)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Running a scrub pass from a client: start it, follow its progress, stop it when the caller gives up.
 
-The daemon answers SCRUB_START at once (``server/scrub_passes.py``); the client then asks SCRUB_STATUS every
+The daemon answers SCRUB_START at once (``server/requests/scrub_passes.py``); the client then asks SCRUB_STATUS every
 ``POLL_S`` seconds, hands each answer's progress to the caller, and returns the report once the pass has ended.
 Every SCRUB_STATUS keeps the pass alive: a client killed outright stops asking, and the daemon stops its pass
 ``KEEPALIVE_S`` seconds later. When the caller's ``timeout`` passes, or anything interrupts the wait (Ctrl-C),

@@ -26,7 +26,7 @@ TIER_LABEL = r"[a-z0-9]+"
 # The tenant label's values are the names of the config file's tenants (tenants/table.py), never the wire's.
 LABEL_PATTERNS = {"tenant": r"[A-Za-z0-9][A-Za-z0-9_-]*",
                   "medium": r"CPU|GPU|STORAGE",   # the KV cache events' media
-                  "generation": r"[0-2]"}         # the garbage collector's generations (server/heap.py)
+                  "generation": r"[0-2]"}         # the garbage collector's generations (server/lifecycle/heap.py)
 
 # Request latency buckets (seconds): a request is an index update of microseconds, a disk read can take
 # milliseconds, a stalled tier seconds.
@@ -258,7 +258,7 @@ METRICS: tuple[MetricDef, ...] = (
        "retention.no_store_puts"),
     _m("no_store_chunks", "counter", "Chunks of puts with retention no-store: acknowledged, not stored.",
        "retention.no_store_chunks"),
-    # KV cache events (server/kv_events.py)
+    # KV cache events (server/events/publisher.py)
     _m("events_published", "counter", "KV cache events sent to subscribers.", "events.events"),
     _m("events_batches", "counter", "KV cache event batches sent (one sequence number each).", "events.batches"),
     _m("events_dropped", "counter", "KV cache events in batches the socket refused (a gap in seq).",

@@ -1,6 +1,6 @@
-"""How a client makes its keys (chunk size, key scheme, hash seed): what ``server/compat.py`` checks at hello, and
-what every record of a chunk keeps so that the check outlives a restart (kept arena descriptions, the journal,
-disk file headers)."""
+"""How a client makes its keys (chunk size, key scheme, hash seed): what ``server/requests/compat.py`` checks at
+hello, and what every record of a chunk keeps so that the check outlives a restart (kept arena descriptions, the
+journal, disk file headers)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ Keys travel either as a list of 16-byte bins or packed into one bin of 16 × n b
 operations: one msgpack object instead of n, cheaper to encode, decode and validate).
 
 Adding an operation: append a new member to ``Op`` (never renumber or reuse a value), add its argument schema
-to ``kvstore/protocol/messages.py``, its handler in ``kvstore/server/handlers.py``, and a client method.
+to ``kvstore/protocol/messages.py``, its handler in ``kvstore/server/requests/handlers.py``, and a client method.
 Error codes live in ``kvstore/errors.py`` and are append-only too.
 """
 
@@ -59,12 +59,12 @@ class Op(enum.IntEnum):
     CORRUPT = 16        # a client's view failed its checksum: the daemon checks the chunk itself
     LOOKUP_SEEN = 17   # lookups a client answered from the shared index: touch and count them (mapped/index_reader.py)
     CREDIT_PUT = 18    # publish chunks copied into a put credit, lend the next one (store/credits.py)
-    SCRUB_START = 19   # start a scrub pass and answer at once with its id (server/scrub_passes.py)
+    SCRUB_START = 19   # start a scrub pass and answer at once with its id (server/requests/scrub_passes.py)
     SCRUB_STATUS = 20  # a pass's progress, its report once ended; keeps the pass alive
     SCRUB_CANCEL = 21  # stop one scrub pass, or (pass 0) every pass clients started
-    RELOAD = 22        # read the config file's tenants table again and apply it (kvstore reload, server/reload.py)
-    LOAD_TIMES = 23    # how long a client's own loads took per medium, for routers (server/load_costs.py)
-    INVALIDATE = 24    # an operator drops namespaces' chunks from every tier (kvstore invalidate, server/invalidate.py)
+    RELOAD = 22        # read the config file's tenants table again and apply it (server/requests/reload.py)
+    LOAD_TIMES = 23    # how long a client's own loads took per medium, for routers (server/requests/load_costs.py)
+    INVALIDATE = 24    # an operator drops namespaces' chunks from every tier (server/requests/invalidate.py)
 
 
 def _check_unique_ops() -> None:

@@ -186,7 +186,8 @@ class Adoption:
         self._task = loop.create_task(self._verify_all(loop))
 
     def holds(self, namespace: str) -> bool:
-        """Whether a chunk of ``namespace`` still waits to be verified (it counts as held: ``server/compat.py``)."""
+        """Whether a chunk of ``namespace`` still waits to be verified (it counts as held:
+        ``server/requests/compat.py``)."""
         return namespace not in self._dropped and any(c.namespace == namespace for c in self._waiting)
 
     def drop_namespaces(self, namespaces: set[str]) -> int:

@@ -17,7 +17,7 @@ chunk without them (the transformers connector, the raw client) is one block nam
 
 Cost per change on the event loop: a dict store (the key and its entry are noted); at the end of the turn, once per
 key noted, a dict lookup, a few integer operations and, when something changed, the events handed to the
-publisher (``server/kv_events.py``), which never blocks. A chunk's names are packed once, when it is first held
+publisher (``server/events/publisher.py``), which never blocks. A chunk's names are packed once, when it is first held
 (``Packed``), so that a snapshot is assembled from bytes (``snapshot_packed``).
 """
 

@@ -110,8 +110,8 @@ class Store(PutMixin, DamageMixin):
         self.reserve_ttl = reserve_ttl
         self.clock = clock
         self.index: dict[bytes, Entry] = {}
-        # How each namespace's clients make keys (server/compat.py checks them at hello): written into every record
-        # of a chunk (kept arena, journal, disk header) and filled in from those a restart finds.
+        # How each namespace's clients make keys (server/requests/compat.py checks them at hello): written into every
+        # record of a chunk (kept arena, journal, disk header) and filled in from those a restart finds.
         self.key_params: dict[str, KeyParams] = {}
         # Each tenant's bytes in every tier, and the queues that hold its guarantee (tenant_budgets.py).
         self.budgets = TenantBudgets(tenants, self.policy)
@@ -122,7 +122,7 @@ class Store(PutMixin, DamageMixin):
         self.tier_counters = TierCounters()
         self.integrity = IntegrityCounters()
         self.sums: SumSink | None = None        # set by the checksummer when it starts: commits go through it first
-        self.published = published              # None once the index closes (``server/local_access.py``)
+        self.published = published              # None once the index closes (``server/lifecycle/local_access.py``)
         self.events = events
         # Namespaces kept out of the shared index (a restricted tenant's: any local reader could map it).
         self.private = private
@@ -432,7 +432,7 @@ class Store(PutMixin, DamageMixin):
 
     def learn_params(self, namespace: str, params: KeyParams | None) -> None:
         """A record found at start says how ``namespace``'s clients made its chunk's keys: the first such record
-        of a namespace names them (all of a namespace's held chunks share them: ``server/compat.py``)."""
+        of a namespace names them (all of a namespace's held chunks share them: ``server/requests/compat.py``)."""
         if params is not None:
             self.key_params.setdefault(namespace, params)
 

@@ -99,7 +99,7 @@ def test_the_daemon_answers_an_oversized_request_to_its_id_and_keeps_the_connect
 
 def test_a_flood_of_refusals_is_logged_ten_lines_a_second_and_counted(caplog):
     from kvstore.errors import LimitError
-    from kvstore.server.refusals import PER_SECOND, RefusalLog
+    from kvstore.server.transport.refusals import PER_SECOND, RefusalLog
 
     now = [100.0]
     refusals = RefusalLog(clock=lambda: now[0])

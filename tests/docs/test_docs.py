@@ -125,7 +125,7 @@ def test_help_texts_say_what_lease_ttl_and_shutdown_timeout_really_do():
     """The flags' help once said a lease ends at its TTL and the timeout bounds in-flight work, while a live
     local client keeps its leases and the timeout is the budget of the whole stop, shared out by StopPlan."""
     from kvstore.config import SETTINGS
-    from kvstore.server.stopping import MAX_BUDGET_S, MIN_BUDGET_S, SHARES
+    from kvstore.server.lifecycle.stopping import MAX_BUDGET_S, MIN_BUDGET_S, SHARES
 
     helps = {s.name: s.help for s in SETTINGS}
     lease = helps["lease_ttl"]

@@ -6,6 +6,8 @@ inside functions; relative imports resolved; ``support/imports.py``).
   map (``mapped/``) import no daemon room: ``store/``, ``tiers/``, ``server/``.
 - ``store/`` never imports ``server/``; ``protocol/`` imports only leaves.
 - No two rooms import each other, directly or around a longer loop.
+- Inside the daemon (``server/``): ``transport/`` and ``events/`` import no other room of it, ``requests/``
+  never imports ``lifecycle/``.
 
 What still breaks a rule is listed in ``OWED``, import by import: the list may only shrink. A new import that
 breaks a rule fails here, and so does a listed one that is gone (strike it from the list).
@@ -27,6 +29,12 @@ RULES: dict[str, tuple[str, ...]] = {
     "kvstore.tiers": ("kvstore.store", "kvstore.server"),
     "kvstore.store": ("kvstore.server",),
     **{side: DAEMON for side in ENGINE_SIDE},
+}
+SERVER_ROOMS = ("lifecycle", "requests", "transport", "events")
+SERVER_RULES: dict[str, tuple[str, ...]] = {
+    "transport": ("lifecycle", "requests", "events"),
+    "events": ("lifecycle", "requests", "transport"),
+    "requests": ("lifecycle",),
 }
 
 # The movers still take the Store's entries, report to their ledgers and share its movers' life cycle; they
@@ -70,6 +78,20 @@ def test_every_import_owed_is_still_there(graph):
     assert OWED - breaking(graph) == set(), "paid: strike these from OWED"
 
 
+def server_room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["kvstore", "server"] and len(parts) > 3 else None
+
+
+def test_the_daemon_is_four_rooms_that_import_down_only(graph):
+    packages = {f"kvstore.server.{room}" for room in SERVER_ROOMS}
+    server = [m for m in graph if m.startswith("kvstore.server.") and m not in packages]
+    assert {server_room(m) for m in server} == set(SERVER_ROOMS), "every daemon module lives in a room"
+    for module in server:
+        for dep in graph[module]:
+            assert server_room(dep) not in SERVER_RULES.get(server_room(module) or "", ()), (module, dep)
+
+
 def test_protocol_and_the_leaves_import_only_leaves(graph):
     for module, deps in graph.items():
         if room_of(module) in LEAVES:
@@ -91,7 +113,7 @@ def test_every_room_loop_owed_is_still_there(graph):
 
 def test_the_rules_catch_what_they_are_for():
     made_up = {"kvstore.tiers.disk.tier": {"kvstore.store.store"}, "kvstore.client.client": {"kvstore.tiers.gpu.pool"},
-               "kvstore.mapped.arena": {"kvstore.errors"}, "kvstore.store.store": {"kvstore.server.daemon"}}
+               "kvstore.mapped.arena": {"kvstore.errors"}, "kvstore.store.store": {"kvstore.server.lifecycle.daemon"}}
     assert breaking(made_up) == {("kvstore.tiers.disk.tier", "kvstore.store.store"),
                                  ("kvstore.client.client", "kvstore.tiers.gpu.pool"),
-                                 ("kvstore.store.store", "kvstore.server.daemon")}
+                                 ("kvstore.store.store", "kvstore.server.lifecycle.daemon")}

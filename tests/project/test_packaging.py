@@ -63,7 +63,7 @@ def test_the_daemon_runs_its_loop_with_uvloop_run():
             for node in ast.walk(ast.parse(open(path).read(), path)):
                 if isinstance(node, ast.Attribute) and node.attr == "install":
                     assert not (isinstance(node.value, ast.Name) and node.value.id == "uvloop"), path
-    from kvstore.server import daemon
+    from kvstore.server.lifecycle import daemon
 
     assert "from uvloop import run" in open(daemon.__file__).read()
 
@@ -113,7 +113,7 @@ def test_wire_error_codes_are_unique_and_stable():
 
 SIDECAR_MODULES = ["kvstore", "kvstore.cli.main", "kvstore.cli.serve", "kvstore.cli.stats", "kvstore.cli.keygen",
                    "kvstore.cli.alerts", "kvstore.cli.simulate", "kvstore.cli.route", "kvstore.cli.watch",
-                   "kvstore.client.client", "kvstore.server.daemon", "kvstore.routing", "kvstore.sim.replay"]
+                   "kvstore.client.client", "kvstore.server.lifecycle.daemon", "kvstore.routing", "kvstore.sim.replay"]
 
 
 def torch_blocker(where: str) -> dict[str, str]:

@@ -247,7 +247,7 @@ def test_one_turn_of_several_namespaces_packs_each_event_once_and_every_stream_d
 
     KVEventBatch = vllm_event_classes().KVEventBatch
     from kvstore.protocol.kv_events import Stored, array_header
-    from kvstore.server.kv_events import EventPublisher, EventSettings
+    from kvstore.server.events.publisher import EventPublisher, EventSettings
 
     for count in (0, 15, 16, 65535, 65536):
         assert array_header(count) == msgpack.packb([0] * count)[:len(array_header(count))]

@@ -1,6 +1,6 @@
 """The format check outlives restarts: a client that cuts a namespace's chunks at another size is refused after a
 warm restart (SIGTERM: the kept arena's description), a crash (SIGKILL: the journal) and a cold restart that
-rebuilds the index from disk, as before it (``kvstore/server/compat.py``)."""
+rebuilds the index from disk, as before it (``kvstore/server/requests/compat.py``)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import os
 
 from kvstore.metrics.collector import family_of
 from kvstore.metrics.definitions import flatten, metric
-from kvstore.server.heap import HeapWatch
+from kvstore.server.lifecycle.heap import HeapWatch
 
 
 def test_a_heap_watch_times_each_collection_by_generation_until_uninstalled():

@@ -233,7 +233,7 @@ def test_replay_without_events_and_bad_format_are_refused():
 @pytest.mark.parametrize("fmt", ["map", "array"])
 def test_a_stalled_subscriber_never_blocks_publishing_and_replays_its_gap(fmt, tmp_path):
     from kvstore.protocol.kv_events import Cleared, Stored
-    from kvstore.server.kv_events import EventPublisher, EventSettings
+    from kvstore.server.events.publisher import EventPublisher, EventSettings
 
     endpoint, replay_endpoint = f"ipc://{tmp_path}/pub.sock", f"ipc://{tmp_path}/replay.sock"
     publisher = EventPublisher(EventSettings(endpoint, replay_endpoint, buffer=100_000, hwm=10, fmt=fmt))

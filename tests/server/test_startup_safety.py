@@ -27,7 +27,7 @@ from support.users import as_other_user
 import kvstore
 from kvstore.defaults import default_socket
 from kvstore.errors import ConfigError
-from kvstore.server.startup import share_socket_dir
+from kvstore.server.lifecycle.startup import share_socket_dir
 from kvstore.mapped.arena import arena_path_for
 
 SMALL = ("--host-mem", "16MiB")

@@ -20,7 +20,7 @@ import pytest
 
 import kvstore
 from kvstore.errors import ConfigError, UnavailableError
-from kvstore.server.stopping import StopPlan
+from kvstore.server.lifecycle.stopping import StopPlan
 from conftest import short_tempdir, wait_for
 from support.daemons import run_cli
 

@@ -6,7 +6,7 @@ import socket
 
 import zmq
 
-from kvstore.server.local_access import may_map, zmq_peer_uid
+from kvstore.server.lifecycle.local_access import may_map, zmq_peer_uid
 from kvstore.tenants.access import Principal, may_access, peer_principal
 from kvstore.tenants.table import parse_tenants
 

@@ -1,5 +1,5 @@
 """The ledgers of the tiers below DRAM, built together and handed to one Store (``store/ledgers/base.py`` says what a
-ledger is). Whoever builds a Store builds these first: the daemon (``server/tier_setup.py``), the simulator
+ledger is). Whoever builds a Store builds these first: the daemon (``server/lifecycle/tier_setup.py``), the simulator
 (``sim/replay.py``) and tests alike."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Layout (little-endian)::
                         block count n u32, has_parent u8, 3 zero bytes, parent u64, n hashes u64, then
                         n × block_size token ids u32
                         bit 4 (version 3): the key parameters of the chunk's namespace follow (``KeyParams``, what
-                        ``server/compat.py`` checks at hello): chunk_tokens u32, hash_seed u64, scheme length
+                        ``server/requests/compat.py`` checks at hello): chunk_tokens u32, hash_seed u64, scheme length
                         u16, the key scheme (UTF-8)
     12  2  ns_len       bytes of the UTF-8 namespace stored at offset 64
     14  2  retention    the chunk's retention class as it was written: 0 normal (and every file from before the
@@ -99,7 +99,7 @@ class ChunkHeader:
     parent: bytes | None = None   # the previous chunk of its chain: continuations are found again after a restart
     engine: EngineBlocks | None = None   # the engine's names of its blocks (for the KV cache events)
     retention: Retention = Retention.NORMAL   # its class when written (a pin is written as high)
-    params: KeyParams | None = None   # how its namespace's clients make keys (server/compat.py), when known
+    params: KeyParams | None = None   # how its namespace's clients make keys (server/requests/compat.py), when known
 
     @property
     def compressed(self) -> bool:

@@ -6,7 +6,7 @@ queued chunks straight from their host slots. A put therefore costs DRAM bandwid
 chunk that is deleted or evicted before its turn is never written at all. The price is the window between
 commit and the end of the write: ``kill -9`` (or a crash) loses the chunks still queued, which is acceptable for
 a cache — a lost chunk is a miss, never wrong data. SIGTERM flushes the queue (``drain``, bounded by the stop budget's
-disk step, ``server/stopping.py``).
+disk step, ``server/lifecycle/stopping.py``).
 
 Back-pressure. The queue holds references, never copies: a queued chunk's bytes are its DRAM slot. So memory
 cannot grow past the host tier, but a put faster than the disk would fill DRAM with chunks that cannot yet be

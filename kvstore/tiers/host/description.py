@@ -26,7 +26,7 @@ Every chunk listed was committed and carries the checksum its bytes had at commi
 before its bytes are hashed again and match (``adoption.py``). Versions: a reader refuses a version it does not
 know in one line, and the arena is then freed, never guessed at. Version 2 added each chunk's retention class (a
 pin is recorded as ``high``: its TTL does not survive the restart); version 3 each chunk's key parameters (what
-``server/compat.py`` checks at hello, so that a client that cuts chunks otherwise is refused after a restart as
+``server/requests/compat.py`` checks at hello, so that a client that cuts chunks otherwise is refused after a restart as
 before it). This daemon reads versions 1 (every chunk ``normal``), 2 and 3 (a chunk without parameters leaves its
 namespace's unknown), and writes 3.
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 
-from .. import logs
+from ... import logs
 
 
 def notify(*assignments: str) -> bool:

@@ -14,32 +14,32 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from .. import logs
-from ..config import ServerConfig
-from ..errors import ConfigError
-from ..security.redact import redact_url
-from ..units import format_size
-from ..store.after_reply import AfterReply
-from ..store.ledgers.disk import DiskLedger
-from ..store.events import EventLog
-from ..tiers.gpu.mover import GpuMover
-from ..tiers.disk.mover import DiskMover
-from ..tiers.remote.mover import RemoteMover
-from ..store.store import PinSettings, Store
-from ..store.ledgers.builder import tier_ledgers
-from ..mapped.arena import SharedArena, arena_path_for
-from ..tiers.disk.tier import DiskTier, disk_room
-from ..tiers.host.tier import HostTier
-from ..store.adoption import Adoption, KeptArena
-from ..tenants.access import private_namespaces
-from .kv_events import EventPublisher, EventSettings
+from ... import logs
+from ...config import ServerConfig
+from ...errors import ConfigError
+from ...security.redact import redact_url
+from ...units import format_size
+from ...store.after_reply import AfterReply
+from ...store.ledgers.disk import DiskLedger
+from ...store.events import EventLog
+from ...tiers.gpu.mover import GpuMover
+from ...tiers.disk.mover import DiskMover
+from ...tiers.remote.mover import RemoteMover
+from ...store.store import PinSettings, Store
+from ...store.ledgers.builder import tier_ledgers
+from ...mapped.arena import SharedArena, arena_path_for
+from ...tiers.disk.tier import DiskTier, disk_room
+from ...tiers.host.tier import HostTier
+from ...store.adoption import Adoption, KeptArena
+from ...tenants.access import private_namespaces
+from ..events.publisher import EventPublisher, EventSettings
 from .local_access import open_index
-from .safeguards import Safeguards
-from .service import Tiers
+from ..requests.safeguards import Safeguards
+from ..requests.service import Tiers
 from .startup import Claims, exclusive_lock
 
 if TYPE_CHECKING:
-    from ..tenants.table import TenantTable
+    from ...tenants.table import TenantTable
 
 REMOTE_NAMESPACE = "kvstore"   # store-wide: chunk keys already commit to each client's namespace
 REMOTE_TIMEOUT = 1.0           # deadline of a remote metadata call (data calls add bytes / 256 MiB/s)
@@ -94,7 +94,7 @@ def open_tiers(config: ServerConfig, tenants: "TenantTable | None", host: HostTi
     take = claims.take
     gpu = open_gpu(config, arena, claims)
     if tenants is not None:
-        from ..tenants.table import check_capacities
+        from ...tenants.table import check_capacities
 
         check_capacities(tenants, {"dram": host.capacity_bytes, "disk": disk.capacity_bytes if disk else 0,
                                    "gpu": config.gpu_mem})
@@ -125,7 +125,7 @@ def open_tiers(config: ServerConfig, tenants: "TenantTable | None", host: HostTi
     take(safeguards.close)   # its worker hashes arena slots: before the arena is unmapped
     adoption = open_adoption(store, kept, config.lease_ttl, claims)
     if adoption is not None:
-        safeguards.kept_waiting = adoption.holds   # a namespace being adopted holds chunks (server/compat.py)
+        safeguards.kept_waiting = adoption.holds   # a namespace being adopted holds chunks (server/requests/compat.py)
     return Tiers(store, safeguards, disk_mover=disk_mover, gpu_mover=gpu_mover, gpu_hello=gpu_hello, remote=remote,
                  index=index, events=publisher, event_log=event_log, adoption=adoption)
 
@@ -194,8 +194,8 @@ def open_gpu(config: ServerConfig, arena: SharedArena, claims: Claims) -> Any:
     """The GPU tier on ``cuda:N`` (or on cpu under the testing switch, ``tiers/gpu/settings.py``), or None."""
     if not config.gpu_mem:
         return None
-    from ..tiers.gpu.settings import TEST_DEVICE_ENV, tier_device  # imports torch: only with a GPU tier
-    from ..tiers.gpu.tier import GpuTier
+    from ...tiers.gpu.settings import TEST_DEVICE_ENV, tier_device  # imports torch: only with a GPU tier
+    from ...tiers.gpu.tier import GpuTier
 
     device = tier_device(config.gpu_device)
     shared = arena_path_for(config.socket + "#gpu") if device == "cpu" else None
@@ -212,7 +212,7 @@ def open_gpu(config: ServerConfig, arena: SharedArena, claims: Claims) -> Any:
 
 def open_remote(config: ServerConfig, arena: SharedArena, claims: Claims) -> Any:
     """The remote store's backend (constructing it never waits for the store)."""
-    from ..tiers.remote import RemoteError, open_backend   # imports the store's client library: only when asked
+    from ...tiers.remote import RemoteError, open_backend   # imports the store's client library: only when asked
 
     try:
         backend = open_backend(config.remote, namespace=REMOTE_NAMESPACE, timeout=REMOTE_TIMEOUT,

@@ -22,8 +22,8 @@ from dataclasses import astuple, dataclass
 from itertools import pairwise
 from typing import Callable
 
-from .. import logs
-from ..errors import ConfigError
+from ... import logs
+from ...errors import ConfigError
 
 MIN_BUDGET_S = 0.5      # below this the sockets and the arena may not be closed before the forced exit
 MAX_BUDGET_S = 3600.0

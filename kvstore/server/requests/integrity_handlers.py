@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..protocol import messages as m
-from ..protocol.wire import Op, ok_reply
+from ...protocol import messages as m
+from ...protocol.wire import Op, ok_reply
 from .service import Service
 from .session import Session
 

@@ -33,9 +33,9 @@ from typing import Any, Callable
 
 import zmq
 
-from .. import logs
-from ..errors import ConfigError
-from ..security.paths import make_private_dirs, remove_created_dirs, socket_dir_risk
+from ... import logs
+from ...errors import ConfigError
+from ...security.paths import make_private_dirs, remove_created_dirs, socket_dir_risk
 
 PROBE_TIMEOUT_S = 0.5
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symbolic link"),

@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .. import logs
-from ..errors import LimitError
-from ..protocol.wire import Op
+from ... import logs
+from ...errors import LimitError
+from ...protocol.wire import Op
 
 PER_SECOND = 10
 

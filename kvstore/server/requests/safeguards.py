@@ -9,7 +9,7 @@ One object the daemon creates with its store and starts with its loop, so that `
 * ``verify`` counts what engines report when they compute a prefix they could have loaded and compare
   (``VERIFY``): checks, mismatches, the largest difference; a mismatch drops the chain;
 * ``params`` refuses a client whose chunk size, key scheme or hash seed differ from those of the chunks held
-  for its namespace (``server/compat.py``).
+  for its namespace (``server/requests/compat.py``).
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ import asyncio
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .. import logs
-from ..store.integrity import Integrity
-from ..store.scrub import Scrubber
+from ... import logs
+from ...store.integrity import Integrity
+from ...store.scrub import Scrubber
 from .scrub_passes import ScrubPasses
 from .compat import NamespaceParams
 
 if TYPE_CHECKING:
-    from ..tiers.gpu.mover import GpuMover
-    from ..tiers.disk.mover import DiskMover
-    from ..tiers.remote.mover import RemoteMover
-    from ..store.store import Store
+    from ...tiers.gpu.mover import GpuMover
+    from ...tiers.disk.mover import DiskMover
+    from ...tiers.remote.mover import RemoteMover
+    from ...store.store import Store
 
 
 @dataclass

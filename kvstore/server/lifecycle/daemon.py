@@ -46,38 +46,38 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine
 import zmq
 from prometheus_client import CollectorRegistry
 
-from .. import logs, native
-from ..config import ServerConfig
-from ..errors import ConfigError, InternalError, LimitError, RequestError, UnavailableError, VersionError
-from ..metrics.collector import StatsCollector
-from ..metrics.exporter import MetricsExporter
-from ..metrics.latency import RequestLatency
-from ..protocol.wire import Op, decode_header, error_reply, header_hints, op_of, request_id_of
-from ..security.curve import ServerCurve, peer_curve_key
-from ..store.adoption import keep_arena, open_host_arena, open_journal, take_kept_slots
-from ..tiers.host.journal import journal_path_for
-from ..tiers.host.tier import HostTier
-from ..tenants.access import Principal
-from ..tenants.key_file import open_tenant_keys
-from ..tenants.key_space import scope_request
-from .handlers import HANDLERS, hello_reply
+from ... import logs, native
+from ...config import ServerConfig
+from ...errors import ConfigError, InternalError, LimitError, RequestError, UnavailableError, VersionError
+from ...metrics.collector import StatsCollector
+from ...metrics.exporter import MetricsExporter
+from ...metrics.latency import RequestLatency
+from ...protocol.wire import Op, decode_header, error_reply, header_hints, op_of, request_id_of
+from ...security.curve import ServerCurve, peer_curve_key
+from ...store.adoption import keep_arena, open_host_arena, open_journal, take_kept_slots
+from ...tiers.host.journal import journal_path_for
+from ...tiers.host.tier import HostTier
+from ...tenants.access import Principal
+from ...tenants.key_file import open_tenant_keys
+from ...tenants.key_space import scope_request
+from ..requests.handlers import HANDLERS, hello_reply
 from .heap import HeapWatch, settle_heap
 from .notify import notify, watchdog_interval
-from .reactor import SocketReactor
-from .tcp_peers import TcpPeers, set_heartbeat
-from .refusals import RefusalLog
-from .reload import ConfigSource, ReloadReport, reload_tenants
-from .service import Service
-from .session import Session
-from .stats import connector_stats, daemon_stats
+from ..transport.reactor import SocketReactor
+from ..transport.tcp_peers import TcpPeers, set_heartbeat
+from ..transport.refusals import RefusalLog
+from ..requests.reload import ConfigSource, ReloadReport, reload_tenants
+from ..requests.service import Service
+from ..requests.session import Session
+from ..requests.stats import connector_stats, daemon_stats
 from .startup import (Claims, bind_failure, check_socket_dir, check_socket_path, check_writable_dir,
                       exclusive_lock, remove_stale_socket, share_socket_dir)
 from .stopping import StopPlan, arm_forced_exit
 from .local_access import may_map, open_stream
-from .stream import StreamServer
+from ..transport.stream import StreamServer
 
 if TYPE_CHECKING:
-    from ..tenants.table import TenantTable
+    from ...tenants.table import TenantTable
 from .tier_setup import open_disk, open_tiers
 
 SWEEP_INTERVAL = 0.25
@@ -111,7 +111,7 @@ class Daemon:
         self._exporter: MetricsExporter | None = None
         self.heap = HeapWatch()             # the garbage collector's pauses on the loop (heap.py)
         self._tasks: set[asyncio.Task] = set()
-        self.stream: StreamServer | None = None        # the local stream socket (server/stream.py)
+        self.stream: StreamServer | None = None        # the local stream socket (server/transport/stream.py)
         self.refusals = RefusalLog()                   # requests refused for their size: logged, rate-bounded
         self._clean_stop = False   # the stop drained everything: the arena may be kept for the next start
 

@@ -25,12 +25,12 @@ import itertools
 import os
 from typing import Any, Protocol
 
-from .. import logs
-from ..errors import LimitError
-from ..protocol.stream import (FRAMED, LENGTH, SUFFIX, framed_lengths, reply_bytes, reply_lengths,
+from ... import logs
+from ...errors import LimitError
+from ...protocol.stream import (FRAMED, LENGTH, SUFFIX, framed_lengths, reply_bytes, reply_lengths,
                                request_too_long)
-from ..protocol.wire import HINT_BYTES, MAX_HEADER_BYTES
-from ..tenants.access import Principal, peer_principal
+from ...protocol.wire import HINT_BYTES, MAX_HEADER_BYTES
+from ...tenants.access import Principal, peer_principal
 
 
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import logs
-from ..config import ServerConfig, read_settings
-from ..errors import ConfigError
+from ... import logs
+from ...config import ServerConfig, read_settings
+from ...errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..tenants.table import TenantTable
+    from ...tenants.table import TenantTable
 
 
 class Reloadable(Protocol):
@@ -68,7 +68,7 @@ def changed_settings(config: ServerConfig, source: ConfigSource) -> list[str]:
 
 def reload_tenants(svc: Reloadable, source: ConfigSource) -> ReloadReport:
     """Read ``source``'s tenants table again and apply it to ``svc``, or refuse it and keep the old one; logged."""
-    from ..tenants.table import load_tenants
+    from ...tenants.table import load_tenants
 
     if not source.path:
         report = ReloadReport(False, error="the daemon was started without --config: there is no file to reload; "

@@ -19,7 +19,7 @@ from typing import Any, Callable, cast
 
 import zmq
 
-from .. import logs
+from ... import logs
 
 BURST = 64
 

@@ -14,26 +14,26 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .. import logs
-from ..config import ServerConfig
-from ..store.events import EventLog
-from ..tenants.access import private_namespaces
-from ..tenants.key_file import open_tenant_keys
-from ..tenants.key_space import SessionKeys, TenantKeys
-from ..tiers.gpu.mover import GpuMover
-from ..tiers.disk.mover import DiskMover
-from ..mapped.index_writer import PublishedIndex
-from ..tiers.remote.mover import RemoteMover
-from ..store.store import LookupResult, Store
-from ..tenants.table import DEFAULT_TENANT
-from ..store.adoption import Adoption
-from .kv_events import EventPublisher
+from ... import logs
+from ...config import ServerConfig
+from ...store.events import EventLog
+from ...tenants.access import private_namespaces
+from ...tenants.key_file import open_tenant_keys
+from ...tenants.key_space import SessionKeys, TenantKeys
+from ...tiers.gpu.mover import GpuMover
+from ...tiers.disk.mover import DiskMover
+from ...mapped.index_writer import PublishedIndex
+from ...tiers.remote.mover import RemoteMover
+from ...store.store import LookupResult, Store
+from ...tenants.table import DEFAULT_TENANT
+from ...store.adoption import Adoption
+from ..events.publisher import EventPublisher
 from .safeguards import Safeguards
 from .session import Session
 from .load_costs import LoadCosts
 
 if TYPE_CHECKING:
-    from ..tenants.table import TenantTable
+    from ...tenants.table import TenantTable
     from .reload import ReloadReport
 
 

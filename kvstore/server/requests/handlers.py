@@ -13,15 +13,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from .._version import __version__
-from ..errors import (BadRequestError, LimitError, PermissionDeniedError, StoreFullError,
+from ..._version import __version__
+from ...errors import (BadRequestError, LimitError, PermissionDeniedError, StoreFullError,
                       UnavailableError, VersionError)
-from ..protocol import messages as m
-from ..protocol.engine_blocks import EngineBlocks, read_engine
-from ..protocol.retention import RetentionAsk, read_retention
-from ..protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
-from ..tenants.access import AccessCache, Principal, may_access
-from ..tenants.table import TenantTable
+from ...protocol import messages as m
+from ...protocol.engine_blocks import EngineBlocks, read_engine
+from ...protocol.retention import RetentionAsk, read_retention
+from ...protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
+from ...tenants.access import AccessCache, Principal, may_access
+from ...tenants.table import TenantTable
 from .integrity_handlers import INTEGRITY_HANDLERS
 from .invalidate import invalidate
 from .service import Service
@@ -324,7 +324,7 @@ def handle_reload(svc: Service, s: Session, h: dict, frames: list) -> Frames:
 
 
 def handle_invalidate(svc: Service, s: Session, h: dict, frames: list) -> Any:
-    """Drop every chunk of the namespaces the request names from every tier (``server/invalidate.py``). Taken
+    """Drop every chunk of the namespaces the request names from every tier (``server/requests/invalidate.py``). Taken
     only from a local client the daemon's own user runs (or root), as ``handle_reload``."""
     if not s.owner_local:
         raise PermissionDeniedError("invalidate is taken only from a local client run by the daemon's user or "

@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import logs
-from ..protocol import messages as m
-from ..store.entry import State
+from ... import logs
+from ...protocol import messages as m
+from ...store.entry import State
 
 if TYPE_CHECKING:
     from .service import Service

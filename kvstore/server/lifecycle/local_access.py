@@ -3,7 +3,7 @@ may map the daemon's files.
 
 Both are opened onto the daemon's start-up claims (``startup.py``), so that a failed start, a stop and a forced
 exit remove their files like the arena's. The index (``mapped/index_writer.py``) is created with the Store and
-fed by it; the stream socket (``server/stream.py``) is bound once the event loop runs. Either may be missing —
+fed by it; the stream socket (``server/transport/stream.py``) is bound once the event loop runs. Either may be missing —
 the index on a machine whose memory model the reader cannot rely on, the stream where its path cannot be bound —
 and clients then ask the ZeroMQ socket.
 
@@ -22,12 +22,12 @@ import asyncio
 import os
 from typing import Any
 
-from ..config import ServerConfig
-from ..protocol.index_layout import REMOTE, supported
-from ..mapped.index_writer import PublishedIndex, index_path_for
-from ..tenants.access import Principal
+from ...config import ServerConfig
+from ...protocol.index_layout import REMOTE, supported
+from ...mapped.index_writer import PublishedIndex, index_path_for
+from ...tenants.access import Principal
 from .startup import Claims
-from .stream import SUFFIX, Dispatcher, StreamServer
+from ..transport.stream import SUFFIX, Dispatcher, StreamServer
 
 
 EXPECTED_CHUNK_BYTES = 64 << 10   # sizes the index at start: one slot per 64 KiB of DRAM (it grows past that)

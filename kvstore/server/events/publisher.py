@@ -38,16 +38,16 @@ from typing import Any, Callable
 import msgpack
 import zmq
 
-from .. import logs
-from ..defaults import EVENTS_BUFFER, EVENTS_FORMAT, EVENTS_HWM
-from ..errors import ConfigError
-from ..protocol.engine_identity import EngineIdentity
-from ..protocol.kv_events import (
+from ... import logs
+from ...defaults import EVENTS_BUFFER, EVENTS_FORMAT, EVENTS_HWM
+from ...errors import ConfigError
+from ...protocol.engine_identity import EngineIdentity
+from ...protocol.kv_events import (
     END_SEQ, SNAPSHOT_REQUEST, Event, array_header, batch_bytes, encoded_events, seq_bytes,
 )
-from ..store.events import Holding, snapshot_packed
-from ..tenants.table import DEFAULT_TENANT
-from ..protocol.event_topics import DEFAULT_TOPIC, Audience, Target, TopicTemplate
+from ...store.events import Holding, snapshot_packed
+from ...tenants.table import DEFAULT_TENANT
+from ...protocol.event_topics import DEFAULT_TOPIC, Audience, Target, TopicTemplate
 
 REPLAY_POLL_MS = 200     # how long the replay thread waits for a request before it looks for the stop flag
 SNAPSHOT_WAIT_S = 5.0    # how long a snapshot request waits for the event loop to copy the holdings

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import logs
-from ..errors import BadRequestError
-from ..store.scrub import Scrubber, ScrubProgress, ScrubReport
+from ... import logs
+from ...errors import BadRequestError
+from ...store.scrub import Scrubber, ScrubProgress, ScrubReport
 
 REAP_INTERVAL_S = 0.5   # how often passes whose client went quiet are looked for
 MAX_FINISHED = 16       # finished passes whose report nobody read yet, kept at most

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import shutil
 
-from ..config import ServerConfig
-from ..errors import ConfigError
-from ..security.curve import check_tcp_exposure
-from ..tiers.disk.tier import BLOCK, HEADER_BYTES, existing_parent
-from ..units import format_size
+from ...config import ServerConfig
+from ...errors import ConfigError
+from ...security.curve import check_tcp_exposure
+from ...tiers.disk.tier import BLOCK, HEADER_BYTES, existing_parent
+from ...units import format_size
 from .stopping import StopPlan
 
 
@@ -42,7 +42,7 @@ def check_stop_budget(config: ServerConfig) -> None:
 def check_gpu(config: ServerConfig) -> None:
     """A GPU tier, when asked for, fits the device it names."""
     if config.gpu_mem:
-        from ..tiers.gpu.settings import check_gpu_settings  # imports torch: only when a GPU tier is asked for
+        from ...tiers.gpu.settings import check_gpu_settings  # imports torch: only when a GPU tier is asked for
 
         check_gpu_settings(config.gpu_mem, config.gpu_device)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..protocol.messages import LOAD_MEDIA, LoadTimes
+from ...protocol.messages import LOAD_MEDIA, LoadTimes
 
 
 @dataclass

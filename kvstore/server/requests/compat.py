@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..errors import IncompatibleError
-from ..protocol.key_params import KeyParams
+from ...errors import IncompatibleError
+from ...protocol.key_params import KeyParams
 
 __all__ = ["KeyParams", "NamespaceParams"]
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
-from .. import native
-from .._version import __version__
+from ... import native
+from ..._version import __version__
 
 if TYPE_CHECKING:
-    from ..store.store import Store
+    from ...store.store import Store
     from .service import Service
     from .session import Session
 
