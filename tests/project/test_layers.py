@@ -37,20 +37,17 @@ SERVER_RULES: dict[str, tuple[str, ...]] = {
     "requests": ("lifecycle",),
 }
 
-# The movers still take the Store's entries, report to their ledgers and share its movers' life cycle; they
-# are to report through interfaces declared on the tier side.
+# The movers still take the Store's entries and report to their ledgers (the GPU mover checks copies through the
+# Store's integrity checker); they are to report through interfaces declared on the tier side.
 OWED = {
     ("kvstore.tiers.disk.mover", "kvstore.store.ledgers.disk"),
     ("kvstore.tiers.gpu.mover", "kvstore.store.ledgers.gpu"),
     ("kvstore.tiers.remote.mover", "kvstore.store.ledgers.remote"),
     ("kvstore.tiers.disk.mover", "kvstore.store.entry"),
-    ("kvstore.tiers.disk.mover", "kvstore.store.movers"),
     ("kvstore.tiers.disk.mover", "kvstore.store.retention"),
     ("kvstore.tiers.gpu.mover", "kvstore.store.entry"),
     ("kvstore.tiers.gpu.mover", "kvstore.store.integrity"),
-    ("kvstore.tiers.gpu.mover", "kvstore.store.movers"),
     ("kvstore.tiers.remote.mover", "kvstore.store.entry"),
-    ("kvstore.tiers.remote.mover", "kvstore.store.movers"),
 }
 # Rooms that still import each other: the movers' imports above, and the native copy kernels, which take the
 # paged layout of ops/ while ops/ finds them through native/.

@@ -1,4 +1,4 @@
-"""The mover life cycle (``store/movers.py``): waits are ``Condition.wait_for`` on completions, never a timer, and
+"""The mover life cycle (``tiers/mover_life.py``): waits are ``Condition.wait_for`` on completions, never a timer, and
 ``drain`` keeps its deadline. The GPU mover sleeps until its ledger wakes it (no idle poll). Real Store, real
 ledgers, payload-less tiers; no daemon process."""
 
@@ -8,7 +8,7 @@ import asyncio
 import time
 
 from kvstore.tiers.gpu.mover import GpuMover
-from kvstore.store.movers import MoverLife
+from kvstore.tiers.mover_life import MoverLife
 from kvstore.store.store import Store
 from kvstore.tiers.host.tier import HostTier
 from kvstore.store.ledgers.builder import tier_ledgers

@@ -21,7 +21,7 @@ closed (sockets, arena) and the process exits 0. Should any step hang, a timer r
 files and ends the process (exit 1) when the budget is spent.
 
 Tiers below DRAM (``tier_setup.open_tiers``): each is a ledger inside the Store and a mover owned by the service
-(``store/movers.py``: start, wake, drain(deadline), close, stats). The movers start with the loop and are
+(``tiers/mover_life.py``: start, wake, drain(deadline), close, stats). The movers start with the loop and are
 drained at stop (``Service.drain_movers``: GPU copies and remote puts by the "remote" deadline, the write-back
 queue by the "disk" one), then closed with the claims, before the arena (a GPU tier unpins it; the remote
 backend's workers read it). A remote store that is down at start is an outage, not an error.

@@ -144,7 +144,7 @@ class Service:
         return session.key_space
 
     def movers(self) -> list[Any]:
-        """The movers of the tiers below DRAM (``store/movers.py``), in start order."""
+        """The movers of the tiers below DRAM (``tiers/mover_life.py``), in start order."""
         return [m for m in (self.disk_mover, self.remote, self.gpu_mover) if m is not None]
 
     # -- lookups --------------------------------------------------------------------------------------------

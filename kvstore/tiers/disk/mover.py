@@ -53,7 +53,7 @@ from ...store.ledgers.disk import DiskLedger
 from ...protocol.retention import Retention
 from ...store.entry import Entry
 from ...store.retention import stored_class
-from ...store.movers import MoverLife
+from ..mover_life import MoverLife
 
 
 class DiskMover(MoverLife):

@@ -36,7 +36,7 @@ from ...errors import StoreFullError
 from ...store.entry import Entry
 from ...store.ledgers.gpu import GpuLedger
 from ...store.integrity import checksum
-from ...store.movers import MoverLife
+from ..mover_life import MoverLife
 
 if TYPE_CHECKING:
     from ...store.integrity import Integrity

@@ -55,7 +55,7 @@ from typing import Any
 
 from ... import logs
 from ...store.entry import Entry
-from ...store.movers import MoverLife
+from ..mover_life import MoverLife
 from . import record
 from .book import Plan
 from ...store.ledgers.remote import RemoteLedger
