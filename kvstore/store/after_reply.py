@@ -1,7 +1,7 @@
 """Work a request owes once its reply is out: what a put does after its chunks are readable.
 
 A put's reply may go out as soon as its chunks are readable: listed in the index and in the shared index
-(``published_index.py``), so that a reader who hears the reply finds them. What a commit does next (the
+(``mapped/index_writer.py``), so that a reader who hears the reply finds them. What a commit does next (the
 eviction queue, the checksum job, the counters) changes nothing a reader can see, so the daemon does it after
 writing the reply, while the writer is already waking up and copying its next batch, instead of before (on this
 machine that was about half of a 16-chunk put's time in the daemon).

@@ -1,5 +1,5 @@
 """What the Store tells the observers of every change to its index: the lookup index it publishes to local
-clients in shared memory (``published_index.py``), the KV cache event log (``events.py``) and the checksummer
+clients in shared memory (``mapped/index_writer.py``), the KV cache event log (``events.py``) and the checksummer
 (``integrity.py``). Protocols, so none of these modules is imported back into ``store.py``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from .entry import Entry
 
 
 class IndexSink(Protocol):
-    """Where the Store publishes each key's readable state for clients (``published_index.py``)."""
+    """Where the Store publishes each key's readable state for clients (``mapped/index_writer.py``)."""
 
     def set(self, key: bytes, state: int, host: int | None = None, size: int = 0) -> None: ...
 

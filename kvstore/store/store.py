@@ -14,7 +14,7 @@ one place (``_unpin``); a chunk deleted while pinned is "doomed" and freed by it
 When an allocation fails, the least recently used unpinned chunk is evicted (continuations first, see
 ``eviction.py``) until it succeeds; when nothing is left to evict the put fails with StoreFullError.
 
-Tiers below DRAM are each a ledger and a mover (``ledger.py`` says how): the Store calls every ledger's hooks
+Tiers below DRAM are each a ledger and a mover (``ledgers/base.py`` says how): the Store calls every ledger's hooks
 and never a mover. Leaving DRAM is a *demotion* when some ledger ``keeps`` the chunk and an eviction otherwise; a
 slot whose I/O a ledger ``uses_dram`` stays (with its place in the host LRU) until that I/O ends.
 

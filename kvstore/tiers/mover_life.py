@@ -1,7 +1,7 @@
 """The life cycle every mover shares (disk: ``tiers/disk/mover.py``, GPU: ``tiers/gpu/mover.py``, remote:
 ``tiers/remote/mover.py``).
 
-A mover does the I/O its ledger asks for (``ledger.py``) and nothing else: ``start(loop)`` once the event loop
+A mover does the I/O its ledger asks for (``store/ledgers/``) and nothing else: ``start(loop)`` once the event loop
 runs, ``wake()`` when its ledger recorded new intents (called by the ledger, synchronously, on the loop),
 ``drain(deadline)`` at stop (start nothing new the ledger has not asked for yet, and wait until what is in flight
 has ended, or until ``deadline`` on ``time.monotonic``; True when it all ended), ``close()`` after the drain, and

@@ -6,7 +6,7 @@ chunks for write-back and wakes the mover, which takes them one by one (``next_w
 here, evicting the disk LRU's oldest files), writes them and reports back (``finish_write``); a promotion gets
 its DRAM slot from ``start_promote`` and ends in ``finish_promote``. Files the ledger drops are removed by the
 mover (``remove_file``), in order with its writes. Everything here runs on the event loop. The Store reaches
-this ledger only through the hooks of ``ledger.py``; the host watermark (``rebalance``) is here because it only
+this ledger only through the hooks of ``base.py``; the host watermark (``rebalance``) is here because it only
 ever drops DRAM copies of chunks already on disk.
 """
 

@@ -29,7 +29,7 @@ free: ``DiskLedger.rebalance`` runs after every completed write and on each swee
 watermarks, oldest (continuations first) first.
 
 Shape: the disk mover is the disk tier's mover (``movers.py``: start, wake, drain, close, stats); it talks only
-to the disk ledger (``ledger.py``), which wakes it when a commit queued writes. Back-pressure and the flush
+to the disk ledger (``store/ledgers/disk.py``), which wakes it when a commit queued writes. Back-pressure and the flush
 wait on the mover's condition (``wait_until``), notified by every write that ends.
 
 File removals go to the same worker pool; a later write of the same key waits for an earlier removal, so a

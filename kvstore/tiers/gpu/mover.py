@@ -8,7 +8,7 @@ fresh DRAM slot first. Copies are queued on the tier's side streams (``tiers/gpu
 otherwise, so the event loop never blocks on the GPU. Only when a copy is done does the Store publish the new
 slot or free the old one: a reader never sees a half-copied chunk.
 
-When it runs: when its ledger (``ledger.py``) wakes it, after a get asked for promotions or once leased
+When it runs: when its ledger (``store/ledgers/gpu.py``) wakes it, after a get asked for promotions or once leased
 chunks of a GPU tier above its high watermark were released; each round also keeps the GPU tier between its
 watermarks (above the high one it demotes the least recently used unleased chunks until under the low one:
 ``GpuLedger.shed``). It sleeps on its condition otherwise (``movers.py``: no idle timer). It talks only to the

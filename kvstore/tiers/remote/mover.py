@@ -5,8 +5,8 @@ daemons of several hosts: what one host's engines computed, another host's engin
 
 Write-back at commit. Every chunk a put commits is sent in the background, one batched put per commit, straight
 from its host slot (zero-copy on Mooncake, whose client reads the registered arena). The remote ledger
-(``ledger.py``) pins the chunks at commit and queues the put, then wakes this mover; they stay pinned until
-the put ends, so that their slots are neither freed nor reused while a worker reads
+(``store/ledgers/remote.py``) pins the chunks at commit and queues the put, then wakes this mover; they stay pinned
+until the put ends, so that their slots are neither freed nor reused while a worker reads
 them. Commit rather than "once on disk": another host can find a chunk as early as possible, the disk and the
 remote store are written in parallel from the same slot, and a daemon without a disk tier shares its chunks too.
 Chunks fetched from the remote store, and chunks found on disk at start, are not sent again. The bytes pinned by
