@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
                      "memcpy_over_copy_batch": got["memcpy"] / got["copy_batch"]})
         print(f"{chunks:3d} chunks {nbytes >> 20:4d} MiB  one thread {got['one_thread'] * 1e3:7.2f} ms  "
               f"copy_batch {got['copy_batch'] * 1e3:7.2f} ms  memcpy {got['memcpy'] * 1e3:7.2f} ms")
-    path = write_result("copies", {"machine": machine(), "chunk_bytes": CHUNK, "repeat": repeat,
-                                   "parallel_from": copies.PARALLEL_FROM, "rows": rows}, args.quick, args.out)
+    result = {"machine": machine(), "chunk_bytes": CHUNK, "repeat": repeat, "parallel_from": copies.PARALLEL_FROM,
+              "rows": rows}
+    path = write_result("copies", result, args.quick, args.out)
     print(path)
     return 0
 
