@@ -229,6 +229,37 @@ class Reserve:
                    retention=read_retention(h))
 
 
+@dataclass(frozen=True)
+class PutInline:
+    """A put with its bytes in the message: one payload frame per key, in order. A put asking for no storage
+    (``retention`` that stores nothing) is read as its keys alone: its frames, if sent, are dropped."""
+
+    keys: list[bytes]
+    sizes: list[int]          # each payload frame's bytes
+    parent: bytes | None
+    engine: list[EngineBlocks | None] | None = None
+    retention: RetentionAsk = NORMAL
+
+    @classmethod
+    def parse(cls, h: dict[str, Any], frames: Sequence[Any], max_size: int) -> "PutInline":
+        keys = read_keys(h)
+        retention = read_retention(h)
+        if not retention.stores:
+            return cls(keys=keys, sizes=[], parent=None, retention=retention)
+        if len(frames) != len(keys):
+            raise BadRequestError(f"PUT_INLINE carries {len(frames)} payload frames for {len(keys)} keys")
+        if len(set(keys)) != len(keys):
+            raise BadRequestError("field 'keys' holds the same key twice")
+        sizes = [len(f) for f in frames]
+        for i, size in enumerate(sizes):
+            if size == 0:
+                raise BadRequestError(f"payload frame {i} is empty")
+            if size > max_size:
+                raise LimitError(f"payload frame {i} is {size} bytes; the largest chunk accepted is {max_size}")
+        return cls(keys=keys, sizes=sizes, parent=read_optional_key(h, "parent"), engine=read_engine(h, len(keys)),
+                   retention=retention)
+
+
 MAX_CREDIT_BYTES = 1 << 48
 
 

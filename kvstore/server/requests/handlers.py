@@ -14,11 +14,9 @@ import asyncio
 from typing import Any, Callable
 
 from ..._version import __version__
-from ...errors import (BadRequestError, LimitError, PermissionDeniedError, StoreFullError,
+from ...errors import (PermissionDeniedError, StoreFullError,
                       UnavailableError, VersionError)
 from ...protocol import messages as m
-from ...protocol.engine_blocks import EngineBlocks, read_engine
-from ...protocol.retention import RetentionAsk, read_retention
 from ...protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
 from ...tenants.access import AccessCache, Principal, may_access
 from ...tenants.table import TenantTable
@@ -211,32 +209,18 @@ def _credit_put_now(svc: Service, s: Session, h: dict, req: m.CreditPut) -> Fram
 
 def handle_put_inline(svc: Service, s: Session, h: dict, frames: list) -> Frames:
     _require_access(svc, s)
-    keys = m.read_keys(h)
-    retention = read_retention(h)
-    if not retention.stores:   # acknowledged, nothing stored (payload frames, if sent, are dropped)
-        svc.store.count_no_store(len(keys))
+    req = m.PutInline.parse(h, frames, svc.config.chunk_limit)
+    if not req.retention.stores:   # acknowledged, nothing stored (payload frames, if sent, are dropped)
+        svc.store.count_no_store(len(req.keys))
         return [ok_reply(h["id"], committed=0)]
-    if len(frames) != len(keys):
-        raise BadRequestError(f"PUT_INLINE carries {len(frames)} payload frames for {len(keys)} keys")
-    if len(set(keys)) != len(keys):
-        raise BadRequestError("field 'keys' holds the same key twice")
-    sizes = [len(f) for f in frames]
-    for i, size in enumerate(sizes):
-        if size == 0:
-            raise BadRequestError(f"payload frame {i} is empty")
-        if size > svc.config.chunk_limit:
-            raise LimitError(f"payload frame {i} is {size} bytes; "
-                             f"the largest chunk accepted is {svc.config.chunk_limit}")
-    engine = read_engine(h, len(keys))
     svc.safeguards.params.stored(s.namespace, s.key_params)
-    svc.store.refuse_never_fitting(s.namespace, keys, sizes)   # at once, not after waiting for the disk
-    return _throttled(svc, sum(sizes), lambda: _put_inline_now(svc, s, h, frames, keys, sizes, engine, retention))
+    svc.store.refuse_never_fitting(s.namespace, req.keys, req.sizes)   # at once, not after waiting for the disk
+    return _throttled(svc, sum(req.sizes), lambda: _put_inline_now(svc, s, h["id"], frames, req))
 
 
-def _put_inline_now(svc: Service, s: Session, h: dict, frames: list, keys: list, sizes: list,
-                    engine: list[EngineBlocks | None] | None, retention: RetentionAsk) -> Frames:
-    handle, slots = svc.store.reserve(s.owner, s.namespace, keys, sizes, m.read_optional_key(h, "parent"),
-                                      engine=engine, retention=retention)
+def _put_inline_now(svc: Service, s: Session, request_id: Any, frames: list, req: m.PutInline) -> Frames:
+    handle, slots = svc.store.reserve(s.owner, s.namespace, req.keys, req.sizes, req.parent, engine=req.engine,
+                                      retention=req.retention)
     try:
         for slot, frame in zip(slots, frames):
             if slot is not None:
@@ -244,7 +228,7 @@ def _put_inline_now(svc: Service, s: Session, h: dict, frames: list, keys: list,
     except BaseException:
         svc.store.abort(s.owner, handle.id)
         raise
-    return [ok_reply(h["id"], committed=svc.store.commit(s.owner, handle.id))]
+    return [ok_reply(request_id, committed=svc.store.commit(s.owner, handle.id))]
 
 
 def handle_get(svc: Service, s: Session, h: dict, frames: list) -> Any:
