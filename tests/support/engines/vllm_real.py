@@ -156,10 +156,12 @@ class EngineProc:
         return [[bytes.fromhex(k) for k in chain] for chain in reply["keys"]]
 
     def chunk_client(self, daemon: Any) -> Any:
-        """A client of `daemon` in this engine's namespace, where its chunk keys name its chunks."""
+        """A client of `daemon` in this engine's namespace, where its chunk keys name its chunks (at the
+        connector's chunk size)."""
         if not self.namespace:
             self.chunk_keys([])
-        return daemon.client(namespace=self.namespace)
+        tokens = (self.config.get("connector") or {}).get("kv_connector_extra_config", {}).get("chunk_tokens", CHUNK)
+        return daemon.client(namespace=self.namespace, chunk_tokens=tokens)
 
     def log_tail(self, n: int = 60) -> str:
         try:
