@@ -99,9 +99,15 @@ def save_model(directory: str, family: str = "dense", seed: int = 0, hidden: int
             num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, conv_L_cache=3,
             layer_types=["conv", "full_attention"] * (layers // 2), initializer_range=0.2,
             conv_dim=hidden, block_dim=hidden, **common)   # the names vLLM's LFM2 reads (checkpoints carry them)
+    elif family == "gemma4":  # Gemma 4 shaped: sliding and full layers in turn, the last two reusing the KV
+        model = tf.Gemma4ForCausalLM, tf.Gemma4TextConfig(  # of the first two; small per-layer input embeddings
+            num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=64,
+            layer_types=["sliding_attention", "full_attention"] * (layers // 2), num_kv_shared_layers=layers // 2,
+            vocab_size_per_layer_input=common["vocab_size"], hidden_size_per_layer_input=16,
+            initializer_range=0.2, **common)
     else:
         raise SystemExit(f"unknown model family {family!r}: dense, mla, sliding, hybrid-mamba2, hybrid-gdn, "
-                         "hybrid-falcon-h1, hybrid-nemotron-h, hybrid-zamba2 or hybrid-lfm2")
+                         "hybrid-falcon-h1, hybrid-nemotron-h, hybrid-zamba2, hybrid-lfm2 or gemma4")
     torch.manual_seed(seed)
     model[0](model[1]).to(torch.float32).save_pretrained(directory)
 
