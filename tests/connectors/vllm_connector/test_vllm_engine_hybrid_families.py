@@ -2,7 +2,9 @@
 (hidden size 64, four layers, float32, `initializer_range` 0.2 so that the recurrent state moves the outputs).
 
 Per family, one engine saves and another process loads; both must give plain prefill's outputs (an engine with
-no connector and no prefix caching): the same greedy tokens, first-token log-probabilities within 1e-3. Then the
+no connector and no prefix caching): the same greedy tokens, first-token log-probabilities within 1e-3 (LFM2,
+whose block-by-block prefill is not plain prefill on this build even without the connector: what the saving
+engine computed, `ENGINE_REFERENCE`). Then the
 last stored chunk of one prompt is gone, as after an eviction (its attention KV and its state are one object,
 so they go together): that prompt is a shorter hit, one chunk fewer, with the same outputs. Last, the stored
 chunks with their recurrent states zeroed still load but no longer give those outputs, so the equality is the
@@ -42,8 +44,10 @@ FAMILIES = {     # family -> its hybrid block on this shape (vLLM's block of eve
     "hybrid-zamba2": 128,         # Mamba-2 layers and one shared attention block
     "hybrid-lfm2": 128,           # gated short convolutions and attention layers in turn
 }
-# Families whose own miss (prefilled one block a step, as the hybrid engine must) is not plain prefill's on this
-# build, with or without the connector: their loads are held to what the saving engine computed (no plain engine)
+# Families whose prefill one block a step (as the hybrid engine must run) is not plain prefill's on this build,
+# with or without the connector: their loads are held to what the saving engine computed (no plain engine). LFM2:
+# a plain engine prefilling 128 tokens a step (no connector, no prefix caching) gives another first token than one
+# prefilling the prompt in one step (log-probability -3.0415 against -2.9980), exactly what the saving engine gives.
 ENGINE_REFERENCE = frozenset({"hybrid-lfm2"})
 
 
