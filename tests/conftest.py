@@ -136,7 +136,9 @@ ENGINE_MODULES = frozenset({
     "connectors/vllm_connector/test_vllm_families.py", "connectors/vllm_connector/test_vllm_verify.py",
     "connectors/vllm_connector/test_vllm_engine_block_events.py",
     "connectors/vllm_connector/test_vllm_engine_tenants.py", "connectors/vllm_connector/test_vllm_engine_identity.py",
-    "connectors/vllm_connector/test_vllm_engine_hybrid.py", "connectors/sglang_connector/test_sglang_engine.py",
+    "connectors/vllm_connector/test_vllm_engine_hybrid.py",
+    "connectors/vllm_connector/test_vllm_engine_hybrid_families.py",
+    "connectors/sglang_connector/test_sglang_engine.py",
 })
 # Modules that need a CUDA device when KVSTORE_TEST_DEVICE=cuda asks them to run on one.
 GPU_MODULES = frozenset({"connectors/hf_connector/test_connector_hf.py"})

@@ -57,6 +57,7 @@ naming the family and the reason, and a connector report the daemon shows as off
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -75,6 +76,7 @@ from ..common.families import Unsupported
 from ..common.report import refuse
 from .config import VllmConnectorConfig
 from .geometry import EngineGeometry, engine_geometry
+from .hybrid import event_groups
 from .identity import model_identity
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .scheduler import SchedulerSide
@@ -138,11 +140,14 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 self._off_report = refuse(config.address, "vllm", exc, config.timeout)
         # A sliding-window group's blocks behind the window are freed at the next schedule: save in the step.
         save_async = config.save_async and not (geometry is not None and geometry.frees_blocks)
+        identity = vllm_engine_identity(vllm_config, config.engine_id, config.served_model_name)
+        if geometry is not None and geometry.hybrid:   # events once per group, as vLLM's own (``hybrid``)
+            identity = dataclasses.replace(identity, groups=event_groups(kv_cache_config))
         return ConnectorSettings(
             geometry, chunk_tokens, config.model_id or model_id(vllm_config), config.cache_salt,
             vllm_config.parallel_config.tensor_parallel_size,
             self._kv_transfer_config.is_kv_consumer, self._kv_transfer_config.is_kv_producer, save_async, config,
-            identity=vllm_engine_identity(vllm_config, config.engine_id, config.served_model_name),
+            identity=identity,
             model_identity=(model_identity(vllm_config, config.fingerprint)
                             if role == KVConnectorRole.SCHEDULER and geometry is not None else ""),
         )

@@ -28,6 +28,12 @@ last loaded chunk, which vLLM copies into the running block when the request is 
 step that block is the null block and vLLM has already made that copy, so the state goes into the running
 block, the request's last allocated one (`state_target`). Without such a block the load is refused as a
 failed one (vLLM recomputes the prefix), never a prefix with another state.
+
+Events. vLLM publishes a hybrid model's cached blocks once per KV cache group (`group_idx`,
+`kv_cache_spec_kind`: ``full_attention``, ``mamba``), so that a router counts a prefix only where the state
+group holds it too. The connector names its groups at hello (`event_groups`, in the engine identity), and the
+daemon publishes each chunk once per group the same way: a chunk holds them all, so their events always come
+and go together, and no attention block is announced without its state.
 """
 
 from __future__ import annotations
@@ -98,3 +104,15 @@ def state_target(block_ids: Sequence[int], last_chunk: int) -> int | None:
         if block_ids[index] != NULL_BLOCK:
             return block_ids[index]
     return None
+
+
+def event_groups(kv_cache_config: Any) -> tuple[tuple[str, int | None], ...]:
+    """The engine's KV cache groups as vLLM's KV cache events name them, (`kv_cache_spec_kind`, sliding window)
+    in group order; () when a group is not transferred (a chunk would not hold every group vLLM indexes)."""
+    from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
+
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    if not all(getattr(g, "enable_kv_transfer", True) for g in groups):
+        return ()
+    return tuple((get_kv_cache_spec_kind(g.kv_cache_spec).value, get_kv_cache_spec_sliding_window(g.kv_cache_spec))
+                 for g in groups)

@@ -17,6 +17,12 @@ Two event forms, chosen by ``--events-format``:
   ``kv_events_subscriber.py`` example of that time): ``["BlockStored", hashes, parent, token_ids, block_size,
   lora_id, medium]``, ``["BlockRemoved", hashes, medium]``, ``["AllBlocksCleared"]``.
 
+Groups: a chunk of an engine that named its KV cache groups at hello (a hybrid model's attention and
+recurrent-state groups: ``protocol/engine_identity.py``) is published once per group, as vLLM publishes such a
+model's blocks: each ``BlockStored`` with ``group_idx``, ``kv_cache_spec_kind`` and
+``kv_cache_spec_sliding_window``, each ``BlockRemoved`` with ``group_idx``. The chunk holds every group, so the
+events of its groups always come and go together. The array form predates groups and carries none.
+
 Every event also carries the publisher's incarnation id (16 hex digits, new at every start): the extra key
 ``kvstore_incarnation`` in map form, one trailing element in array form. vLLM's decoder ignores unknown map keys
 and trailing array elements (its structs do not forbid unknown fields), as do Dynamo's and llm-d's.
@@ -63,15 +69,22 @@ def seq_bytes(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
 
 
+# One KV cache group of an engine's chunks, as vLLM's events name it: (group_idx, kv_cache_spec_kind,
+# kv_cache_spec_sliding_window)
+Group = tuple[int, str, "int | None"]
+
+
 @dataclass
 class Stored:
-    """Blocks entered a tier: ``hashes`` in chain order, ``parent`` the hash before the first (None: none)."""
+    """Blocks entered a tier: ``hashes`` in chain order, ``parent`` the hash before the first (None: none);
+    ``group``: the engine's KV cache group they are of (None: not said, a chunk of every group)."""
 
     hashes: list[int]
     parent: int | None
     medium: str
     block_size: int
     token_ids: list[int] = field(default_factory=list)
+    group: Group | None = None
 
 
 @dataclass
@@ -80,6 +93,7 @@ class Removed:
 
     hashes: list[int]
     medium: str
+    group: Group | None = None
 
 
 @dataclass
@@ -96,8 +110,13 @@ def _as_map(event: Event, incarnation: str) -> dict[str, Any]:
                                 "parent_block_hash": event.parent, "token_ids": event.token_ids,
                                 "block_size": event.block_size, "lora_id": None, "medium": event.medium,
                                 "lora_name": None}
+        if event.group is not None:
+            body.update(group_idx=event.group[0], kv_cache_spec_kind=event.group[1],
+                        kv_cache_spec_sliding_window=event.group[2])
     elif isinstance(event, Removed):
         body = {"type": "BlockRemoved", "block_hashes": event.hashes, "medium": event.medium}
+        if event.group is not None:
+            body["group_idx"] = event.group[0]
     else:
         body = {"type": "AllBlocksCleared"}
     body[INCARNATION_KEY] = incarnation

@@ -15,6 +15,13 @@ published as the engine's blocks: its ``BlockStored`` carries the engine's hashe
 block size, its ``BlockRemoved`` the engine's hashes, so a router keys it as it keys the engine's own blocks. A
 chunk without them (the transformers connector, the raw client) is one block named by its chunk key.
 
+Groups: a chunk of a namespace whose engine named its KV cache groups at hello (``note_groups``; the vLLM
+connector does for hybrid models, whose chunks hold attention KV and recurrent state) is published once per
+group, each event with its ``group_idx``, as vLLM publishes its own hybrid blocks: a router that counts a prefix
+only where every group holds it sees exactly what a load can use, and since a chunk is one object its groups'
+events always come and go together. The groups a chunk is published under are fixed when it is first held, so
+a chunk held before its engine's hello (adopted at a restart) is published without them until it leaves.
+
 Cost per change on the event loop: a dict store (the key and its entry are noted); at the end of the turn, once per
 key noted, a dict lookup, a few integer operations and, when something changed, the events handed to the
 publisher (``server/events/publisher.py``), which never blocks. A chunk's names are packed once, when it is first held
@@ -28,8 +35,8 @@ from typing import Any, Callable, Collection, Sequence
 import msgpack
 
 from ..protocol.kv_events import (
-    MEDIUM_CPU, MEDIUM_GPU, MEDIUM_STORAGE, Cleared, Event, PackedRun, Removed, Stored, array_header, block_hash,
-    encoded_events, packed_hash, packed_ints, packed_stored,
+    MEDIUM_CPU, MEDIUM_GPU, MEDIUM_STORAGE, Cleared, Event, Group, PackedRun, Removed, Stored, array_header,
+    block_hash, encoded_events, packed_hash, packed_ints, packed_stored,
 )
 from ..protocol.engine_blocks import EngineBlocks
 from .entry import DiskState, Entry, State
@@ -40,8 +47,8 @@ GPU, CPU, STORAGE = 1, 2, 4
 # how many token ids, them packed
 Packed = tuple[int, int, bytes, int, bytes]
 # media mask, parent block hash, block size, the engine's names of its blocks (None: named by the chunk key),
-# the chunk's namespace, its names packed
-Holding = tuple[int, "int | None", int, "EngineBlocks | None", str, Packed]
+# the chunk's namespace, its names packed, the engine's KV cache groups it is published under (none: not said)
+Holding = tuple[int, "int | None", int, "EngineBlocks | None", str, Packed, "tuple[Group, ...]"]
 # where events go: (events, the namespace they are of; None: of every namespace)
 Outbox = Callable[[list[Event], "str | None"], None]
 MEDIA = ((GPU, MEDIUM_GPU), (CPU, MEDIUM_CPU), (STORAGE, MEDIUM_STORAGE))
@@ -72,11 +79,17 @@ class EventLog:
         self._dirty: dict[bytes, Entry | None] = {}   # keys changed since the last drain, with their entry now
         self._held: dict[bytes, Holding] = {}
         self._block_size: dict[str, int] = {}
+        self._groups: dict[str, tuple[Group, ...]] = {}
         self._packer = msgpack.Packer()   # on the thread that drains only
 
     def note_block_size(self, namespace: str, tokens: int) -> None:
         """Chunks of ``namespace`` hold ``tokens`` tokens each (said at hello): their events' ``block_size``."""
         self._block_size[namespace] = tokens
+
+    def note_groups(self, namespace: str, groups: Sequence[tuple[str, int | None]]) -> None:
+        """Chunks of ``namespace`` hold these KV cache groups of their engine, each (kv_cache_spec_kind, sliding
+        window) (said at hello): chunks first held from now on are published once per group."""
+        self._groups[namespace] = tuple((i, kind, window) for i, (kind, window) in enumerate(groups))
 
     def changed(self, key: bytes, entry: Entry | None) -> None:
         """``key``'s readable entry now (None: not readable): publish what moved."""
@@ -147,11 +160,11 @@ class EventLog:
         if not lost and gained in MEDIUM_OF and holding is not None:   # the usual: a tier more (often its first)
             _append_stored(events, key, holding, MEDIUM_OF[gained])
         elif not gained and lost in MEDIUM_OF and held is not None:    # or a tier less (often its last)
-            _append_removed(events, _hashes_of(key, held), MEDIUM_OF[lost])
+            _append_removed(events, _hashes_of(key, held), MEDIUM_OF[lost], held[6])
         else:
             for bit, medium in MEDIA:
                 if lost & bit and held is not None:   # removed under the names it was stored under
-                    _append_removed(events, _hashes_of(key, held), medium)
+                    _append_removed(events, _hashes_of(key, held), medium, held[6])
                 if gained & bit and holding is not None:
                     _append_stored(events, key, holding, medium)
 
@@ -161,10 +174,12 @@ class EventLog:
             hashes, tokens = engine.hashes, engine.token_ids
             packed = (hashes[-1], len(hashes), packed_ints(self._packer, hashes), len(tokens),
                       packed_ints(self._packer, tokens))
-            return (mask, engine.parent, engine.block_size, engine, entry.namespace, packed)
+            return (mask, engine.parent, engine.block_size, engine, entry.namespace, packed,
+                    self._groups.get(entry.namespace, ()))
         parent = block_hash(entry.parent) if entry.parent is not None else None
         h = block_hash(entry.key)
-        return (mask, parent, self._block_size.get(entry.namespace, 0), None, entry.namespace, (h, 1, b"", 0, b""))
+        return (mask, parent, self._block_size.get(entry.namespace, 0), None, entry.namespace, (h, 1, b"", 0, b""),
+                self._groups.get(entry.namespace, ()))
 
 
 def _hashes_of(key: bytes, holding: Holding) -> list[int]:
@@ -174,26 +189,41 @@ def _hashes_of(key: bytes, holding: Holding) -> list[int]:
 
 
 def _append_stored(events: list[Event], key: bytes, holding: Holding, medium: str) -> None:
-    """A ``BlockStored``, merged into the previous event when it continues the same chain in the same tier at the
-    same block size."""
-    _, parent, size, engine, _, _ = holding
+    """A ``BlockStored`` (one per group of a chunk published by groups), merged into the one before (that group's
+    among the last events) when it continues the same chain in the same tier at the same block size."""
+    _, parent, size, engine, _, _, groups = holding
     hashes = _hashes_of(key, holding)
     tokens = list(engine.token_ids) if engine is not None else []
-    last = events[-1] if events else None
-    if (isinstance(last, Stored) and last.medium == medium and last.hashes[-1] == parent
-            and last.block_size == size and bool(last.token_ids) == bool(tokens)):
-        last.hashes.extend(hashes)
-        last.token_ids.extend(tokens)
-        return
-    events.append(Stored(hashes, parent, medium, size, tokens))
+    for group in groups or (None,):
+        last = _last_of(events, Stored, group, len(groups))
+        if (isinstance(last, Stored) and last.medium == medium and last.hashes[-1] == parent
+                and last.block_size == size and bool(last.token_ids) == bool(tokens)):
+            last.hashes.extend(hashes)
+            last.token_ids.extend(tokens)
+            continue
+        events.append(Stored(list(hashes), parent, medium, size, list(tokens), group))
 
 
-def _append_removed(events: list[Event], hashes: list[int], medium: str) -> None:
-    last = events[-1] if events else None
-    if isinstance(last, Removed) and last.medium == medium:
-        last.hashes.extend(hashes)
-        return
-    events.append(Removed(hashes, medium))
+def _append_removed(events: list[Event], hashes: list[int], medium: str, groups: tuple[Group, ...] = ()) -> None:
+    for group in groups or (None,):
+        last = _last_of(events, Removed, group, len(groups))
+        if isinstance(last, Removed) and last.medium == medium:
+            last.hashes.extend(hashes)
+            continue
+        events.append(Removed(list(hashes), medium, group))
+
+
+def _last_of(events: list[Event], kind: type, group: Group | None, groups: int) -> Event | None:
+    """The event a new one of ``group`` may merge into: the last event (without groups), else that group's among
+    the last ``groups`` events, when they are all of ``kind``."""
+    if group is None:
+        return events[-1] if events else None
+    for event in events[-1:-groups - 1:-1]:
+        if not isinstance(event, kind) or isinstance(event, Cleared):
+            return None
+        if event.group == group:
+            return event
+    return None
 
 
 def snapshot_events(rows: list[tuple[bytes, Holding]]) -> list[Event]:
@@ -214,6 +244,9 @@ def snapshot_packed(rows: list[tuple[bytes, Holding]], fmt: str, incarnation: st
     """``snapshot_events(rows)`` packed as a batch's events element (``fmt``, ``incarnation`` as the publisher's),
     and how many events it holds: assembled from the names each chunk keeps packed, so that no integer is packed
     again (a snapshot of a million engine blocks and their token ids is mostly copying bytes)."""
+    if any(holding[6] for _, holding in rows):   # chunks published by groups (hybrid models): event by event
+        events = encoded_events(snapshot_events(rows), fmt, incarnation)
+        return len(events), array_header(len(events)) + b"".join(packer.pack(e) for e in events)
     parts = [packer.pack(encoded_events([Cleared()], fmt, incarnation)[0])]
     for bit, medium in MEDIA:
         run: PackedRun | None = None
@@ -221,7 +254,7 @@ def snapshot_packed(rows: list[tuple[bytes, Holding]], fmt: str, incarnation: st
         for _, holding in rows:
             if not holding[0] & bit:
                 continue
-            _, parent, size, _, _, (tail, n_hashes, hashes, n_tokens, tokens) = holding
+            _, parent, size, _, _, (tail, n_hashes, hashes, n_tokens, tokens), _ = holding
             hashes = hashes or packed_hash(tail)   # a chunk named by its key packs its one hash only here
             if (run is not None and last == parent and run.block_size == size
                     and bool(run.n_tokens) == bool(n_tokens)):

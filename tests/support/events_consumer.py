@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 import msgspec
@@ -39,6 +40,10 @@ class Consumer:
     # per block hash stored: (parent block hash, its token ids, block size), as llm-d keeps them to rehash
     blocks: dict[int, tuple[int | None, list[int], int]] = field(default_factory=dict)
     ranks: set[int] = field(default_factory=set)    # every batch's data_parallel_rank
+    # events of a KV cache group (``group_idx``: a hybrid model's): per block hash, per group, the media holding
+    # it; a block is ``held`` in the media where every group seen holds it, which is what a load can use
+    by_group: dict[int, dict[int, set[str]]] = field(default_factory=dict)
+    group_kinds: dict[int, str] = field(default_factory=dict)   # group_idx -> its kv_cache_spec_kind
     payloads: list[bytes] = field(default_factory=list)   # every batch applied, as sent
 
     def __post_init__(self) -> None:
@@ -154,6 +159,9 @@ class Consumer:
     def _apply_event(self, event: object) -> None:
         if isinstance(event, self._events.AllBlocksCleared):
             self.held.clear()
+            self.by_group.clear()
+        elif getattr(event, "group_idx", None) is not None:
+            self._apply_group_event(event)
         elif isinstance(event, self._events.BlockStored):
             assert event.medium in ("GPU", "CPU", "STORAGE")
             size, tokens = event.block_size, list(event.token_ids)
@@ -170,6 +178,32 @@ class Consumer:
                 media.discard(event.medium)
                 if not media:
                     del self.held[h]
+
+    def _apply_group_event(self, event: Any) -> None:
+        group = event.group_idx
+        stored = isinstance(event, self._events.BlockStored)
+        if stored:
+            self.group_kinds[group] = event.kv_cache_spec_kind
+            size, tokens, parent = event.block_size, list(event.token_ids), event.parent_block_hash
+        for i, h in enumerate(event.block_hashes):
+            media = self.by_group.setdefault(h, {}).setdefault(group, set())
+            if stored:
+                media.add(event.medium)
+                self.blocks[h] = (parent, tokens[i * size:(i + 1) * size], size)
+                parent = h
+            else:
+                assert event.medium in media, f"removed {h} of group {group} from {event.medium}, not held there"
+                media.discard(event.medium)
+            groups = self.by_group[h]
+            for g in [g for g, m in groups.items() if not m]:
+                del groups[g]
+            usable = set.intersection(*groups.values()) if len(groups) == len(self.group_kinds) else set()
+            if usable:
+                self.held[h] = usable
+            else:
+                self.held.pop(h, None)
+            if not groups:
+                del self.by_group[h]
 
 
 

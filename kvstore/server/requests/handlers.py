@@ -365,6 +365,8 @@ def hello_reply(svc: Service, owner: bytes, transport: str, h: dict,
     svc.key_space(session)   # the key space its keys are mapped into from now on (tenants/key_space.py)
     if svc.event_log is not None:
         svc.event_log.note_block_size(session.namespace, session.chunk_tokens)
+        if req.identity is not None and req.identity.groups:
+            svc.event_log.note_groups(session.namespace, req.identity.groups)
     private = svc.tenants is not None and svc.tenants.tenant_for(session.namespace).restricted
     reply = {
         "version": PROTOCOL_VERSION,

@@ -141,3 +141,12 @@ def test_the_state_travels_inside_the_chunk_bytes():
     for s, d in zip(src[1], dst[1]):
         assert torch.equal(d[7, ..., :size], s[4, ..., :size]) and not d[7, ..., size:].any()
         assert not d[NULL_BLOCK].any()
+
+
+def test_the_groups_are_named_for_the_events_as_vllm_names_them():
+    from kvstore.connectors.vllm.hybrid import event_groups
+
+    assert event_groups(hybrid()) == (("full_attention", None), ("mamba", None))
+    untransferred = hybrid()
+    untransferred.kv_cache_groups[1].enable_kv_transfer = False
+    assert event_groups(untransferred) == ()

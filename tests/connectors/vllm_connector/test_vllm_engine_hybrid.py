@@ -17,15 +17,15 @@ from __future__ import annotations
 import pytest
 
 from conftest import wait_for
+from support.engines.vllm_hybrid import PINNED, differs, loads, zero_states
 from support.engines.vllm_real import (
-    CHUNK, LOGPROB_TOL, assert_same, delta, full_chunks, prompts, stored,
+    CHUNK, assert_same, full_chunks, prompts, stored,
     engine_venv, pool,  # noqa: F401 - fixtures
 )
 
 pytestmark = pytest.mark.timeout(1200)   # three engine starts in one test, on a shared machine
 
 FAMILY = "hybrid-mamba2"
-PINNED = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
 
 
 def engine(pool, name: str, connector: bool = True, **extra):
@@ -36,15 +36,6 @@ def engine(pool, name: str, connector: bool = True, **extra):
     else:
         config["prefix_caching"] = False
     return pool.get(f"hybrid-{name}", **config)
-
-
-def loads(engine_proc, batch, max_tokens: int = 8):
-    """Generate `batch` after vLLM forgot its own cache; returns (outputs, chunks loaded, load failures)."""
-    engine_proc.reset_prefix_cache()
-    before = engine_proc.stats()
-    out = engine_proc.generate(batch, max_tokens)
-    after = engine_proc.stats()
-    return out, delta(after, before, "worker", "chunks_loaded"), delta(after, before, "worker", "load_failures")
 
 
 def test_another_engine_and_a_restarted_daemon_load_attention_kv_and_state(pool, start_daemon):
@@ -68,33 +59,6 @@ def test_another_engine_and_a_restarted_daemon_load_attention_kv_and_state(pool,
 
     assert wait_for(loads_everything, timeout=60, interval=0.5)
     daemon.restart_without_adopting()   # the engine outlives this test and maps the arena
-
-
-def zero_states(daemon, engine_proc, batch) -> None:
-    """Rewrite the stored chunks of `batch` with every recurrent state zeroed (attention KV kept as it was)."""
-    parts = engine_proc.chunk_parts()
-    assert [p["kind"] for p in parts].count("state") >= 1
-    with engine_proc.chunk_client(daemon) as c:
-        for prompt, keys in zip(batch, engine_proc.chunk_keys(batch)):
-            keys = keys[: (len(prompt) - 1) // CHUNK]
-            with c.get(keys) as views:
-                chunks = [bytearray(bytes(v)) for v in views]
-            assert len(chunks) == len(keys)
-            for chunk in chunks:
-                at = 0
-                for part in parts:
-                    if part["kind"] == "state":
-                        chunk[at:at + part["nbytes"]] = bytes(part["nbytes"])
-                    at += part["nbytes"]
-                assert at == len(chunk)
-            assert c.delete(keys) == len(keys)
-            assert c.put(keys, chunks) == len(keys)
-
-
-def differs(got, want) -> bool:
-    """Whether outputs differ from `want` beyond what `assert_same` allows."""
-    worst = max(abs(g["logprobs"][0] - w["logprobs"][0]) for g, w in zip(got, want))
-    return worst > LOGPROB_TOL or any(g["tokens"] != w["tokens"] for g, w in zip(got, want))
 
 
 def test_a_load_without_the_state_would_be_caught(pool, start_daemon):

@@ -77,8 +77,37 @@ def save_model(directory: str, family: str = "dense", seed: int = 0, hidden: int
             linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2, linear_num_value_heads=16,
             mlp_only_layers=[], num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
             shared_expert_intermediate_size=64, initializer_range=0.2, **common)
+    elif family == "hybrid-falcon-h1":  # Falcon-H1 shaped: attention and Mamba-2 side by side in every layer
+        model = tf.FalconH1ForCausalLM, tf.FalconH1Config(
+            num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, mamba_d_ssm=2 * hidden,
+            mamba_n_heads=8, mamba_d_head=hidden * 2 // 8, mamba_d_state=64, mamba_n_groups=1, mamba_d_conv=4,
+            mamba_expand=2, mamba_chunk_size=256, initializer_range=0.2, **common)
+    elif family == "hybrid-nemotron-h":  # Nemotron-H shaped: Mamba-2, MLP and attention blocks, one a layer
+        model = tf.NemotronHForCausalLM, tf.NemotronHConfig(
+            layers_block_type=["mamba", "attention", "mlp", "mamba"][:layers], num_attention_heads=2,
+            num_key_value_heads=1, head_dim=32, mamba_num_heads=8, mamba_head_dim=hidden * 2 // 8,
+            ssm_state_size=64, n_groups=1, conv_kernel=4, expand=2, chunk_size=256, initializer_range=0.2,
+            **common)
+    elif family == "hybrid-zamba2":  # Zamba2 shaped: Mamba-2 layers, a shared attention block every few
+        model = tf.Zamba2ForCausalLM, tf.Zamba2Config(
+            num_hidden_layers=layers, layers_block_type=["mamba", "hybrid"] * (layers // 2), num_attention_heads=2,
+            num_key_value_heads=2, n_mamba_heads=8, mamba_d_state=64, mamba_ngroups=1, mamba_d_conv=4,
+            mamba_expand=2, chunk_size=256, num_mem_blocks=1, use_shared_attention_adapter=False,
+            use_mem_rope=True, initializer_range=0.2, **common)
+    elif family == "hybrid-lfm2":  # LFM2 shaped: gated short convolutions and attention layers in turn
+        model = tf.Lfm2ForCausalLM, tf.Lfm2Config(
+            num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, conv_L_cache=3,
+            layer_types=["conv", "full_attention"] * (layers // 2), initializer_range=0.2,
+            conv_dim=hidden, block_dim=hidden, **common)   # the names vLLM's LFM2 reads (checkpoints carry them)
+    elif family == "gemma4":  # Gemma 4 shaped: sliding and full layers in turn, the last two reusing the KV
+        model = tf.Gemma4ForCausalLM, tf.Gemma4TextConfig(  # of the first two; small per-layer input embeddings
+            num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=64,
+            layer_types=["sliding_attention", "full_attention"] * (layers // 2), num_kv_shared_layers=layers // 2,
+            vocab_size_per_layer_input=common["vocab_size"], hidden_size_per_layer_input=16,
+            initializer_range=0.2, **common)
     else:
-        raise SystemExit(f"unknown model family {family!r}: dense, mla, sliding, hybrid-mamba2 or hybrid-gdn")
+        raise SystemExit(f"unknown model family {family!r}: dense, mla, sliding, hybrid-mamba2, hybrid-gdn, "
+                         "hybrid-falcon-h1, hybrid-nemotron-h, hybrid-zamba2, hybrid-lfm2 or gemma4")
     torch.manual_seed(seed)
     model[0](model[1]).to(torch.float32).save_pretrained(directory)
 

@@ -156,10 +156,12 @@ class EngineProc:
         return [[bytes.fromhex(k) for k in chain] for chain in reply["keys"]]
 
     def chunk_client(self, daemon: Any) -> Any:
-        """A client of `daemon` in this engine's namespace, where its chunk keys name its chunks."""
+        """A client of `daemon` in this engine's namespace, where its chunk keys name its chunks (at the
+        connector's chunk size)."""
         if not self.namespace:
             self.chunk_keys([])
-        return daemon.client(namespace=self.namespace)
+        tokens = (self.config.get("connector") or {}).get("kv_connector_extra_config", {}).get("chunk_tokens", CHUNK)
+        return daemon.client(namespace=self.namespace, chunk_tokens=tokens)
 
     def log_tail(self, n: int = 60) -> str:
         try:
@@ -220,16 +222,19 @@ class EnginePool:
                    TOKENIZERS_PARALLELISM="false")
         return env
 
-    def model(self, family: str = "dense") -> str:
-        """A random-weight model of `family` (`vllm_engine.save_model`), saved once per session."""
-        if family not in self._models:
+    def model(self, family: str = "dense", size: tuple[int, int] | None = None) -> str:
+        """A random-weight model of `family` (`vllm_engine.save_model`; `size`: its hidden size and layer count,
+        else the script's), saved once per session."""
+        name = family if size is None else f"{family}-{size[0]}x{size[1]}"
+        if name not in self._models:
             python = engine_python()
             assert python is not None
-            path = os.path.join(self.workdir, "model" if family == "dense" else f"model-{family}")
-            subprocess.run([python, str(ENGINE_SCRIPT), "save-model", path, family], check=True, env=self.env(),
-                           cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
-            self._models[family] = path
-        return self._models[family]
+            path = os.path.join(self.workdir, "model" if name == "dense" else f"model-{name}")
+            subprocess.run([python, str(ENGINE_SCRIPT), "save-model", path, family, *map(str, size or ())],
+                           check=True, env=self.env(), cwd=str(REPO), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, timeout=300)
+            self._models[name] = path
+        return self._models[name]
 
     def connector(self, role: str = "kv_both", **extra: Any) -> dict[str, Any]:
         """A kv_transfer_config for the kvstore connector on the pool's socket."""
@@ -248,7 +253,8 @@ class EnginePool:
         assert python is not None
         family = config.pop("family", "dense")
         env = {**self.env(), **config.pop("env", {})}
-        config = {"model": self.model(family), "num_blocks": 256, **config}  # 32k tokens of KV: a few MiB
+        size = config.pop("size", None)
+        config = {"model": self.model(family, size), "num_blocks": 256, **config}  # 32k tokens of KV: a few MiB
         if family == "mla":
             # On x86 CPUs with AMX tiles vLLM picks its AMX_MLA backend, which takes bf16/fp16 weights only;
             # these float32 models need the reference CPU_MLA backend on every CPU.
