@@ -65,9 +65,11 @@ def assert_same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
         assert worst <= LOGPROB_TOL, f"prompt {i}: log-probabilities differ by {worst}"
 
 
-def save_model(python: str, directory: str, family: str, env: dict[str, str]) -> str:
-    """A random-weight model of `family` with its word-level tokenizer (``sglang_model.py``), in `directory`."""
-    subprocess.run([python, str(MODEL_SCRIPT), directory, family], check=True, env=env, cwd=os.path.dirname(directory),
+def save_model(python: str, directory: str, family: str, env: dict[str, str], seed: int = 0) -> str:
+    """A random-weight model of `family` with its word-level tokenizer (``sglang_model.py``), in `directory`; its
+    weights are fixed by `seed`."""
+    subprocess.run([python, str(MODEL_SCRIPT), directory, family, str(seed)], check=True, env=env,
+                   cwd=os.path.dirname(directory),
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
     return directory
 
@@ -160,6 +162,13 @@ class SGLangServer:
                         "cached": int(meta.get("cached_tokens") or 0),
                         "from_storage": storage_tokens(meta.get("cached_tokens_details"))})
         return out
+
+    def update_weights_from_disk(self, model_path: str, **fields: Any) -> None:
+        """SGLang's in-place weight update from a checkpoint directory (it flushes the caches after it);
+        `fields`: further fields of the request (``weight_version``)."""
+        reply = self._post("/update_weights_from_disk", {"model_path": model_path, **fields})
+        if not reply.get("success"):
+            raise EngineError(f"/update_weights_from_disk: {reply}\n{self.log_tail()}")
 
     def flush_cache(self, timeout: float = 120.0) -> None:
         """Drop SGLang's own device and host caches (what storage holds stays).
