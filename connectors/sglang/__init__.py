@@ -232,7 +232,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         return self._store.lookup(keys)  # put skips pages already stored: count what is there
 
     def clear(self) -> None:
-        """SGLang's ``/clear_hicache_storage_backend``: nothing saved before is found by this engine after;
+        """SGLang's ``POST /hicache/storage-backend/clear``: nothing saved before is found by this engine after;
         nothing is deleted (other engines share the pages; the daemon evicts them, ``kvstore invalidate`` drops
         them from every tier)."""
         if self._model is not None:

@@ -10,7 +10,13 @@ KV. `ModelKeys.root` (the key root's model part) holds:
   for random ``dummy`` weights, ``--random-seed``);
 - the weights' version: the backend's configured ``weights_version`` and SGLang's own ``weight_version`` (which
   every ``update_weights_from_*`` request that names one records, and ``--weight-version`` sets at start);
-- an epoch, moved by a ``/flush_cache`` after which SGLang's record of its weights says nothing new.
+- an epoch, moved by a ``/flush_cache`` after which SGLang's record of its weights says nothing new;
+- the content fingerprints of the LoRA adapters given at start (``--lora-paths``). SGLang puts a page's adapter in
+  its page hash by an id made of the adapter's name and path only, and the backend never learns which adapter a
+  page belongs to: so every page of an engine started with adapters is keyed by all of them, and an adapter
+  rewritten at the same path and name is a miss in a new engine (the price: engines started with other adapter
+  sets share no page, base-model pages included). Adapters loaded at run time (``/load_lora_adapter``) get a
+  random id from SGLang: their pages are never found by another engine or after a restart.
 
 SGLang calls no backend method when weights change or its caches are flushed, so the backend looks, at every
 storage call, at what SGLang publishes: the model bag's ``model_path`` and ``load_format`` (which
@@ -39,6 +45,7 @@ import xxhash
 
 from kvstore.errors import ConfigError
 
+from ..common.keying import AdapterFingerprints, Unkeyable
 from ..common.model_identity import file_digest, model_identity, model_settings
 
 log = logging.getLogger("kvstore.connectors.sglang")
@@ -92,6 +99,27 @@ def sglang_settings(load_format: str) -> dict[str, Any]:
         load_format=load_format,
         seed=getattr(get_device(), "random_seed", None),
     )
+
+
+def start_adapters() -> str:
+    """A digest of the content fingerprints of the LoRA adapters SGLang was started with, each under SGLang's id
+    for it; "" without adapters.
+
+    Raises:
+        Unkeyable: an adapter's files cannot be read here.
+    """
+    try:
+        from sglang.srt.runtime_context import get_lora
+
+        lora = get_lora()
+        refs = list(lora.lora_paths or []) if getattr(lora, "enable_lora", False) else []
+    except (ImportError, ValueError, AttributeError):
+        return ""
+    if not refs:
+        return ""
+    adapters = AdapterFingerprints()
+    return xxhash.xxh3_64_hexdigest(";".join(sorted(f"{getattr(ref, 'lora_id', '')}={adapters.of(ref)}"
+                                                    for ref in refs)).encode())
 
 
 def checkpoint_path(path: str, revision: str | None = None) -> str:
@@ -173,8 +201,9 @@ class ModelKeys:
         try:
             settings = sglang_settings(record.load_format)
             path = checkpoint_path(record.model_path) if self._mode != "off" else None
-            return model_identity(path, settings, self._mode)
-        except (ConfigError, OSError) as exc:
+            adapters = start_adapters()
+            return model_identity(path, settings, self._mode) + (f".lora-{adapters}" if adapters else "")
+        except (ConfigError, OSError, Unkeyable) as exc:
             # keys of weights no one can name: never found by another engine, never stale
             log.warning("kvstore: %s; this engine's pages are keyed by a value of its own", exc)
             return f"unknown-{uuid.uuid4().hex}"

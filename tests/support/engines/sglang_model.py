@@ -1,6 +1,6 @@
 """Save a small random-weight model and a word-level tokenizer for a real SGLang engine (nothing downloaded).
 
-Run with the engine virtualenv's python: ``python sglang_model.py DIRECTORY [dense [SEED]]``.
+Run with the engine virtualenv's python: ``python sglang_model.py DIRECTORY [dense]``.
 """
 
 from __future__ import annotations
@@ -47,4 +47,4 @@ def save_model(directory: str, family: str = "dense", seed: int = 0) -> None:
 
 
 if __name__ == "__main__":
-    save_model(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "dense", int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+    save_model(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "dense")
