@@ -112,10 +112,21 @@ UPDATED = prompts(2, LENGTH, seed=21)
 
 
 @pytest.fixture(scope="module")
-def new_weights(engine_venv, engine_workdir) -> str:
-    """The same model with other weights (another seed), in a directory of its own."""
-    return save_model(engine_venv, os.path.join(engine_workdir, "model-new"), "dense",
-                      engine_home_env(engine_workdir), seed=1)
+def new_weights(engines, engine_workdir) -> str:
+    """The module's model with other weights (every tensor moved by seeded noise), in a directory of its own."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    directory = os.path.join(engine_workdir, "model-new")
+    shutil.copytree(engines.model, directory)
+    generator = torch.Generator().manual_seed(1)
+    for name in os.listdir(directory):
+        if name.endswith(".safetensors"):
+            path = os.path.join(directory, name)
+            tensors = load_file(path)
+            save_file({k: t + 0.05 * torch.randn(t.shape, generator=generator, dtype=t.dtype)
+                       for k, t in tensors.items()}, path, metadata={"format": "pt"})
+    return directory
 
 
 @pytest.fixture(scope="module")

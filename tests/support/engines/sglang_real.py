@@ -65,11 +65,9 @@ def assert_same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
         assert worst <= LOGPROB_TOL, f"prompt {i}: log-probabilities differ by {worst}"
 
 
-def save_model(python: str, directory: str, family: str, env: dict[str, str], seed: int = 0) -> str:
-    """A random-weight model of `family` with its word-level tokenizer (``sglang_model.py``), in `directory`; its
-    weights are fixed by `seed`."""
-    subprocess.run([python, str(MODEL_SCRIPT), directory, family, str(seed)], check=True, env=env,
-                   cwd=os.path.dirname(directory),
+def save_model(python: str, directory: str, family: str, env: dict[str, str]) -> str:
+    """A random-weight model of `family` with its word-level tokenizer (``sglang_model.py``), in `directory`."""
+    subprocess.run([python, str(MODEL_SCRIPT), directory, family], check=True, env=env, cwd=os.path.dirname(directory),
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
     return directory
 
