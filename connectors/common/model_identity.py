@@ -9,8 +9,11 @@ dtype, a quantization, a RoPE override or a KV cache dtype of its own gives anot
 
 The settings, normalized:
 
-- ``config``: the model's config after the engine's overrides (RoPE scaling and theta among it), without what
-  differs between hosts of one model (its local path, the library's version, private fields);
+- ``config``: the checkpoint's own ``config.json`` with the engine's overrides merged in (`checkpoint_config`:
+  RoPE scaling and theta among them), without what differs between hosts of one model (its local path, the
+  library's version, private fields). Not the engine's parsed config: each engine adds fields of its own to it
+  (SGLang's ``context_len`` and ``v_head_dim``, its own spelling of ``rope_parameters``), so two engines' parsed
+  configs of one checkpoint differ;
 - ``dtype``: the weights' compute dtype, as torch names it without ``torch.`` (``float32``, ``bfloat16``);
 - ``quantization``: the weight quantization method's name, lower case, or None;
 - ``kv_cache_dtype``: the dtype the KV cache is kept in, ``auto`` written as the model's dtype and ``fp8``
@@ -22,14 +25,17 @@ The settings, normalized:
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 import xxhash
 
+from kvstore.errors import ConfigError
+
 from .fingerprint import settings_digest, weights_fingerprint
 
-__all__ = ["model_identity", "model_settings", "portable_config"]
+__all__ = ["checkpoint_config", "model_identity", "model_settings", "portable_config"]
 
 # Load formats that put the checkpoint's own values in the model (others quantize, or make random weights).
 VALUE_PRESERVING_LOAD_FORMATS = frozenset({"auto", "safetensors", "pt", "npcache", "fastsafetensors",
@@ -77,6 +83,34 @@ def model_settings(*, config: dict[str, Any], dtype: Any, quantization: Any = No
         "load_format": load,
         "seed": seed if load == "dummy" else None,
     }
+
+
+def checkpoint_config(path: str | os.PathLike[str] | None, overrides: dict[str, Any] | None = None
+                      ) -> dict[str, Any]:
+    """The checkpoint's ``config.json`` (empty where it has none: a single weight file) with ``overrides`` (the
+    engine's ``hf_overrides`` or ``--json-model-override-args``) merged in, nested dicts key by key.
+
+    Raises:
+        ConfigError: the file is not a JSON object.
+    """
+    config: dict[str, Any] = {}
+    file = os.path.join(path, "config.json") if path is not None and os.path.isdir(path) else None
+    if file is not None and os.path.isfile(file):
+        try:
+            with open(file, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"kvstore: cannot read the model config {file}: {exc}") from None
+        if not isinstance(config, dict):
+            raise ConfigError(f"kvstore: the model config {file} is not a JSON object")
+    return _merged(config, overrides or {})
+
+
+def _merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:

@@ -4,8 +4,8 @@ SGLang names a page by its tokens, `extra_key` and `cache_salt` only; the backen
 KV. `ModelKeys.root` (the key root's model part) holds:
 
 - the model's identity (``common/model_identity.py``): a fingerprint of the weights SGLang loaded (the checkpoint
-  at its published ``model_path``) and a digest of the settings that change KV at the same shape, read from
-  SGLang's own model config (the Hugging Face config after ``--json-model-override-args``, dtype,
+  at its published ``model_path``) and a digest of the settings that change KV at the same shape (the
+  checkpoint's ``config.json`` with ``--json-model-override-args`` merged in, and from SGLang's model config the dtype,
   ``--quantization``, ``--kv-cache-dtype``, the KV scales file ``--quantization-param-path``, the load format and,
   for random ``dummy`` weights, ``--random-seed``);
 - the weights' version: the backend's configured ``weights_version`` and SGLang's own ``weight_version`` (which
@@ -35,6 +35,7 @@ cleared (a flush clears it: its ``mem_state`` is a new tensor). Then:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -46,7 +47,7 @@ import xxhash
 from kvstore.errors import ConfigError
 
 from ..common.keying import AdapterFingerprints, Unkeyable
-from ..common.model_identity import file_digest, model_identity, model_settings
+from ..common.model_identity import checkpoint_config, file_digest, model_identity, model_settings
 
 log = logging.getLogger("kvstore.connectors.sglang")
 
@@ -83,18 +84,21 @@ def disk_updates() -> int:
         return 0
 
 
-def sglang_settings(load_format: str) -> dict[str, Any]:
-    """The normalized settings (``common/model_identity.py``) of the model SGLang built in this process."""
+def sglang_settings(path: str | None, load_format: str) -> dict[str, Any]:
+    """The normalized settings (``common/model_identity.py``) of the model SGLang serves in this process: the
+    checkpoint's config at ``path`` with ``--json-model-override-args`` merged in, and the rest from SGLang's own
+    model config."""
     from sglang.srt.runtime_context import get_device, get_model, process_model_config
 
     config = process_model_config()
-    hf = getattr(config, "hf_config", None)
-    scales = getattr(get_model(), "quantization_param_path", None)
+    model = get_model()
+    overrides = json.loads(getattr(model, "json_model_override_args", None) or "{}")
+    scales = getattr(model, "quantization_param_path", None)
     return model_settings(
-        config=hf.to_dict() if hf is not None and hasattr(hf, "to_dict") else {},
+        config=checkpoint_config(path, overrides if isinstance(overrides, dict) else None),
         dtype=getattr(config, "dtype", ""),
         quantization=getattr(config, "quantization", None),
-        kv_cache_dtype=getattr(get_model(), "kv_cache_dtype", None),
+        kv_cache_dtype=getattr(model, "kv_cache_dtype", None),
         kv_scales=file_digest(scales) if scales else None,
         load_format=load_format,
         seed=getattr(get_device(), "random_seed", None),
@@ -153,8 +157,11 @@ class ModelKeys:
         self._updates = disk_updates()
         self._mark = getattr(pool, "mem_state", None)
         self._epoch = ""
+        self._config_path: str | None = None
         self._identity = self._model_identity(self._record)
         self._root = self._make_root()
+        log.info("kvstore: keys of model %s, weight_version %s", self._identity,
+                 self._record.weight_version if self._record else "-")
 
     def root(self) -> bytes:
         """The model part of the key root for the weights SGLang serves now."""
@@ -199,7 +206,9 @@ class ModelKeys:
         if record is None:
             return "unpublished"          # a backend built outside a server: no model to fingerprint
         try:
-            settings = sglang_settings(record.load_format)
+            if self._config_path is None:   # the config SGLang parsed at start: an update loads weights only
+                self._config_path = _local(record.model_path, self._mode)
+            settings = sglang_settings(self._config_path or None, record.load_format)
             path = checkpoint_path(record.model_path) if self._mode != "off" else None
             adapters = start_adapters()
             return model_identity(path, settings, self._mode) + (f".lora-{adapters}" if adapters else "")
@@ -213,3 +222,13 @@ class ModelKeys:
         text = f"model={self._identity};weights={self._version};sglang_weights={version};epoch={self._epoch}"
         return xxhash.xxh3_128_digest(text.encode())
 
+
+def _local(path: str, mode: str) -> str:
+    """The checkpoint directory at ``path``; "" where it is nowhere on this host and the fingerprint is off (the
+    model's name then stands for its config too)."""
+    try:
+        return checkpoint_path(path)
+    except ConfigError:
+        if mode == "off":
+            return ""
+        raise
