@@ -137,10 +137,10 @@ def updated(engines, reference, new_weights, kv_daemon) -> dict[str, list[dict[s
     engine = engines.current
     before = stored(kv_daemon)
     old = engine.generate(UPDATED)
-    assert wait_for(lambda: stored(kv_daemon) >= before + saved_pages(UPDATED), timeout=60)
+    assert wait_for(lambda: stored(kv_daemon) >= before + saved_pages(UPDATED), timeout=120)
     engine.update_weights_from_disk(new_weights, weight_version="step-1")
     new = engine.generate(UPDATED)
-    assert wait_for(lambda: stored(kv_daemon) >= before + 2 * saved_pages(UPDATED), timeout=60)
+    assert wait_for(lambda: stored(kv_daemon) >= before + 2 * saved_pages(UPDATED), timeout=120)
     return {"old": old, "new": new}
 
 
