@@ -195,7 +195,7 @@ class ModelKeys:
             self._epoch = ""                     # SGLang's record names the weights now served
         elif flushed and self._reset_on_flush:
             self._epoch = f"reset-{uuid.uuid4().hex}"
-        if flushed or reloaded or record != old:
+        if reloaded or record != old or (flushed and self._reset_on_flush):
             log.info("kvstore: keys follow the weights now served (model %s, weight_version %s%s)",
                      self._identity, record.weight_version if record else "-",
                      f", {self._epoch}" if self._epoch else "")

@@ -87,10 +87,7 @@ def backend_config(address: str, **extra: Any) -> dict[str, Any]:
 
 def hicache_flags(address: str, layout: str = "layer_first", **extra: Any) -> list[str]:
     """HiCache with the kvstore backend: host pool in `layout`, pages moved by the `direct` I/O backend."""
-    # An explicit host pool ratio: SGLang otherwise sizes it from free host memory less a 10 GiB reserve, and
-    # refuses to start on a machine whose other processes leave less than that free
-    return ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-io-backend", "direct",
-            "--hicache-mem-layout", layout,
+    return ["--enable-hierarchical-cache", "--hicache-io-backend", "direct", "--hicache-mem-layout", layout,
             "--hicache-storage-backend", "dynamic",
             "--hicache-storage-backend-extra-config", json.dumps(backend_config(address, **extra))]
 
