@@ -21,7 +21,12 @@ pages in place by their host indices, without a staging page. A daemon that is
 down or erroring means misses and dropped writes, never an error in SGLang.
 
 Extra config: `address`, `timeout` (default 2 s), `retry_s` (default 5 s),
-`model_id` (default: SGLang's model name), `cache_salt`.
+`model_id` (default: SGLang's model name), `cache_salt`, `fingerprint`
+("sampled", "full" or "off": how the weights are fingerprinted into every key),
+`weights_version` (the weights' version at start), `reset_on_flush` (default
+true: a `/flush_cache` that follows no change SGLang records of its weights
+makes everything saved before it unreachable to this engine). Keys follow the
+weights SGLang serves, through `update_weights_from_*`: ``identity.py``.
 
 Families (`kvstore.connectors.common.families`):
 
@@ -52,12 +57,14 @@ import torch
 import xxhash
 
 import kvstore
+from kvstore.errors import ConfigError
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
 )
 
+from ..common.fingerprint import MODES
 from ..common.families import ChunkLayout, Family, Unsupported, mla_layout
 from ..common.layout import (
     MLA_PAGE_LAYOUTS,
@@ -71,6 +78,7 @@ from ..common.layout import (
 from ..common.report import on_report, refuse
 from ..common.identity import engine_identity
 from ..common.store import ChunkStore, DaemonLink
+from .identity import ModelKeys
 
 log = logging.getLogger("kvstore.connectors.sglang")
 
@@ -88,6 +96,11 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self._retry_s = float(extra.get("retry_s", 5.0))
         self._model_id = str(extra.get("model_id") or storage_config.model_name or "unknown-model")
         self._salt = str(extra.get("cache_salt", ""))
+        self._fingerprint = str(extra.get("fingerprint", "sampled"))
+        if self._fingerprint not in MODES:
+            raise ConfigError(f"kvstore fingerprint must be one of {', '.join(MODES)}, not {self._fingerprint!r}")
+        self._weights_version = str(extra.get("weights_version", ""))
+        self._reset_on_flush = _flag(extra.get("reset_on_flush", True), "reset_on_flush")
         dp_rank = int(getattr(storage_config, "dp_rank", 0) or 0)
         # Who this engine is to its router (the daemon publishes its namespace's KV cache events on its topic)
         self._identity = engine_identity(extra.get("engine_id"), extra.get("served_model_name"),
@@ -97,6 +110,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self._layout = ""
         self._planes = 2
         self._root = b""
+        self._model: ModelKeys | None = None
         self._off_report: kvstore.Client | None = None  # holds the daemon's view of this backend as off
 
     # -- set-up ------------------------------------------------------------------------------------------
@@ -117,14 +131,18 @@ class KVStoreHiCacheStorage(HiCacheStorage):
                              connect={**report, "identity": self._identity,
                                       "namespace": session_namespace(f"sglang:{self._model_id}", self._salt)},
                              retry_s=self._retry_s)
+        self._model = ModelKeys(mem_pool_host, self._fingerprint, self._weights_version, self._reset_on_flush)
         self._store = ChunkStore(link, ns, geometry)
         self._layout = mem_pool_host.layout
         self._planes = geometry.planes
         self._root = kvstore.keys.namespace_root(ns)
 
     def _keys(self, keys: list[str]) -> list[bytes]:
-        """SGLang's page hashes (already chained over the prefix) re-keyed under our namespace."""
-        return [xxhash.xxh3_128_digest(self._root + k.encode()) for k in keys]
+        """SGLang's page hashes (already chained over the prefix) re-keyed under our namespace and the identity
+        of the weights SGLang serves now."""
+        assert self._model is not None   # keys are made only while the store is connected
+        root = self._root + self._model.root()
+        return [xxhash.xxh3_128_digest(root + k.encode()) for k in keys]
 
     def _parent(self, extra_info: HiCacheStorageExtraInfo | None) -> list[bytes]:
         prefix = extra_info.prefix_keys if extra_info is not None else None
@@ -214,10 +232,22 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         return self._store.lookup(keys)  # put skips pages already stored: count what is there
 
     def clear(self) -> None:
-        return  # pages are shared with other engines; the daemon evicts them
+        """SGLang's ``POST /hicache/storage-backend/clear``: nothing saved before is found by this engine after;
+        nothing is deleted (other engines share the pages; the daemon evicts them, ``kvstore invalidate`` drops
+        them from every tier)."""
+        if self._model is not None:
+            self._model.reset()
 
     def get_stats(self) -> None:
         return None
+
+
+def _flag(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        return value.lower() in ("true", "1")
+    raise ConfigError(f"kvstore {name} must be true or false, not {value!r}")
 
 
 def shard_fields(config: HiCacheStorageConfig) -> list[str]:

@@ -30,7 +30,9 @@ import xxhash
 
 from kvstore.errors import ConfigError
 
-from ..common.fingerprint import settings_digest, weights_fingerprint
+from ..common.model_identity import checkpoint_config
+from ..common.model_identity import model_identity as common_identity
+from ..common.model_identity import model_settings as common_settings
 from ..common.keying import AdapterFingerprints, RequestKeys, Unkeyable, WeightsEpoch, encode
 
 __all__ = ["AdapterFingerprints", "RequestKeys", "Unkeyable", "WeightsEpoch", "extend", "model_identity",
@@ -124,7 +126,8 @@ def _check_fields(request: "Request") -> None:
 
 
 def model_identity(vllm_config: "VllmConfig", mode: str) -> str:
-    """The model's identity in the key root: the weights' fingerprint (``mode`` "sampled" or "full"; "off": the
+    """The model's identity in the key root (``common/model_identity.py``, the same for every engine that loads
+    the same weights with the same settings): the weights' fingerprint (``mode`` "sampled" or "full"; "off": the
     model's name stands for its weights) and a digest of every setting that changes KV at the same shape.
 
     Raises:
@@ -133,14 +136,8 @@ def model_identity(vllm_config: "VllmConfig", mode: str) -> str:
     model = getattr(vllm_config, "model_config", None)
     if model is None:
         return "no-model"   # a config without a model (vLLM's own unit harnesses): nothing to fingerprint
-    settings = model_settings(vllm_config)
-    if mode == "off":
-        weights = "off"
-    elif settings.get("load_format") == "dummy":
-        weights = "dummy"    # random weights from the seed (in the settings)
-    else:
-        weights = weights_fingerprint(checkpoint_path(model), mode).digest
-    return f"{weights}.{settings_digest(settings)}"
+    path = checkpoint_path(model) if mode != "off" or os.path.exists(str(model.model)) else None
+    return common_identity(path, model_settings(vllm_config, path), mode)
 
 
 def checkpoint_path(model: Any) -> str:
@@ -158,31 +155,24 @@ def checkpoint_path(model: Any) -> str:
                           f"model_id that names these weights exactly") from None
 
 
-def model_settings(vllm_config: "VllmConfig") -> dict[str, Any]:
-    """Every setting of the engine that changes KV values at the same shape and dtype: the model's config
-    (RoPE scaling and theta, after ``hf_overrides``), the dtype, quantization, ``hf_overrides`` themselves, the
-    cache config's dtype and scale settings (the KV cache dtype, which layers skip it, how its scales are found),
-    and the load format (with the seed for random weights)."""
+def model_settings(vllm_config: "VllmConfig", path: str | None = None) -> dict[str, Any]:
+    """Every setting of the engine that changes KV values at the same shape and dtype, as every engine writes it
+    (``common/model_identity.py``): the checkpoint's config with ``hf_overrides`` merged in (RoPE scaling and
+    theta), the dtype, quantization, the KV cache dtype and whether its scales are computed, and the load format
+    (with the seed for random weights). Overrides given as a function cannot be merged into the checkpoint's
+    config: vLLM's parsed config and the function's name stand for them (no other engine shares that)."""
     model = vllm_config.model_config
     cache = vllm_config.cache_config
-    hf = getattr(model, "hf_config", None)
-    config = hf.to_dict() if hf is not None and hasattr(hf, "to_dict") else {}
-    load = getattr(getattr(vllm_config, "load_config", None), "load_format", None)
     overrides = getattr(model, "hf_overrides", None)
-    return {
-        "hf_config": _portable(config),
-        "dtype": str(getattr(model, "dtype", "")),
-        "quantization": getattr(model, "quantization", None),
-        "hf_overrides": getattr(overrides, "__qualname__", None) if callable(overrides) else overrides,
-        # the KV cache dtype and how its scales are found, whatever the version names them
-        "kv_cache": {k: str(v) for k, v in sorted(vars(cache).items()) if "dtype" in k or "scale" in k},
-        "load_format": str(load) if load is not None else None,
-        "seed": getattr(model, "seed", None) if str(load) == "dummy" else None,
-    }
-
-
-def _portable(config: dict[str, Any]) -> dict[str, Any]:
-    """A model config without what differs between hosts of the same model (its local path, the library's
-    version, private fields)."""
-    return {str(k): _portable(v) if isinstance(v, dict) else v for k, v in config.items()
-            if not (isinstance(k, str) and (k.startswith("_") or k in ("transformers_version", "name_or_path")))}
+    if callable(overrides):
+        hf = getattr(model, "hf_config", None)
+        config = {"parsed": hf.to_dict() if hf is not None and hasattr(hf, "to_dict") else {},
+                  "hf_overrides": getattr(overrides, "__qualname__", None)}
+    else:
+        config = checkpoint_config(path, overrides if isinstance(overrides, dict) else None)
+    load = getattr(getattr(vllm_config, "load_config", None), "load_format", None)
+    return common_settings(
+        config=config, dtype=getattr(model, "dtype", ""), quantization=getattr(model, "quantization", None),
+        kv_cache_dtype=getattr(cache, "cache_dtype", None),
+        kv_scales="computed" if getattr(cache, "calculate_kv_scales", False) else None,
+        load_format=str(load) if load is not None else None, seed=getattr(model, "seed", None))

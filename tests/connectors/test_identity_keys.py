@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 import kvstore
 from kvstore.connectors.common.fingerprint import WINDOW, WINDOWS, settings_digest, weights_fingerprint
 from kvstore.connectors.common.keying import WEIGHTS_VERSION_PARAM, Unkeyable, WeightsEpoch, encode
+from kvstore.connectors.common.model_identity import model_identity, model_settings
 from kvstore.errors import ConfigError
 
 TOKENS = list(range(64))
@@ -120,3 +121,43 @@ def test_a_reset_moves_the_epoch_and_a_named_version_is_shared():
     assert epoch.of(named) == WeightsEpoch("other").of(named) == "named-step-7"
     with pytest.raises(Unkeyable):
         epoch.of(_Request({WEIGHTS_VERSION_PARAM: 7}))
+
+
+# -- the engine-neutral model identity (common/model_identity.py) -------------------------------------------
+
+LLAMA = {"model_type": "llama", "rope_theta": 10000.0, "_name_or_path": "/here", "transformers_version": "9"}
+
+
+def test_each_engine_spelling_of_a_setting_gives_one_identity(tmp_path):
+    """What two engines call the same setting in their own words is written one way: torch's dtype object or its
+    name, "auto" or the model's dtype for the KV cache, "fp8" or "fp8_e4m3", a value-preserving load format or
+    none; the config's local path and library version do not count."""
+    path = checkpoint(tmp_path / "m", seed=0)
+    one = model_settings(config=LLAMA, dtype=torch.float32, kv_cache_dtype="auto", load_format="safetensors")
+    two = model_settings(config={**LLAMA, "_name_or_path": "/there", "transformers_version": "10"},
+                         dtype="float32", kv_cache_dtype="torch.float32", load_format=None)
+    assert model_identity(path, one) == model_identity(shutil.copytree(path, tmp_path / "copy"), two)
+    fp8 = model_settings(config=LLAMA, dtype="bfloat16", kv_cache_dtype="fp8")
+    assert fp8 == model_settings(config=LLAMA, dtype="torch.bfloat16", kv_cache_dtype="fp8_e4m3")
+
+
+@pytest.mark.parametrize("change", [
+    {"config": {**LLAMA, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}},
+    {"dtype": "bfloat16"}, {"quantization": "fp8"}, {"kv_cache_dtype": "fp8_e5m2"}, {"kv_scales": "computed"},
+    {"load_format": "bitsandbytes"},
+])
+def test_a_setting_that_changes_kv_at_one_shape_changes_the_identity(tmp_path, change):
+    path = checkpoint(tmp_path / "m", seed=0)
+    base = {"config": LLAMA, "dtype": "float32"}
+    assert model_identity(path, model_settings(**{**base, **change})) != model_identity(path, model_settings(**base))
+
+
+def test_random_weights_are_named_by_their_seed_and_off_by_the_name(tmp_path):
+    dummy = model_settings(config=LLAMA, dtype="float32", load_format="dummy", seed=0)
+    assert model_identity(None, dummy).startswith("dummy.")
+    assert model_identity(None, dummy) != model_identity(None, {**dummy, "seed": 1})
+    path = checkpoint(tmp_path / "m", seed=0)
+    plain = model_settings(config=LLAMA, dtype="float32")
+    assert model_identity(path, plain, "off") == model_identity(checkpoint(tmp_path / "n", seed=1), plain, "off")
+    with pytest.raises(ConfigError):
+        model_identity(tmp_path / "empty", plain)

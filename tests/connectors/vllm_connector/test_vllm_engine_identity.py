@@ -1,12 +1,13 @@
 """A chunk is keyed by everything that shapes its KV, in real vLLM engines (the CPU build) with a real daemon.
 
 Each case runs the same token ids where the KV differs: under two LoRA adapters and none, as two sets of prompt
-embeddings, after an in-place weight update and ``reset_prefix_cache(reset_connector=True)``, and from a
-checkpoint rewritten at the same path. Every output is compared with plain prefill (an engine with no
-connector and no prefix caching, given the same adapter, embeddings or weights): the same greedy tokens, the
-same log-probabilities to float32 rounding; and the counters say what was loaded. Two engines serve the whole
-module (the plain reference and the engine under test, both with adapters and prompt embeddings on), over a
-checkpoint of its own: an engine start takes minutes on a loaded machine.
+embeddings, after an in-place weight update and ``reset_prefix_cache(reset_connector=True)``, from a checkpoint
+rewritten at the same path, and after two images and none in a vision-language model. Every output is compared with
+plain prefill (an engine with no connector and no prefix caching, given the same adapter, embeddings or weights):
+the same greedy tokens, the same log-probabilities to float32 rounding; and the counters say what was loaded. Two
+engines serve the whole module (the plain reference and the engine under test, both with adapters and prompt
+embeddings on), over a checkpoint of its own, and the vision-language case two of its own: an engine start takes
+minutes on a loaded machine.
 """
 
 from __future__ import annotations
@@ -209,3 +210,26 @@ def test_weights_updated_in_place_then_reset_load_nothing_saved_before(pool, che
     assert delta(engine.stats(), before, "worker", "chunks_loaded") == full_chunks(batch)
     assert engine.stats()["scheduler"]["resets"] == 2
     pool.keep()   # the engines' weights are no longer their checkpoint's
+
+
+def test_images_are_keyed_by_their_content_in_a_vision_language_model(pool, kv_daemon):
+    """A BLIP-2 shaped model (``vllm_engine.save_vlm``) whose processor puts an image's placeholders before the
+    prompt: the same token ids after another image, or none, load nothing; after the same image, every chunk."""
+    batch = prompts(1, 568, seed=131)   # with the image's 32 placeholders, two chunks and some
+    ref = pool.get("vlm-plain", family="vlm", prefix_caching=False, images=1)
+    want = {image: ref.generate(batch, images=[image]) for image in (1, 2, None)}
+    for other in (2, None):   # the image changes the output, far beyond rounding
+        assert max(abs(a - b) for a, b in zip(want[1][0]["logprobs"], want[other][0]["logprobs"])) > 1e-2
+    engine = pool.get("vlm", family="vlm", connector=pool.connector(), images=1)
+    held = reconnected(engine, kv_daemon)
+    assert_same(engine.generate(batch, images=[1]), want[1])
+    chunks = (len(batch[0]) + 32 - 1) // CHUNK
+    assert wait_for(lambda: stored(kv_daemon) == held + chunks)
+    for image in (2, None):
+        out, loaded = loads_of(engine, batch, images=[image])
+        assert_same(out, want[image])
+        assert loaded == 0
+    out, loaded = loads_of(engine, batch, images=[1])
+    assert_same(out, want[1])
+    assert loaded == chunks
+    pool.keep()

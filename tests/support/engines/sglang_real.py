@@ -161,6 +161,13 @@ class SGLangServer:
                         "from_storage": storage_tokens(meta.get("cached_tokens_details"))})
         return out
 
+    def update_weights_from_disk(self, model_path: str, **fields: Any) -> None:
+        """SGLang's in-place weight update from a checkpoint directory (it flushes the caches after it);
+        `fields`: further fields of the request (``weight_version``)."""
+        reply = self._post("/update_weights_from_disk", {"model_path": model_path, **fields})
+        if not reply.get("success"):
+            raise EngineError(f"/update_weights_from_disk: {reply}\n{self.log_tail()}")
+
     def flush_cache(self, timeout: float = 120.0) -> None:
         """Drop SGLang's own device and host caches (what storage holds stays).
 

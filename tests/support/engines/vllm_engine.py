@@ -17,7 +17,9 @@ an engine start costs ~15 s, so one process serves every test of a configuration
         steps reply {"paused": n} and wait for a line (any) before going on, so the test can act mid-run)
         (`loras` [{"name", "id", "path"} | null, ...]: each prompt's LoRA adapter (config `lora`: the
         largest rank); `embeds` [{"seed", "scale"} | null, ...]: the prompt given as random prompt embeddings of
-        its length drawn from the seed instead of its token ids (config `prompt_embeds`))
+        its length drawn from the seed instead of its token ids (config `prompt_embeds`); `images` [seed | null,
+        ...]: each prompt's image, random pixels drawn from the seed (config `images`: images per prompt; the
+        model's processor inserts the image's placeholder tokens))
     {"op": "reset_prefix_cache", "reset_connector": false} -> {"ok": true}   (vLLM forgets its own cached
         blocks; with `reset_connector`, the connector's `reset_cache()` too)
     {"op": "update_weights", "seed": n, "scale": s} -> {"ok": true}   (every weight += s * noise from the
@@ -43,10 +45,14 @@ from typing import Any, Callable
 def save_model(directory: str, family: str = "dense", seed: int = 0, hidden: int = 128, layers: int = 4) -> None:
     """A small model of one family with random float32 weights (nothing downloaded): `dense` (Llama, head size
     32, which the CPU attention backend supports), `mla` (DeepSeek-V2-shaped: kv_lora_rank 512,
-    qk_rope_head_dim 64) or `sliding` (Gemma-3-shaped: sliding-window layers of window 64, then a full one)."""
+    qk_rope_head_dim 64), `sliding` (Gemma-3-shaped: sliding-window layers of window 64, then a full one) or
+    `vlm` (`save_vlm`)."""
     import torch
     import transformers as tf
 
+    if family == "vlm":
+        save_vlm(directory, seed)
+        return
     common = dict(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, max_position_embeddings=8192,
                   torch_dtype="float32")
     if family == "dense":
@@ -107,9 +113,51 @@ def save_model(directory: str, family: str = "dense", seed: int = 0, hidden: int
             initializer_range=0.2, **common)
     else:
         raise SystemExit(f"unknown model family {family!r}: dense, mla, sliding, hybrid-mamba2, hybrid-gdn, "
-                         "hybrid-falcon-h1, hybrid-nemotron-h, hybrid-zamba2, hybrid-lfm2 or gemma4")
+                         "hybrid-falcon-h1, hybrid-nemotron-h, hybrid-zamba2, hybrid-lfm2, gemma4 or vlm")
     torch.manual_seed(seed)
     model[0](model[1]).to(torch.float32).save_pretrained(directory)
+
+
+def save_vlm(directory: str, seed: int = 0) -> None:
+    """A BLIP-2 shaped vision-language model with its processor and a word-level tokenizer: a ViT of 56x56 images in
+    14-pixel patches, a Q-Former whose 32 query tokens the processor puts before the prompt as ``<image>`` (id
+    4: enough of them that an image moves a prompt of a few hundred tokens' output clearly), and an OPT language
+    model (vocabulary 512, hidden 128, 2 layers). Its modules and processor import no torchvision (which has no
+    build for the CPU torch of the engine's virtualenv; vLLM's LLaVA, PaliGemma, Qwen-VL, Gemma 3 and Mistral 3
+    paths import it)."""
+    import torch
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "<image>": 4, **{f"w{i}": i for i in range(5, 512)}}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = tf.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", bos_token="<s>",
+                                           eos_token="</s>", pad_token="<pad>",
+                                           extra_special_tokens={"image_token": "<image>"})
+    images = tf.BlipImageProcessor(size={"height": 56, "width": 56})
+    processor = tf.Blip2Processor(image_processor=images, tokenizer=tokenizer, num_query_tokens=32)
+    vision = tf.Blip2VisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                  image_size=56, patch_size=14)
+    qformer = tf.Blip2QFormerConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                    num_attention_heads=4, encoder_hidden_size=64, vocab_size=512)
+    text = tf.OPTConfig(vocab_size=512, hidden_size=128, ffn_dim=256, num_hidden_layers=2, num_attention_heads=4,
+                        word_embed_proj_dim=128, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+                        pad_token_id=3, torch_dtype="float32")
+    config = tf.Blip2Config(vision_config=vision.to_dict(), qformer_config=qformer.to_dict(),
+                            text_config=text.to_dict(), num_query_tokens=32, image_token_index=4,
+                            torch_dtype="float32")
+    torch.manual_seed(seed)
+    tf.Blip2ForConditionalGeneration(config).to(torch.float32).save_pretrained(directory)
+    processor.save_pretrained(directory)
+
+
+def image(seed: int) -> Any:
+    """A 56x56 image of random pixels drawn from `seed`."""
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (56, 56, 3), dtype=np.uint8))
 
 
 class Engine:
@@ -133,6 +181,9 @@ class Engine:
             kwargs.update(enable_lora=True, max_lora_rank=int(config["lora"]), max_loras=2)
         if config.get("prompt_embeds"):
             kwargs["enable_prompt_embeds"] = True
+        if config.get("images"):   # the model's processor makes the placeholders: it needs the tokenizer
+            kwargs.update(limit_mm_per_prompt={"image": int(config["images"])}, skip_tokenizer_init=False,
+                          max_model_len=2048)
         self.llm = LLM(**kwargs)
         self.engine = self.llm.llm_engine
         self._next_id = 0
@@ -142,7 +193,8 @@ class Engine:
                  pause: Callable[[int], None] | None = None, salts: list[str | None] | None = None,
                  kv_transfer_params: list[dict[str, Any] | None] | None = None,
                  loras: list[dict[str, Any] | None] | None = None,
-                 embeds: list[dict[str, Any] | None] | None = None) -> dict[str, Any]:
+                 embeds: list[dict[str, Any] | None] | None = None,
+                 images: list[int | None] | None = None) -> dict[str, Any]:
         from vllm import SamplingParams
 
         abort_at = {int(i): int(n) for i, n in (abort or {}).items()}
@@ -158,6 +210,8 @@ class Engine:
             inputs: dict[str, Any] = {"prompt_token_ids": list(prompt)}
             if embeds and embeds[i] is not None:
                 inputs = {"prompt_embeds": self._embeddings(len(prompt), **embeds[i])}
+            if images and images[i] is not None:
+                inputs["multi_modal_data"] = {"image": image(images[i])}
             if salts and salts[i] is not None:
                 inputs["cache_salt"] = salts[i]
             lora = None
