@@ -37,6 +37,14 @@ from tests.support.engines.sglang_real import (
 
 ARMS = ("hicache", "file", "mooncake", "kvstore")
 SERVED_NAME = "bench"
+SITE = Path(__file__).resolve().parent / "sglang_site"   # what the benchmark adds to the CPU shim (its docstring)
+
+
+def bench_env(workdir: str) -> dict[str, str]:
+    """The engine tests' environment for SGLang (`engine_env`), with the benchmark's `sitecustomize` first."""
+    env = engine_env(workdir)
+    env["PYTHONPATH"] = f"{SITE}{os.pathsep}{env['PYTHONPATH']}"
+    return env
 
 
 @dataclass(frozen=True)
@@ -127,7 +135,7 @@ class Server(SGLangServer):
                    "--port", str(self.port), *flags]
         self._log = open(self.log_path, "ab")
         before = set(glob.glob(LOAD_SNAPSHOT_GLOB))
-        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=engine_env(workdir),
+        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=bench_env(workdir),
                                      cwd=rundir, start_new_session=True)
         self._wait_ready()
         self.own_shm = set(glob.glob(LOAD_SNAPSHOT_GLOB)) - before
@@ -162,7 +170,7 @@ def bench_serving(venv: Venv, workdir: str, url: str, model: str, trace: str, nu
     rundir = os.path.join(workdir, "client")
     os.makedirs(rundir, exist_ok=True)
     with open(log, "wb") as f:
-        done = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=engine_env(workdir), cwd=rundir,
+        done = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=bench_env(workdir), cwd=rundir,
                               timeout=1800, check=False)
     records = []
     if os.path.exists(out):

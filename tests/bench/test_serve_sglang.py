@@ -184,3 +184,26 @@ def test_quick_runs_write_elsewhere():
     source = (REPO / "bench" / "serve_sglang.py").read_text()
     assert 'write_result("serve-sglang", result, quick=args.quick, out=args.out)' in source
     assert os.path.basename(RESULT) == "serve-sglang-latest.json"
+
+
+def test_the_page_first_direct_stand_ins_move_each_token_row_to_its_page_slot_and_back():
+    """The CPU stand-ins for SGLang's `page_first_direct` direct I/O (its Mooncake backend's host layout): device
+    rows written to host slots land at [page, layer, offset] of each plane, and come back to other device rows."""
+    torch = pytest.importorskip("torch")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_site", REPO / "bench" / "sglang_site" / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)   # without SGLANG_USE_CPU_ENGINE it installs nothing
+    layers, page, pages, heads, dim = 3, 4, 5, 2, 8
+    device = [torch.randn(32, heads, dim) for _ in range(2 * layers)]           # K's layers, then V's
+    host = [torch.zeros(pages, layers, page, heads, dim) for _ in range(2)]
+    src, dst = torch.tensor([3, 9, 10, 11]), torch.tensor([8, 9, 10, 11])      # device rows -> host page 2
+    site.transfer_kv_all_layer_direct_lf_pf(device, host, src, dst, page)
+    for plane in range(2):
+        for layer in range(layers):
+            assert torch.equal(host[plane][2, layer], device[plane * layers + layer][src])
+    assert host[0][[0, 1, 3, 4]].abs().sum() == 0
+    back = [torch.zeros(32, heads, dim) for _ in range(2)]
+    site.transfer_kv_per_layer_direct_pf_lf(host, back, dst, torch.tensor([0, 1, 2, 3]), 1, page)
+    assert torch.equal(back[0][:4], device[1][src]) and torch.equal(back[1][:4], device[layers + 1][src])
