@@ -85,17 +85,17 @@ class Profile:
     repeats: int = 3
     concurrency: int = 2
     page: int = 16
-    pool_tokens: int = 4096            # the engine's paged KV pool (--max-total-tokens)
+    pool_tokens: int = 2048            # the engine's paged KV pool (--max-total-tokens)
     hicache_ratio: float = 2.0         # HiCache's host pool / the device pool
     store_mib: int = 1024              # kvstore's host tier, Mooncake's storage node (the same DRAM)
-    max_blocks: int = 8                # hash ids a prompt is cut to
+    max_blocks: int = 6                # hash ids a prompt is cut to
     output_tokens: int = 8
-    restart_conversations: int = 8
+    restart_conversations: int = 6
     restart_span_ms: int = 4000        # each half's arrivals, squeezed into this
     kv_fraction: float = 0.25          # working_set: the engine's KV pool / the trace's working set
-    ws_span_ms: int = 10000
-    unique_requests: int = 8
-    unique_blocks: int = 8
+    ws_span_ms: int = 8000
+    unique_requests: int = 6
+    unique_blocks: int = 6
     check_prompts: int = 2
     check_tokens: int = 6
     check_length: int = 40 * 16        # tokens of an agreement prompt (SGLang asks storage past 256 new ones)
@@ -112,9 +112,9 @@ class Profile:
 
 
 FULL = Profile("full", hidden=512, layers=4, heads=8, kv_heads=2)
-QUICK = Profile("quick", hidden=128, layers=2, heads=4, kv_heads=2, repeats=1, pool_tokens=2048, store_mib=256,
-                max_blocks=6, restart_conversations=4, restart_span_ms=2000, ws_span_ms=4000, unique_requests=3,
-                unique_blocks=6, check_prompts=1, check_tokens=4)
+QUICK = Profile("quick", hidden=128, layers=2, heads=4, kv_heads=2, repeats=1, store_mib=256, restart_conversations=4,
+                kv_fraction=0.5, restart_span_ms=2000, ws_span_ms=4000, unique_requests=3, check_prompts=1,
+                check_tokens=4)
 
 
 def parse_scenarios(text: str) -> list[str]:
@@ -278,8 +278,18 @@ class Bench:
         if self.real_restart:
             self.engines[arm].close()
             self.engines[arm] = self.start_engine(arm)
+            self.use(arm)
         else:
             self.engines[arm].flush_cache()
+        return self.engines[arm]
+
+    def use(self, arm: str) -> Server:
+        """`arm`'s engine, running, every other arm's paused (`Server.pause`)."""
+        assert self.engines is not None
+        for name, engine in self.engines.items():
+            if name != arm:
+                engine.pause()
+        self.engines[arm].resume()
         return self.engines[arm]
 
     def clear(self, arm: str) -> None:
@@ -287,8 +297,7 @@ class Bench:
         Mooncake backends, a fresh daemon for kvstore (its backend deletes nothing when SGLang asks: other
         engines share the pages); then one request new to every cache, so the backend has found its store again
         before the measured requests (and `/flush_cache` drops it)."""
-        assert self.engines is not None
-        engine = self.engines[arm]
+        engine = self.use(arm)
         engine.flush_cache()
         if arm in ("file", "mooncake"):
             engine.clear_storage()
@@ -337,7 +346,7 @@ def agreement(bench: Bench) -> dict[str, Any]:
     p = bench.profile
     rng = random.Random(7)
     prompts = [[rng.randrange(14, 512) for _ in range(p.check_length)] for _ in range(p.check_prompts)]
-    plain = bench.engines["hicache"]
+    plain = bench.use("hicache")
     plain.flush_cache()
     want = plain.generate(prompts, p.check_tokens)
     if any(w["cached"] for w in want):
