@@ -44,8 +44,8 @@ from bench.serve_sglang_engine import (
     EngineShape,
     Server,
     Venv,
+    Client,
     base_flags,
-    bench_serving,
     find_venv,
     mooncake_binaries,
     storage_flags,
@@ -221,6 +221,7 @@ class Bench:
     mooncake: Any = None
     files: str = ""
     engines: dict[str, Server] | None = None
+    client: Client | None = None
     counter: int = 0
 
     def setup(self) -> None:
@@ -248,6 +249,7 @@ class Bench:
                                             master=binaries[0], node=binaries[1]).start()
         self.engines = {}
         errors: dict[str, BaseException] = {}
+        self.client = Client(self.venv, self.workdir)
 
         def start(arm: str) -> None:
             try:
@@ -262,6 +264,7 @@ class Bench:
             t.join()
         if errors:
             raise RuntimeError("; ".join(f"{arm}: {str(e).splitlines()[0]}" for arm, e in errors.items()))
+        self.client.wait_ready()
 
     def store_of(self, arm: str) -> Any:
         return {"file": self.files, "mooncake": self.mooncake, "kvstore": self.daemon and self.daemon.ipc}.get(arm)
@@ -309,13 +312,15 @@ class Bench:
         engine.flush_cache()
 
     def replay(self, arm: str, trace: tuple[str, int], concurrency: int | None = None) -> dict[str, Any]:
-        assert self.engines is not None
+        assert self.engines is not None and self.client is not None
         self.counter += 1
-        record = bench_serving(self.venv, self.workdir, self.engines[arm].url, self.model, trace[0], trace[1],
-                               concurrency or self.profile.concurrency, f"client-{self.counter}-{arm}")
+        record = self.client.run(self.engines[arm].url, self.model, trace[0], trace[1],
+                                 concurrency or self.profile.concurrency, f"client-{self.counter}-{arm}")
         return summarize(record, trace[1])
 
     def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
         for engine in (self.engines or {}).values():
             engine.close()
         if self.mooncake is not None:

@@ -175,31 +175,71 @@ class Server(SGLangServer):
             raise EngineError(f"/hicache/storage-backend/clear: HTTP {exc.code}\n{self.log_tail()}") from exc
 
 
-def bench_serving(venv: Venv, workdir: str, url: str, model: str, trace: str, num: int, concurrency: int,
-                  tag: str) -> dict[str, Any]:
-    """`python -m sglang.bench_serving` on a Mooncake-format trace (its ``mooncake`` dataset: a request per row,
-    sent at the row's timestamp, its prompt written from the row's hash ids), at most `concurrency` in flight;
-    the client's result record (with its cache report: prompt tokens from device, host and storage)."""
-    out = os.path.join(workdir, f"{tag}.jsonl")
-    argv = [venv.python, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
-            "--model", model, "--tokenizer", model, "--dataset-name", "mooncake", "--dataset-path", trace,
-            "--mooncake-workload", "conversation", "--mooncake-num-rounds", "1", "--mooncake-slowdown-factor", "1",
-            "--num-prompts", str(num), "--max-concurrency", str(concurrency), "--warmup-requests", "0",
-            "--cache-report", "--seed", "0", "--disable-tqdm", "--output-file", out]
-    log = os.path.join(workdir, f"{tag}.log")
-    rundir = os.path.join(workdir, "client")
-    os.makedirs(rundir, exist_ok=True)
-    with open(log, "wb") as f:
-        done = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=bench_env(workdir), cwd=rundir,
-                              timeout=1800, check=False)
-    records = []
-    if os.path.exists(out):
-        with open(out) as f:
-            records = [json.loads(line) for line in f if line.strip()]
-    if done.returncode != 0 or not records:
-        tail = Path(log).read_text(errors="replace").strip().splitlines()[-5:]
-        raise RuntimeError(f"sglang.bench_serving failed ({done.returncode}): {' | '.join(tail)}")
-    return records[-1]
+def client_argv(url: str, model: str, trace: str, num: int, concurrency: int, out: str) -> list[str]:
+    """The arguments of `python -m sglang.bench_serving` for a Mooncake-format trace (its ``mooncake`` dataset: a
+    request per row, sent at the row's timestamp, its prompt written from the row's hash ids), at most
+    `concurrency` in flight, the result and its cache report appended to `out`."""
+    return ["--backend", "sglang", "--base-url", url, "--model", model, "--tokenizer", model,
+            "--dataset-name", "mooncake", "--dataset-path", trace, "--mooncake-workload", "conversation",
+            "--mooncake-num-rounds", "1", "--mooncake-slowdown-factor", "1", "--num-prompts", str(num),
+            "--max-concurrency", str(concurrency), "--warmup-requests", "0", "--cache-report", "--seed", "0",
+            "--disable-tqdm", "--output-file", out]
+
+
+class Client:
+    """SGLang's benchmark client in one process for the run (`bench/serve_sglang_client.py`): each `run` is one
+    `python -m sglang.bench_serving ARGS`, without importing the client again."""
+
+    def __init__(self, venv: Venv, workdir: str) -> None:
+        self.workdir = workdir
+        rundir = os.path.join(workdir, "client")
+        os.makedirs(rundir, exist_ok=True)
+        self.proc = subprocess.Popen([venv.python, str(Path(__file__).with_name("serve_sglang_client.py"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=bench_env(workdir),
+                                     cwd=rundir, text=True)
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        line = self._line(timeout)
+        if line != "ready":
+            raise RuntimeError(f"sglang.bench_serving did not start: {line!r}")
+
+    def _line(self, timeout: float) -> str:
+        import select
+
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            raise RuntimeError(f"sglang.bench_serving: no answer in {timeout:.0f} s")
+        return self.proc.stdout.readline().strip()
+
+    def run(self, url: str, model: str, trace: str, num: int, concurrency: int, tag: str,
+            timeout: float = 1800.0) -> dict[str, Any]:
+        """One replay; the client's result record (with its cache report: prompt tokens from device, host and
+        storage)."""
+        out, log = os.path.join(self.workdir, f"{tag}.jsonl"), os.path.join(self.workdir, f"{tag}.log")
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"argv": client_argv(url, model, trace, num, concurrency, out),
+                                          "log": log}) + "\n")
+        self.proc.stdin.flush()
+        status = self._line(timeout)
+        records = []
+        if os.path.exists(out):
+            with open(out) as f:
+                records = [json.loads(line) for line in f if line.strip()]
+        if status != "done 0" or not records:
+            tail = Path(log).read_text(errors="replace").strip().splitlines()[-5:] if os.path.exists(log) else []
+            raise RuntimeError(f"sglang.bench_serving failed ({status or 'exited'}): {' | '.join(tail)}")
+        return records[-1]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 FIELDS = ("completed", "duration", "request_throughput", "input_throughput", "output_throughput",

@@ -24,7 +24,7 @@ from bench.serve_sglang import (
     working_set_rows,
     working_set_tokens,
 )
-from bench.serve_sglang_engine import ARMS, EngineShape, base_flags, storage_flags, summarize
+from bench.serve_sglang_engine import ARMS, EngineShape, base_flags, client_argv, storage_flags, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT = REPO / "bench" / "results" / "serve-sglang-latest.json"
@@ -122,6 +122,15 @@ def test_the_bench_tokenizer_gives_each_hash_id_of_a_client_prompt_its_own_token
     assert 0 not in a[5:-8]                       # no unknown word inside the blocks
     assert abs(shared - len(prompt([0, 14])) + 8) <= 2
     assert abs(len(prompt([0, 14, 15])) - len(prompt([0, 14])) - CLIENT_BLOCK_TOKENS) <= 2
+
+
+def test_the_client_replays_the_rows_as_sglang_bench_serving_does_a_mooncake_trace():
+    argv = client_argv("http://127.0.0.1:30000", "/m", "/t.jsonl", 12, 2, "/out.jsonl")
+    pairs = dict(zip(argv[::2], argv[1::2]))
+    assert pairs["--dataset-name"] == "mooncake" and pairs["--dataset-path"] == "/t.jsonl"
+    assert pairs["--mooncake-num-rounds"] == "1" and pairs["--mooncake-slowdown-factor"] == "1"
+    assert pairs["--num-prompts"] == "12" and pairs["--max-concurrency"] == "2" and pairs["--backend"] == "sglang"
+    assert pairs["--warmup-requests"] == "0" and "--cache-report" in argv   # caches filled by the trace alone
 
 
 def test_the_client_record_becomes_throughput_ttft_and_hits_by_tier():
