@@ -31,6 +31,11 @@ RUNTIME_DEPS=(
   IPython dill soundfile
 )
 KVSTORE_DEPS=(pyzmq msgpack xxhash lz4 prometheus-client rich numpy)
+# For bench/serve_sglang.py: Mooncake Store's client (CUDA-free build, as .ci/install-peers.sh installs for the
+# remote-tier tests), which SGLang's `mooncake` storage backend imports in the engine.
+# And SGLang's benchmark client (`python -m sglang.bench_serving`) imports Hugging Face `datasets` at start, for every
+# dataset; python-dateutil pinned below 3, as SGLang pins it (pandas, which `datasets` needs, would take the newest).
+PEER_DEPS=("${MOONCAKE_SPEC:-mooncake-transfer-engine-non-cuda>=0.3.13.post1}" "datasets==5.2.0" "python-dateutil==2.9.0.post0")
 
 pip_install() { "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$@"; }
 # Of the requirements given, those not installed (one interpreter start for all: pip show costs seconds each).
@@ -59,7 +64,7 @@ script_digest="$(sha256sum "$SCRIPT" | cut -d' ' -f1)"
 if [ "$(cat "$STAMP" 2>/dev/null)" = "$script_digest" ] \
     && ls "$VENV"/torch-extensions/hicache_hash_cpp/hicache_hash_cpp*.so >/dev/null 2>&1 \
     && [ -z "$(missing_of "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" "sglang==$SGLANG_VERSION" \
-                "xgrammar==0.2.7" "${RUNTIME_DEPS[@]}" "${KVSTORE_DEPS[@]}")" ]; then
+                "xgrammar==0.2.7" "${RUNTIME_DEPS[@]}" "${KVSTORE_DEPS[@]}" "${PEER_DEPS[@]}")" ]; then
   echo "install-sglang-engine: sglang $SGLANG_VERSION already installed in $VENV"
   exit 0
 fi
@@ -75,7 +80,7 @@ if [ "${#wanted[@]}" -gt 0 ]; then
   echo "install-sglang-engine: sglang==$SGLANG_VERSION xgrammar==0.2.7 (without their dependencies)"
   pip_install --no-deps "sglang==$SGLANG_VERSION" "xgrammar==0.2.7"
 fi
-mapfile -t wanted < <(missing_of "${RUNTIME_DEPS[@]}" "${KVSTORE_DEPS[@]}")
+mapfile -t wanted < <(missing_of "${RUNTIME_DEPS[@]}" "${KVSTORE_DEPS[@]}" "${PEER_DEPS[@]}")
 if [ "${#wanted[@]}" -gt 0 ]; then
   echo "install-sglang-engine: ${wanted[*]}"
   pip_install "${wanted[@]}"
@@ -95,6 +100,8 @@ import sglang
 from sglang.srt.mem_cache.pool_host import mha
 assert hasattr(mha, "transfer_kv_direct"), "the CPU shim (tests/support/engines/sglang_cpu_shim) is not active"
 from kvstore.connectors import sglang as connector  # noqa: F401
+from mooncake.store import MooncakeDistributedStore  # noqa: F401  (SGLang's mooncake backend; no CUDA)
+import sglang.benchmark.serving  # noqa: F401  (python -m sglang.bench_serving)
 print(f"install-sglang-engine: sglang {sglang.__version__}, torch {torch.__version__} import with the backend")
 PYCHECK
 echo "$script_digest" > "$STAMP"

@@ -18,15 +18,24 @@ import os
 SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2: the rest of the vocabulary is plain words
 
 
-def save_tokenizer(directory: str, vocab: int) -> None:
-    """A WordLevel tokenizer of `vocab` ids (whitespace-split words) saved as a fast tokenizer."""
+def save_tokenizer(directory: str, vocab: int, digit_words: bool = False) -> None:
+    """A WordLevel tokenizer of `vocab` ids (whitespace-split words) saved as a fast tokenizer.
+
+    `digit_words`: ids 3..12 are the digits ``0``..``9`` and id 13 the word ``hi``, and digits are split off
+    every word one by one, so that SGLang's benchmark client's Mooncake prompts (each hash id written as its
+    digits, then ``hi`` 128 times) tokenize into distinct ids per hash id (the rest of the vocabulary as before).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     words = {tok: i for i, tok in enumerate(SPECIALS)}
-    words.update({f"w{i}": i for i in range(len(SPECIALS), vocab)})
+    extra = [*(str(d) for d in range(10)), "hi"] if digit_words else []
+    words.update({w: len(SPECIALS) + i for i, w in enumerate(extra)})
+    words.update({f"w{i}": i for i in range(len(words), vocab)})
     tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                   pre_tokenizers.Digits(individual_digits=True)])
+                         if digit_words else pre_tokenizers.WhitespaceSplit())
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                    model_max_length=1 << 20)
@@ -56,10 +65,12 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--max-len", type=int, default=8192)
+    parser.add_argument("--digit-words", action="store_true",
+                        help="digits and `hi` as words (the prompts of SGLang's benchmark client on a Mooncake trace)")
     args = parser.parse_args()
     os.makedirs(args.directory, exist_ok=True)
     save_model(args.directory, args.hidden, args.layers, args.heads, args.kv_heads, args.vocab, args.max_len)
-    save_tokenizer(args.directory, args.vocab)
+    save_tokenizer(args.directory, args.vocab, args.digit_words)
     print(json.dumps({"model": args.directory}))
 
 
