@@ -22,7 +22,7 @@ import pytest
 
 import kvstore
 
-from support import hygiene
+from support import hygiene, runs_once
 from support.daemons import (DaemonProc, Daemons, free_kept_arenas, keep_dirs, known_arenas, sandbox_dirs, scratch_root,
                              short_tempdir)
 
@@ -146,9 +146,15 @@ DAEMON_FIXTURES = frozenset({"start_daemon", "start_module_daemon"})
 TESTS_DIR = Path(__file__).resolve().parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    runs_once.register(config)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test ``unit`` or ``integration`` (and ``engine``, ``gpu``) from its module and fixtures."""
+    """Mark each test ``unit`` or ``integration`` (and ``engine``, ``gpu``) from its module and fixtures; under
+    CI's second run, leave out what passed in its first (``support/runs_once.py``)."""
+    runs_once.leave_out_passed(config, items)
     on_gpu = os.environ.get("KVSTORE_TEST_DEVICE", "cpu") == "cuda"
     for item in items:
         path = Path(str(item.fspath)).resolve()

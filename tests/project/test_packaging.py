@@ -364,6 +364,39 @@ def test_ci_installs_torch_first_and_runs_the_readme_test_command_verbatim():
     assert "bash .ci/install-extras.sh" in main_run and main_run[-1] == test_command
 
 
+def test_ci_runs_each_test_once_across_its_two_runs():
+    steps = ci_steps()
+    bare_run = steps.index(readme_test_command())
+    assert 'export KVSTORE_TEST_PASSED_LOG="$PASSED"' in steps[:bare_run]
+    assert steps[-2:] == ['export KVSTORE_TEST_SKIP_PASSED="$PASSED"', readme_test_command()]
+
+
+def test_a_run_leaves_out_exactly_the_tests_a_run_before_passed(tmp_path):
+    """The first run lists what passed (not what failed or skipped); the second runs the rest."""
+    (tmp_path / "test_three.py").write_text(
+        "import pytest\n"
+        "def test_passes(): pass\n"
+        "def test_fails(): assert False\n"
+        "def test_skips(): pytest.skip('an extra is missing')\n")
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {os.path.join(ROOT, 'tests')!r})\n"
+        "from support import runs_once\n"
+        "def pytest_configure(config): runs_once.register(config)\n"
+        "def pytest_collection_modifyitems(config, items): runs_once.leave_out_passed(config, items)\n")
+    log = tmp_path / "passed.txt"
+
+    def run(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_three.py"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, **env})
+
+    run(KVSTORE_TEST_PASSED_LOG=str(log))
+    assert log.read_text().split() == ["test_three.py::test_passes"]
+    again = run(KVSTORE_TEST_SKIP_PASSED=str(log))
+    assert "1 failed, 1 skipped, 1 deselected" in again.stdout
+    assert "1 tests passed in the run before" in again.stdout
+
+
 def test_ci_runs_everything_in_a_fresh_virtualenv_it_makes():
     steps = ci_steps()
     made = steps.index('python3 -m venv "$VENV"')
