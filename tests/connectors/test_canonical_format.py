@@ -1,0 +1,87 @@
+"""The engine-neutral chunk format (``connectors/common/canonical.py``): SGLang's own page chain computed from token
+ids, keys that commit to model, format and extras, and the tensor-parallel slices a reader can assemble."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvstore.connectors.common import canonical as c
+
+# SGLang 0.5.23's own page keys (``sglang.srt.mem_cache.utils.get_hash_str`` and ``get_storage_hash_str``, run in
+# its engine virtualenv) of the token ids 3..42 in pages of 16: the last, partial page is left out here (storage
+# holds full pages only).
+TOKENS = list(range(3, 43))
+SGLANG_PAGES = ["822b603a2fd410621ab42df58f129105595585dbe1bfedab593e66d0baa820c5",
+                "0dac926c0c811613cb6ee3234a95faa7574f117a96a795f79ca7680ed4a4ae97"]
+SGLANG_SALTED = ["3b88fe063c7ca87b295880e3911da0a388c148e13b2a407c03804bc494f0b124",
+                 "0f9b1217296418a32c9fb48e4865c7a751e222cc398517629d14e10b453af968"]
+SGLANG_SEEDS = {("salt-a", None): "b2ffaae86ab83722f3e84a225a3436cc877f5368c772911aa0aade19ee83c0dd",
+                (None, "ek"): "c9b4ebd63c142d8064027806d6975e34556c9f950c474181b255c3fba351995e"}
+
+
+def test_page_chain_is_sglangs():
+    assert [p.hex() for p in c.page_hashes(TOKENS, 16)] == SGLANG_PAGES
+    assert [p.hex() for p in c.page_hashes(TOKENS, 16, c.storage_seed(None, "salt-a"))] == SGLANG_SALTED
+    for (salt, extra), want in SGLANG_SEEDS.items():
+        assert c.storage_seed(extra, salt).hex() == want
+    assert c.storage_seed(None, None) is None
+    assert c.page_hashes(torch.tensor([TOKENS]), 16) == c.page_hashes(TOKENS, 16)
+
+
+def test_keys_commit_to_model_format_salt_and_extras():
+    pages = c.page_hashes(TOKENS * 4, 16)
+    root = c.chunk_root(c.identity_root("w.s"), c.format_name(2, 2, 16, torch.float32, 16))
+    keys = c.chunk_keys(root, pages)
+    assert len(set(keys)) == len(keys) == len(pages)
+    for other in (c.chunk_root(c.identity_root("w.t"), c.format_name(2, 2, 16, torch.float32, 16)),
+                  c.chunk_root(c.identity_root("w.s", "v2"), c.format_name(2, 2, 16, torch.float32, 16)),
+                  c.chunk_root(c.identity_root("w.s", lora="a"), c.format_name(2, 2, 16, torch.float32, 16)),
+                  c.chunk_root(c.identity_root("w.s"), c.format_name(2, 2, 16, torch.bfloat16, 16)),
+                  c.chunk_root(c.identity_root("w.s"), c.format_name(2, 2, 16, torch.float32, 16), "salt")):
+        assert not set(c.chunk_keys(other, pages)) & set(keys)
+    # extras from chunk 1 on: chunk 0 keeps its key, every later one differs (even where its own extras are empty)
+    mixed = c.chunk_keys(root, pages, [b"", b"image", b""])
+    assert mixed[0] == keys[0] and all(a != b for a, b in zip(mixed[1:], keys[1:]))
+    assert c.chunk_keys(root, pages, [b"", b"", b""]) == keys
+
+
+def test_request_root_round_trip():
+    for salt in (None, "", "a;b:c", "x" * 40):
+        root = c.request_root(salt, c.identity_root("id", "e"))
+        got_salt, rest = c.split_request_root(root)
+        assert (got_salt or None, rest) == (salt or None, c.identity_root("id", "e"))
+
+
+@pytest.mark.parametrize("tp,total,want", [(1, 8, [(0, 8)]), (2, 8, [(0, 4), (4, 8)]),
+                                           (4, 2, [(0, 1), (0, 1), (1, 2), (1, 2)])])
+def test_rank_heads(tp, total, want):
+    assert [c.rank_heads(r, tp, total) for r in range(tp)] == want
+
+
+def test_covering_slices_read_any_tp_size():
+    assert c.covering_slices(0, 8, 8) == [[(0, 8)], [(0, 4), (4, 8)], [(0, 2), (2, 4), (4, 6), (6, 8)],
+                                          [(h, h + 1) for h in range(8)]]
+    ways = c.covering_slices(4, 8, 8)
+    assert ways[:3] == [[(4, 8)], [(0, 8)], [(4, 6), (6, 8)]]
+    assert [(2, 4)] not in ways and c.covering_slices(2, 3, 4) == [[(2, 3)], [(0, 4)], [(2, 4)]]
+    key = bytes(16)
+    assert c.slice_key(key, 0, 8, 8) == key
+    assert len({c.slice_key(key, a, b, 8) for a, b in [(0, 4), (4, 8), (0, 2)]}) == 3
+
+
+def test_model_identity_is_engine_neutral(tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float32",
+                                                      "transformers_version": "4.1"}))
+    save_file({"w": torch.arange(10, dtype=torch.float32)}, str(tmp_path / "model.safetensors"))
+    base = c.model_identity(tmp_path, dtype="auto")
+    assert c.model_identity(tmp_path, dtype=torch.float32, kv_cache_dtype="auto") == base
+    assert c.model_identity(tmp_path, dtype="float32", quantization="None") == base
+    assert c.model_identity(tmp_path, dtype="bfloat16") != base
+    assert c.model_identity(tmp_path, overrides={"rope_theta": 5.0}) != base
+    save_file({"w": torch.arange(10, dtype=torch.float32) + 1}, str(tmp_path / "model.safetensors"))
+    assert c.model_identity(tmp_path) != base
