@@ -52,6 +52,7 @@ from kvstore.errors import ConfigError
 
 from .fingerprint import settings_digest, weights_fingerprint
 from .layout import KVGeometry, dtype_name, session_namespace
+from .store import ChunkStore
 
 CANONICAL_VERSION = 1
 SESSION_PREFIX = "kv:"          # the engine-neutral session namespace: kv:MODEL
@@ -266,3 +267,59 @@ def normalized_dtype(dtype: Any, config: dict[str, Any] | None = None) -> str:
 def _none(value: Any) -> str | None:
     text = None if value is None else str(value)
     return None if text in (None, "", "auto", "None", "none") else text
+
+
+def identity_of(checkpoint: str, model_id: str, mode: str = "sampled", **settings: Any) -> str:
+    """``model_identity`` of a checkpoint directory; where there is none (a hub name not on this host, a unit
+    harness) or ``mode`` is "off", the configured model name stands for the weights (``named:MODEL``: engines
+    share only under the same name and settings)."""
+    if mode == "off" or not checkpoint or not os.path.isdir(checkpoint):
+        named = {k: (normalized_dtype(v) if k == "dtype" else v) for k, v in settings.items()}
+        return f"named:{model_id}.{settings_digest(named)}"
+    return model_identity(checkpoint, mode=mode, **settings)
+
+
+def config_kv_heads(checkpoint: str) -> int | None:
+    """The model's KV head count from its checkpoint's ``config.json`` (None where it says none)."""
+    try:
+        with open(Path(checkpoint) / "config.json") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config)
+    heads = config.get("num_key_value_heads") or config.get("num_attention_heads")
+    return int(heads) if heads else None
+
+
+class CanonicalStore(ChunkStore):
+    """One rank's slice of canonical chunks of one model (``model``: ``identity_root``), through a link whose
+    session namespace is ``canonical_session``.
+
+    ``keys`` takes a request root made by ``request_root`` (its cache salt seeds the page chain); ``page_keys``
+    takes page keys an engine computed itself (SGLang's)."""
+
+    def __init__(self, link: Any, layout: CanonicalLayout, model: str, salt: str = "") -> None:
+        super().__init__(link, f"kvstore-canonical-v{CANONICAL_VERSION};{layout.fmt}", layout.geometry)
+        self.layout = layout
+        self.model = model
+        self._salt = salt
+        self._roots: dict[str, bytes] = {}
+
+    def _root(self, model: str) -> bytes:
+        root = self._roots.get(model)
+        if root is None:
+            root = self._roots[model] = chunk_root(model, self.layout.fmt, self._salt)
+        return root
+
+    def keys(self, token_ids: Sequence[int] | torch.Tensor, salt: str = "", extras: Sequence[bytes] = ()
+             ) -> list[bytes]:
+        cache_salt, model = split_request_root(salt) if salt else (None, self.model)
+        pages = page_hashes(token_ids, self.layout.chunk_tokens, storage_seed(None, cache_salt))
+        return self.page_keys(pages, model or self.model, extras)
+
+    def page_keys(self, pages: Sequence[bytes], model: str | None = None, extras: Sequence[bytes] = (),
+                  heads: tuple[int, int] | None = None) -> list[bytes]:
+        """The keys of these pages' chunks, of this rank's heads (or ``heads``)."""
+        first, end = heads or (self.layout.first, self.layout.end)
+        keys = chunk_keys(self._root(model or self.model), pages, extras)
+        return [slice_key(k, first, end, self.layout.kv_heads) for k in keys]

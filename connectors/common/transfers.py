@@ -36,6 +36,7 @@ from kvstore.ops import PagedKV
 from kvstore.protocol.engine_blocks import EngineBlocks
 from kvstore.tiers.gpu.engine import load_async, save_async
 
+from .layout import BlockCodec
 from .store import ChunkStore, exact_or_tolerance
 
 log = logging.getLogger("kvstore.connectors")
@@ -101,10 +102,11 @@ class Transfers:
     """The background loader and saver of one engine worker."""
 
     def __init__(self, kv: PagedKV | Sequence[PagedKV], load_store: ChunkStore, save_store: ChunkStore,
-                 max_save_bytes: int, dtype: torch.dtype = torch.uint8) -> None:
+                 max_save_bytes: int, dtype: torch.dtype = torch.uint8, codec: BlockCodec | None = None) -> None:
         # one per KV cache group
         self.kvs: list[PagedKV] = list(kv) if isinstance(kv, (list, tuple)) else [cast(PagedKV, kv)]
         self.kv = self.kvs[0]
+        self.codec = codec                          # chunks in the canonical layout (one group), not block bytes
         self.dtype = dtype                          # of the cache's values, for comparisons
         self.counters = Counters()
         self._load_store, self._save_store = load_store, save_store
@@ -312,6 +314,9 @@ class Transfers:
     def _scatter(self, chunk: torch.Tensor, groups: list[list[int]]) -> list[Any]:
         """Write one chunk into the blocks vLLM allocated: those marked -1 (blocks the engine already holds, the
         null block of a sliding window) are left alone."""
+        if self.codec is not None:
+            self.codec.load(chunk, groups[0])
+            return [_Synced(self.codec.device)]
         events = []
         for kv, piece, ids in zip(self.kvs, self._pieces(chunk, groups), groups):
             keep = [i for i, b in enumerate(ids) if b >= 0]
@@ -325,8 +330,24 @@ class Transfers:
 
     def _gather(self, groups: list[list[int]], slot: torch.Tensor, after: Any) -> list[Any]:
         """Copy one chunk's blocks, every group, into `slot` (every id must be an allocated block)."""
+        if self.codec is not None:
+            if after is not None:
+                after.synchronize()
+            self.codec.save(groups[0], slot)
+            return [_Synced(self.codec.device)]
         return [save_async(kv, ids, piece, after=after)
                 for kv, piece, ids in zip(self.kvs, self._pieces(slot, groups), groups)]
+
+
+class _Synced:
+    """The end of a copy made on the current stream (the codec's): synchronizing waits for that stream."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
 
 def _as_tensor(view: Any) -> torch.Tensor:

@@ -8,11 +8,18 @@
 
 SGLang moves KV between its host pool and storage one page (`page_size`
 tokens, all layers) at a time, named by its own chained page hashes. Each page
-is stored as one kvstore chunk in the common chunk layout
-(`kvstore.connectors.common.layout`): SGLang's hash is re-keyed under a namespace
-derived from the model and the host pool's geometry (dtype, layers, kv heads,
-head dim, page size, tensor-parallel rank and size), so pages of another model
-or shard never match.
+is stored as one kvstore chunk.
+
+Dense pools (one stage, no context parallelism) store the canonical format every
+engine reads (`kvstore.connectors.common.canonical`): SGLang's page key is the
+canonical page chain, so it is keyed under the model's engine-neutral identity
+(the checkpoint's weights fingerprint and settings) and the chunk format, each
+rank's page is its slice of the KV heads, and the backend says hello in `kv:MODEL`:
+with `--page-size` equal to the other engines' `chunk_tokens` (256 by default),
+vLLM and transformers load what SGLang saved and the other way round. Other
+pools keep their own format: SGLang's hash re-keyed under a namespace derived
+from the model and the host pool's geometry (dtype, layers, kv heads, head dim,
+page size, tensor-parallel rank and size), in `sglang:MODEL`.
 
 `batch_exists` returns the leading hit count. `batch_get` / `batch_set` move
 flat pages (the generic path); with `"interface_v1": 1` SGLang calls
@@ -21,7 +28,10 @@ pages in place by their host indices, without a staging page. A daemon that is
 down or erroring means misses and dropped writes, never an error in SGLang.
 
 Extra config: `address`, `timeout` (default 2 s), `retry_s` (default 5 s),
-`model_id` (default: SGLang's model name), `cache_salt`.
+`model_id` (default: SGLang's model name), `cache_salt`, `model_path` (the
+checkpoint fingerprinted for the model's identity; default SGLang's model path),
+`fingerprint` ("sampled", "full" or "off": the model's name stands for its
+weights), `weights_version`.
 
 Families (`kvstore.connectors.common.families`):
 
@@ -45,6 +55,7 @@ shows it off in `kvstore stats`: every lookup misses.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -58,6 +69,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
+from ..common import canonical
 from ..common.families import ChunkLayout, Family, Unsupported, mla_layout
 from ..common.layout import (
     MLA_PAGE_LAYOUTS,
@@ -97,6 +109,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self._layout = ""
         self._planes = 2
         self._root = b""
+        self._canonical: canonical.CanonicalStore | None = None
         self._off_report: kvstore.Client | None = None  # holds the daemon's view of this backend as off
 
     # -- set-up ------------------------------------------------------------------------------------------
@@ -108,6 +121,9 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             self._off_report = refuse(self._address, "sglang", exc, self._timeout)
             return
         c = self.config
+        if layout.family is Family.DENSE and not shard_fields(c):
+            self._register_canonical(mem_pool_host, layout)
+            return
         ns = layout.namespace(f"sglang:{self._model_id}", tp_rank=c.tp_rank, tp_size=c.tp_size, salt=self._salt,
                               shard=shard_fields(c))
         geometry = layout.geometry
@@ -122,8 +138,35 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self._planes = geometry.planes
         self._root = kvstore.keys.namespace_root(ns)
 
+    def _register_canonical(self, pool: Any, layout: ChunkLayout) -> None:
+        """Pages in the canonical format: keys from SGLang's page chain under the model's engine-neutral identity,
+        this rank's KV heads of every chunk."""
+        c, extra, g = self.config, self.config.extra_config or {}, layout.geometry
+        settings = engine_settings()
+        path = str(extra.get("model_path") or settings.pop("model_path", None) or c.model_name or "")
+        identity = canonical.identity_of(path, self._model_id, str(extra.get("fingerprint", "sampled")), **settings)
+        total = canonical.config_kv_heads(path) or g.num_kv_heads * c.tp_size
+        first, end = canonical.rank_heads(c.tp_rank, c.tp_size, total)
+        if end - first != g.num_kv_heads:
+            first, end, total = 0, g.num_kv_heads, g.num_kv_heads   # a split this backend does not know
+        cl = canonical.CanonicalLayout(g.num_layers, total, g.head_dim, g.dtype, g.chunk_tokens, first, end)
+        report = {"connector": on_report("sglang", layout)} if c.tp_rank == 0 else {}
+        link = DaemonLink.to(self._address, g.chunk_tokens, self._timeout,
+                             connect={**report, "identity": self._identity,
+                                      "namespace": canonical.canonical_session(self._model_id, self._salt)},
+                             retry_s=self._retry_s)
+        model = canonical.identity_root(identity, str(extra.get("weights_version", "")))
+        self._canonical = canonical.CanonicalStore(link, cl, model, self._salt)
+        self._store = self._canonical
+        self._layout = pool.layout
+        self._planes = g.planes
+        log.info("kvstore HiCache backend: %s, model %s", cl.describe(), identity)
+
     def _keys(self, keys: list[str]) -> list[bytes]:
-        """SGLang's page hashes (already chained over the prefix) re-keyed under our namespace."""
+        """SGLang's page hashes (already chained over the prefix) as chunk keys: the canonical keys of those pages,
+        or, for a format of SGLang's own, re-keyed under its namespace."""
+        if self._canonical is not None:
+            return self._canonical.page_keys([bytes.fromhex(k) for k in keys])
         return [xxhash.xxh3_128_digest(self._root + k.encode()) for k in keys]
 
     def _parent(self, extra_info: HiCacheStorageExtraInfo | None) -> list[bytes]:
@@ -218,6 +261,28 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
     def get_stats(self) -> None:
         return None
+
+
+def engine_settings() -> dict[str, Any]:
+    """What SGLang's runtime says of the model (its path, compute dtype, quantization, KV cache dtype, config
+    overrides) for the engine-neutral identity; empty outside a running engine."""
+    try:
+        from sglang.srt.runtime_context import get_model
+
+        bag = get_model()
+    except Exception:  # noqa: BLE001 - not in an engine (unit harnesses): the model name stands for it
+        return {}
+    found: dict[str, Any] = {}
+    for name, key in (("model_path", "model_path"), ("dtype", "dtype"), ("quantization", "quantization"),
+                      ("kv_cache_dtype", "kv_cache_dtype"), ("json_model_override_args", "overrides")):
+        try:
+            value = getattr(bag, name)
+        except Exception:  # noqa: BLE001 - a field this release does not have
+            continue
+        if key == "overrides" and isinstance(value, str):
+            value = json.loads(value) if value.strip() else None
+        found[key] = value
+    return found
 
 
 def shard_fields(config: HiCacheStorageConfig) -> list[str]:

@@ -75,7 +75,7 @@ from ..common.families import Unsupported
 from ..common.report import refuse
 from .config import VllmConnectorConfig
 from .geometry import EngineGeometry, engine_geometry
-from .identity import model_identity
+from .identity import model_identity, neutral_identity
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .scheduler import SchedulerSide
 from .settings import SUPPORTED_VLLM, check_vllm_version, model_id, vllm_engine_identity
@@ -143,8 +143,7 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
             vllm_config.parallel_config.tensor_parallel_size,
             self._kv_transfer_config.is_kv_consumer, self._kv_transfer_config.is_kv_producer, save_async, config,
             identity=vllm_engine_identity(vllm_config, config.engine_id, config.served_model_name),
-            model_identity=(model_identity(vllm_config, config.fingerprint)
-                            if role == KVConnectorRole.SCHEDULER and geometry is not None else ""),
+            model_identity=_identity(vllm_config, config, geometry) if role == KVConnectorRole.SCHEDULER else "",
         )
 
     # -- scheduler side ----------------------------------------------------------------------------------
@@ -257,3 +256,13 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._settings.close_links()
         if self._off_report is not None:
             self._off_report.close()
+
+
+def _identity(vllm_config: "VllmConfig", config: VllmConnectorConfig, geometry: EngineGeometry | None) -> str:
+    """The model identity in the scheduler's keys: engine-neutral for the canonical format, vLLM's own else."""
+    if geometry is None:
+        return ""
+    if geometry.canonical is not None:
+        return neutral_identity(vllm_config, config.fingerprint, config.model_id or model_id(vllm_config))
+    return model_identity(vllm_config, config.fingerprint)
+

@@ -30,6 +30,7 @@ import xxhash
 
 from kvstore.errors import ConfigError
 
+from ..common.canonical import identity_of, identity_root, request_root
 from ..common.fingerprint import settings_digest, weights_fingerprint
 from ..common.keying import AdapterFingerprints, RequestKeys, Unkeyable, WeightsEpoch, encode
 
@@ -80,8 +81,7 @@ def request_keys(request: "Request", chunk_tokens: int, chunks: int, model: str,
             raise Unkeyable("mm_hash", f"a {modality} input without a hash")
     lora = getattr(request, "lora_request", None)
     adapter = adapters.of(lora) if lora else ""
-    salt = getattr(request, "cache_salt", None) or ""
-    root = f"{salt};model={model};weights={epoch.of(request)}" + (f";lora={adapter}" if adapter else "")
+    root = request_root(getattr(request, "cache_salt", None), identity_root(model, epoch.of(request), adapter))
     keys = RequestKeys(root)
     extend(keys, request, chunk_tokens, chunks)
     return keys
@@ -121,6 +121,29 @@ def _check_fields(request: "Request") -> None:
 
 
 # -- the model ---------------------------------------------------------------------------------------------
+
+
+def neutral_identity(vllm_config: "VllmConfig", mode: str, model_id: str) -> str:
+    """The model's engine-neutral identity (``canonical.model_identity``) for chunks in the canonical format:
+    the weights' fingerprint and the settings every engine names alike (the checkpoint's config, vLLM's
+    ``hf_overrides``, the dtype, quantization and KV cache dtype). Random ``dummy`` weights keep vLLM's own
+    identity (its seed), which no other engine computes.
+
+    Raises:
+        ConfigError: the checkpoint cannot be read for its fingerprint.
+    """
+    model = getattr(vllm_config, "model_config", None)
+    if model is None:
+        return "no-model"
+    settings = model_settings(vllm_config)
+    if settings.get("load_format") == "dummy":
+        return f"vllm-dummy.{settings_digest(settings)}"
+    overrides = getattr(model, "hf_overrides", None)
+    cache = vllm_config.cache_config
+    path = checkpoint_path(model) if mode != "off" else ""
+    return identity_of(path, model_id, mode, dtype=model.dtype, quantization=getattr(model, "quantization", None),
+                       kv_cache_dtype=getattr(cache, "cache_dtype", None),
+                       overrides=None if callable(overrides) or not overrides else overrides)
 
 
 def model_identity(vllm_config: "VllmConfig", mode: str) -> str:

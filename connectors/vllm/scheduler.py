@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstore.protocol.kv_events import block_hash
 
+from ..common.canonical import identity_root, request_root
 from ..common.report import state_report
 from ..common.store import ChunkStore
 from .geometry import NULL_BLOCK
@@ -169,7 +170,7 @@ class SchedulerSide:
     def plain_keys(self, store: ChunkStore, token_ids: list[int], cache_salt: str = "") -> list[bytes]:
         """The keys `store` holds a prompt of plain token ids under (no adapter or multimodal input) in this
         engine's current weights epoch: what an operator's tool or a test looks up or deletes."""
-        root = f"{cache_salt};model={self._settings.model_identity};weights={self._epoch.current}"
+        root = request_root(cache_salt or None, identity_root(self._settings.model_identity, self._epoch.current))
         return store.keys(token_ids, root)
 
     def reset_cache(self) -> bool:

@@ -220,6 +220,10 @@ class EnginePool:
                    TOKENIZERS_PARALLELISM="false")
         return env
 
+    def use_model(self, path: str, family: str = "dense") -> None:
+        """Serve `family` from the model saved at `path` (one another engine serves too)."""
+        self._models[family] = path
+
     def model(self, family: str = "dense") -> str:
         """A random-weight model of `family` (`vllm_engine.save_model`), saved once per session."""
         if family not in self._models:

@@ -1,0 +1,150 @@
+"""One KV format every engine reads, in real engines: a prefix SGLang saved is loaded by vLLM, one vLLM saved by
+SGLang and by transformers, through one daemon.
+
+One random-weight float32 Llama directory serves all three (SGLang with `--page-size` 256, the vLLM connector's
+`chunk_tokens`). Each engine starts once for the module. Every load must give the loading engine's own plain
+prefill: the same greedy tokens and log-probabilities within 1e-3. An engine's plain prefill of a prompt is its
+run under a cache salt no other request uses, so nothing of it is cached anywhere (a salt seeds the page chain
+and changes no value).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import pytest
+
+import kvstore
+from conftest import wait_for
+from kvstore.connectors.common.canonical import canonical_session
+from support.daemons import keep_dirs, short_tempdir
+from support.engines import sglang_real, vllm_real
+from support.engines.sandbox import engine_home_env
+
+pytestmark = pytest.mark.timeout(1800)   # two engine starts on a small, shared CPU machine
+
+CHUNK = 256            # the vLLM connector's chunk_tokens and SGLang's page size
+LENGTH = 1100          # four whole chunks and a tail
+CHUNKS = (LENGTH - 1) // CHUNK
+TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[str]:
+    sglang_real.require_engine()
+    vllm_real.require_engine()
+    path = short_tempdir("xe-")
+    yield path
+    if not keep_dirs():
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def model(workdir) -> str:
+    """The model every engine serves (saved by the SGLang virtualenv's transformers, with its tokenizer)."""
+    python = sglang_real.require_engine()
+    return sglang_real.save_model(python, os.path.join(workdir, "model"), "shared", engine_home_env(workdir))
+
+
+@pytest.fixture(scope="module")
+def daemon(start_module_daemon, workdir) -> Any:
+    return start_module_daemon("--host-mem", "512MiB", workdir=workdir)
+
+
+@pytest.fixture(scope="module")
+def vllm(workdir, model, daemon) -> Iterator[vllm_real.EngineProc]:
+    pool = vllm_real.EnginePool()
+    pool.use_workdir(workdir)
+    pool.use_model(model)
+    yield pool.get("cross", connector=pool.connector())
+    pool.keep()
+
+
+@pytest.fixture(scope="module")
+def sglang(workdir, model, daemon) -> Iterator[sglang_real.SGLangServer]:
+    server = sglang_real.SGLangServer(sglang_real.require_engine(), model,
+                                      ["--page-size", str(CHUNK), *sglang_real.hicache_flags(daemon.address)],
+                                      workdir, "cross")
+    yield server
+    server.close()
+
+
+A = vllm_real.prompts(2, LENGTH, seed=101)    # saved by vLLM
+B = vllm_real.prompts(2, LENGTH, seed=102)    # saved by SGLang
+
+
+def sglang_generate(engine: sglang_real.SGLangServer, batch: list[list[int]], **request: Any) -> list[dict]:
+    """One request a prompt (a cache salt applies to one request)."""
+    return [engine.generate([p], **request)[0] for p in batch]
+
+
+def assert_same(got: list[dict], want: list[dict]) -> None:
+    """The same greedy tokens, every log-probability within TOL (the first token's included)."""
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g["tokens"] == w["tokens"], f"prompt {i}: tokens differ"
+        worst = max(abs(a - b) for a, b in zip(g["logprobs"], w["logprobs"]))
+        assert worst <= TOL, f"prompt {i}: log-probabilities differ by {worst}"
+
+
+@pytest.fixture(scope="module")
+def saved(vllm, sglang, daemon) -> dict[str, Any]:
+    """Each engine's plain prefill of the other's prompts, then A saved by vLLM and B by SGLang."""
+    refs = {"vllm_b": vllm.generate(B, 6, salts=["plain-vllm"] * len(B)),
+            "sglang_a": sglang_generate(sglang, A, cache_salt="plain-sglang"),
+            "vllm_a": vllm.generate(A, 6)}
+    refs["sglang_b"] = sglang_generate(sglang, B)
+    assert [o["cached"] for o in refs["sglang_a"] + refs["sglang_b"]] == [0] * 4
+    # the plain runs saved under their salts too: 4 prompts of each engine, CHUNKS chunks each
+    assert wait_for(lambda: sglang_real.stored(daemon) >= 8 * CHUNKS, timeout=120), sglang_real.stored(daemon)
+    return refs
+
+
+def test_vllm_loads_what_sglang_saved(vllm, saved):
+    vllm.reset_prefix_cache()
+    before = vllm.stats()
+    out = vllm.generate(B, 6)
+    assert_same(out, saved["vllm_b"])
+    assert vllm_real.delta(vllm.stats(), before, "worker", "chunks_loaded") == CHUNKS * len(B)
+
+
+def test_sglang_loads_what_vllm_saved(sglang, saved):
+    sglang.flush_cache()
+    out = sglang_generate(sglang, A)
+    assert_same(out, saved["sglang_a"])
+    assert [o["from_storage"] for o in out] == [CHUNKS * CHUNK] * len(A)
+
+
+def test_a_cache_salt_seeds_both_engines_alike(sglang, saved):
+    """vLLM's plain run of B under a salt saved it so; SGLang asked under the same salt loads it."""
+    sglang.flush_cache()
+    out = sglang_generate(sglang, B[:1], cache_salt="plain-vllm")
+    assert out[0]["from_storage"] == CHUNKS * CHUNK
+    assert_same(out, saved["sglang_b"][:1])
+
+
+def test_transformers_loads_what_vllm_saved(model, daemon, saved):
+    """A's first prompt in transformers, from the chunks vLLM saved, against transformers' plain prefill."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from kvstore.connectors.hf import load_prefix
+    from support.engines.tiny import greedy, prefill
+
+    torch.manual_seed(0)
+    m = LlamaForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    ids = torch.tensor([A[0]])
+    logits, cache = prefill(m, ids)
+    want = greedy(m, logits, cache, 6)
+    want_lp = torch.log_softmax(logits[0, -1].double(), -1)[want[0]].item()
+    with kvstore.connect(daemon.address, chunk_tokens=CHUNK, namespace=canonical_session(model)) as client:
+        cache, n = load_prefix(client, m, ids, checkpoint=model)
+    assert n == CHUNKS * CHUNK, n
+    logits, cache = prefill(m, ids, cache, start=n)
+    got = greedy(m, logits, cache, 6)
+    got_lp = torch.log_softmax(logits[0, -1].double(), -1)[got[0]].item()
+    assert got == want, (got, want)
+    assert abs(got_lp - want_lp) <= TOL, (got_lp, want_lp)
