@@ -37,12 +37,13 @@ TP=1 writer, transformers), then the slices another TP size would have written o
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -51,7 +52,7 @@ import xxhash
 from kvstore.errors import ConfigError
 
 from .fingerprint import settings_digest, weights_fingerprint
-from .layout import KVGeometry, dtype_name, session_namespace
+from .layout import KVGeometry, chunk_from_buffer, dtype_name, session_namespace
 from .store import ChunkStore
 
 CANONICAL_VERSION = 1
@@ -317,9 +318,101 @@ class CanonicalStore(ChunkStore):
         pages = page_hashes(token_ids, self.layout.chunk_tokens, storage_seed(None, cache_salt))
         return self.page_keys(pages, model or self.model, extras)
 
+    def whole_keys(self, pages: Sequence[bytes], model: str | None = None, extras: Sequence[bytes] = ()
+                   ) -> list[bytes]:
+        """The keys of these pages' whole chunks (all heads), which ``ways`` slices."""
+        return chunk_keys(self._root(model or self.model), pages, extras)
+
+    def chunk_keys_of(self, token_ids: Sequence[int] | torch.Tensor, salt: str = "", extras: Sequence[bytes] = ()
+                      ) -> list[bytes]:
+        """As ``keys``, the keys of whole chunks (all heads), which ``ways`` slices."""
+        cache_salt, model = split_request_root(salt) if salt else (None, self.model)
+        pages = page_hashes(token_ids, self.layout.chunk_tokens, storage_seed(None, cache_salt))
+        return chunk_keys(self._root(model or self.model), pages, extras)
+
     def page_keys(self, pages: Sequence[bytes], model: str | None = None, extras: Sequence[bytes] = (),
                   heads: tuple[int, int] | None = None) -> list[bytes]:
         """The keys of these pages' chunks, of this rank's heads (or ``heads``)."""
         first, end = heads or (self.layout.first, self.layout.end)
         keys = chunk_keys(self._root(model or self.model), pages, extras)
         return [slice_key(k, first, end, self.layout.kv_heads) for k in keys]
+
+    # -- tensor-parallel reads: this rank's heads from whichever slices hold them ----------------------------
+
+    def ways(self, chunk_keys_: Sequence[bytes]) -> list[list[tuple[tuple[int, int], list[bytes]]]]:
+        """Every way to read this rank's heads of the chunks ``chunk_keys_`` (whole-chunk keys,
+        ``chunk_keys_of``), best first (``covering_slices``): per way, each slice's head range and keys."""
+        total = self.layout.kv_heads
+        return [[(rng, [slice_key(k, rng[0], rng[1], total) for k in chunk_keys_]) for rng in way]
+                for way in covering_slices(self.layout.first, self.layout.end, total)]
+
+    def lookup_any(self, keys: Sequence[bytes]) -> int:
+        """Leading chunks of ``keys`` (whole-chunk keys) whose heads some way holds whole (its own slice first)."""
+        best = 0
+        for way in self.ways(keys):
+            found = min(self.lookup(slice_keys) for _, slice_keys in way)
+            best = max(best, found)
+            if best == len(keys):
+                break
+        return best
+
+    @contextlib.contextmanager
+    def lease_heads(self, keys: Sequence[bytes]) -> Iterator[list[Any]]:
+        """This rank's slice of the leading chunks of ``keys`` (whole-chunk keys) that one way holds whole, valid
+        inside the ``with``: the leased views of its own slice, or copies of its heads out of other slices."""
+        best: list[tuple[tuple[int, int], list[bytes]]] | None = None
+        found = 0
+        for way in self.ways(keys):
+            n = min(self.lookup(slice_keys) for _, slice_keys in way)
+            if n > found:
+                best, found = way, n
+            if found == len(keys):
+                break
+        if best is None or best[0][0] == (self.layout.first, self.layout.end):
+            own = self.ways(keys)[0][0][1]
+            with self.lease(own) as views:
+                yield views
+            return
+        with contextlib.ExitStack() as stack:
+            parts = [(rng, stack.enter_context(self._lease_slice(rng, slice_keys[:found])))
+                     for rng, slice_keys in best]
+            n = min(len(views) for _, views in parts)
+            yield [self._gather_heads(parts, i) for i in range(n)]
+
+    @contextlib.contextmanager
+    def _lease_slice(self, rng: tuple[int, int], keys: list[bytes]) -> Iterator[list[Any]]:
+        """Views of the leading chunks of heads ``rng`` held at their size."""
+        geometry = self._slice_geometry(rng)
+        held = self._attempt("get", None, lambda: self._client().get(keys)) if keys else None
+        try:
+            views = list(held.views) if held is not None else []
+            for i, view in enumerate(views):
+                if memoryview(view).nbytes != geometry.chunk_nbytes:
+                    views = views[:i]
+                    break
+            yield views
+        finally:
+            if held is not None:
+                held.release()
+
+    def chunk_of(self, view: Any) -> torch.Tensor:
+        """A chunk-layout tensor of this rank's slice from what ``lease_heads`` yields (a view or a copy)."""
+        if isinstance(view, torch.Tensor):
+            return view.view(self.geometry.dtype).view(self.geometry.chunk_shape)
+        return chunk_from_buffer(view, self.geometry)
+
+    def _slice_geometry(self, rng: tuple[int, int]) -> KVGeometry:
+        g = self.layout
+        return KVGeometry(g.num_layers, rng[1] - rng[0], g.head_dim, g.dtype, g.chunk_tokens, g.planes)
+
+    def _gather_heads(self, parts: list[tuple[tuple[int, int], list[Any]]], i: int) -> torch.Tensor:
+        """Chunk ``i`` of this rank's heads, copied out of the slices that hold them (as bytes)."""
+        out = self.geometry.empty_chunks(1)[0]
+        first, end = self.layout.first, self.layout.end
+        for (a, b), views in parts:
+            lo, hi = max(a, first), min(b, end)
+            if lo >= hi:
+                continue
+            chunk = chunk_from_buffer(views[i], self._slice_geometry((a, b)))
+            out[:, :, :, lo - first:hi - first].copy_(chunk[:, :, :, lo - a:hi - a])
+        return out.reshape(-1).view(torch.uint8)

@@ -198,9 +198,14 @@ class Transfers:
     def _load(self, job: LoadJob) -> None:
         started = time.perf_counter()
         try:
-            keys = self._load_store.keys(job.token_ids[: job.num_chunks * self._load_store.geometry.chunk_tokens],
-                                         job.salt, job.extras)[job.first_chunk: job.num_chunks]
-            with self._load_store.lease(keys) as views:
+            store = self._load_store
+            tokens = job.token_ids[: job.num_chunks * store.geometry.chunk_tokens]
+            heads = getattr(store, "lease_heads", None)   # canonical chunks: this rank's heads from any TP size
+            if heads is not None:
+                lease = heads(store.chunk_keys_of(tokens, job.salt, job.extras)[job.first_chunk: job.num_chunks])
+            else:
+                lease = store.lease(store.keys(tokens, job.salt, job.extras)[job.first_chunk: job.num_chunks])
+            with lease as views:
                 events = []
                 for i, view in enumerate(views):
                     events += self._scatter(_as_tensor(view), job.chunk_blocks(job.first_chunk + i))

@@ -169,6 +169,11 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             return self._canonical.page_keys([bytes.fromhex(k) for k in keys])
         return [xxhash.xxh3_128_digest(self._root + k.encode()) for k in keys]
 
+    def _whole(self, keys: list[str]) -> list[bytes]:
+        """The canonical keys of the whole chunks (all heads) of SGLang's pages."""
+        assert self._canonical is not None
+        return self._canonical.whole_keys([bytes.fromhex(k) for k in keys])
+
     def _parent(self, extra_info: HiCacheStorageExtraInfo | None) -> list[bytes]:
         prefix = extra_info.prefix_keys if extra_info is not None else None
         return self._keys(prefix[-1:]) if prefix else []
@@ -177,7 +182,10 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         if self._store is None or not keys:
             return 0
-        return self._store.lookup(self._keys(keys))
+        found = self._store.lookup(self._keys(keys))
+        if found < len(keys) and self._canonical is not None:   # heads another TP size (or engine) wrote
+            found = max(found, self._canonical.lookup_any(self._whole(keys)))
+        return found
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -225,6 +233,13 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     ) -> list[bool]:
         done = [False] * len(keys)
         if self._store is None or not keys:
+            return done
+        if self._canonical is not None:
+            with self._canonical.lease_heads(self._whole(keys)) as views:
+                for i, view in enumerate(views):
+                    chunk = self._canonical.chunk_of(view)
+                    chunk_into_page(chunk, self._host_page(host_indices, i), self._layout, self._planes)
+                    done[i] = True
             return done
         chunks = self._store.load(self._keys(keys))
         for i, chunk in enumerate(chunks):

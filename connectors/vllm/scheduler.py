@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstore.protocol.kv_events import block_hash
 
-from ..common.canonical import identity_root, request_root
+from ..common.canonical import CanonicalStore, identity_root, request_root
 from ..common.report import state_report
 from ..common.store import ChunkStore
 from .geometry import NULL_BLOCK
@@ -210,6 +210,11 @@ class SchedulerSide:
             counts = store.lookup_many(chains)
             self._count("lookup_calls")
             for rid, count in zip(asked, counts):
+                if count < hits[rid] and isinstance(store, CanonicalStore):   # heads another TP size wrote
+                    keys = keyed[rid]
+                    assert keys is not None
+                    whole = store.chunk_keys_of(prompts[rid][: hits[rid] * t], keys.root, keys.upto(hits[rid]))
+                    count = max(count, store.lookup_any(whole))
                 hits[rid] = count
         for rid, r in batch.items():
             self._lookups[rid] = (r.num_tokens, hits[rid])

@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "their space when their leases end. Taken only from the daemon's own user (or "
                                    "root) on its host.")
     p.add_argument("namespaces", nargs="+", metavar="NAMESPACE",
-                   help="a namespace to drop (a connector's is its engine and model, e.g. vllm:MODEL)")
+                   help="a namespace to drop (a connector's names its model: kv:MODEL, or vllm:MODEL / sglang:MODEL "
+                        "for an engine's own formats)")
     p.add_argument("--prefix", action="store_true",
                    help="each NAMESPACE is a prefix: drop every namespace the daemon holds that starts with it")
     add_request_flags(p, timeout=30.0)
