@@ -359,10 +359,12 @@ class BlockCodec:
     """vLLM's per-layer caches, logical ``[blocks, kv_heads, block_size, 2 * head_dim]``, read into and written
     from chunks in the chunk layout ``[layers, 2, tokens, kv_heads, head_dim]`` (this rank's heads).
 
-    Where K and V lie in a block is the attention backend's: ``content`` "cpu" (vLLM's CPU backend views each
-    block's head as ``[2 * block_size, head_dim]``: the block's K rows, then its V rows) or "split" (the GPU
-    backends of vLLM 0.32, FlashAttention, FlashInfer, Triton and Flex: ``[..., :head_dim]`` is K,
-    ``[..., head_dim:]`` V, in any physical stride order). A chunk's blocks are moved with one ``index_select``
+    Where K and V lie in a block is the attention backend's: ``content`` "cpu" (vLLM's CPU backend with its
+    ``vec``/``vec16`` kernels: each block's head is ``2 * block_size * head_dim`` values, K transposed,
+    ``[head_dim, block_size]``, then V, ``[block_size, head_dim]``; found by writing known K and V through
+    ``cpu_attn_reshape_and_cache`` in 0.32) or "split" (the GPU backends of vLLM 0.32, FlashAttention, FlashInfer,
+    Triton and Flex, read from their code: ``[..., :head_dim]`` is K, ``[..., head_dim:]`` V, in any physical
+    stride order). A chunk's blocks are moved with one ``index_select``
     or ``index_copy_`` per layer and one reordering copy: two passes over the chunk's bytes, against one for a
     chunk of the engine's own block bytes.
     """
@@ -411,12 +413,18 @@ class BlockCodec:
             cache.index_copy_(0, ids, self._join(planes[0], planes[1]))
 
     def _split(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of blocks ``[n, heads, block, 2 * dim]`` as ``[n, heads, block, dim]`` each."""
         if self.content == "cpu":
-            kv = blocks.contiguous().view(blocks.shape[0], self.heads, 2, self.block_size, self.head_dim)
-            return kv[:, :, 0], kv[:, :, 1]
+            n, size = blocks.shape[0], self.block_size * self.head_dim
+            kv = blocks.contiguous().view(n, self.heads, 2, size)
+            k = kv[:, :, 0].view(n, self.heads, self.head_dim, self.block_size).transpose(-1, -2)
+            return k, kv[:, :, 1].view(n, self.heads, self.block_size, self.head_dim)
         return blocks[..., :self.head_dim], blocks[..., self.head_dim:]
 
     def _join(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Blocks ``[n, heads, block, 2 * dim]`` of K and V ``[n, heads, block, dim]``."""
         if self.content == "cpu":
-            return torch.stack((k, v), dim=2).reshape(k.shape[0], self.heads, self.block_size, 2 * self.head_dim)
+            n, size = k.shape[0], self.block_size * self.head_dim
+            kv = torch.stack((k.transpose(-1, -2).reshape(n, self.heads, size), v.reshape(n, self.heads, size)), 2)
+            return kv.view(n, self.heads, self.block_size, 2 * self.head_dim)
         return torch.cat((k, v), dim=-1)

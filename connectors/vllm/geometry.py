@@ -190,6 +190,23 @@ def engine_geometry(kv_cache_config: "KVCacheConfig", chunk_tokens: int, vllm_co
     return EngineGeometry(whole, geoms, family, mla, stage, stages, labels, canonical, heads)
 
 
+CPU_KERNELS = ("vec", "vec16")   # vLLM CPU attention kernels whose blocks ``layout.BlockCodec`` reads ("cpu")
+
+
+def cpu_kernels(dtype: Any, block_size: int, head_size: int) -> str:
+    """The kernel set vLLM's CPU attention picks for such a cache (``cpu_attn._get_attn_isa``; its blocks' layout
+    depends on it), or "unknown" where it cannot be asked (a vLLM without its CPU backend: unit harnesses, whose
+    caches the worker reads "split"; a worker with the CPU backend asks again and refuses another kernel set)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except ImportError:
+        return "unknown"
+    try:
+        return str(_get_attn_isa(dtype, block_size, head_size))
+    except Exception:  # noqa: BLE001 - a vLLM whose selector takes other arguments: no canonical format
+        return "unknown"
+
+
 def canonical_layout(groups: Sequence[Any], geoms: Sequence[GroupGeometry], mla: bool, stages: Sequence[Any],
                      chunk_tokens: int, vllm_config: "VllmConfig", device: str
                      ) -> tuple[CanonicalLayout | None, int]:
@@ -203,6 +220,8 @@ def canonical_layout(groups: Sequence[Any], geoms: Sequence[GroupGeometry], mla:
     if type(spec) is not FullAttentionSpec or getattr(spec, "head_size_v", spec.head_size) != spec.head_size:
         return None, 0
     if getattr(getattr(spec, "kv_quant_mode", None), "name", "NONE") != "NONE":
+        return None, 0
+    if device == "cpu" and cpu_kernels(spec.dtype, spec.block_size, spec.head_size) not in (*CPU_KERNELS, "unknown"):
         return None, 0
     # vLLM's unit harnesses have no model config: the even split
     counted = getattr(getattr(vllm_config, "model_config", None), "get_total_num_kv_heads", None)

@@ -17,7 +17,7 @@ from kvstore.protocol.engine_blocks import EngineBlocks
 
 from ..common.layout import BlockCodec
 from ..common.transfers import LoadJob, SaveJob, Transfers
-from .geometry import EngineGeometry
+from .geometry import CPU_KERNELS, EngineGeometry, cpu_kernels
 from .hybrid import state_rows, state_target
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .settings import tp_rank
@@ -88,8 +88,8 @@ class WorkerSide:
         codec = None
         if g.canonical is not None:   # chunks in the canonical layout: K and V of this rank's heads
             try:
-                codec = BlockCodec([kv_caches[n] for n in g.groups[0].layer_names],
-                                   block_content(self._vllm_config, g.groups[0].layer_names[0]))
+                layers = [kv_caches[n] for n in g.groups[0].layer_names]
+                codec = BlockCodec(layers, block_content(self._vllm_config, g.groups[0].layer_names[0], layers[0]))
             except ValueError as exc:
                 return self._disable(f"canonical chunks: {exc}")
             if codec.heads != g.kv_heads or codec.head_dim != g.canonical.head_dim:
@@ -199,13 +199,13 @@ class WorkerSide:
 SPLIT_BACKENDS = frozenset({"FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION"})
 
 
-def block_content(vllm_config: "VllmConfig", layer_name: str) -> str:
-    """Where the attention backend of `layer_name` keeps K and V in a block: "cpu" for vLLM's CPU backend,
-    "split" for the GPU backends (K in the first half of a token's content). A layer without a backend (vLLM's
-    unit harnesses, which write the content split) is "split".
+def block_content(vllm_config: "VllmConfig", layer_name: str, cache: torch.Tensor) -> str:
+    """Where the attention backend of `layer_name` keeps K and V in a block of `cache`: "cpu" for vLLM's CPU
+    backend with its ``vec`` kernels, "split" for the GPU backends (K in the first half of a token's content). A
+    layer without a backend (vLLM's unit harnesses, which write the content split) is "split".
 
     Raises:
-        ValueError: a backend whose block content this connector does not know.
+        ValueError: a backend, or CPU kernel set, whose block content this connector does not know.
     """
     context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
     backend = getattr(context.get(layer_name), "attn_backend", None)
@@ -213,6 +213,10 @@ def block_content(vllm_config: "VllmConfig", layer_name: str) -> str:
         return "split"
     name = backend.get_name()
     if name == "CPU_ATTN":
+        kernels = cpu_kernels(cache.dtype, cache.shape[2], cache.shape[3] // 2)
+        if kernels not in CPU_KERNELS:
+            raise ValueError(f"vLLM's CPU attention with its {kernels!r} kernels keeps K and V in a block in a way "
+                             "this connector does not know")
         return "cpu"
     if name in SPLIT_BACKENDS:
         return "split"

@@ -85,3 +85,44 @@ def test_model_identity_is_engine_neutral(tmp_path):
     assert c.model_identity(tmp_path, overrides={"rope_theta": 5.0}) != base
     save_file({"w": torch.arange(10, dtype=torch.float32) + 1}, str(tmp_path / "model.safetensors"))
     assert c.model_identity(tmp_path) != base
+
+
+def _cpu_block_write(cache: torch.Tensor, block: int, t: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Write token `t` of `block` where vLLM 0.32's CPU kernels (``cpu_attn_reshape_and_cache``, ``vec``/``vec16``)
+    put it, as measured by writing known values through them: per head, K at ``d * block_size + t`` and V at
+    ``block_size * head_dim + t * head_dim + d`` of the head's ``2 * block_size * head_dim`` values."""
+    _, heads, n, c = cache.shape
+    d = c // 2
+    flat = cache[block].view(heads, 2 * n * d)
+    for h in range(heads):
+        flat[h, torch.arange(d) * n + t] = k[h]
+        flat[h, n * d + t * d + torch.arange(d)] = v[h]
+
+
+@pytest.mark.parametrize("content", ["cpu", "split"])
+def test_block_codec_reads_and_writes_vllm_blocks_in_the_chunk_layout(content):
+    from kvstore.connectors.common.layout import BlockCodec
+
+    layers, heads, block, dim, blocks = 2, 2, 8, 4, 6
+    caches = [torch.zeros(blocks, heads, block, 2 * dim) for _ in range(layers)]
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(layers, 2 * block, heads, dim, generator=g)
+    v = torch.randn(layers, 2 * block, heads, dim, generator=g)
+    ids = [4, 1]   # the chunk's two blocks, out of order
+    for layer, cache in enumerate(caches):
+        for t in range(2 * block):
+            b, pos = ids[t // block], t % block
+            if content == "cpu":
+                _cpu_block_write(cache, b, pos, k[layer, t], v[layer, t])
+            else:
+                cache[b, :, pos, :dim], cache[b, :, pos, dim:] = k[layer, t], v[layer, t]
+    codec = BlockCodec(caches, content)
+    raw = torch.empty(layers * 2 * 2 * block * heads * dim * 4, dtype=torch.uint8)
+    codec.save(ids, raw)
+    chunk = raw.view(torch.float32).view(layers, 2, 2 * block, heads, dim)
+    assert torch.equal(chunk[:, 0], k) and torch.equal(chunk[:, 1], v)
+
+    fresh = [torch.zeros_like(c) for c in caches]
+    BlockCodec(fresh, content).load(raw, [2, -1])   # the second block is held already: left alone
+    for before, after in zip(caches, fresh):
+        assert torch.equal(after[2], before[4]) and not after[1].any()

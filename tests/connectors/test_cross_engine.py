@@ -152,3 +152,54 @@ def test_transformers_loads_what_vllm_saved(model, daemon, saved):
     got_lp = torch.log_softmax(logits[0, -1].double(), -1)[got[0]].item()
     assert got == want, (got, want)
     assert abs(got_lp - want_lp) <= TOL, (got_lp, want_lp)
+
+
+# -- tensor parallelism: vLLM at TP=2 (two worker processes, gloo), each rank its KV head --------------------
+
+C = vllm_real.prompts(2, LENGTH, seed=103)    # saved by vLLM at TP=2
+
+
+@pytest.fixture(scope="module")
+def vllm_tp2(workdir, model, daemon, saved) -> Iterator[vllm_real.EngineProc]:
+    pool = vllm_real.EnginePool()
+    pool.use_workdir(workdir)
+    pool.use_model(model)
+    yield pool.get("tp2", connector=pool.connector(), max_model_len=4096, tp=2)
+    pool.keep()
+
+
+def hit_tokens(engine: vllm_real.EngineProc, batch: list[list[int]], **kw: Any) -> tuple[list[dict], int]:
+    """Outputs of `batch` after vLLM forgot its own cache, and the prompt tokens its scheduler loaded."""
+    engine.reset_prefix_cache()
+    before = engine.stats()
+    out = engine.generate(batch, 6, **kw)
+    return out, vllm_real.delta(engine.stats(), before, "scheduler", "hit_tokens")
+
+
+def test_tp2_loads_what_tp1_engines_saved(vllm_tp2, saved):
+    """Each rank reads its head out of the whole chunks vLLM (A) and SGLang (B) saved at TP=1."""
+    for batch in (A, B):
+        want, hits = hit_tokens(vllm_tp2, batch, salts=["plain-tp2"] * len(batch))
+        assert hits == 0
+        out, hits = hit_tokens(vllm_tp2, batch)
+        assert_same(out, want)
+        assert hits == CHUNKS * CHUNK * len(batch)
+
+
+def test_tp1_engines_load_what_tp2_saved(vllm_tp2, vllm, sglang, daemon, saved):
+    """vLLM and SGLang at TP=1 read every head of C from the two ranks' slices."""
+    held = sglang_real.stored(daemon)
+    want_vllm = vllm.generate(C, 6, salts=["plain-vllm"] * len(C))
+    want_sglang = sglang_generate(sglang, C, cache_salt="plain-sglang")
+    before = held + 2 * CHUNKS * len(C)             # the plain runs' chunks, saved under their salts
+    assert wait_for(lambda: sglang_real.stored(daemon) >= before, timeout=120)
+    vllm_tp2.generate(C, 6)
+    assert wait_for(lambda: sglang_real.stored(daemon) >= before + 2 * CHUNKS * len(C), timeout=120)
+    vllm.reset_prefix_cache()
+    moved = vllm.stats()
+    assert_same(vllm.generate(C, 6), want_vllm)
+    assert vllm_real.delta(vllm.stats(), moved, "worker", "chunks_loaded") == CHUNKS * len(C)
+    sglang.flush_cache()
+    out = sglang_generate(sglang, C)
+    assert_same(out, want_sglang)
+    assert [o["from_storage"] for o in out] == [CHUNKS * CHUNK] * len(C)

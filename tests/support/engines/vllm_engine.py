@@ -27,7 +27,8 @@ an engine start costs ~15 s, so one process serves every test of a configuration
     {"op": "exit"}
 
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless the config says
-`"multiprocess": true`: one process fewer to start and the connector's state is readable for `stats`.
+`"multiprocess": true`; `"tp": 2` runs two tensor-parallel workers in processes of their own (the scheduler's
+counters stay readable, the workers' do not): one process fewer to start and the connector's state is readable for `stats`.
 Prompts are token ids (no tokenizer); sampling is greedy with the sampled token's log-probability.
 """
 
@@ -104,6 +105,8 @@ class Engine:
             kwargs.update(enable_lora=True, max_lora_rank=int(config["lora"]), max_loras=2)
         if config.get("prompt_embeds"):
             kwargs["enable_prompt_embeds"] = True
+        if int(config.get("tp", 1)) > 1:   # worker processes (vLLM's multiprocessing executor, gloo between them)
+            kwargs.update(tensor_parallel_size=int(config["tp"]), distributed_executor_backend="mp")
         self.llm = LLM(**kwargs)
         self.engine = self.llm.llm_engine
         self._next_id = 0
