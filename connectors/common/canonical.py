@@ -398,8 +398,8 @@ class CanonicalStore(ChunkStore):
     def chunk_of(self, view: Any) -> torch.Tensor:
         """A chunk-layout tensor of this rank's slice from what ``lease_heads`` yields (a view or a copy)."""
         if isinstance(view, torch.Tensor):
-            return view.view(self.geometry.dtype).view(self.geometry.chunk_shape)
-        return chunk_from_buffer(view, self.geometry)
+            return view.view(self.dense.dtype).view(self.dense.chunk_shape)
+        return chunk_from_buffer(view, self.dense)
 
     def _slice_geometry(self, rng: tuple[int, int]) -> KVGeometry:
         g = self.layout
@@ -407,7 +407,7 @@ class CanonicalStore(ChunkStore):
 
     def _gather_heads(self, parts: list[tuple[tuple[int, int], list[Any]]], i: int) -> torch.Tensor:
         """Chunk ``i`` of this rank's heads, copied out of the slices that hold them (as bytes)."""
-        out = self.geometry.empty_chunks(1)[0]
+        out = self.dense.empty_chunks(1)[0]
         first, end = self.layout.first, self.layout.end
         for (a, b), views in parts:
             lo, hi = max(a, first), min(b, end)

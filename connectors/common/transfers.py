@@ -36,6 +36,7 @@ from kvstore.ops import PagedKV
 from kvstore.protocol.engine_blocks import EngineBlocks
 from kvstore.tiers.gpu.engine import load_async, save_async
 
+from .canonical import CanonicalStore
 from .layout import BlockCodec
 from .store import ChunkStore, exact_or_tolerance
 
@@ -200,9 +201,9 @@ class Transfers:
         try:
             store = self._load_store
             tokens = job.token_ids[: job.num_chunks * store.geometry.chunk_tokens]
-            heads = getattr(store, "lease_heads", None)   # canonical chunks: this rank's heads from any TP size
-            if heads is not None:
-                lease = heads(store.chunk_keys_of(tokens, job.salt, job.extras)[job.first_chunk: job.num_chunks])
+            if isinstance(store, CanonicalStore):   # this rank's heads, whatever TP size wrote them
+                whole = store.chunk_keys_of(tokens, job.salt, job.extras)[job.first_chunk: job.num_chunks]
+                lease = store.lease_heads(whole)
             else:
                 lease = store.lease(store.keys(tokens, job.salt, job.extras)[job.first_chunk: job.num_chunks])
             with lease as views:

@@ -211,7 +211,8 @@ def canonical_layout(groups: Sequence[Any], geoms: Sequence[GroupGeometry], mla:
                      chunk_tokens: int, vllm_config: "VllmConfig", device: str
                      ) -> tuple[CanonicalLayout | None, int]:
     """The canonical format of an engine whose cache it describes (one full-attention group of unquantized K
-    and V of one head size, one pipeline stage, on the CPU or CUDA), with this rank's KV heads; (None, 0) for any other, whose chunks stay the engine's own block bytes."""
+    and V of one head size, one pipeline stage, on CUDA or on the CPU kernels ``BlockCodec`` reads), with this
+    rank's KV heads; (None, 0) for any other, whose chunks stay the engine's own block bytes."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     if len(groups) != 1 or mla or stages or geoms[0].kind != "full" or device not in ("cpu", "cuda"):

@@ -27,8 +27,9 @@ an engine start costs ~15 s, so one process serves every test of a configuration
     {"op": "exit"}
 
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless the config says
-`"multiprocess": true`; `"tp": 2` runs two tensor-parallel workers in processes of their own (the scheduler's
-counters stay readable, the workers' do not): one process fewer to start and the connector's state is readable for `stats`.
+`"multiprocess": true`: one process fewer to start and the connector's state is readable for `stats`. `"tp": 2`
+runs two tensor-parallel workers in processes of their own (the scheduler's counters stay readable, the
+workers' do not).
 Prompts are token ids (no tokenizer); sampling is greedy with the sampled token's log-probability.
 """
 
