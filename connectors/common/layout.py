@@ -99,7 +99,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def session_namespace(engine_model: str, salt: str = "") -> str:
-    """The namespace a connector says hello with: its engine and model (``vllm:MODEL``) and the configured salt.
+    """The namespace a connector says hello with: its model (``kv:MODEL`` for canonical chunks, which every engine
+    reads; ``vllm:MODEL`` for an engine's own format) and the configured salt.
 
     The daemon files every chunk a session stores under its namespace: tenants match it, ``kvstore stats``
     counts by it, and an engine's KV cache events go to the engines of the same namespace. The chunk keys
