@@ -56,6 +56,9 @@ from .layout import KVGeometry, chunk_from_buffer, dtype_name, session_namespace
 from .store import ChunkStore
 
 CANONICAL_VERSION = 1
+# The key scheme clients of canonical chunks say at hello: the daemon refuses a client of another scheme (or chunk
+# size) in a namespace while chunks of the first are held (``kvstore/server/compat.py``): keys that never meet.
+KEY_SCHEME = f"kvstore-canonical/sha256-pages/xxh3-128/v{CANONICAL_VERSION}"
 SESSION_PREFIX = "kv:"          # the engine-neutral session namespace: kv:MODEL
 TP_SIZES = (1, 2, 4, 8)         # the TP sizes whose slices a reader looks for
 _UINT32_MAX = (1 << 32) - 1
@@ -228,6 +231,15 @@ class CanonicalLayout:
 def canonical_session(model_id: str, salt: str = "") -> str:
     """The namespace every engine's connector says hello in for canonical chunks: ``kv:MODEL`` (with the salt)."""
     return session_namespace(SESSION_PREFIX + model_id, salt)
+
+
+def connect(address: str | None, model_id: str, chunk_tokens: int = 256, salt: str = "", **options: Any) -> Any:
+    """A client for canonical chunks of ``model_id`` (what the transformers connector's ``checkpoint=`` calls
+    take): hello in ``canonical_session``, with the canonical key scheme."""
+    import kvstore
+
+    return kvstore.connect(address, namespace=canonical_session(model_id, salt), chunk_tokens=chunk_tokens,
+                           key_scheme=KEY_SCHEME, **options)
 
 
 def model_identity(checkpoint: str | os.PathLike[str], *, dtype: Any = "auto", quantization: Any = None,

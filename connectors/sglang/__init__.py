@@ -152,7 +152,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         cl = canonical.CanonicalLayout(g.num_layers, total, g.head_dim, g.dtype, g.chunk_tokens, first, end)
         report = {"connector": on_report("sglang", layout)} if c.tp_rank == 0 else {}
         link = DaemonLink.to(self._address, g.chunk_tokens, self._timeout,
-                             connect={**report, "identity": self._identity,
+                             connect={**report, "identity": self._identity, "key_scheme": canonical.KEY_SCHEME,
                                       "namespace": canonical.canonical_session(self._model_id, self._salt)},
                              retry_s=self._retry_s)
         model = canonical.identity_root(identity, str(extra.get("weights_version", "")))

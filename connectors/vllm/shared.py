@@ -51,6 +51,8 @@ class ConnectorSettings:
     def link(self, **connect: Any) -> DaemonLink:
         """A new link to the daemon (a client is not thread-safe: one per thread that calls it)."""
         connect = {"namespace": self.session_namespace, **connect}
+        if self.geometry is not None and self.geometry.canonical is not None:
+            connect["key_scheme"] = canonical.KEY_SCHEME
         if self.identity is not None:
             connect = {"identity": self.identity, **connect}
         link = DaemonLink.to(self.config.address, self.chunk_tokens, timeout=self.timeout,

@@ -2,8 +2,9 @@
 
 The namespaces a connector says hello in name its model (``kv:MODEL`` for the format every engine reads,
 ``vllm:MODEL`` or ``sglang:MODEL`` for an engine's own): dropping a model's chunks after its weights changed is
-``kvstore invalidate kv:MODEL vllm:MODEL sglang:MODEL``, or ``--prefix`` for every salt and layout of them. What goes and what cannot be reached: ``kvstore/server/invalidate.py``. Prints what was dropped per
-namespace (exit 0); a daemon that refuses (another user's client) exits 1 with its one line.
+``kvstore invalidate kv:MODEL vllm:MODEL sglang:MODEL``, or ``--prefix`` for every salt and layout of them.
+What goes and what cannot be reached: ``kvstore/server/invalidate.py``. Prints what was dropped per namespace
+(exit 0); a daemon that refuses (another user's client) exits 1 with its one line.
 """
 
 from __future__ import annotations

@@ -15,9 +15,8 @@ from typing import Any, Iterator
 
 import pytest
 
-import kvstore
 from conftest import wait_for
-from kvstore.connectors.common.canonical import canonical_session
+from kvstore.connectors.common import canonical
 from support.daemons import keep_dirs, short_tempdir
 from support.engines import sglang_real, vllm_real
 from support.engines.sandbox import engine_home_env
@@ -144,7 +143,7 @@ def test_transformers_loads_what_vllm_saved(model, daemon, saved):
     logits, cache = prefill(m, ids)
     want = greedy(m, logits, cache, 6)
     want_lp = torch.log_softmax(logits[0, -1].double(), -1)[want[0]].item()
-    with kvstore.connect(daemon.address, chunk_tokens=CHUNK, namespace=canonical_session(model)) as client:
+    with canonical.connect(daemon.address, model, chunk_tokens=CHUNK) as client:
         cache, n = load_prefix(client, m, ids, checkpoint=model)
     assert n == CHUNKS * CHUNK, n
     logits, cache = prefill(m, ids, cache, start=n)
