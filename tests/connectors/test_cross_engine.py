@@ -81,15 +81,13 @@ def sglang_generate(engine: sglang_real.SGLangServer, batch: list[list[int]], **
 
 
 def assert_same(got: list[dict], want: list[dict]) -> None:
-    """The same greedy tokens and the first token's log-probability within TOL. (Later tokens' log-probabilities
-    are conditioned on KV one engine computed and another attends over: they differ by what separates the two
-    engines' kernels, a few 1e-3 on this model, and are printed.)"""
+    """The same greedy tokens, every log-probability within TOL (the differences are printed: 0 to 5e-7 here)."""
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g["tokens"] == w["tokens"], f"prompt {i}: tokens differ"
         first = abs(g["logprobs"][0] - w["logprobs"][0])
-        assert first <= TOL, f"prompt {i}: first-token log-probabilities differ by {first}"
-        print(f"prompt {i}: first-token log-probability difference {first:.2e}, any token "
-              f"{max(abs(a - b) for a, b in zip(g['logprobs'], w['logprobs'])):.2e}")
+        worst = max(abs(a - b) for a, b in zip(g["logprobs"], w["logprobs"]))
+        print(f"prompt {i}: first-token log-probability difference {first:.2e}, any token {worst:.2e}")
+        assert worst <= TOL, f"prompt {i}: log-probabilities differ by {worst}"
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +161,9 @@ def vllm_tp2(workdir, model, daemon, saved) -> Iterator[vllm_real.EngineProc]:
     pool = vllm_real.EnginePool()
     pool.use_workdir(workdir)
     pool.use_model(model)
-    yield pool.get("tp2", connector=pool.connector(), max_model_len=4096, tp=2)
+    # vLLM binds each CPU worker's threads to a NUMA node of its own unless told which cores: one core each
+    yield pool.get("tp2", connector=pool.connector(), max_model_len=4096, tp=2,
+                   env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
     pool.keep()
 
 
