@@ -15,17 +15,20 @@ import random
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 
-from .sandbox import engine_home_env
+from .sandbox import descendants, engine_home_env, remove_files, shm_files_of
 from . import venv
 
 REPO = Path(__file__).resolve().parents[3]
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
 START_TIMEOUT_S = 600.0
+# What vLLM's processes make in /dev/shm: multiprocessing's semaphores and shared memory (never the daemon's arena)
+ENGINE_SHM_PREFIXES = ("sem.mp-", "psm_", "vllm")
 CHUNK = 256        # connector chunk size in the tests: two of the CPU engine's 128-token blocks
 VOCAB = 512
 
@@ -169,6 +172,10 @@ class EngineProc:
         return "\n".join(lines[-n:])
 
     def close(self) -> None:
+        """End the engine; the shared-memory segments and semaphores its processes had mapped (tensor-parallel
+        workers' among them, which the engine's quick exit leaves behind) are removed."""
+        tree = descendants(self.proc.pid) if self.proc.poll() is None else []
+        leftovers = shm_files_of(tree, ENGINE_SHM_PREFIXES)
         if self.proc.poll() is None:
             try:
                 assert self.proc.stdin is not None
@@ -178,6 +185,10 @@ class EngineProc:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
+        deadline = time.monotonic() + 30
+        while any(os.path.exists(f"/proc/{p}") for p in tree[1:]) and time.monotonic() < deadline:
+            time.sleep(0.2)   # workers end once they see their parent gone
+        remove_files(leftovers)
         self._log.close()
 
 
