@@ -243,29 +243,42 @@ def connect(address: str | None, model_id: str, chunk_tokens: int = 256, salt: s
 
 
 def model_identity(checkpoint: str | os.PathLike[str], *, dtype: Any = "auto", quantization: Any = None,
-                   kv_cache_dtype: Any = None, overrides: Any = None, mode: str = "sampled") -> str:
-    """The engine-neutral identity of a model: the fingerprint of its checkpoint's weight files and a digest of
-    the settings that change KV at the same shape, as every engine names them alike: the checkpoint's own
-    ``config.json`` (not an engine's parsed config, whose defaults differ between libraries), the overrides
-    given to the engine, the compute dtype, the weight quantization and the KV cache dtype.
+                   kv_cache_dtype: Any = None, overrides: Any = None, mode: str = "sampled",
+                   model_id: str = "") -> str:
+    """The engine-neutral identity of a model, ``WEIGHTS.SETTINGS``: the fingerprint of its checkpoint's weight
+    files (``mode`` "off", or no checkpoint directory on this host: ``named-`` and a hash of ``model_id``, the
+    name standing for the weights) and a digest of the settings that change KV at the same shape, as every
+    engine names them alike: the checkpoint's own ``config.json`` (not an engine's parsed config, whose defaults
+    differ between libraries), the overrides given to the engine, the compute dtype, the weight quantization and
+    the KV cache dtype.
 
     Raises:
-        ConfigError: the checkpoint cannot be read.
+        ConfigError: the checkpoint's files cannot be read.
     """
-    path = Path(checkpoint)
+    path = Path(checkpoint) if checkpoint else None
     config: dict[str, Any] = {}
-    try:
-        with open(path / "config.json") as f:
-            config = {k: v for k, v in json.load(f).items()
-                      if not k.startswith("_") and k not in ("transformers_version", "name_or_path")}
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"kvstore: cannot read {path / 'config.json'}: {exc}") from None
-    weights = "off" if mode == "off" else weights_fingerprint(path, mode).digest
+    if path is not None and path.is_dir():
+        try:
+            with open(path / "config.json") as f:
+                config = {k: v for k, v in json.load(f).items()
+                          if not k.startswith("_") and k not in ("transformers_version", "name_or_path")}
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"kvstore: cannot read {path / 'config.json'}: {exc}") from None
+    if mode == "off" or path is None or not path.is_dir():
+        weights = "named-" + xxhash.xxh3_64_hexdigest(model_id.encode())
+    else:
+        weights = weights_fingerprint(path, mode).digest
     settings = {"config": config, "overrides": overrides or None, "dtype": normalized_dtype(dtype, config),
                 "quantization": _none(quantization), "kv_cache_dtype": _none(kv_cache_dtype)}
     return f"{weights}.{settings_digest(settings)}"
+
+
+def identity_of(checkpoint: str, model_id: str, mode: str = "sampled", **settings: Any) -> str:
+    """``model_identity`` of a checkpoint directory, or of the model's name where there is none (a hub name not
+    on this host, a unit harness) or ``mode`` is "off"."""
+    return model_identity(checkpoint, mode=mode, model_id=model_id, **settings)
 
 
 def normalized_dtype(dtype: Any, config: dict[str, Any] | None = None) -> str:
@@ -280,16 +293,6 @@ def normalized_dtype(dtype: Any, config: dict[str, Any] | None = None) -> str:
 def _none(value: Any) -> str | None:
     text = None if value is None else str(value)
     return None if text in (None, "", "auto", "None", "none") else text
-
-
-def identity_of(checkpoint: str, model_id: str, mode: str = "sampled", **settings: Any) -> str:
-    """``model_identity`` of a checkpoint directory; where there is none (a hub name not on this host, a unit
-    harness) or ``mode`` is "off", the configured model name stands for the weights (``named:MODEL``: engines
-    share only under the same name and settings)."""
-    if mode == "off" or not checkpoint or not os.path.isdir(checkpoint):
-        named = {k: (normalized_dtype(v) if k == "dtype" else v) for k, v in settings.items()}
-        return f"named:{model_id}.{settings_digest(named)}"
-    return model_identity(checkpoint, mode=mode, **settings)
 
 
 def config_kv_heads(checkpoint: str) -> int | None:

@@ -139,11 +139,12 @@ def neutral_identity(vllm_config: "VllmConfig", mode: str, model_id: str) -> str
     if settings.get("load_format") == "dummy":
         return f"vllm-dummy.{settings_digest(settings)}"
     overrides = getattr(model, "hf_overrides", None)
+    if callable(overrides):   # a function of the config: named, as vLLM's own identity names it
+        overrides = {"callable": getattr(overrides, "__qualname__", repr(overrides))}
     cache = vllm_config.cache_config
-    path = checkpoint_path(model) if mode != "off" else ""
+    path = checkpoint_path(model) if mode != "off" else str(model.model)
     return identity_of(path, model_id, mode, dtype=model.dtype, quantization=getattr(model, "quantization", None),
-                       kv_cache_dtype=getattr(cache, "cache_dtype", None),
-                       overrides=None if callable(overrides) or not overrides else overrides)
+                       kv_cache_dtype=getattr(cache, "cache_dtype", None), overrides=overrides or None)
 
 
 def model_identity(vllm_config: "VllmConfig", mode: str) -> str:

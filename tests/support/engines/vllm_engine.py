@@ -235,15 +235,16 @@ def _perturb_weights(worker: Any, seed: int, scale: float) -> None:
 
 
 def model_identity(model: str, engine_args: dict[str, Any]) -> str:
-    """The vLLM connector's model identity of `model` under `engine_args` (vLLM's own config, no engine)."""
+    """The vLLM connector's model identity of a dense `model` under `engine_args` (the engine-neutral one of the
+    canonical format; vLLM's own config, no engine)."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from kvstore.connectors.vllm.identity import model_identity as identity
+    from kvstore.connectors.vllm.identity import neutral_identity
 
     mode = engine_args.pop("fingerprint", "sampled")
     args = EngineArgs(model=model, skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
                       max_model_len=2048, **engine_args)
-    return identity(args.create_engine_config(), mode)
+    return neutral_identity(args.create_engine_config(), mode, model)
 
 
 def serve(config: dict[str, Any]) -> None:
