@@ -361,10 +361,12 @@ class CanonicalStore(ChunkStore):
         return [[(rng, [slice_key(k, rng[0], rng[1], total) for k in chunk_keys_]) for rng in way]
                 for way in covering_slices(self.layout.first, self.layout.end, total)]
 
-    def lookup_any(self, keys: Sequence[bytes]) -> int:
-        """Leading chunks of ``keys`` (whole-chunk keys) whose heads some way holds whole (its own slice first)."""
-        best = 0
-        for way in self.ways(keys):
+    def lookup_any(self, keys: Sequence[bytes], known: int | None = None) -> int:
+        """Leading chunks of ``keys`` (whole-chunk keys) whose heads some way holds whole (its own slice first;
+        ``known``: what its own slice holds, looked up already)."""
+        best = 0 if known is None else known
+        ways = self.ways(keys)
+        for way in ways if known is None else ways[1:]:
             found = min(self.lookup(slice_keys) for _, slice_keys in way)
             best = max(best, found)
             if best == len(keys):

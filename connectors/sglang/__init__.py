@@ -184,7 +184,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             return 0
         found = self._store.lookup(self._keys(keys))
         if found < len(keys) and self._canonical is not None:   # heads another TP size (or engine) wrote
-            found = max(found, self._canonical.lookup_any(self._whole(keys)))
+            found = self._canonical.lookup_any(self._whole(keys), known=found)
         return found
 
     def exists(self, key: str) -> bool:

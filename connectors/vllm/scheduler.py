@@ -214,7 +214,7 @@ class SchedulerSide:
                     keys = keyed[rid]
                     assert keys is not None
                     whole = store.chunk_keys_of(prompts[rid][: hits[rid] * t], keys.root, keys.upto(hits[rid]))
-                    count = max(count, store.lookup_any(whole))
+                    count = store.lookup_any(whole, known=count)
                 hits[rid] = count
         for rid, r in batch.items():
             self._lookups[rid] = (r.num_tokens, hits[rid])
