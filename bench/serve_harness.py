@@ -17,7 +17,9 @@ from typing import Any
 from bench._common import free_port, start_daemon
 from bench.serve_engine import EngineFailed, Server, Venv, bench_serve, engine_env, make_shim
 from bench.serve_traces import Conversations
+from kvstore.connectors.common import canonical
 from kvstore.connectors.common.canonical import canonical_session
+from kvstore.keys import KEY_SCHEME
 from kvstore.connectors.common.layout import session_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -251,8 +253,9 @@ class Bench:
         so a repeat starts cold."""
         left = 0
         for _ in range(10):   # a save the engine acknowledged may still be landing
-            for ns in (canonical_session(MODEL_ID), session_namespace(f"vllm:{MODEL_ID}")):   # shared or vLLM's own
-                with (daemon or self.daemon).daemon.client(namespace=ns) as c:
+            for ns, scheme in ((canonical_session(MODEL_ID), canonical.KEY_SCHEME),    # shared, or vLLM's own
+                               (session_namespace(f"vllm:{MODEL_ID}"), KEY_SCHEME)):
+                with (daemon or self.daemon).daemon.client(namespace=ns, key_scheme=scheme) as c:
                     c.clear()
                     left = c.stats()["chunks"]
             if not left:

@@ -84,7 +84,8 @@ class EngineProc:
     def __init__(self, python: str, config: dict[str, Any], log_path: str, env: dict[str, str]) -> None:
         self.config = config
         self.log_path = log_path
-        self.namespace = ""   # the connector's session namespace, learnt with its chunk keys
+        self.namespace = ""   # the connector's session namespace and key scheme, learnt with its chunk keys
+        self.key_scheme = ""
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
             [python, str(ENGINE_SCRIPT), "serve", json.dumps(config)], stdin=subprocess.PIPE,
@@ -156,13 +157,14 @@ class EngineProc:
         bound to the engine's namespace in the daemon: look them up through ``chunk_client``."""
         reply = self.call("chunk_keys", prompts=prompts, salts=salts)
         self.namespace = str(reply["namespace"])
+        self.key_scheme = str(reply["key_scheme"])
         return [[bytes.fromhex(k) for k in chain] for chain in reply["keys"]]
 
     def chunk_client(self, daemon: Any) -> Any:
-        """A client of `daemon` in this engine's namespace, where its chunk keys name its chunks."""
+        """A client of `daemon` in this engine's namespace and key scheme, where its chunk keys name its chunks."""
         if not self.namespace:
             self.chunk_keys([])
-        return daemon.client(namespace=self.namespace)
+        return daemon.client(namespace=self.namespace, key_scheme=self.key_scheme)
 
     def log_tail(self, n: int = 60) -> str:
         try:
