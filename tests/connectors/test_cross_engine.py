@@ -4,9 +4,9 @@ saved, and they load what it saved.
 
 One random-weight float32 Llama directory serves all three (SGLang with `--page-size` 256, the vLLM connector's
 `chunk_tokens`). Each engine starts once for the module: vLLM at TP=1, SGLang, vLLM at TP=2. Every load must
-give the loading engine's own plain prefill: the same greedy tokens and log-probabilities within 1e-3. An engine's plain prefill of a prompt is its
-run under a cache salt no other request uses, so nothing of it is cached anywhere (a salt seeds the page chain
-and changes no value).
+give the loading engine's own plain prefill: the same greedy tokens and log-probabilities within 1e-3. An
+engine's plain prefill of a prompt is its run under a cache salt no other request uses, so nothing of it is
+cached anywhere (a salt seeds the page chain and changes no value).
 """
 
 from __future__ import annotations
