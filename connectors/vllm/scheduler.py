@@ -167,6 +167,11 @@ class SchedulerSide:
         """The namespace this engine's chunks are stored in (a client looking them up says hello with it)."""
         return self._settings.session_namespace
 
+    @property
+    def key_scheme(self) -> str:
+        """The key scheme this engine's chunk keys are made by (a client reaching them says it at hello)."""
+        return self._settings.key_scheme
+
     def plain_keys(self, store: ChunkStore, token_ids: list[int], cache_salt: str = "") -> list[bytes]:
         """The keys `store` holds a prompt of plain token ids under (no adapter or multimodal input) in this
         engine's current weights epoch: what an operator's tool or a test looks up or deletes."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstore.keys import KEY_SCHEME
 from kvstore.protocol.engine_identity import EngineIdentity
 
 from ..common import canonical
@@ -48,11 +49,16 @@ class ConnectorSettings:
             return canonical.canonical_session(self.model_id, self.salt)
         return session_namespace(f"vllm:{self.model_id}", self.salt)
 
+    @property
+    def key_scheme(self) -> str:
+        """The key scheme this engine's links say at hello (the daemon checks it per namespace)."""
+        if self.geometry is not None and self.geometry.canonical is not None:
+            return canonical.KEY_SCHEME
+        return KEY_SCHEME
+
     def link(self, **connect: Any) -> DaemonLink:
         """A new link to the daemon (a client is not thread-safe: one per thread that calls it)."""
-        connect = {"namespace": self.session_namespace, **connect}
-        if self.geometry is not None and self.geometry.canonical is not None:
-            connect["key_scheme"] = canonical.KEY_SCHEME
+        connect = {"namespace": self.session_namespace, "key_scheme": self.key_scheme, **connect}
         if self.identity is not None:
             connect = {"identity": self.identity, **connect}
         link = DaemonLink.to(self.config.address, self.chunk_tokens, timeout=self.timeout,

@@ -196,13 +196,9 @@ class Engine:
         delete or look up chunks."""
         side = self.engine.engine_core.engine_core.scheduler.connector.scheduler_side
         salted = salts or [None] * len(prompts)
-        from kvstore.connectors.common import canonical
-        from kvstore.keys import KEY_SCHEME
-
-        scheme = canonical.KEY_SCHEME if isinstance(side.stores[0], canonical.CanonicalStore) else KEY_SCHEME
         return {"keys": [[k.hex() for k in side.plain_keys(side.stores[0], p, salt or "")]
                          for p, salt in zip(prompts, salted)], "namespace": side.session_namespace,
-                "key_scheme": scheme}
+                "key_scheme": side.key_scheme}
 
     def chunk_parts(self) -> dict[str, Any]:
         """What a chunk holds, group after group in its bytes: each group's kind and byte count (tests that
