@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
+from kvstore.cli.flag_types import positive_count
 from bench._common import short_tempdir, write_result
 from bench.serve_engine import find_venv
 from bench.serve_harness import FULL, QUICK, Bench, Profile
@@ -53,8 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small model, few requests (smoke test)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, in this order")
-    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per scenario")
-    parser.add_argument("--concurrency", type=int, default=None, help="requests in flight (client)")
+    parser.add_argument("--repeats", type=positive_count, default=None, help="interleaved repeats per scenario")
+    parser.add_argument("--concurrency", type=positive_count, default=None, help="requests in flight (client)")
     from tests.support.engines.venv import venv_dir
 
     parser.add_argument("--venv", default=str(venv_dir()))
@@ -66,10 +67,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="write the result here instead")
     args = parser.parse_args(argv)
     args.scenarios = parse_scenarios(args.scenarios)
-    for name in ("repeats", "concurrency"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name} must be at least 1, got {value}")
     return args
 
 

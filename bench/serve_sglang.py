@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from kvstore.cli.flag_types import positive_count
 from bench._common import short_tempdir, start_daemon, write_result
 from bench.serve_harness import interleaved, median_of
 from bench.serve_sglang_engine import (
@@ -139,8 +140,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a small model, few requests, one repeat (smoke test)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, in this order")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated (hicache and kvstore always)")
-    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per scenario")
-    parser.add_argument("--concurrency", type=int, default=None, help="requests in flight (client)")
+    parser.add_argument("--repeats", type=positive_count, default=None, help="interleaved repeats per scenario")
+    parser.add_argument("--concurrency", type=positive_count, default=None, help="requests in flight (client)")
     parser.add_argument("--venv", default=None, help="SGLang's virtualenv (default: the engine tests')")
     parser.add_argument("--trace", default=TRACE, help="the Mooncake conversation trace the rows come from")
     parser.add_argument("--real-restart", action="store_true",
@@ -150,10 +151,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.scenarios = parse_scenarios(args.scenarios)
     args.arms = parse_arms(args.arms)
-    for name in ("repeats", "concurrency"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name} must be at least 1, got {value}")
     return args
 
 
@@ -434,16 +431,22 @@ def restart(bench: Bench, path: str) -> dict[str, Any]:
     return out
 
 
+
+def replay_interleaved(bench: Bench, trace: tuple[str, int]) -> dict[str, list[dict[str, Any]]]:
+    """Every arm's replays of ``trace``, repeats interleaved (each arm first in turn), each from an empty store."""
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in bench.arms}
+    for order in interleaved(bench.arms, bench.profile.repeats):
+        for arm in order:
+            bench.clear(arm)
+            runs[arm].append(bench.replay(arm, trace))
+    return runs
+
 def working_set(bench: Bench, path: str) -> dict[str, Any]:
     """The engine's KV pool a quarter of the trace's working set: HiCache alone thrashes."""
     p = bench.profile
     rows, n = working_set_rows(path, p)
     trace = write_rows(bench, "working-set", rows)
-    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in bench.arms}
-    for order in interleaved(bench.arms, p.repeats):
-        for arm in order:
-            bench.clear(arm)
-            runs[arm].append(bench.replay(arm, trace))
+    runs = replay_interleaved(bench, trace)
     out = finish(runs, requests=len(rows), conversations=n, working_set_tokens=working_set_tokens(rows),
                  engine_kv_tokens=p.pool_tokens, host_pool_tokens=int(p.pool_tokens * p.hicache_ratio))
     ratios(out, bench.arms)
@@ -455,11 +458,7 @@ def all_miss(bench: Bench, path: str) -> dict[str, Any]:
     p = bench.profile
     rows = unique_trace(p.unique_requests, p.unique_blocks, CLIENT_BLOCK_TOKENS, p.output_tokens, gap_ms=50)
     trace = write_rows(bench, "unique", rows)
-    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in bench.arms}
-    for order in interleaved(bench.arms, p.repeats):
-        for arm in order:
-            bench.clear(arm)
-            runs[arm].append(bench.replay(arm, trace))
+    runs = replay_interleaved(bench, trace)
     out = finish(runs, requests=len(rows))
     med = out["median"]
     out["ratios"] = {f"total_throughput_{arm}_vs_hicache":

@@ -87,18 +87,12 @@ class SharedArena:
         try:
             os.fchmod(fd, 0o600)  # regardless of umask
             os.ftruncate(fd, size)
-            arena = cls(path=path, size=size, buf=mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
-                                                            prot=mmap.PROT_READ | mmap.PROT_WRITE),
-                        owner=True, fd=fd, reserved=bytearray(-(-size // GRANULE)))
+            arena = cls._owned(path, fd, size, bytearray(-(-size // GRANULE)))
         except BaseException:
             os.close(fd)
             os.unlink(path)
             raise
-        if reserve_all and not arena.reserve(0, size):
-            arena.close()
-            raise ConfigError(f"host tier of {size} bytes does not fit in {SHM_DIR} ({shm_free()} bytes free); "
-                              f"lower --host-mem or enlarge {SHM_DIR}")
-        return arena
+        return arena._reserved_whole() if reserve_all else arena
 
     @classmethod
     def open_kept(cls, path: str, size: int, reserve_all: bool = False) -> "SharedArena | None":
@@ -123,17 +117,25 @@ class SharedArena:
                 _free_past(fd, size, st.st_size)
             else:
                 os.ftruncate(fd, size)
-            arena = cls(path=path, size=size, buf=mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
-                                                            prot=mmap.PROT_READ | mmap.PROT_WRITE),
-                        owner=True, fd=fd, reserved=_granules_with_pages(fd, size))
+            arena = cls._owned(path, fd, size, _granules_with_pages(fd, size))
         except BaseException:
             os.close(fd)
             raise
-        if reserve_all and not arena.reserve(0, size):
-            arena.close()
-            raise ConfigError(f"host tier of {size} bytes does not fit in {SHM_DIR} ({shm_free()} bytes free); "
-                              f"lower --host-mem or enlarge {SHM_DIR}")
-        return arena
+        return arena._reserved_whole() if reserve_all else arena
+
+    @classmethod
+    def _owned(cls, path: str, fd: int, size: int, reserved: bytearray) -> "SharedArena":
+        """The daemon's read-write shared mapping of the segment open at ``fd``."""
+        buf = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        return cls(path=path, size=size, buf=buf, owner=True, fd=fd, reserved=reserved)
+
+    def _reserved_whole(self) -> "SharedArena":
+        """This arena with every page reserved now; closed, and a ConfigError, when they do not fit."""
+        if not self.reserve(0, self.size):
+            self.close()
+            raise ConfigError(f"host tier of {self.size} bytes does not fit in {SHM_DIR} ({shm_free()} bytes "
+                              f"free); lower --host-mem or enlarge {SHM_DIR}")
+        return self
 
     def reserve(self, offset: int, nbytes: int) -> bool:
         """Back ``[offset, offset + nbytes)`` with pages (the granules around it not reserved yet); False when

@@ -142,7 +142,7 @@ def test_arguments_are_checked_with_one_clear_line(capsys):
         serve.parse_args(["--scenarios", "restart,restrat"])
     with pytest.raises(SystemExit):
         serve.parse_args(["--repeats", "0"])
-    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
+    assert "argument --repeats: must be positive, got '0'" in capsys.readouterr().err
     args = serve.parse_args(["--quick", "--scenarios", "all_miss", "--repeats", "2"])
     assert args.scenarios == ["all_miss"]
     assert serve.profile_for(args).repeats == 2 and serve.profile_for(args).name == "quick"

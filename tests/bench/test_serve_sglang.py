@@ -55,7 +55,7 @@ def test_arguments_are_checked_with_one_clear_line(capsys):
         serve_sglang.parse_args(["--arms", "file,mooncake"])
     with pytest.raises(SystemExit):
         serve_sglang.parse_args(["--repeats", "0"])
-    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
+    assert "argument --repeats: must be positive, got '0'" in capsys.readouterr().err
     args = serve_sglang.parse_args(["--quick", "--arms", "kvstore,hicache", "--repeats", "2"])
     assert args.arms == ["hicache", "kvstore"] and args.scenarios == list(serve_sglang.SCENARIOS)
     assert serve_sglang.profile_for(args) == QUICK.__class__(**{**QUICK.__dict__, "repeats": 2})
