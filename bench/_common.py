@@ -24,7 +24,7 @@ RESULTS_DIR = os.path.join(BENCH_DIR, "results")
 
 __all__ = ["BenchDaemon", "DaemonProc", "RESULTS_DIR", "add_output_flag", "native_index", "free_port",
            "latest_path", "machine", "median_seconds",
-           "memcpy_seconds", "sample_seconds", "short_tempdir", "start_daemon", "write_result"]
+           "memcpy_seconds", "parse_names", "sample_seconds", "short_tempdir", "start_daemon", "write_result"]
 
 
 def machine() -> dict:
@@ -142,6 +142,15 @@ def timed_put_get(client, keys: list[bytes], payloads: list[np.ndarray], dests: 
     assert all(np.array_equal(p, d) for p, d in zip(payloads, dests))
     client.delete(keys)
     return t1 - t0, t2 - t1
+
+
+def parse_names(text: str, flag: str, choices: tuple[str, ...]) -> list[str]:
+    """The comma-separated names of ``flag``, each one of ``choices`` (one clear line naming the bad ones)."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in choices]
+    if bad or not names:
+        raise SystemExit(f"{flag}: unknown {bad or 'empty list'}; choose from {','.join(choices)}")
+    return names
 
 
 def add_output_flag(parser: argparse.ArgumentParser) -> None:

@@ -32,7 +32,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from kvstore.cli.flag_types import positive_count
-from bench._common import short_tempdir, write_result
+from bench._common import parse_names, short_tempdir, write_result
 from bench.serve_engine import find_venv
 from bench.serve_harness import FULL, QUICK, Bench, Profile
 
@@ -43,11 +43,7 @@ INSTALL_HINT = "bash .ci/install-vllm-engine.sh"
 
 def parse_scenarios(text: str) -> list[str]:
     """The comma-separated scenario names, checked (one clear line naming the bad one otherwise)."""
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in SCENARIOS]
-    if bad or not names:
-        raise SystemExit(f"--scenarios: unknown {bad or 'empty list'}; choose from {','.join(SCENARIOS)}")
-    return names
+    return parse_names(text, "--scenarios", SCENARIOS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kvstore.cli.flag_types import positive_count
-from bench._common import short_tempdir, start_daemon, write_result
+from bench._common import parse_names, short_tempdir, start_daemon, write_result
 from bench.serve_harness import interleaved, median_of
 from bench.serve_sglang_engine import (
     ARMS,
@@ -119,19 +119,13 @@ QUICK = Profile("quick", hidden=128, layers=2, heads=4, kv_heads=2, repeats=1, s
 
 
 def parse_scenarios(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in SCENARIOS]
-    if bad or not names:
-        raise SystemExit(f"--scenarios: unknown {bad or 'empty list'}; choose from {','.join(SCENARIOS)}")
-    return names
+    return parse_names(text, "--scenarios", SCENARIOS)
 
 
 def parse_arms(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in ARMS]
-    if bad or "hicache" not in names or "kvstore" not in names:
-        raise SystemExit(f"--arms: {f'unknown {bad}' if bad else 'hicache and kvstore are needed'}; "
-                         f"choose from {','.join(ARMS)}")
+    names = parse_names(text, "--arms", ARMS)
+    if "hicache" not in names or "kvstore" not in names:
+        raise SystemExit(f"--arms: hicache and kvstore are needed; choose from {','.join(ARMS)}")
     return [a for a in ARMS if a in names]
 
 
