@@ -17,6 +17,9 @@ from typing import Any
 from bench._common import free_port, start_daemon
 from bench.serve_engine import EngineFailed, Server, Venv, bench_serve, engine_env, make_shim
 from bench.serve_traces import Conversations
+from kvstore.connectors.common import canonical
+from kvstore.connectors.common.canonical import canonical_session
+from kvstore.keys import KEY_SCHEME
 from kvstore.connectors.common.layout import session_namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -248,13 +251,16 @@ class Bench:
     def clear_daemon(self, daemon: Any = None) -> None:
         """Delete every chunk the engines saved (their connector's namespace) from the run's daemon (or `daemon`),
         so a repeat starts cold."""
-        with (daemon or self.daemon).daemon.client(namespace=session_namespace(f"vllm:{MODEL_ID}")) as c:
-            for _ in range(10):   # a save the engine acknowledged may still be landing
-                c.clear()
-                left = c.stats()["chunks"]
-                if not left:
-                    return
-                time.sleep(0.5)
+        left = 0
+        for _ in range(10):   # a save the engine acknowledged may still be landing
+            for ns, scheme in ((canonical_session(MODEL_ID), canonical.KEY_SCHEME),    # shared, or vLLM's own
+                               (session_namespace(f"vllm:{MODEL_ID}"), KEY_SCHEME)):
+                with (daemon or self.daemon).daemon.client(namespace=ns, key_scheme=scheme) as c:
+                    c.clear()
+                    left = c.stats()["chunks"]
+            if not left:
+                return
+            time.sleep(0.5)
         if left:   # a repeat that inherited the last one's chunks would measure nothing
             raise RuntimeError(f"the daemon still holds {left} chunks after clearing the engines' namespace")
 

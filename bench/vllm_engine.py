@@ -160,11 +160,14 @@ def replay(daemon: Any, limit: int) -> dict[str, Any]:
     return out
 
 
-def daemon_client(daemon: Any, namespace: str | None = None) -> Any:
-    """A client of `daemon`; in `namespace` (an engine's session namespace) to reach the chunks it stores."""
+def daemon_client(daemon: Any, namespace: str | None = None, key_scheme: str | None = None) -> Any:
+    """A client of `daemon`; in `namespace` (an engine's session namespace) and `key_scheme` (its keys') to reach
+    the chunks it stores."""
     import kvstore
 
-    chosen = {} if namespace is None else {"namespace": namespace}
+    chosen: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
+    if key_scheme is not None:
+        chosen["key_scheme"] = key_scheme
     return kvstore.connect(daemon.ipc, timeout=10.0, **chosen)
 
 
@@ -176,7 +179,7 @@ def scheduler_cost(daemon: Any, waiting: int = 256, length: int = 2000) -> dict[
     reqs = [request(f"w{i}", p) for i, p in enumerate(prompts(waiting, length, seed=3000))]
     side = engine.scheduler.scheduler_side
     store = side.stores[0]
-    with daemon_client(daemon, side.session_namespace) as c:  # half of them stored
+    with daemon_client(daemon, side.session_namespace, side.key_scheme) as c:  # half of them stored
         for r in reqs[::2]:
             keys = side.plain_keys(store, list(r.prompt_token_ids)[: (length - 1) // 256 * 256])
             c.put(keys, [bytes(store.geometry.chunk_nbytes)] * len(keys))

@@ -138,7 +138,7 @@ ENGINE_MODULES = frozenset({
     "connectors/vllm_connector/test_vllm_engine_tenants.py", "connectors/vllm_connector/test_vllm_engine_identity.py",
     "connectors/vllm_connector/test_vllm_engine_hybrid.py",
     "connectors/vllm_connector/test_vllm_engine_hybrid_families.py",
-    "connectors/sglang_connector/test_sglang_engine.py",
+    "connectors/sglang_connector/test_sglang_engine.py", "connectors/test_cross_engine.py",
 })
 # Modules that need a CUDA device when KVSTORE_TEST_DEVICE=cuda asks them to run on one.
 GPU_MODULES = frozenset({"connectors/hf_connector/test_connector_hf.py"})

@@ -14,13 +14,18 @@ The settings, normalized:
   library's version, private fields). Not the engine's parsed config: each engine adds fields of its own to it
   (SGLang's ``context_len`` and ``v_head_dim``, its own spelling of ``rope_parameters``), so two engines' parsed
   configs of one checkpoint differ;
-- ``dtype``: the weights' compute dtype, as torch names it without ``torch.`` (``float32``, ``bfloat16``);
-- ``quantization``: the weight quantization method's name, lower case, or None;
+- ``dtype``: the weights' compute dtype, as torch names it without ``torch.`` (``float32``, ``bfloat16``; the
+  engines' aliases ``half``, ``bf16``... written so too, and ``auto`` as the config's own ``torch_dtype``);
+- ``quantization``: the weight quantization method's name, lower case, or None (also for ``none`` and ``auto``);
 - ``kv_cache_dtype``: the dtype the KV cache is kept in, ``auto`` written as the model's dtype and ``fp8``
   as ``fp8_e4m3`` (the engines' alias);
 - ``kv_scales``: how KV scales are found: None (none), ``"computed"`` or the digest of the file that holds them;
 - ``load_format``: None for formats that load the checkpoint's values as they are; otherwise its name (``dummy``
-  weights, which are random and not fingerprinted, with their ``seed``).
+  weights, which are random and not fingerprinted, with their ``seed`` and the ``engine`` that drew them: two
+  engines' random weights from one seed are not the same weights).
+
+`checkpoint_identity` is the identity of a checkpoint directory loaded as it is (what the transformers connector
+computes, and what vLLM's and SGLang's connectors compute for the same checkpoint at their defaults).
 """
 
 from __future__ import annotations
@@ -35,12 +40,13 @@ from kvstore.errors import ConfigError
 
 from .fingerprint import settings_digest, weights_fingerprint
 
-__all__ = ["checkpoint_config", "model_identity", "model_settings", "portable_config"]
+__all__ = ["checkpoint_config", "checkpoint_identity", "model_identity", "model_settings", "portable_config"]
 
 # Load formats that put the checkpoint's own values in the model (others quantize, or make random weights).
 VALUE_PRESERVING_LOAD_FORMATS = frozenset({"auto", "safetensors", "pt", "npcache", "fastsafetensors",
                                            "mistral", "sharded_state", "runai_streamer", "tensorizer"})
 KV_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
 
 
 def model_identity(path: str | os.PathLike[str] | None, settings: dict[str, Any], mode: str = "sampled") -> str:
@@ -67,22 +73,44 @@ def model_identity(path: str | os.PathLike[str] | None, settings: dict[str, Any]
 
 
 def model_settings(*, config: dict[str, Any], dtype: Any, quantization: Any = None, kv_cache_dtype: Any = None,
-                   kv_scales: str | None = None, load_format: Any = None, seed: Any = None) -> dict[str, Any]:
-    """The settings record of a model as any engine loads it (see the module for each field's normal form)."""
+                   kv_scales: str | None = None, load_format: Any = None, seed: Any = None,
+                   engine: str = "") -> dict[str, Any]:
+    """The settings record of a model as any engine loads it (see the module for each field's normal form;
+    ``engine`` counts for random ``dummy`` weights only)."""
     compute = _dtype_name(dtype)
+    if compute in ("", "auto"):
+        compute = _dtype_name(config.get("torch_dtype") or config.get("dtype") or "auto")
     kv = _dtype_name(kv_cache_dtype) if kv_cache_dtype not in (None, "", "auto") else compute
     load = str(load_format).lower() if load_format not in (None, "") else None
     if load in VALUE_PRESERVING_LOAD_FORMATS:
         load = None
-    return {
+    method = str(quantization).lower() if quantization else None
+    settings = {
         "config": portable_config(config),
         "dtype": compute,
-        "quantization": str(quantization).lower() if quantization else None,
+        "quantization": None if method in (None, "none", "auto") else method,
         "kv_cache_dtype": KV_DTYPE_ALIASES.get(kv, kv),
         "kv_scales": kv_scales,
         "load_format": load,
         "seed": seed if load == "dummy" else None,
     }
+    if load == "dummy":
+        settings["engine"] = engine
+    return settings
+
+
+def checkpoint_identity(path: str | os.PathLike[str], *, dtype: Any, quantization: Any = None,
+                        kv_cache_dtype: Any = None, overrides: dict[str, Any] | None = None,
+                        mode: str = "sampled") -> str:
+    """`model_identity` of the checkpoint directory ``path`` loaded as it is (its values, computed KV scales
+    none), with these settings.
+
+    Raises:
+        ConfigError: the checkpoint cannot be read.
+    """
+    settings = model_settings(config=checkpoint_config(path, overrides), dtype=dtype, quantization=quantization,
+                              kv_cache_dtype=kv_cache_dtype)
+    return model_identity(path, settings, mode)
 
 
 def checkpoint_config(path: str | os.PathLike[str] | None, overrides: dict[str, Any] | None = None
@@ -128,4 +156,5 @@ def portable_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def _dtype_name(dtype: Any) -> str:
     text = str(dtype).lower()
-    return text[len("torch."):] if text.startswith("torch.") else text
+    text = text[len("torch."):] if text.startswith("torch.") else text
+    return DTYPE_ALIASES.get(text, text)

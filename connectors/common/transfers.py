@@ -36,6 +36,8 @@ from kvstore.ops import PagedKV
 from kvstore.protocol.engine_blocks import EngineBlocks
 from kvstore.mapped.gpu_pool import load_async, save_async
 
+from .canonical import CanonicalStore
+from .layout import BlockCodec
 from .store import ChunkStore, exact_or_tolerance
 
 log = logging.getLogger("kvstore.connectors")
@@ -101,10 +103,11 @@ class Transfers:
     """The background loader and saver of one engine worker."""
 
     def __init__(self, kv: PagedKV | Sequence[PagedKV], load_store: ChunkStore, save_store: ChunkStore,
-                 max_save_bytes: int, dtype: torch.dtype = torch.uint8) -> None:
+                 max_save_bytes: int, dtype: torch.dtype = torch.uint8, codec: BlockCodec | None = None) -> None:
         # one per KV cache group
         self.kvs: list[PagedKV] = list(kv) if isinstance(kv, (list, tuple)) else [cast(PagedKV, kv)]
         self.kv = self.kvs[0]
+        self.codec = codec                          # chunks in the canonical layout (one group), not block bytes
         self.dtype = dtype                          # of the cache's values, for comparisons
         self.counters = Counters()
         self._load_store, self._save_store = load_store, save_store
@@ -196,9 +199,14 @@ class Transfers:
     def _load(self, job: LoadJob) -> None:
         started = time.perf_counter()
         try:
-            keys = self._load_store.keys(job.token_ids[: job.num_chunks * self._load_store.geometry.chunk_tokens],
-                                         job.salt, job.extras)[job.first_chunk: job.num_chunks]
-            with self._load_store.lease(keys) as views:
+            store = self._load_store
+            tokens = job.token_ids[: job.num_chunks * store.geometry.chunk_tokens]
+            if isinstance(store, CanonicalStore):   # this rank's heads, whatever TP size wrote them
+                whole = store.chunk_keys_of(tokens, job.salt, job.extras)[job.first_chunk: job.num_chunks]
+                lease = store.lease_heads(whole)
+            else:
+                lease = store.lease(store.keys(tokens, job.salt, job.extras)[job.first_chunk: job.num_chunks])
+            with lease as views:
                 events = []
                 for i, view in enumerate(views):
                     events += self._scatter(_as_tensor(view), job.chunk_blocks(job.first_chunk + i))
@@ -312,6 +320,9 @@ class Transfers:
     def _scatter(self, chunk: torch.Tensor, groups: list[list[int]]) -> list[Any]:
         """Write one chunk into the blocks vLLM allocated: those marked -1 (blocks the engine already holds, the
         null block of a sliding window) are left alone."""
+        if self.codec is not None:
+            self.codec.load(chunk, groups[0])
+            return [_Synced(self.codec.device)]
         events = []
         for kv, piece, ids in zip(self.kvs, self._pieces(chunk, groups), groups):
             keep = [i for i, b in enumerate(ids) if b >= 0]
@@ -325,8 +336,24 @@ class Transfers:
 
     def _gather(self, groups: list[list[int]], slot: torch.Tensor, after: Any) -> list[Any]:
         """Copy one chunk's blocks, every group, into `slot` (every id must be an allocated block)."""
+        if self.codec is not None:
+            if after is not None:
+                after.synchronize()
+            self.codec.save(groups[0], slot)
+            return [_Synced(self.codec.device)]
         return [save_async(kv, ids, piece, after=after)
                 for kv, piece, ids in zip(self.kvs, self._pieces(slot, groups), groups)]
+
+
+class _Synced:
+    """The end of a copy made on the current stream (the codec's): synchronizing waits for that stream."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
 
 def _as_tensor(view: Any) -> torch.Tensor:

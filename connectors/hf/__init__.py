@@ -56,6 +56,15 @@ daemon's checksums already catch damage after commit; a fraction such as 0.01
 catches what checksums cannot (wrong bytes written at put, a layout change)
 at 1 % of the saving.
 
+Shared with vLLM and SGLang. Given `checkpoint=` (the directory the model was
+loaded from, unchanged since) a dense model's chunks are the canonical format
+every engine reads (`kvstore.connectors.common.canonical`): keyed by the
+checkpoint's engine-neutral identity, not by the tensors in memory, so a prefix
+vLLM or SGLang saved is a hit here and the other way round. The client must say
+hello in the engines' namespace, `canonical_session(MODEL)` (`kv:MODEL`, MODEL
+as the engines name it: their model path by default). A PEFT model, or one
+changed in place, must not pass `checkpoint`: its KV is not the checkpoint's.
+
 Supported: transformers 4.46 and later (tested with 5.x).
 """
 
@@ -79,8 +88,10 @@ from ..common.families import (
     attention_kind,
     mla_layout,
 )
+from ..common import canonical
 from ..common.fingerprint import settings_digest, tensors_fingerprint
-from ..common.layout import KVGeometry, dense_to_chunks
+from ..common.layout import KVGeometry, dense_to_chunks, dtype_name
+from ..common.model_identity import checkpoint_identity
 from ..common.store import ChunkStore, VerifyResult
 
 log = logging.getLogger("kvstore.connectors.hf")
@@ -196,7 +207,8 @@ _REFUSED: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDic
 _DROPPED: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
 
 
-def _store(client: kvstore.Client, model: torch.nn.Module, salt: str) -> ChunkStore | None:
+def _store(client: kvstore.Client, model: torch.nn.Module, salt: str, checkpoint: str | None = None
+           ) -> ChunkStore | None:
     try:
         layout = model_layout(model, client.chunk_tokens)
     except Unsupported as exc:
@@ -204,7 +216,24 @@ def _store(client: kvstore.Client, model: torch.nn.Module, salt: str) -> ChunkSt
             _REFUSED[model] = exc.line("transformers")
             log.warning(_REFUSED[model])
         return None
+    if checkpoint is not None and layout.family is Family.DENSE and not adapter_state(model):
+        return canonical_store(client, checkpoint, layout.geometry, salt)
     return ChunkStore(client, model_namespace(model, client.chunk_tokens, salt), layout.geometry)
+
+
+_IDENTITIES: dict[tuple[str, str], str] = {}
+
+
+def canonical_store(client: kvstore.Client, checkpoint: str, geometry: KVGeometry, salt: str = ""
+                    ) -> canonical.CanonicalStore:
+    """Every head of the canonical chunks of the model in `checkpoint` (its identity read once per process)."""
+    key = (str(checkpoint), dtype_name(geometry.dtype))
+    identity = _IDENTITIES.get(key)
+    if identity is None:
+        identity = _IDENTITIES[key] = checkpoint_identity(checkpoint, dtype=geometry.dtype)
+    g = geometry
+    layout = canonical.CanonicalLayout(g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, g.chunk_tokens)
+    return canonical.CanonicalStore(client, layout, canonical.identity_root(identity), salt)
 
 
 def _token_row(input_ids: torch.Tensor) -> torch.Tensor:
@@ -264,6 +293,7 @@ def _planes(cache: Any, geometry: KVGeometry) -> tuple[list[torch.Tensor], list[
 def load_prefix(
     client: kvstore.Client, model: torch.nn.Module, input_ids: torch.Tensor, *, salt: str = "",
     verify_fraction: float = 0.0, verify_tolerance: tuple[float, float] | None = None,
+    checkpoint: str | None = None,
 ) -> tuple[Any, int]:
     """A `DynamicCache` holding the longest stored prefix of `input_ids`, and its length.
 
@@ -272,13 +302,14 @@ def load_prefix(
     daemon is unavailable. `verify_fraction`: the share of would-be hits that
     are computed and compared with the stored chunks instead (see the module
     docstring); `verify_tolerance`: its (atol, rtol), by default a few ulps of
-    the model's dtype.
+    the model's dtype. `checkpoint`: the directory the model was loaded from,
+    for chunks every engine shares (see the module docstring).
     """
     if not 0.0 <= verify_fraction <= 1.0:
         raise ValueError(f"verify_fraction must be in [0, 1], got {verify_fraction}")
     cache = new_cache(model)
     tokens = _token_row(input_ids)
-    store = _store(client, model, salt)
+    store = _store(client, model, salt, checkpoint)
     if store is None:
         return cache, 0
     usable = (len(tokens) - 1) // store.geometry.chunk_tokens
@@ -351,6 +382,7 @@ def save_prefix(
     cache: Any,
     *,
     salt: str = "",
+    checkpoint: str | None = None,
 ) -> int:
     """Store every full chunk of `input_ids` held by `cache` and not stored yet.
 
@@ -359,7 +391,7 @@ def save_prefix(
     chunks written; 0 when the daemon is unavailable.
     """
     tokens = _token_row(input_ids)
-    store = _store(client, model, salt)
+    store = _store(client, model, salt, checkpoint)
     if store is None:
         return 0
     held = _held_from_start(cache, len(tokens))

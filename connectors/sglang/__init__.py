@@ -8,11 +8,18 @@
 
 SGLang moves KV between its host pool and storage one page (`page_size`
 tokens, all layers) at a time, named by its own chained page hashes. Each page
-is stored as one kvstore chunk in the common chunk layout
-(`kvstore.connectors.common.layout`): SGLang's hash is re-keyed under a namespace
-derived from the model and the host pool's geometry (dtype, layers, kv heads,
-head dim, page size, tensor-parallel rank and size), so pages of another model
-or shard never match.
+is stored as one kvstore chunk.
+
+Dense pools (one stage, no context parallelism) store the canonical format every
+engine reads (`kvstore.connectors.common.canonical`): SGLang's page key is the
+canonical page chain, so it is keyed under the model's engine-neutral identity
+(the checkpoint's weights fingerprint and settings) and the chunk format, each
+rank's page is its slice of the KV heads, and the backend says hello in `kv:MODEL`:
+with `--page-size` equal to the other engines' `chunk_tokens` (256 by default),
+vLLM and transformers load what SGLang saved and the other way round. Other
+pools keep their own format: SGLang's hash re-keyed under a namespace derived
+from the model and the host pool's geometry (dtype, layers, kv heads, head dim,
+page size, tensor-parallel rank and size), in `sglang:MODEL`.
 
 `batch_exists` returns the leading hit count. `batch_get` / `batch_set` move
 flat pages (the generic path); with `"interface_v1": 1` SGLang calls
@@ -25,8 +32,10 @@ Extra config: `address`, `timeout` (default 2 s), `retry_s` (default 5 s),
 ("sampled", "full" or "off": how the weights are fingerprinted into every key),
 `weights_version` (the weights' version at start), `reset_on_flush` (default
 true: a `/flush_cache` that follows no change SGLang records of its weights
-makes everything saved before it unreachable to this engine). Keys follow the
-weights SGLang serves, through `update_weights_from_*`: ``identity.py``.
+makes everything saved before it unreachable to this engine; false where the
+engine's cache is flushed to make it load from storage, as to share with other
+engines). Keys follow the weights SGLang serves, through `update_weights_from_*`,
+in both formats: ``identity.py``.
 
 Families (`kvstore.connectors.common.families`):
 
@@ -64,6 +73,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
+from ..common import canonical
 from ..common.fingerprint import MODES
 from ..common.families import ChunkLayout, Family, Unsupported, mla_layout
 from ..common.layout import (
@@ -111,6 +121,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self._planes = 2
         self._root = b""
         self._model: ModelKeys | None = None
+        self._canonical: canonical.CanonicalStore | None = None
         self._off_report: kvstore.Client | None = None  # holds the daemon's view of this backend as off
 
     # -- set-up ------------------------------------------------------------------------------------------
@@ -122,6 +133,9 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             self._off_report = refuse(self._address, "sglang", exc, self._timeout)
             return
         c = self.config
+        if layout.family is Family.DENSE and not shard_fields(c):
+            self._register_canonical(mem_pool_host, layout)
+            return
         ns = layout.namespace(f"sglang:{self._model_id}", tp_rank=c.tp_rank, tp_size=c.tp_size, salt=self._salt,
                               shard=shard_fields(c))
         geometry = layout.geometry
@@ -137,12 +151,43 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self._planes = geometry.planes
         self._root = kvstore.keys.namespace_root(ns)
 
+    def _register_canonical(self, pool: Any, layout: ChunkLayout) -> None:
+        """Pages in the canonical format: keys from SGLang's page chain under the model part `ModelKeys` keeps in
+        step with the weights SGLang serves (the engine-neutral identity of its checkpoint, vLLM's for the same
+        checkpoint), this rank's KV heads of every chunk."""
+        c, g = self.config, layout.geometry
+        self._model = ModelKeys(pool, self._fingerprint, self._weights_version, self._reset_on_flush)
+        path = self._model.config_path or str(c.model_name or "")
+        total = canonical.config_kv_heads(path) or g.num_kv_heads * c.tp_size
+        first, end = canonical.rank_heads(c.tp_rank, c.tp_size, total)
+        if end - first != g.num_kv_heads:
+            first, end, total = 0, g.num_kv_heads, g.num_kv_heads   # a split this backend does not know
+        cl = canonical.CanonicalLayout(g.num_layers, total, g.head_dim, g.dtype, g.chunk_tokens, first, end)
+        report = {"connector": on_report("sglang", layout)} if c.tp_rank == 0 else {}
+        link = DaemonLink.to(self._address, g.chunk_tokens, self._timeout,
+                             connect={**report, "identity": self._identity, "key_scheme": canonical.KEY_SCHEME,
+                                      "namespace": canonical.canonical_session(self._model_id, self._salt)},
+                             retry_s=self._retry_s)
+        self._canonical = canonical.CanonicalStore(link, cl, self._model.part(), self._salt)
+        self._store = self._canonical
+        self._layout = pool.layout
+        self._planes = g.planes
+        log.info("kvstore HiCache backend: %s", cl.describe())
+
     def _keys(self, keys: list[str]) -> list[bytes]:
-        """SGLang's page hashes (already chained over the prefix) re-keyed under our namespace and the identity
-        of the weights SGLang serves now."""
+        """SGLang's page hashes (already chained over the prefix) as chunk keys under the identity of the weights
+        SGLang serves now: the canonical keys of those pages, or, for a format of SGLang's own, the hashes re-keyed
+        under its namespace."""
         assert self._model is not None   # keys are made only while the store is connected
+        if self._canonical is not None:
+            return self._canonical.page_keys([bytes.fromhex(k) for k in keys], self._model.part())
         root = self._root + self._model.root()
         return [xxhash.xxh3_128_digest(root + k.encode()) for k in keys]
+
+    def _whole(self, keys: list[str]) -> list[bytes]:
+        """The canonical keys of the whole chunks (all heads) of SGLang's pages."""
+        assert self._canonical is not None and self._model is not None
+        return self._canonical.whole_keys([bytes.fromhex(k) for k in keys], self._model.part())
 
     def _parent(self, extra_info: HiCacheStorageExtraInfo | None) -> list[bytes]:
         prefix = extra_info.prefix_keys if extra_info is not None else None
@@ -152,7 +197,10 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         if self._store is None or not keys:
             return 0
-        return self._store.lookup(self._keys(keys))
+        found = self._store.lookup(self._keys(keys))
+        if found < len(keys) and self._canonical is not None:   # heads another TP size (or engine) wrote
+            found = self._canonical.lookup_any(self._whole(keys), known=found)
+        return found
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -200,6 +248,13 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     ) -> list[bool]:
         done = [False] * len(keys)
         if self._store is None or not keys:
+            return done
+        if self._canonical is not None:
+            with self._canonical.lease_heads(self._whole(keys)) as views:
+                for i, view in enumerate(views):
+                    chunk = self._canonical.chunk_of(view)
+                    chunk_into_page(chunk, self._host_page(host_indices, i), self._layout, self._planes)
+                    done[i] = True
             return done
         chunks = self._store.load(self._keys(keys))
         for i, chunk in enumerate(chunks):

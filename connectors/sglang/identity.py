@@ -18,6 +18,12 @@ KV. `ModelKeys.root` (the key root's model part) holds:
   sets share no page, base-model pages included). Adapters loaded at run time (``/load_lora_adapter``) get a
   random id from SGLang: their pages are never found by another engine or after a restart.
 
+Both of the backend's key formats hang from it: `ModelKeys.root` for a format of SGLang's own (``sglang:MODEL``)
+and `ModelKeys.part` (``canonical.identity_root``) for the canonical chunks every engine reads (``kv:MODEL``).
+In the part, SGLang's ``weight_version`` and the epoch count only once SGLang's record differs from its start
+(its version still ``default``, no epoch): until then the part is the identity and the configured
+``weights_version``, as vLLM's connector makes it for the same checkpoint and settings, so the two engines share.
+
 SGLang calls no backend method when weights change or its caches are flushed, so the backend looks, at every
 storage call, at what SGLang publishes: the model bag's ``model_path`` and ``load_format`` (which
 ``update_weights_from_disk`` overrides), the serving bag's ``weight_version``, and whether the host pool was
@@ -30,7 +36,9 @@ cleared (a flush clears it: its ``mem_state`` is a new tensor). Then:
 - a flush with neither (``update_weights_from_tensor`` / ``_distributed`` / ``_ipc`` naming no version, or a plain
   flush): with ``reset_on_flush`` (the default) the epoch moves to a value no engine has used, so nothing saved
   before is found after; nothing is deleted. ``"reset_on_flush": false`` keeps what was saved before a plain flush
-  loadable by the same engine, for deployments that never update weights in place without naming a version.
+  loadable by the same engine, for deployments that never update weights in place without naming a version,
+  and keeps sharing with other engines across the flushes of a deployment that flushes SGLang's cache for other
+  reasons (a flush that moves the epoch moves this engine's canonical keys away from every other engine's).
 """
 
 from __future__ import annotations
@@ -46,12 +54,14 @@ import xxhash
 
 from kvstore.errors import ConfigError
 
+from ..common.canonical import identity_root
 from ..common.keying import AdapterFingerprints, Unkeyable
 from ..common.model_identity import checkpoint_config, file_digest, model_identity, model_settings
 
 log = logging.getLogger("kvstore.connectors.sglang")
 
 UPDATE_SOURCE = "model_runner.update_model_fields"   # the override update_weights_from_disk logs
+DEFAULT_WEIGHT_VERSION = "default"                     # SGLang's weight_version without --weight-version
 
 
 class WeightsRecord(NamedTuple):
@@ -102,6 +112,7 @@ def sglang_settings(path: str | None, load_format: str) -> dict[str, Any]:
         kv_scales=file_digest(scales) if scales else None,
         load_format=load_format,
         seed=getattr(get_device(), "random_seed", None),
+        engine="sglang",
     )
 
 
@@ -141,10 +152,11 @@ def checkpoint_path(path: str, revision: str | None = None) -> str:
 
 
 class ModelKeys:
-    """The model part of one backend's key root, moved as SGLang's weights change (see the module).
+    """The model part of one backend's keys, moved as SGLang's weights change (see the module): `root` for a
+    format of SGLang's own (``sglang:MODEL``), `part` for canonical chunks (``kv:MODEL``).
 
-    `root()` is called on every storage call: while nothing changed it reads three published fields and
-    compares one tensor's identity.
+    `root()` and `part()` are called on every storage call: while nothing changed they read three published
+    fields and compare one tensor's identity.
     """
 
     def __init__(self, pool: Any, mode: str, weights_version: str, reset_on_flush: bool) -> None:
@@ -159,28 +171,43 @@ class ModelKeys:
         self._epoch = ""
         self._config_path: str | None = None
         self._identity = self._model_identity(self._record)
-        self._root = self._make_root()
+        self._keys = self._make_keys()
         log.info("kvstore: keys of model %s, weight_version %s", self._identity,
                  self._record.weight_version if self._record else "-")
 
     def root(self) -> bytes:
-        """The model part of the key root for the weights SGLang serves now."""
-        record = published_record()
-        if record == self._record and getattr(self._pool, "mem_state", None) is self._mark:
-            return self._root
-        with self._lock:
-            self._follow(record)
-            return self._root
+        """The model part of the key root for the weights SGLang serves now (a format of SGLang's own)."""
+        return self._current()[0]
+
+    def part(self) -> str:
+        """The model part of canonical chunk keys (``canonical.identity_root``) for the weights SGLang serves now.
+        While SGLang's record says nothing beyond its start (its ``weight_version`` at its default, no epoch),
+        it is the model's identity and the configured ``weights_version`` alone: what vLLM's connector computes
+        for the same checkpoint, settings and ``weights_version``, so the two engines share chunks."""
+        return self._current()[1]
 
     def reset(self) -> None:
         """Move the epoch to a value no engine has used (the backend's ``clear()``)."""
         with self._lock:
             self._epoch = f"reset-{uuid.uuid4().hex}"
-            self._root = self._make_root()
+            self._keys = self._make_keys()
 
     @property
     def identity(self) -> str:
         return self._identity
+
+    @property
+    def config_path(self) -> str | None:
+        """The checkpoint directory whose ``config.json`` SGLang parsed at start (None outside a server)."""
+        return self._config_path
+
+    def _current(self) -> tuple[bytes, str]:
+        record = published_record()
+        if record == self._record and getattr(self._pool, "mem_state", None) is self._mark:
+            return self._keys
+        with self._lock:
+            self._follow(record)
+            return self._keys
 
     def _follow(self, record: WeightsRecord | None) -> None:
         mark = getattr(self._pool, "mem_state", None)
@@ -200,7 +227,7 @@ class ModelKeys:
                      self._identity, record.weight_version if record else "-",
                      f", {self._epoch}" if self._epoch else "")
         self._record, self._updates, self._mark = record, updates, mark
-        self._root = self._make_root()
+        self._keys = self._make_keys()
 
     def _model_identity(self, record: WeightsRecord | None) -> str:
         if record is None:
@@ -217,10 +244,14 @@ class ModelKeys:
             log.warning("kvstore: %s; this engine's pages are keyed by a value of its own", exc)
             return f"unknown-{uuid.uuid4().hex}"
 
-    def _make_root(self) -> bytes:
+    def _make_keys(self) -> tuple[bytes, str]:
+        """(`root`, `part`) of the identity, versions and epoch now."""
         version = self._record.weight_version if self._record is not None else ""
         text = f"model={self._identity};weights={self._version};sglang_weights={version};epoch={self._epoch}"
-        return xxhash.xxh3_128_digest(text.encode())
+        weights = self._version
+        if version not in ("", DEFAULT_WEIGHT_VERSION) or self._epoch:   # what only SGLang records
+            weights = f"{self._version};sglang_weights={version};epoch={self._epoch}"
+        return xxhash.xxh3_128_digest(text.encode()), identity_root(self._identity, weights)
 
 
 def _local(path: str, mode: str) -> str:

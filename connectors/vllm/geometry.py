@@ -36,6 +36,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..common.canonical import CanonicalLayout
 from ..common.families import Unsupported, attention_kind
 from ..common.layout import PagedGeometry, dtype_name
 from .hybrid import STATE_KIND, state_bytes, state_group_format, state_saved_at, state_target
@@ -91,6 +92,8 @@ class EngineGeometry:
     stage: str | None = None        # "first-end/total" under pipeline parallelism
     stages: tuple[PagedGeometry, ...] = ()   # every stage's chunk format (the scheduler looks up all)
     stage_labels: tuple[str, ...] = ()
+    canonical: CanonicalLayout | None = None   # every head of the canonical format, for one full-attention group
+    kv_heads: int = 0               # this rank's KV heads
 
     @property
     def frees_blocks(self) -> bool:
@@ -106,6 +109,8 @@ class EngineGeometry:
         kinds = ",".join(dict.fromkeys(g.kind for g in self.groups))
         stage = f", stage layers {self.stage}" if self.stage else ""
         what = "mla" if self.mla else "hybrid" if self.hybrid else "dense"
+        if self.canonical is not None:
+            return f"{what}, {len(self.groups)} group(s) {kinds}; {self.canonical.describe()}"
         return f"{what}, {len(self.groups)} group(s) {kinds}{stage}; {self.paged.cache_format}"
 
     def valid_chunks(self, block_ids: Sequence[Sequence[int]], first: int, end: int, computed_before: int,
@@ -181,7 +186,50 @@ def engine_geometry(kv_cache_config: "KVCacheConfig", chunk_tokens: int, vllm_co
                            sum(len(g.layer_names) * g.page_bytes * (chunk_tokens // g.block_size) for g in geoms),
                            chunk_tokens, cache_format)
     stages, labels, stage = _stages(geoms, vllm_config, family, chunk_tokens, cache_format)
-    return EngineGeometry(whole, geoms, family, mla, stage, stages, labels)
+    canonical, heads = canonical_layout(groups, geoms, mla, stages, chunk_tokens, vllm_config, device)
+    return EngineGeometry(whole, geoms, family, mla, stage, stages, labels, canonical, heads)
+
+
+CPU_KERNELS = ("vec", "vec16")   # vLLM CPU attention kernels whose blocks ``layout.BlockCodec`` reads ("cpu")
+
+
+def cpu_kernels(dtype: Any, block_size: int, head_size: int) -> str:
+    """The kernel set vLLM's CPU attention picks for such a cache (``cpu_attn._get_attn_isa``; its blocks' layout
+    depends on it), or "unknown" where it cannot be asked (a vLLM without its CPU backend: unit harnesses, whose
+    caches the worker reads "split"; a worker with the CPU backend asks again and refuses another kernel set)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except ImportError:
+        return "unknown"
+    try:
+        return str(_get_attn_isa(dtype, block_size, head_size))
+    except Exception:  # noqa: BLE001 - a vLLM whose selector takes other arguments: no canonical format
+        return "unknown"
+
+
+def canonical_layout(groups: Sequence[Any], geoms: Sequence[GroupGeometry], mla: bool, stages: Sequence[Any],
+                     chunk_tokens: int, vllm_config: "VllmConfig", device: str
+                     ) -> tuple[CanonicalLayout | None, int]:
+    """The canonical format of an engine whose cache it describes (one full-attention group of unquantized K
+    and V of one head size, one pipeline stage, on CUDA or on the CPU kernels ``BlockCodec`` reads), with this
+    rank's KV heads; (None, 0) for any other, whose chunks stay the engine's own block bytes."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    if len(groups) != 1 or mla or stages or geoms[0].kind != "full" or device not in ("cpu", "cuda"):
+        return None, 0
+    spec = groups[0].kv_cache_spec
+    if type(spec) is not FullAttentionSpec or getattr(spec, "head_size_v", spec.head_size) != spec.head_size:
+        return None, 0
+    if getattr(getattr(spec, "kv_quant_mode", None), "name", "NONE") != "NONE":
+        return None, 0
+    if device == "cpu" and cpu_kernels(spec.dtype, spec.block_size, spec.head_size) not in (*CPU_KERNELS, "unknown"):
+        return None, 0
+    # vLLM's unit harnesses have no model config: the even split
+    counted = getattr(getattr(vllm_config, "model_config", None), "get_total_num_kv_heads", None)
+    tp = getattr(getattr(vllm_config, "parallel_config", None), "tensor_parallel_size", 1)
+    total = int(counted()) if counted is not None else spec.num_kv_heads * tp
+    layout = CanonicalLayout(len(geoms[0].layer_names), total, spec.head_size, spec.dtype, chunk_tokens)
+    return layout, int(spec.num_kv_heads)
 
 
 def paged_geometry(layers: int, chunk_bytes: int, chunk_tokens: int, cache_format: str) -> PagedGeometry:

@@ -30,6 +30,7 @@ import xxhash
 
 from kvstore.errors import ConfigError
 
+from ..common.canonical import identity_root, request_root
 from ..common.model_identity import checkpoint_config
 from ..common.model_identity import model_identity as common_identity
 from ..common.model_identity import model_settings as common_settings
@@ -82,8 +83,7 @@ def request_keys(request: "Request", chunk_tokens: int, chunks: int, model: str,
             raise Unkeyable("mm_hash", f"a {modality} input without a hash")
     lora = getattr(request, "lora_request", None)
     adapter = adapters.of(lora) if lora else ""
-    salt = getattr(request, "cache_salt", None) or ""
-    root = f"{salt};model={model};weights={epoch.of(request)}" + (f";lora={adapter}" if adapter else "")
+    root = request_root(getattr(request, "cache_salt", None), identity_root(model, epoch.of(request), adapter))
     keys = RequestKeys(root)
     extend(keys, request, chunk_tokens, chunks)
     return keys
@@ -175,4 +175,4 @@ def model_settings(vllm_config: "VllmConfig", path: str | None = None) -> dict[s
         config=config, dtype=getattr(model, "dtype", ""), quantization=getattr(model, "quantization", None),
         kv_cache_dtype=getattr(cache, "cache_dtype", None),
         kv_scales="computed" if getattr(cache, "calculate_kv_scales", False) else None,
-        load_format=str(load) if load is not None else None, seed=getattr(model, "seed", None))
+        load_format=str(load) if load is not None else None, seed=getattr(model, "seed", None), engine="vllm")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstore.protocol.kv_events import block_hash
 
+from ..common.canonical import CanonicalStore, identity_root, request_root
 from ..common.report import state_report
 from ..common.store import ChunkStore
 from .geometry import NULL_BLOCK
@@ -166,10 +167,15 @@ class SchedulerSide:
         """The namespace this engine's chunks are stored in (a client looking them up says hello with it)."""
         return self._settings.session_namespace
 
+    @property
+    def key_scheme(self) -> str:
+        """The key scheme this engine's chunk keys are made by (a client reaching them says it at hello)."""
+        return self._settings.key_scheme
+
     def plain_keys(self, store: ChunkStore, token_ids: list[int], cache_salt: str = "") -> list[bytes]:
         """The keys `store` holds a prompt of plain token ids under (no adapter or multimodal input) in this
         engine's current weights epoch: what an operator's tool or a test looks up or deletes."""
-        root = f"{cache_salt};model={self._settings.model_identity};weights={self._epoch.current}"
+        root = request_root(cache_salt or None, identity_root(self._settings.model_identity, self._epoch.current))
         return store.keys(token_ids, root)
 
     def reset_cache(self) -> bool:
@@ -209,6 +215,11 @@ class SchedulerSide:
             counts = store.lookup_many(chains)
             self._count("lookup_calls")
             for rid, count in zip(asked, counts):
+                if count < hits[rid] and isinstance(store, CanonicalStore):   # heads another TP size wrote
+                    keys = keyed[rid]
+                    assert keys is not None
+                    whole = store.chunk_keys_of(prompts[rid][: hits[rid] * t], keys.root, keys.upto(hits[rid]))
+                    count = store.lookup_any(whole, known=count)
                 hits[rid] = count
         for rid, r in batch.items():
             self._lookups[rid] = (r.num_tokens, hits[rid])

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstore.keys import KEY_SCHEME
 from kvstore.protocol.engine_identity import EngineIdentity
 
+from ..common import canonical
 from ..common.layout import PagedGeometry, paged_namespace, session_namespace
 from ..common.store import ChunkStore, DaemonLink
 from .config import VllmConnectorConfig
@@ -41,12 +43,22 @@ class ConnectorSettings:
 
     @property
     def session_namespace(self) -> str:
-        """The namespace this engine's links say hello with, which its chunks are bound to in the daemon."""
+        """The namespace this engine's links say hello with, which its chunks are bound to in the daemon: the
+        engine-neutral ``kv:MODEL`` for the canonical format, ``vllm:MODEL`` for chunks of vLLM's own blocks."""
+        if self.geometry is not None and self.geometry.canonical is not None:
+            return canonical.canonical_session(self.model_id, self.salt)
         return session_namespace(f"vllm:{self.model_id}", self.salt)
+
+    @property
+    def key_scheme(self) -> str:
+        """The key scheme this engine's links say at hello (the daemon checks it per namespace)."""
+        if self.geometry is not None and self.geometry.canonical is not None:
+            return canonical.KEY_SCHEME
+        return KEY_SCHEME
 
     def link(self, **connect: Any) -> DaemonLink:
         """A new link to the daemon (a client is not thread-safe: one per thread that calls it)."""
-        connect = {"namespace": self.session_namespace, **connect}
+        connect = {"namespace": self.session_namespace, "key_scheme": self.key_scheme, **connect}
         if self.identity is not None:
             connect = {"identity": self.identity, **connect}
         link = DaemonLink.to(self.config.address, self.chunk_tokens, timeout=self.timeout,
@@ -59,6 +71,11 @@ class ConnectorSettings:
         """The chunks of one tensor-parallel rank (none for MLA) of one pipeline stage (this one's by default)."""
         g = self.geometry
         assert g is not None
+        if g.canonical is not None:
+            first, end = canonical.rank_heads(tp_rank, self.tp_size, g.canonical.kv_heads)
+            layout = canonical.CanonicalLayout(g.canonical.num_layers, g.canonical.kv_heads, g.canonical.head_dim,
+                                               g.canonical.dtype, g.canonical.chunk_tokens, first, end)
+            return canonical.CanonicalStore(link, layout, canonical.identity_root(self.model_identity), self.salt)
         ns = paged_namespace(f"vllm:{self.model_id}", paged or g.paged, tp_rank=0 if g.mla else tp_rank,
                              tp_size=1 if g.mla else self.tp_size, salt=self.salt, replicated=g.mla,
                              stage=stage if paged is not None else g.stage)

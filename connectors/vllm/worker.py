@@ -15,8 +15,9 @@ import torch
 from kvstore.ops import PagedKV
 from kvstore.protocol.engine_blocks import EngineBlocks
 
+from ..common.layout import BlockCodec
 from ..common.transfers import LoadJob, SaveJob, Transfers
-from .geometry import EngineGeometry
+from .geometry import CPU_KERNELS, EngineGeometry, cpu_kernels
 from .hybrid import state_rows, state_target
 from .records import KVStoreConnectorMetadata, LoadSpec, SaveSpec
 from .settings import tp_rank
@@ -84,12 +85,22 @@ class WorkerSide:
                    for kv, group, ratio in zip(kvs, g.groups, self._ratios))
         if held != g.paged.chunk_nbytes:
             return self._disable(f"the caches hold {held} bytes a chunk, the KV cache spec says {g.paged.chunk_nbytes}")
+        codec = None
+        if g.canonical is not None:   # chunks in the canonical layout: K and V of this rank's heads
+            try:
+                layers = [kv_caches[n] for n in g.groups[0].layer_names]
+                codec = BlockCodec(layers, block_content(self._vllm_config, g.groups[0].layer_names[0], layers[0]))
+            except ValueError as exc:
+                return self._disable(f"canonical chunks: {exc}")
+            if codec.heads != g.kv_heads or codec.head_dim != g.canonical.head_dim:
+                return self._disable(f"the caches hold {codec.heads} heads of {codec.head_dim}, the KV cache spec "
+                                     f"{g.kv_heads} of {g.canonical.head_dim}")
         rank = tp_rank(self._vllm_config)
         self._saves_here = s.save_enabled and not (g.mla and rank != 0)  # MLA: rank 0 saves for every rank
         gpu = first.device.type == "cuda"
         connect = {"pin_arena": True, "gpu": s.config.gpu_tier} if gpu else {}
         self.transfers = Transfers(kvs, s.chunk_store(rank, s.link(**connect)), s.chunk_store(rank, s.link(**connect)),
-                                   s.config.max_save_bytes, dtype=first.dtype)
+                                   s.config.max_save_bytes, dtype=first.dtype, codec=codec)
 
     def _disable(self, why: str) -> None:
         log.warning("kvstore connector disabled: %s", why)
@@ -182,6 +193,34 @@ class WorkerSide:
     def close(self) -> None:
         if self.transfers is not None:
             self.transfers.close()
+
+
+# vLLM 0.32's attention backends by where K and V lie in a block (``layout.BlockCodec``)
+SPLIT_BACKENDS = frozenset({"FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION"})
+
+
+def block_content(vllm_config: "VllmConfig", layer_name: str, cache: torch.Tensor) -> str:
+    """Where the attention backend of `layer_name` keeps K and V in a block of `cache`: "cpu" for vLLM's CPU
+    backend with its ``vec`` kernels, "split" for the GPU backends (K in the first half of a token's content). A
+    layer without a backend (vLLM's unit harnesses, which write the content split) is "split".
+
+    Raises:
+        ValueError: a backend, or CPU kernel set, whose block content this connector does not know.
+    """
+    context = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+    backend = getattr(context.get(layer_name), "attn_backend", None)
+    if backend is None:
+        return "split"
+    name = backend.get_name()
+    if name == "CPU_ATTN":
+        kernels = cpu_kernels(cache.dtype, cache.shape[2], cache.shape[3] // 2)
+        if kernels not in CPU_KERNELS:
+            raise ValueError(f"vLLM's CPU attention with its {kernels!r} kernels keeps K and V in a block in a way "
+                             "this connector does not know")
+        return "cpu"
+    if name in SPLIT_BACKENDS:
+        return "split"
+    raise ValueError(f"the {name} attention backend keeps K and V in a block in a way this connector does not know")
 
 
 def has_state_target(geometry: EngineGeometry, spec: LoadSpec) -> bool:

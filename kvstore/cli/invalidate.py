@@ -1,9 +1,10 @@
 """``kvstore invalidate``: have a running daemon drop every chunk of named namespaces from every tier.
 
-The namespaces a connector says hello in name its engine and model (``vllm:MODEL``): dropping a model's chunks
-after its weights changed is ``kvstore invalidate vllm:MODEL``, or ``--prefix vllm:MODEL`` for every salt and
-layout of it. What goes and what cannot be reached: ``kvstore/server/requests/invalidate.py``. Prints what
-was dropped per namespace (exit 0); a daemon that refuses (another user's client) exits 1 with its one line.
+The namespaces a connector says hello in name its model (``kv:MODEL`` for the format every engine reads,
+``vllm:MODEL`` or ``sglang:MODEL`` for an engine's own): dropping a model's chunks after its weights changed is
+``kvstore invalidate kv:MODEL vllm:MODEL sglang:MODEL``, or ``--prefix`` for every salt and layout of them.
+What goes and what cannot be reached: ``kvstore/server/requests/invalidate.py``. Prints what was dropped per
+namespace (exit 0); a daemon that refuses (another user's client) exits 1 with its one line.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "their space when their leases end. Taken only from the daemon's own user (or "
                                    "root) on its host.")
     p.add_argument("namespaces", nargs="+", metavar="NAMESPACE",
-                   help="a namespace to drop (a connector's is its engine and model, e.g. vllm:MODEL)")
+                   help="a namespace to drop (a connector's names its model: kv:MODEL, or vllm:MODEL / sglang:MODEL "
+                        "for an engine's own formats)")
     p.add_argument("--prefix", action="store_true",
                    help="each NAMESPACE is a prefix: drop every namespace the daemon holds that starts with it")
     add_request_flags(p, timeout=30.0)

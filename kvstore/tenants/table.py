@@ -18,6 +18,12 @@ are authorised; ``max_pin_bytes`` bounds the soft pins (retention class ``pin``)
 
 With no ``[tenants]`` table the daemon has one tenant, ``default``, with no budgets: today's behaviour.
 
+Engine-neutral namespaces. The engine connectors say hello in ``kv:MODEL`` for chunks every engine reads (the
+canonical format) and in ``vllm:MODEL`` / ``sglang:MODEL`` for an engine's own formats. A pattern written for an
+engine's namespaces (``vllm:team-a/*``) also owns the engine-neutral ones of the same models (``kv:team-a/*``,
+`ENGINE_PREFIXES`), so tables written before the canonical format keep giving a tenant its engines' chunks; two
+tenants that split one model's engines between them now overlap, and are refused.
+
 Example::
 
     [tenants.chat]
@@ -250,6 +256,20 @@ def _parse_tenant(name: Any, body: Any, source: str) -> Tenant:
     )
 
 
+ENGINE_PREFIXES = ("vllm:", "sglang:")   # engine namespaces whose models' chunks are also in kv:MODEL
+NEUTRAL_PREFIX = "kv:"
+
+
+def with_neutral(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """``patterns`` and, after each naming an engine's namespaces, the same pattern of the engine-neutral ones."""
+    out = list(patterns)
+    for pattern in patterns:
+        for prefix in ENGINE_PREFIXES:
+            if pattern.startswith(prefix):
+                out.append(NEUTRAL_PREFIX + pattern[len(prefix):])
+    return tuple(dict.fromkeys(out))
+
+
 def _read_patterns(value: Any, where: str, name: str) -> tuple[str, ...]:
     if name == DEFAULT_TENANT:
         if value is not None:
@@ -268,7 +288,7 @@ def _read_patterns(value: Any, where: str, name: str) -> tuple[str, ...]:
         if pattern.strip("*") == "":
             raise ConfigError(f"{where}: {pattern!r} matches every namespace; that is the default tenant's part "
                               f"(configure [tenants.default] instead)")
-    return tuple(value)
+    return with_neutral(tuple(value))
 
 
 def _read_budget(value: Any, where: str) -> Budget:

@@ -161,3 +161,108 @@ def test_random_weights_are_named_by_their_seed_and_off_by_the_name(tmp_path):
     assert model_identity(path, plain, "off") == model_identity(checkpoint(tmp_path / "n", seed=1), plain, "off")
     with pytest.raises(ConfigError):
         model_identity(tmp_path / "empty", plain)
+
+
+def test_two_engines_random_weights_from_one_seed_are_not_one_model(tmp_path):
+    vllm = model_settings(config=LLAMA, dtype="float32", load_format="dummy", seed=0, engine="vllm")
+    sglang = model_settings(config=LLAMA, dtype="float32", load_format="dummy", seed=0, engine="sglang")
+    assert model_identity(None, vllm) != model_identity(None, sglang)
+    plain = model_settings(config=LLAMA, dtype="float32", engine="vllm")
+    assert plain == model_settings(config=LLAMA, dtype="float32", engine="sglang")   # loaded weights: no engine
+
+
+# -- one identity in every engine, and SGLang's canonical keys following its weights ----------------------------
+
+
+class _Weights:
+    """What SGLang 0.5.23 publishes of the weights it serves (``sglang.srt.runtime_context``), as a test sets it."""
+
+    def __init__(self, path: Path) -> None:
+        from types import SimpleNamespace
+
+        self.model = SimpleNamespace(model_path=str(path), load_format="auto", json_model_override_args="{}",
+                                     quantization_param_path=None, kv_cache_dtype="auto")
+        self.serving = SimpleNamespace(weight_version="default")
+        self.overrides: list[tuple[str, object]] = []
+        self.config = SimpleNamespace(dtype=torch.float32, quantization=None)
+        self.device = SimpleNamespace(random_seed=1234)
+        self.lora = SimpleNamespace(enable_lora=False, lora_paths=None)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from types import SimpleNamespace
+
+        from sglang.srt import runtime_context as rc
+
+        for name, value in (("get_model", lambda: self.model), ("get_serving", lambda: self.serving),
+                            ("get_device", lambda: self.device), ("process_model_config", lambda: self.config),
+                            ("get_lora", lambda: self.lora),
+                            ("get_context", lambda: SimpleNamespace(overrides_log=lambda: list(self.overrides)))):
+            monkeypatch.setattr(rc, name, value, raising=False)
+
+
+def _vllm_config(path: Path) -> object:
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(model=str(path), dtype=torch.float32, quantization=None, hf_overrides={}, seed=0,
+                            hf_config=None, revision=None)
+    return SimpleNamespace(model_config=model, cache_config=SimpleNamespace(cache_dtype="auto",
+                                                                            calculate_kv_scales=False),
+                           load_config=SimpleNamespace(load_format="auto"))
+
+
+def test_vllm_sglang_and_transformers_compute_one_identity_of_a_checkpoint(tmp_path, monkeypatch):
+    """One checkpoint at its defaults: vLLM's connector, SGLang's backend and transformers' ``checkpoint=`` make
+    one model identity, and SGLang's canonical model part is vLLM's (the engines share chunks)."""
+    from types import SimpleNamespace
+
+    from kvstore.connectors.common.canonical import identity_root
+    from kvstore.connectors.common.model_identity import checkpoint_identity
+    from kvstore.connectors.sglang.identity import ModelKeys
+    from kvstore.connectors.vllm.identity import model_identity as vllm_identity
+
+    path = checkpoint(tmp_path / "m", seed=0)
+    (path / "config.json").write_text(json.dumps({**LLAMA, "torch_dtype": "float32"}))
+    weights = _Weights(path)
+    weights.install(monkeypatch)
+    vllm = vllm_identity(_vllm_config(path), "sampled")
+    keys = ModelKeys(SimpleNamespace(mem_state=object()), "sampled", "", True)
+    assert keys.identity == vllm == checkpoint_identity(path, dtype=torch.float32)
+    assert keys.part() == identity_root(vllm, "")       # vLLM's part at its start (``WeightsEpoch("")``)
+    versioned = ModelKeys(SimpleNamespace(mem_state=object()), "sampled", "v7", True)
+    assert versioned.part() == identity_root(vllm, "v7")
+
+
+def test_sglangs_canonical_part_follows_the_weights_it_serves(tmp_path, monkeypatch):
+    """Whenever SGLang's keys of its own format move (weights from disk, a named weight_version, a flush under
+    ``reset_on_flush``, ``clear()``), its canonical part moves with them; a flush without ``reset_on_flush``
+    leaves both where they were."""
+    from types import SimpleNamespace
+
+    from kvstore.connectors.sglang.identity import UPDATE_SOURCE, ModelKeys
+
+    path = checkpoint(tmp_path / "m", seed=0)
+    weights = _Weights(path)
+    weights.install(monkeypatch)
+    pool = SimpleNamespace(mem_state=object())
+    keys, kept = ModelKeys(pool, "sampled", "", True), ModelKeys(pool, "sampled", "", False)
+    start = (keys.root(), keys.part())
+    assert (kept.root(), kept.part()) == start
+
+    def now(k: ModelKeys) -> tuple[bytes, str]:
+        return k.root(), k.part()
+
+    def moved_apart(old: tuple[bytes, str], new: tuple[bytes, str]) -> bool:
+        return old[0] != new[0] and old[1] != new[1]   # both formats' keys moved
+
+    pool.mem_state = object()                                       # a plain /flush_cache
+    assert moved_apart(start, now(keys)) and now(kept) == start
+    new = checkpoint(tmp_path / "new", seed=1)                      # update_weights_from_disk to other weights
+    weights.model.model_path, pool.mem_state = str(new), object()
+    weights.overrides.append((UPDATE_SOURCE, {}))
+    from_disk = now(kept)
+    assert moved_apart(start, from_disk) and now(keys) == from_disk   # the weights are named now: no epoch
+    weights.serving.weight_version, pool.mem_state = "step-1", object()   # an update naming a version
+    assert moved_apart(from_disk, now(kept)) and now(keys) == now(kept)
+    named = now(kept)
+    kept.reset()                                                    # the backend's clear()
+    assert moved_apart(named, now(kept)) and now(keys) == named

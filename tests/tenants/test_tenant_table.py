@@ -79,3 +79,14 @@ def test_guarantees_must_fit_the_tier(tmp_path):
     with pytest.raises(ConfigError, match=r"kvstore.toml: tenants: the dram guarantees add up to 80.0 MiB"):
         check_capacities(table, {"dram": 64 << 20})
     assert build_config(config_file=str(path)).host_mem == 64 << 20   # the settings reader leaves [tenants] alone
+
+
+def test_engine_patterns_also_own_the_engine_neutral_namespaces():
+    """Tables written for the engines' own namespaces keep their engines' canonical chunks (``kv:MODEL``)."""
+    table = parse_tenants({"a": {"namespaces": ["vllm:team-a/"]}, "b": {"namespaces": ["sglang:team-b/*"]}})
+    assert table.tenant_for("kv:team-a/llama").name == "a"
+    assert table.tenant_for("vllm:team-a/llama").name == "a"
+    assert table.tenant_for("kv:team-b/qwen;salt=s").name == "b"
+    assert table.tenant_for("kv:team-c/x").name == "default"
+    with pytest.raises(ConfigError, match="overlaps"):   # one model's engines split between two tenants
+        parse_tenants({"a": {"namespaces": ["vllm:m"]}, "b": {"namespaces": ["sglang:m"]}})

@@ -1,9 +1,9 @@
 """``kvstore invalidate``: an operator drops every chunk of named namespaces from every tier the daemon holds.
 
 What for. A model's weights changed in place, a checkpoint was rewritten, or chunks of a namespace must go for any
-other reason: the connectors name a namespace after their engine and model (``vllm:MODEL``, with a salt when one
-is configured), so dropping a model's chunks is dropping its namespaces, and ``prefix`` names all of a model's at
-once (every salt, every layout).
+other reason: the connectors name a namespace after their model (``kv:MODEL`` for the format every engine reads,
+``vllm:MODEL`` or ``sglang:MODEL`` for an engine's own, with a salt when one is configured), so dropping a model's
+chunks is dropping its namespaces, and ``prefix`` names all of one kind at once (every salt, every layout).
 
 What goes. Every committed chunk of each namespace, in DRAM, on disk and in the GPU tier (``Store.clear``: the
 chunk leaves the index at once, its files and slots are freed, and the KV cache events name what was removed, as

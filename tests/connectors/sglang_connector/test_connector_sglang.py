@@ -109,3 +109,37 @@ def test_daemon_down_means_misses_and_dropped_writes(tmp_path):
     assert b.batch_set(hashes, [pool.get_data_page(0), pool.get_data_page(PAGE)]) is False
     assert b.batch_get(hashes, [pool.get_dummy_flat_data_page()] * 2) == [None, None]
     assert b.batch_get_v1(hashes, host_indices([0, 1])) == [False, False]
+
+
+def test_tensor_parallel_ranks_read_their_heads_whatever_tp_size_wrote_them(daemon):
+    """Canonical chunks are stored per rank, each rank its KV heads: a rank of TP=2 reads its head of pages a
+    TP=1 engine wrote, and a TP=1 engine reads the pages TP=2's ranks wrote, head by head (SGLang's CPU path
+    does not run TP=2: these are the backends its ranks would make, over a real daemon)."""
+    one_k, one_v = kv(3 * PAGE, seed=7)
+    two_k, two_v = kv(3 * PAGE, seed=8)
+    by_one = get_hash_str(list(range(300, 300 + 3 * PAGE)), None, page_size=PAGE)
+    by_two = get_hash_str(list(range(400, 400 + 3 * PAGE)), None, page_size=PAGE)
+
+    full = HostPool("layer_first", LAYERS, HEADS, DIM, PAGE, pages=4)
+    full.write_tokens(one_k, one_v, slots_of([0, 1, 2]))
+    assert backend(daemon.address, full).batch_set_v1(by_one, host_indices([0, 1, 2])) == [True] * 3
+    for rank in range(2):
+        pool = HostPool("layer_first", LAYERS, 1, DIM, PAGE, pages=4)
+        pool.write_tokens([k[:, rank:rank + 1] for k in two_k], [v[:, rank:rank + 1] for v in two_v],
+                          slots_of([0, 1, 2]))
+        ranked = backend(daemon.address, pool, tp_rank=rank, tp_size=2)
+        assert ranked.batch_set_v1(by_two, host_indices([0, 1, 2])) == [True] * 3   # its head only
+        assert ranked.batch_exists(by_one) == 3
+        assert ranked.batch_get_v1(by_one, host_indices([3, 2, 1])) == [True] * 3
+        got_k, got_v = pool.read_tokens(slots_of([3, 2, 1]))
+        for layer in range(LAYERS):
+            assert torch.equal(got_k[layer], one_k[layer][:, rank:rank + 1])
+            assert torch.equal(got_v[layer], one_v[layer][:, rank:rank + 1])
+
+    reader = HostPool("layer_first", LAYERS, HEADS, DIM, PAGE, pages=4)
+    whole = backend(daemon.address, reader)
+    assert whole.batch_exists(by_two) == 3           # both heads, from the two ranks' slices
+    assert whole.batch_get_v1(by_two, host_indices([2, 0, 3])) == [True] * 3
+    got_k, got_v = reader.read_tokens(slots_of([2, 0, 3]))
+    for layer in range(LAYERS):
+        assert torch.equal(got_k[layer], two_k[layer]) and torch.equal(got_v[layer], two_v[layer])

@@ -146,7 +146,7 @@ def load_after_deleting_two_chunks(daemon, model, ids):
     assert two.lookup(req) == 1024
     meta = two.admit(req, 0, 1024)
     side = two.scheduler.scheduler_side
-    with daemon.client(namespace=side.session_namespace) as c:
+    with daemon.client(namespace=side.session_namespace, key_scheme=side.key_scheme) as c:
         assert c.delete(side.plain_keys(side.stores[0], ids[0].tolist())[2:]) == 2
     two.run_step(meta)
     two.wait_loaded("b")

@@ -29,15 +29,18 @@ def save_tokenizer(directory: str) -> None:
 
 
 def save_model(directory: str, family: str = "dense", seed: int = 0) -> None:
-    """`dense`: Llama (hidden 64, 2 layers, 4 heads of 16, 2 KV heads), random float32 weights fixed by
-    ``seed``."""
+    """`dense`: Llama (hidden 64, 2 layers, 4 heads of 16, 2 KV heads); `shared`: the Llama every engine runs
+    (hidden 128, 4 layers, 4 heads of 32, 2 KV heads: vLLM's CPU attention takes head size 32, not 16). Random
+    float32 weights fixed by ``seed``."""
     import torch
     import transformers as tf
 
-    if family != "dense":
-        raise SystemExit(f"unknown model family {family!r}: dense (SGLang's CPU path runs no MLA model)")
-    config = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+    shapes = {"dense": (64, 2), "shared": (128, 4)}
+    if family not in shapes:
+        raise SystemExit(f"unknown model family {family!r}: dense or shared (SGLang's CPU path runs no MLA model)")
+    hidden, layers = shapes[family]
+    config = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
+                            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
                             max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, torch_dtype="float32")
     torch.manual_seed(seed)
     tf.LlamaForCausalLM(config).to(torch.float32).save_pretrained(directory)

@@ -29,7 +29,9 @@ an engine start costs ~15 s, so one process serves every test of a configuration
     {"op": "exit"}
 
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless the config says
-`"multiprocess": true`: one process fewer to start and the connector's state is readable for `stats`.
+`"multiprocess": true`: one process fewer to start and the connector's state is readable for `stats`. `"tp": 2`
+runs two tensor-parallel workers in processes of their own (the scheduler's counters stay readable, the
+workers' do not).
 Prompts are token ids (no tokenizer); sampling is greedy with the sampled token's log-probability.
 """
 
@@ -184,6 +186,8 @@ class Engine:
         if config.get("images"):   # the model's processor makes the placeholders: it needs the tokenizer
             kwargs.update(limit_mm_per_prompt={"image": int(config["images"])}, skip_tokenizer_init=False,
                           max_model_len=2048)
+        if int(config.get("tp", 1)) > 1:   # worker processes (vLLM's multiprocessing executor, gloo between them)
+            kwargs.update(tensor_parallel_size=int(config["tp"]), distributed_executor_backend="mp")
         self.llm = LLM(**kwargs)
         self.engine = self.llm.llm_engine
         self._next_id = 0
@@ -276,7 +280,8 @@ class Engine:
         side = self.engine.engine_core.engine_core.scheduler.connector.scheduler_side
         salted = salts or [None] * len(prompts)
         return {"keys": [[k.hex() for k in side.plain_keys(side.stores[0], p, salt or "")]
-                         for p, salt in zip(prompts, salted)], "namespace": side.session_namespace}
+                         for p, salt in zip(prompts, salted)], "namespace": side.session_namespace,
+                "key_scheme": side.key_scheme}
 
     def chunk_parts(self) -> dict[str, Any]:
         """What a chunk holds, group after group in its bytes: each group's kind and byte count (tests that
@@ -314,7 +319,8 @@ def _perturb_weights(worker: Any, seed: int, scale: float) -> None:
 
 
 def model_identity(model: str, engine_args: dict[str, Any]) -> str:
-    """The vLLM connector's model identity of `model` under `engine_args` (vLLM's own config, no engine)."""
+    """The vLLM connector's model identity of `model` under `engine_args` (the engine-neutral one every engine
+    computes, ``common/model_identity.py``; vLLM's own config, no engine)."""
     from vllm.engine.arg_utils import EngineArgs
 
     from kvstore.connectors.vllm.identity import model_identity as identity

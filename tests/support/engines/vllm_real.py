@@ -15,17 +15,20 @@ import random
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 
-from .sandbox import engine_home_env
+from .sandbox import descendants, engine_home_env, remove_files, shm_files_of
 from . import venv
 
 REPO = Path(__file__).resolve().parents[3]
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
 START_TIMEOUT_S = 600.0
+# What vLLM's processes make in /dev/shm: multiprocessing's semaphores and shared memory (never the daemon's arena)
+ENGINE_SHM_PREFIXES = ("sem.mp-", "psm_", "vllm")
 CHUNK = 256        # connector chunk size in the tests: two of the CPU engine's 128-token blocks
 VOCAB = 512
 
@@ -81,7 +84,8 @@ class EngineProc:
     def __init__(self, python: str, config: dict[str, Any], log_path: str, env: dict[str, str]) -> None:
         self.config = config
         self.log_path = log_path
-        self.namespace = ""   # the connector's session namespace, learnt with its chunk keys
+        self.namespace = ""   # the connector's session namespace and key scheme, learnt with its chunk keys
+        self.key_scheme = ""
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
             [python, str(ENGINE_SCRIPT), "serve", json.dumps(config)], stdin=subprocess.PIPE,
@@ -153,15 +157,16 @@ class EngineProc:
         bound to the engine's namespace in the daemon: look them up through ``chunk_client``."""
         reply = self.call("chunk_keys", prompts=prompts, salts=salts)
         self.namespace = str(reply["namespace"])
+        self.key_scheme = str(reply["key_scheme"])
         return [[bytes.fromhex(k) for k in chain] for chain in reply["keys"]]
 
     def chunk_client(self, daemon: Any) -> Any:
-        """A client of `daemon` in this engine's namespace, where its chunk keys name its chunks (at the
-        connector's chunk size)."""
+        """A client of `daemon` in this engine's namespace and key scheme, where its chunk keys name its chunks
+        (at the connector's chunk size)."""
         if not self.namespace:
             self.chunk_keys([])
         tokens = (self.config.get("connector") or {}).get("kv_connector_extra_config", {}).get("chunk_tokens", CHUNK)
-        return daemon.client(namespace=self.namespace, chunk_tokens=tokens)
+        return daemon.client(namespace=self.namespace, chunk_tokens=tokens, key_scheme=self.key_scheme)
 
     def log_tail(self, n: int = 60) -> str:
         try:
@@ -171,6 +176,10 @@ class EngineProc:
         return "\n".join(lines[-n:])
 
     def close(self) -> None:
+        """End the engine; the shared-memory segments and semaphores its processes had mapped (tensor-parallel
+        workers' among them, which the engine's quick exit leaves behind) are removed."""
+        tree = descendants(self.proc.pid) if self.proc.poll() is None else []
+        leftovers = shm_files_of(tree, ENGINE_SHM_PREFIXES)
         if self.proc.poll() is None:
             try:
                 assert self.proc.stdin is not None
@@ -180,6 +189,10 @@ class EngineProc:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
+        deadline = time.monotonic() + 30
+        while any(os.path.exists(f"/proc/{p}") for p in tree[1:]) and time.monotonic() < deadline:
+            time.sleep(0.2)   # workers end once they see their parent gone
+        remove_files(leftovers)
         self._log.close()
 
 
@@ -221,6 +234,10 @@ class EnginePool:
                    VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"),
                    TOKENIZERS_PARALLELISM="false")
         return env
+
+    def use_model(self, path: str, family: str = "dense") -> None:
+        """Serve `family` from the model saved at `path` (one another engine serves too)."""
+        self._models[family] = path
 
     def model(self, family: str = "dense", size: tuple[int, int] | None = None) -> str:
         """A random-weight model of `family` (`vllm_engine.save_model`; `size`: its hidden size and layer count,
