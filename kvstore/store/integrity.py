@@ -147,6 +147,10 @@ class Integrity:
             self.store.end_check(chosen)
         return [e for e, value in zip(chosen, sums) if value != e.checksum]
 
+    async def sum_slot(self, view: memoryview) -> int:
+        """The checksum of ``view`` (a slot the caller holds), taken on the worker, never on the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, checksum, view)
+
     def report(self, bad: Sequence[Entry], tier: str, why: str) -> int:
         """Hand copies that failed to the damage path; returns the chunks dropped. One log line per report."""
         dropped = 0

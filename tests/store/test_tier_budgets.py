@@ -100,7 +100,8 @@ class TenantStoreMachine(StoreMachine):
         head = next((e for e in self.disk.dirty if e.disk is DiskState.QUEUED and e.host_offset is not None
                      and self.store.index.get(e.key) is e), None)   # the one next_write takes
         self._for(head.tenant if head is not None else None)
-        return self.disk.next_write()
+        write = self.disk.next_write()
+        return write.chunk if write is not None else None
 
     @precondition(lambda self: self.ready() and self.store.disk is not None)
     @rule(first=st.integers(0, len(KEYS) - 1), length=st.integers(1, 6))

@@ -222,9 +222,9 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.ready() and self.store.disk is not None)
     @rule()
     def start_write(self) -> None:
-        entry = self.disk.next_write()
-        if entry is not None:
-            self.writes.append(entry)
+        write = self.disk.next_write()
+        if write is not None:
+            self.writes.append(write.chunk)
 
     @precondition(lambda self: self.ready() and self.store.disk is not None)
     @rule()
@@ -232,10 +232,10 @@ class StoreMachine(RuleBasedStateMachine):
         """The tier manager drains the write-back queue, every write succeeding (as the simulator does)."""
         if self.disk is None:
             return
-        entry = self.disk.next_write()
-        while entry is not None:
-            self.disk.finish_write(entry, entry.size, None)
-            entry = self.disk.next_write()
+        write = self.disk.next_write()
+        while write is not None:
+            self.disk.finish_write(write.chunk, write.chunk.size, None)
+            write = self.disk.next_write()
 
     @precondition(lambda self: self.writes)
     @rule(pick=st.integers(0, 100), outcome=st.sampled_from(["ok", "ok", "io", "damaged"]))

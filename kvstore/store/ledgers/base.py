@@ -21,15 +21,12 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence
 
 from ...protocol.key_params import KeyParams
+from ...tiers.ledger_api import Wakeable as Mover   # what a ledger asks of its mover: wake it
+
+__all__ = ["Mover", "StoreCore", "TierLedger"]
 from ..counters import StoreCounters, TierCounters
 from ..entry import Entry
 from ..eviction import EvictionQueue
-
-
-class Mover(Protocol):
-    """What every mover offers (``movers.py`` holds the shared life cycle): a ledger only ever wakes it."""
-
-    def wake(self) -> None: ...
 
 
 class StoreCore(Protocol):

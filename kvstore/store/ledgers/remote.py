@@ -56,6 +56,10 @@ class RemoteLedger(TierLedger):
         return [self.store.read(e) for e in entries]
 
     # -- fetches ---------------------------------------------------------------------------------------------------
+    def readable_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` are readable now (the fetches a get waits for start past them)."""
+        return len(self.store.leading(keys))
+
     def known(self, key: bytes) -> bool:
         """Whether the index holds ``key`` in any state (stored, or being written or fetched)."""
         return key in self.store.index
