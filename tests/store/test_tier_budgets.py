@@ -60,7 +60,7 @@ class TenantStoreMachine(StoreMachine):
         except StoreFullError:
             return
         self.store.commit(OWNERS[0], handle.id)
-        self.store.settle_after_reply()
+        self.store.puts.settle_after_reply()
         if then_write:
             self.check_others()
             self.write_back()
@@ -162,7 +162,7 @@ class TenantStoreMachine(StoreMachine):
     def budgets_hold(self) -> None:
         if self.store is None:
             return
-        self.store.settle_after_reply()
+        self.store.puts.settle_after_reply()
         self.check_others()
         self.actors = UNCHECKED
         budgets = self.store.budgets

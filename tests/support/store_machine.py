@@ -112,7 +112,7 @@ class StoreMachine(RuleBasedStateMachine):
                 ledger.mover = self.wiring
         store.remote_ledger.mover = self.wiring if remote else None
         store.published = self.published
-        store.sums = self.sums if summed else None
+        store.puts.sums = self.sums if summed else None
         store.after_reply = AfterReply() if deferred else None   # as the daemon: a commit's rest after its reply
         self.store = store
         self.disk = store.disk_ledger
@@ -168,7 +168,7 @@ class StoreMachine(RuleBasedStateMachine):
         entries = self.sums.pending.pop(0)
         for entry in entries:
             entry.checksum = 1
-        self.store.checksummed(entries)
+        self.store.puts.checksummed(entries)
 
     # -- gets ----------------------------------------------------------------------------------------------
     @precondition(ready)
@@ -202,7 +202,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.expire()
         live = {h.id for h in self.store.leases}
         self.leases = [lease for lease in self.leases if lease[1] in live]
-        live = {h.id for h in self.store.reservations}
+        live = {h.id for h in self.store.puts.reservations}
         self.reservations = [r for r in self.reservations if r[1] in live]
 
     @precondition(ready)
@@ -346,7 +346,7 @@ class StoreMachine(RuleBasedStateMachine):
         store = self.store
         if store is None:
             return
-        store.settle_after_reply()   # each rule is a request: its reply is out, the work it left is done
+        store.puts.settle_after_reply()   # each rule is a request: its reply is out, the work it left is done
         for entry in store.index.values():
             self.seen[id(entry)] = entry
         entries = list(self.seen.values())

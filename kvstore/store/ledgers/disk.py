@@ -197,7 +197,7 @@ class DiskLedger(TierLedger):
             if entry.doomed:
                 self.store.release_if_idle(entry)
             elif damaged:
-                self.store.damaged(entry, "host")
+                self.store.damage.damaged(entry, "host")
             return
         assert stored is not None
         entry.disk = DiskState.STORED
@@ -269,7 +269,7 @@ class DiskLedger(TierLedger):
             else:
                 tc.io_errors += 1
             if bad and not entry.doomed:
-                store.damaged(entry, "disk")
+                store.damage.damaged(entry, "disk")
             if not entry.doomed:
                 store.unindex(entry)
             self.drop_copy(entry, quarantine=str(error) if bad else None)

@@ -94,7 +94,7 @@ class RemoteLedger(TierLedger):
         good = list(entries[:loaded])
         for entry, checksum in zip(good, sums):
             entry.checksum = checksum
-        self.store.admit(good, source=self)
+        self.store.puts.admit(good, source=self)
         self.store.drop_reserved(list(entries[loaded:]))
         tc = self.store.tier_counters
         tc.promotions_remote_host += len(good)
