@@ -1,4 +1,4 @@
-"""The simulator's movers: the daemon's ledgers (``store/*_ledger.py``) driven by movers whose transfers complete
+"""The simulator's movers: the daemon's ledgers (``store/ledgers/``) driven by movers whose transfers complete
 the moment they start.
 
 Each takes the place of the daemon's mover of the same tier (``tiers/disk/mover.py``, ``tiers/gpu/mover.py``) on the
@@ -31,10 +31,10 @@ class InstantDiskMover:
 
     def wake(self) -> None:
         ledger = self.ledger
-        entry = ledger.next_write()
-        while entry is not None:
-            ledger.finish_write(entry, entry.size, None)
-            entry = ledger.next_write()
+        write = ledger.next_write()
+        while write is not None:
+            ledger.finish_write(write.chunk, write.chunk.size, None)
+            write = ledger.next_write()
         ledger.rebalance()
 
     def remove_file(self, key: bytes, quarantine: str | None = None) -> None:

@@ -244,7 +244,7 @@ class Adoption:
         r.dropped_chunks += duplicates
         if bad:
             r.corrupt_chunks += len(bad)
-            self.store.integrity.corrupt_host += len(bad)
+            self.store.damage.counters.corrupt_host += len(bad)
             r.dropped_chunks += self.store.drop_unverified(bad)
             logs.warning("kept_chunk_corrupt", chunks=len(bad), first=bad[0].key.hex(), namespace=bad[0].namespace)
 

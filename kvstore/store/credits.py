@@ -45,6 +45,14 @@ if TYPE_CHECKING:
     from .eviction import EvictionQueue
 
 
+class PutPath(Protocol):
+    """What a put into a credit uses of the Store's put path (``puts.Puts``)."""
+
+    def put_refusal(self) -> str: ...
+    def refuse_never_fitting(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> None: ...
+    def publish(self, entries: list[Entry], retention: RetentionAsk = NORMAL) -> int: ...
+
+
 class Store(Protocol):
     """What the credit book uses of the Store (a protocol rather than an import: store.py imports this module)."""
 
@@ -55,10 +63,9 @@ class Store(Protocol):
     reserve_ttl: float
     clock: Callable[[], float]
 
-    def publish(self, entries: list[Entry], retention: RetentionAsk = NORMAL) -> int: ...
     def apply_retention(self, entries: Sequence[Entry], ask: RetentionAsk, fresh: bool = False) -> None: ...
-    def put_refusal(self) -> str: ...
-    def refuse_never_fitting(self, namespace: str, keys: Sequence[bytes], sizes: Sequence[int]) -> None: ...
+    @property
+    def puts(self) -> "PutPath": ...   # the refusals and the publish a put into a credit shares
     def charge_host(self, entry: Entry) -> None: ...
     def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = (),
                       namespace: str | None = None) -> int: ...
@@ -131,7 +138,7 @@ class CreditBook:
         if keys:
             if handle is None:
                 raise BadRequestError("CREDIT_PUT names chunks but no credit; take one first (credit 0, no keys)")
-            refusal = store.put_refusal()
+            refusal = store.puts.put_refusal()
             if refusal:
                 store.counters.full_errors += 1
                 raise StoreFullError(refusal)
@@ -183,9 +190,9 @@ class CreditBook:
     def _refuse_never_fitting(self, owner: bytes, handle: Handle[Credit], namespace: str, keys: Sequence[bytes],
                               sizes: Sequence[int]) -> None:
         """A put more than its tenant's whole DRAM ceiling is refused before any chunk of the tenant leaves
-        (``Store.refuse_never_fitting``); its credit goes back to the free space, as at the ceiling."""
+        (``Puts.refuse_never_fitting``); its credit goes back to the free space, as at the ceiling."""
         try:
-            self.store.refuse_never_fitting(namespace, keys, sizes)
+            self.store.puts.refuse_never_fitting(namespace, keys, sizes)
         except StoreFullError:
             self._free(self.table.take(owner, handle.id).payload)
             raise
@@ -256,7 +263,7 @@ class CreditBook:
         store.lru.touch_chain(present)
         if retention is not NORMAL:
             store.apply_retention(present, retention)
-        committed = store.publish(entries, retention) if keys else 0
+        committed = store.puts.publish(entries, retention) if keys else 0
         if keys:
             self.counters.puts += 1
         return committed, (Credit(cursor, limit - cursor) if cursor < limit else None)

@@ -1,4 +1,4 @@
-"""The Store's bookkeeping of chunk checksums and damaged copies (a part of ``Store``, kept in its own file).
+"""What happens to a damaged copy: ``Damage``, the collaborator the Store owns for it (``Store.damage``).
 
 A damaged copy in a lower tier is dropped through that tier's ledger (``DiskLedger.rewrite`` / ``drop_copy``,
 ``GpuLedger.free``): the ledgers stay the only code that changes their tiers' fields.
@@ -21,12 +21,16 @@ Damage is rare and a scrub pass is O(index) anyway, so this keeps every put free
 
 Checks that read a host slot off the event loop hold it with ``begin_check`` / ``end_check`` (``Entry.checking``):
 while a check reads it, the slot is neither evicted nor demoted nor freed by a delete, as for a disk write.
+
+``Damage`` owns the damage counters (``IntegrityCounters``) and is given only what it uses: the index and the
+DRAM queue (``DamageStore``, which the Store fits) and the disk and GPU ledgers it repairs through. Each operation
+returns how many chunks it dropped.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 from .entry import DiskState, Entry, State
 
@@ -53,20 +57,28 @@ class IntegrityCounters:
     sum_bytes: int = 0
 
 
-class DamageMixin:
-    """Methods of ``Store`` for checksums and damaged copies (see the module docstring)."""
+class DamageStore(Protocol):
+    """What the damage path uses of the Store: the index, the DRAM queue, and the ways a chunk lets go."""
 
-    # What the methods use of the Store (set by its constructor; declared for the type checker).
-    index: dict[bytes, Entry]
-    lru: EvictionQueue
-    integrity: IntegrityCounters
-    disk_ledger: DiskLedger | None
-    gpu_ledger: GpuLedger | None
+    @property
+    def index(self) -> dict[bytes, Entry]: ...
+    @property
+    def lru(self) -> EvictionQueue: ...
 
-    if TYPE_CHECKING:
-        def release_if_idle(self, entry: Entry) -> None: ...
-        def free_host(self, entry: Entry) -> None: ...
-        def _remove_committed(self, entry: Entry) -> None: ...
+    def release_if_idle(self, entry: Entry) -> None: ...
+    def free_host(self, entry: Entry) -> None: ...
+    def remove_committed(self, entry: Entry) -> None: ...
+
+
+class Damage:
+    """Checks in progress and damaged copies (see the module docstring)."""
+
+    def __init__(self, store: DamageStore, disk_ledger: "DiskLedger | None", gpu_ledger: "GpuLedger | None") -> None:
+        """The damage path of ``store``, repairing lower-tier copies through ``disk_ledger`` and ``gpu_ledger``."""
+        self.store = store
+        self.disk_ledger = disk_ledger
+        self.gpu_ledger = gpu_ledger
+        self.counters = IntegrityCounters()
 
     def begin_check(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
@@ -77,14 +89,14 @@ class DamageMixin:
             entry.checking -= 1
             assert entry.checking >= 0, "ended more checks than begun"
             if entry.doomed:
-                self.release_if_idle(entry)
+                self.store.release_if_idle(entry)
 
     def damaged(self, entry: Entry, tier: str) -> int:
         """``entry``'s copy in ``tier`` failed its checksum: repair from another copy or drop the chunk and its
         continuations. Returns the chunks dropped from the index (0 when repaired or already gone)."""
-        if self.index.get(entry.key) is not entry or not entry.readable:
+        if self.store.index.get(entry.key) is not entry or not entry.readable:
             return 0   # gone meanwhile: nothing is counted for a copy that is no longer ours
-        c = self.integrity
+        c = self.counters
         setattr(c, f"corrupt_{tier}", getattr(c, f"corrupt_{tier}") + 1)
         if self._repair(entry, tier):
             c.repaired += 1
@@ -97,10 +109,10 @@ class DamageMixin:
         if tier == "host" and entry.host_offset is not None and entry.checking == 0 \
                 and entry.disk is not DiskState.WRITING \
                 and (entry.disk is DiskState.STORED or entry.gpu_offset is not None):
-            self.lru.remove(entry)
+            self.store.lru.remove(entry)
             if entry.disk is not DiskState.STORED and self.disk_ledger is not None:
                 self.disk_ledger.forget(entry)   # a queued write would copy the bad slot
-            self.free_host(entry)
+            self.store.free_host(entry)
             return True
         if tier == "disk" and entry.disk is DiskState.STORED and entry.host_offset is not None:
             assert self.disk_ledger is not None   # a stored file implies the disk tier
@@ -120,17 +132,17 @@ class DamageMixin:
             self.disk_ledger.drop_copy(entry, quarantine)
         dropped = 0
         for chunk in doomed:
-            if self.index.get(chunk.key) is chunk and chunk.state is State.COMMITTED:
-                self._remove_committed(chunk)
+            if self.store.index.get(chunk.key) is chunk and chunk.state is State.COMMITTED:
+                self.store.remove_committed(chunk)
                 dropped += 1
-        self.integrity.dropped += dropped
+        self.counters.dropped += dropped
         return dropped
 
     def drop_keys(self, keys: Sequence[bytes]) -> int:
         """Drop the chunks ``keys`` name (and their continuations); a verify mismatch."""
         dropped = 0
         for key in keys:
-            entry = self.index.get(key)
+            entry = self.store.index.get(key)
             if entry is not None and entry.readable:
                 dropped += self.drop_chain(entry)
         return dropped
@@ -140,26 +152,20 @@ class DamageMixin:
         link that never made it into the index). One pass over the index. Returns how many."""
         if not keys:
             return 0
-        children: dict[bytes, list[Entry]] = {}
-        for entry in self.index.values():
-            if entry.parent is not None:
-                children.setdefault(entry.parent, []).append(entry)
+        children = self._children()
         dropped, frontier = 0, list(keys)
         while frontier:
             for child in children.get(frontier.pop(), ()):
                 frontier.append(child.key)
-                if self.index.get(child.key) is child and child.state is State.COMMITTED:
-                    self._remove_committed(child)
+                if self.store.index.get(child.key) is child and child.state is State.COMMITTED:
+                    self.store.remove_committed(child)
                     dropped += 1
-        self.integrity.dropped += dropped
+        self.counters.dropped += dropped
         return dropped
 
     def continuations(self, key: bytes) -> list[Entry]:
         """Every indexed chunk whose chain passes through ``key`` (one pass over the index)."""
-        children: dict[bytes, list[Entry]] = {}
-        for entry in self.index.values():
-            if entry.parent is not None:
-                children.setdefault(entry.parent, []).append(entry)
+        children = self._children()
         found: list[Entry] = []
         frontier = [key]
         while frontier:
@@ -167,3 +173,11 @@ class DamageMixin:
                 found.append(child)
                 frontier.append(child.key)
         return found
+
+    def _children(self) -> dict[bytes, list[Entry]]:
+        """Each indexed parent key's children (one pass over the index: a chunk knows only its parent)."""
+        children: dict[bytes, list[Entry]] = {}
+        for entry in self.store.index.values():
+            if entry.parent is not None:
+                children.setdefault(entry.parent, []).append(entry)
+        return children

@@ -13,9 +13,9 @@ the writer would add a second pass over the bytes to its copy. The price is a wi
 (the hash time of one chunk) in which a scribble would be summed as the chunk's bytes.
 
 The chunk is readable at once; what waits for its sum is what carries the sum: the write-back to disk and the put
-to the remote store start when it is known (``Store.checksummed``), and a get that asks for verification waits
+to the remote store start when it is known (``Puts.checksummed``), and a get that asks for verification waits
 for it (``waits``). With a disk tier, summing is the first step of write-back: the slot is held as a slot being
-written is (``Store.begin_check``: not evicted, so a chunk is not lost between its commit and its write), and its
+written is (``Damage.begin_check``: not evicted, so a chunk is not lost between its commit and its write), and its
 bytes count as waiting for write-back (``DiskLedger.dirty_bytes``), so puts feel the write-back's back-pressure from
 commit on (``tiers/disk/mover.py``). Without one, the slot is not held: puts back to back must be able to evict the
 previous put's chunks at once. Either way a chunk that left its slot while its sum was taken gets no sum from
@@ -59,7 +59,7 @@ class Integrity:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self.store.sums = self
+        self.store.puts.sums = self
 
     # -- at commit ------------------------------------------------------------------------------------------
     def after_commit(self, entries: list[Entry]) -> None:
@@ -72,7 +72,7 @@ class Integrity:
         offsets = [e.host_offset for e in entries]
         self._count_waiting(entries, 1)
         if self.store.disk is not None:
-            self.store.begin_check(entries)
+            self.store.damage.begin_check(entries)
         fut = self._loop.run_in_executor(self.pool, _sums, views)
         done = self._loop.create_future()   # resolved once the sums are set (not merely computed)
         for entry in entries:
@@ -92,11 +92,11 @@ class Integrity:
     def _take_sums(self, entries: list[Entry], offsets: list[int | None], fut: asyncio.Future) -> None:
         self._count_waiting(entries, -1)
         if self.store.disk is not None:
-            self.store.end_check(entries)
+            self.store.damage.end_check(entries)
         if fut.cancelled() or fut.exception() is not None:
             logs.error("checksum_failed", error=repr(None if fut.cancelled() else fut.exception()))
             return
-        c = self.store.integrity
+        c = self.store.damage.counters
         summed = []
         for entry, offset, value in zip(entries, offsets, fut.result()):
             if entry.host_offset != offset or self.store.index.get(entry.key) is not entry:
@@ -105,7 +105,7 @@ class Integrity:
             summed.append(entry)
             c.sums += 1
             c.sum_bytes += entry.size
-        self.store.checksummed(summed)
+        self.store.puts.checksummed(summed)
 
     def _count_waiting(self, entries: list[Entry], sign: int) -> None:
         disk = self.store.disk_ledger
@@ -140,18 +140,22 @@ class Integrity:
             return []
         assert self._loop is not None
         views = [self.store.read(e) for e in chosen]
-        self.store.begin_check(chosen)
+        self.store.damage.begin_check(chosen)
         try:
             sums = await self._loop.run_in_executor(self.pool, _sums, views)
         finally:
-            self.store.end_check(chosen)
+            self.store.damage.end_check(chosen)
         return [e for e, value in zip(chosen, sums) if value != e.checksum]
+
+    async def sum_slot(self, view: memoryview) -> int:
+        """The checksum of ``view`` (a slot the caller holds), taken on the worker, never on the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, checksum, view)
 
     def report(self, bad: Sequence[Entry], tier: str, why: str) -> int:
         """Hand copies that failed to the damage path; returns the chunks dropped. One log line per report."""
         dropped = 0
         for entry in bad:
-            dropped += self.store.damaged(entry, tier)
+            dropped += self.store.damage.damaged(entry, tier)
         if bad:
             logs.warning("chunk_corrupt", tier=tier, found_by=why, chunks=len(bad), dropped=dropped,
                          namespace=bad[0].namespace, first=bad[0].key.hex())

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import logs
+from ..tiers.disk.mover import FileCheck
 from .entry import DiskState, Entry
 from .integrity import Integrity, checksum
 
@@ -180,9 +181,11 @@ class Scrubber:
             failed = await self.integrity.check_host([entry])
             read += self._tally(report, "host", entry, bool(failed) and self._live(entry))
         if entry.disk is DiskState.STORED and self.disk_mover is not None and self._live(entry):
-            file_bad = await self.disk_mover.check_file(entry)
-            if file_bad is not None and self._live(entry) and entry.disk is DiskState.STORED:
-                read += self._tally(report, "disk", entry, file_bad)
+            found = await self.disk_mover.check_file(entry)
+            if found is FileCheck.UNREADABLE:
+                self.store.tier_counters.io_errors += 1
+            elif found is not FileCheck.GONE and self._live(entry) and entry.disk is DiskState.STORED:
+                read += self._tally(report, "disk", entry, found is FileCheck.DAMAGED)
         return read
 
     def _live(self, entry: Entry) -> bool:

@@ -18,8 +18,10 @@ Tiers below DRAM are each a ledger and a mover (``ledgers/base.py`` says how): t
 and never a mover. Leaving DRAM is a *demotion* when some ledger ``keeps`` the chunk and an eviction otherwise; a
 slot whose I/O a ledger ``uses_dram`` stays (with its place in the host LRU) until that I/O ends.
 
-The two-phase put is in ``puts.py``, checksums and damaged copies in ``damage.py`` (parts of the Store), what a
-full host tier says in ``host_full.py``, and the counters in ``counters.py``.
+Two collaborators the Store owns, each given only what it uses and owning its own state: the two-phase put and
+its reservations (``puts.py``, ``Store.puts``; ``reserve``, ``commit`` and ``abort`` answer the wire through it),
+and the damage path with its counters (``damage.py``, ``Store.damage``). What a full host tier says is in
+``host_full.py``, and the counters in ``counters.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from itertools import takewhile
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..defaults import MAX_PIN_SHARE, MAX_PIN_TTL, PIN_TTL
-from ..errors import LeaseError, ReservationError, StoreFullError
+from ..errors import LeaseError, StoreFullError
 from ..protocol.index_layout import STATE_OF_TIER
 from ..protocol.key_params import KeyParams
 from ..protocol.retention import Retention, RetentionAsk
@@ -41,17 +43,17 @@ from ..tiers.host.tier import HostTier
 from .after_reply import AfterReply
 from .counters import StoreCounters, TierCounters
 from .credits import CreditBook
-from .damage import DamageMixin, IntegrityCounters
+from .damage import Damage
 from .entry import Entry, State
 from .handles import Handle, HandleTable
 from .host_full import count_holders, host_full_message
 from .ledgers.base import TierLedger
 from .policies import make_queue
-from .puts import PutMixin, Reservation, Slot
+from .puts import Puts, Slot
 from .retention import RetentionQueue, SoftPins, stored_class
 from .room import make_room
 from .s3fifo import MAX_FREQ
-from .sinks import EventSink, IndexSink, SumSink
+from .sinks import EventSink, IndexSink
 from .tenant_budgets import TenantBudgets
 from .tier_guard import TierGuard
 
@@ -81,7 +83,7 @@ class LookupResult:
     tiers: list[str]
 
 
-class Store(PutMixin, DamageMixin):
+class Store:
     def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float, ledgers: "TierLedgers",
                  clock: Callable[[], float] = time.monotonic, tenants: "TenantTable | None" = None, *,
                  after_reply: AfterReply | None = None, private: Callable[[str], bool] | None = None,
@@ -117,11 +119,8 @@ class Store(PutMixin, DamageMixin):
         self.budgets = TenantBudgets(tenants, self.policy)
         self.lru = self.budgets.queue("dram")
         self.leases: HandleTable[list[Entry]] = HandleTable("lease", LeaseError)
-        self.reservations: HandleTable[Reservation] = HandleTable("reservation", ReservationError)
         self.counters = StoreCounters()
         self.tier_counters = TierCounters()
-        self.integrity = IntegrityCounters()
-        self.sums: SumSink | None = None        # set by the checksummer when it starts: commits go through it first
         self.published = published              # None once the index closes (``server/lifecycle/local_access.py``)
         self.events = events
         # Namespaces kept out of the shared index (a restricted tenant's: any local reader could map it).
@@ -133,6 +132,10 @@ class Store(PutMixin, DamageMixin):
         self.ledgers: list[TierLedger] = ledgers.in_hook_order()
         for ledger in self.ledgers:
             ledger.attach(self)
+        self.damage = Damage(self, ledgers.disk, ledgers.gpu)   # damaged copies: repaired, or dropped with their chain
+        self.puts = Puts(self, reserve_ttl, clock, after_reply)   # the two-phase put, and the reservations
+        # The wire's put operations, answered by the put path.
+        self.reserve, self.commit, self.abort = self.puts.reserve, self.puts.commit, self.puts.abort
         self.credits = CreditBook(self)   # free arena space lent to writers, so a put needs no RESERVE
         self.soft_pins = SoftPins(self.budgets, host.capacity_bytes, clock, pins.default_ttl, pins.max_ttl,
                                   pins.max_share)
@@ -342,7 +345,7 @@ class Store(PutMixin, DamageMixin):
         for key in keys:
             entry = self.index.get(key)
             if entry is not None and entry.state is State.COMMITTED:
-                self._remove_committed(entry)
+                self.remove_committed(entry)
                 deleted += 1
         return deleted
 
@@ -362,7 +365,7 @@ class Store(PutMixin, DamageMixin):
         leases = self.leases.pop_expired(now, keep_leases_of)
         for lease in leases:
             self.unpin_chain(lease.payload)
-        reservations = self.reservations.pop_expired(now)
+        reservations = self.puts.reservations.pop_expired(now)
         for reservation in reservations:
             self.drop_reserved(reservation.payload.entries)
         self.credits.expire(now, keep_leases_of)
@@ -376,7 +379,7 @@ class Store(PutMixin, DamageMixin):
         leases = self.leases.pop_owner(owner)
         for lease in leases:
             self.unpin_chain(lease.payload)
-        reservations = self.reservations.pop_owner(owner)
+        reservations = self.puts.reservations.pop_owner(owner)
         for reservation in reservations:
             self.drop_reserved(reservation.payload.entries)
         self.credits.drop_owner(owner)
@@ -441,7 +444,7 @@ class Store(PutMixin, DamageMixin):
         one of them (a chain is unreachable past a missing link). Returns how many published chunks went."""
         for chunk in chunks:
             self.host.free(chunk.offset)
-        return self.drop_continuations({c.key for c in chunks})
+        return self.damage.drop_continuations({c.key for c in chunks})
 
     def journal_commits(self, entries: Sequence[Entry]) -> None:
         """Tell the host tier's journal (what a crash leaves: ``tiers/host/journal.py``) that ``entries`` hold
@@ -607,7 +610,8 @@ class Store(PutMixin, DamageMixin):
                 del self.index[entry.key]
             self._free(entry)
 
-    def _remove_committed(self, entry: Entry) -> None:
+    def remove_committed(self, entry: Entry) -> None:
+        """A committed chunk is deleted (or dropped as damaged): out of the index now, freed once idle."""
         self.unindex(entry)
         entry.doomed = True
         if entry.host_offset is not None and self.host.journal is not None:

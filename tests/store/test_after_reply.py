@@ -33,13 +33,13 @@ def test_a_commit_is_readable_at_once_and_queued_and_counted_after_the_reply():
     assert store.commit(b"w", handle.id) == 4
     assert [e.key for e in store.leading(keys)] == keys      # readable: the reply may say so
     assert store.counters.put_chunks == 0 and len(store.after_reply) == 1
-    store.settle_after_reply()
+    store.puts.settle_after_reply()
     assert store.counters.put_chunks == 4 and len(store.after_reply) == 0
     # queued for eviction now: filling the tier evicts from them, the oldest chain
     more = [os.urandom(16) for _ in range(62)]
     handle, _ = store.reserve(b"w", "ns", more, [PAGE] * 62, None)
     store.commit(b"w", handle.id)
-    store.settle_after_reply()
+    store.puts.settle_after_reply()
     handle, _ = store.reserve(b"w", "ns", [os.urandom(16)], [PAGE], None)
     assert len(store.leading(keys)) < 4 and len(store.leading(more)) == 62
 
@@ -51,7 +51,7 @@ def test_chunks_whose_queueing_is_still_owed_are_never_evicted_for_the_same_requ
     store.commit(b"w", handle.id)
     with pytest.raises(kvstore.StoreFullError):   # nothing evictable yet: they are not in the queue
         store.reserve(b"w", "ns", [os.urandom(16)], [PAGE], None)
-    store.settle_after_reply()
+    store.puts.settle_after_reply()
     store.reserve(b"w", "ns", [os.urandom(16)], [PAGE], None)
 
 

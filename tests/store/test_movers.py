@@ -66,7 +66,7 @@ def test_gpu_mover_sleeps_until_its_ledger_wakes_it():
     store = Store(HostTier(VirtualArena(64 * PAGE)), 10.0, 10.0, tier_ledgers(gpu=HostTier(VirtualArena(16 * PAGE))))
 
     async def main() -> tuple[int, int, int]:
-        mover = GpuMover(store.gpu_ledger)
+        mover = GpuMover(store.gpu_ledger, store.host)
         steps = 0
         step = mover.step
 

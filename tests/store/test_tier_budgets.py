@@ -60,7 +60,7 @@ class TenantStoreMachine(StoreMachine):
         except StoreFullError:
             return
         self.store.commit(OWNERS[0], handle.id)
-        self.store.settle_after_reply()
+        self.store.puts.settle_after_reply()
         if then_write:
             self.check_others()
             self.write_back()
@@ -100,7 +100,8 @@ class TenantStoreMachine(StoreMachine):
         head = next((e for e in self.disk.dirty if e.disk is DiskState.QUEUED and e.host_offset is not None
                      and self.store.index.get(e.key) is e), None)   # the one next_write takes
         self._for(head.tenant if head is not None else None)
-        return self.disk.next_write()
+        write = self.disk.next_write()
+        return write.chunk if write is not None else None
 
     @precondition(lambda self: self.ready() and self.store.disk is not None)
     @rule(first=st.integers(0, len(KEYS) - 1), length=st.integers(1, 6))
@@ -161,7 +162,7 @@ class TenantStoreMachine(StoreMachine):
     def budgets_hold(self) -> None:
         if self.store is None:
             return
-        self.store.settle_after_reply()
+        self.store.puts.settle_after_reply()
         self.check_others()
         self.actors = UNCHECKED
         budgets = self.store.budgets

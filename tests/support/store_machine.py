@@ -112,7 +112,7 @@ class StoreMachine(RuleBasedStateMachine):
                 ledger.mover = self.wiring
         store.remote_ledger.mover = self.wiring if remote else None
         store.published = self.published
-        store.sums = self.sums if summed else None
+        store.puts.sums = self.sums if summed else None
         store.after_reply = AfterReply() if deferred else None   # as the daemon: a commit's rest after its reply
         self.store = store
         self.disk = store.disk_ledger
@@ -168,7 +168,7 @@ class StoreMachine(RuleBasedStateMachine):
         entries = self.sums.pending.pop(0)
         for entry in entries:
             entry.checksum = 1
-        self.store.checksummed(entries)
+        self.store.puts.checksummed(entries)
 
     # -- gets ----------------------------------------------------------------------------------------------
     @precondition(ready)
@@ -202,7 +202,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.expire()
         live = {h.id for h in self.store.leases}
         self.leases = [lease for lease in self.leases if lease[1] in live]
-        live = {h.id for h in self.store.reservations}
+        live = {h.id for h in self.store.puts.reservations}
         self.reservations = [r for r in self.reservations if r[1] in live]
 
     @precondition(ready)
@@ -222,9 +222,9 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.ready() and self.store.disk is not None)
     @rule()
     def start_write(self) -> None:
-        entry = self.disk.next_write()
-        if entry is not None:
-            self.writes.append(entry)
+        write = self.disk.next_write()
+        if write is not None:
+            self.writes.append(write.chunk)
 
     @precondition(lambda self: self.ready() and self.store.disk is not None)
     @rule()
@@ -232,10 +232,10 @@ class StoreMachine(RuleBasedStateMachine):
         """The tier manager drains the write-back queue, every write succeeding (as the simulator does)."""
         if self.disk is None:
             return
-        entry = self.disk.next_write()
-        while entry is not None:
-            self.disk.finish_write(entry, entry.size, None)
-            entry = self.disk.next_write()
+        write = self.disk.next_write()
+        while write is not None:
+            self.disk.finish_write(write.chunk, write.chunk.size, None)
+            write = self.disk.next_write()
 
     @precondition(lambda self: self.writes)
     @rule(pick=st.integers(0, 100), outcome=st.sampled_from(["ok", "ok", "io", "damaged"]))
@@ -346,7 +346,7 @@ class StoreMachine(RuleBasedStateMachine):
         store = self.store
         if store is None:
             return
-        store.settle_after_reply()   # each rule is a request: its reply is out, the work it left is done
+        store.puts.settle_after_reply()   # each rule is a request: its reply is out, the work it left is done
         for entry in store.index.values():
             self.seen[id(entry)] = entry
         entries = list(self.seen.values())

@@ -22,7 +22,7 @@ class FakeStore:
         self.populated: list[int] = []
         self.host = SimpleNamespace(read=lambda offset, size: memoryview(self.data)[offset:offset + size],
                                     arena=SimpleNamespace(populate=lambda offset, size: self.populated.append(offset)))
-        self.integrity = SimpleNamespace(corrupt_host=0)
+        self.damage = SimpleNamespace(counters=SimpleNamespace(corrupt_host=0))
         self.calls: list[tuple[str, list[int]]] = []
 
     def adopt_host_copies(self, chunks, hold_for):

@@ -303,13 +303,13 @@ class Daemon:
         if self.stream is not None:
             self.stream.stop_accepting()
         logs.info("stopping", sessions=len(self.sessions), leases=len(self.svc.store.leases),
-                  reservations=len(self.svc.store.reservations), timeout=self.config.shutdown_timeout)
-        while len(self.svc.store.reservations) and left("drain") > 0:
+                  reservations=len(self.svc.store.puts.reservations), timeout=self.config.shutdown_timeout)
+        while len(self.svc.store.puts.reservations) and left("drain") > 0:
             await asyncio.sleep(0.01)  # puts being written get until the drain deadline to commit or abort
-        unfinished = len(self.svc.store.reservations)
+        unfinished = len(self.svc.store.puts.reservations)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=left("drain"))
-        self.svc.store.settle_after_reply()
+        self.svc.store.puts.settle_after_reply()
         await self.svc.drain_movers(lambda step: time.monotonic() + left(step))
         for reactor in self._reactors:
             reactor.stop()  # what is already queued stays in the socket and is answered next
@@ -372,7 +372,7 @@ class Daemon:
 
     def after_reply(self) -> None:
         """A reply was written: do what its request left for after it (``store/after_reply.py``)."""
-        self.svc.store.settle_after_reply()
+        self.svc.store.puts.settle_after_reply()
 
     def handle_message(self, transport: str, msg: list[Any]) -> Any:
         """Handle one received ZeroMQ multipart message; return the reply frames (routing id first), or a
@@ -401,7 +401,7 @@ class Daemon:
         rid: int | None = None
         op: Op | None = None
         self.svc.counters.requests += 1
-        self.svc.store.settle_after_reply()   # the last request's leftovers, should its transport not have run them
+        self.svc.store.puts.settle_after_reply()   # the last request's leftovers, if its transport did not run them
         started = time.perf_counter()
         try:
             header = decode_header(raw_header)
@@ -466,7 +466,7 @@ class Daemon:
             self.sweep()
 
     def sweep(self) -> None:
-        self.svc.store.settle_after_reply()
+        self.svc.store.puts.settle_after_reply()
         if self.svc.index is not None:
             self.svc.index.beat()
         if self.svc.disk_mover is not None:

@@ -109,13 +109,14 @@ def open_tiers(config: ServerConfig, tenants: "TenantTable | None", host: HostTi
         take(store.stop_publishing)   # released before the index closes
     gpu_mover, gpu_hello = None, None
     if store.gpu_ledger is not None and gpu is not None:
-        gpu_mover = GpuMover(store.gpu_ledger)
+        gpu_mover = GpuMover(store.gpu_ledger, host)
         take(gpu_mover.close)   # waits for copies in flight: before the GPU pool and the arena go
         gpu_hello = gpu.hello_info()
     disk_mover = None
     if store.disk_ledger is not None:
         rebuild_index(store.disk_ledger)
-        disk_mover = DiskMover(store.disk_ledger, config.disk_io_depth, config.disk_queue_limit)
+        disk_mover = DiskMover(store.disk_ledger, store.disk_ledger.disk, host, config.disk_io_depth,
+                               config.disk_queue_limit)
         take(disk_mover.close)
     remote = None
     if config.remote:

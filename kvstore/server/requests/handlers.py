@@ -163,7 +163,7 @@ def handle_reserve(svc: Service, s: Session, h: dict, frames: list) -> Any:
         kept = req.credit if req.credit and svc.store.credits.holds(s.owner, req.credit) else 0
         return [ok_reply(h["id"], reservation=0, slots=[None] * len(req.keys), credit=kept)]
     svc.safeguards.params.stored(s.namespace, s.key_params)
-    svc.store.refuse_never_fitting(s.namespace, req.keys, req.sizes)   # at once, not after waiting for the disk
+    svc.store.puts.refuse_never_fitting(s.namespace, req.keys, req.sizes)   # at once, not after waiting for the disk
     return _throttled(svc, sum(req.sizes), lambda: _reserve_now(svc, s, h, req))
 
 
@@ -214,7 +214,7 @@ def handle_put_inline(svc: Service, s: Session, h: dict, frames: list) -> Frames
         svc.store.count_no_store(len(req.keys))
         return [ok_reply(h["id"], committed=0)]
     svc.safeguards.params.stored(s.namespace, s.key_params)
-    svc.store.refuse_never_fitting(s.namespace, req.keys, req.sizes)   # at once, not after waiting for the disk
+    svc.store.puts.refuse_never_fitting(s.namespace, req.keys, req.sizes)   # at once, not after waiting for the disk
     return _throttled(svc, sum(req.sizes), lambda: _put_inline_now(svc, s, h["id"], frames, req))
 
 

@@ -84,7 +84,7 @@ class Safeguards:
         if not mismatches or first_bad is None:
             return 0
         bad = list(keys[first_bad:])
-        dropped = self.store.drop_keys(bad)
+        dropped = self.store.damage.drop_keys(bad)
         if self.remote is not None:
             self.remote.forget(bad)   # the store holds the same bytes: never fetch them back
         v.dropped += dropped
@@ -93,7 +93,7 @@ class Safeguards:
         return dropped
 
     def stats(self) -> dict[str, Any]:
-        integrity = asdict(self.store.integrity)
+        integrity = asdict(self.store.damage.counters)
         if self.remote is not None:   # values the store returned that failed their record's checks
             integrity["corrupt_remote"] += int(self.remote.backend.stats().get("corrupt", 0))
         return {"integrity": {**integrity, "sums_pending": len(self.integrity.pending), "reported": self.reported},

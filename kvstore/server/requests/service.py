@@ -183,8 +183,9 @@ class Service:
 
     def promote_after_lookup(self, keys: Sequence[bytes], result: LookupResult) -> None:
         """A lookup that found disk-only chunks starts reading them into DRAM, so the get that follows hits."""
-        if self.disk_mover is not None and "disk" in result.tiers:
-            self.disk_mover.promote(self.disk_mover.ledger.to_promote(keys))
+        ledger = self.store.disk_ledger
+        if self.disk_mover is not None and ledger is not None and "disk" in result.tiers:
+            self.disk_mover.promote(ledger.to_promote(keys))
 
     # -- puts -----------------------------------------------------------------------------------------------
     def write_back_behind(self, nbytes: int) -> bool:
@@ -202,12 +203,13 @@ class Service:
         it) and fetches from the remote store. Starts the reads and copies it asks for."""
         waits: list[asyncio.Future] = self.safeguards.integrity.waits(keys) if verify else []
         if wait:
-            if self.disk_mover is not None:
-                on_disk = self.disk_mover.ledger.to_promote(keys)
+            disk, gpu = self.store.disk_ledger, self.store.gpu_ledger
+            if self.disk_mover is not None and disk is not None:
+                on_disk = disk.to_promote(keys)
                 if on_disk:
                     waits += self.disk_mover.promote(on_disk)
-            if self.gpu_mover is not None and not gpu_ok:
-                waits += self.gpu_mover.fetch_down(self.gpu_mover.ledger.only_here(keys))
+            if self.gpu_mover is not None and gpu is not None and not gpu_ok:
+                waits += self.gpu_mover.fetch_down(gpu.only_here(keys))
             if self.remote is not None:
                 waits += self.remote.pending(keys)   # chunks a lookup found in the remote store, still arriving
         return [w for w in waits if not w.done()]

@@ -41,7 +41,7 @@ def daemon_stats(d: "Service", sessions: int, auth_rejected: int,
         **d.safeguards.stats(),   # integrity, scrub, verify
         "leases": len(store.leases),
         "leases_overdue": store.leases.overdue,
-        "reservations": len(store.reservations),
+        "reservations": len(store.puts.reservations),
         "credits": store.credits.stats(),
         "retention": store.soft_pins.stats(),
         **({"tenants": d.tenant_stats()} if store.budgets.active else {}),

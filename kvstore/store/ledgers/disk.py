@@ -14,28 +14,22 @@ from __future__ import annotations
 
 import errno
 from collections import deque
-from typing import Protocol, Sequence
+from typing import Sequence
 
 from ...errors import ChecksumError, DamagedSource, FormatError, StoreFullError
 from ...protocol.engine_blocks import EngineBlocks
 from ...protocol.retention import Retention
 from ...tiers.disk.tier import DiskTier
+from ...tiers.ledger_api import DiskMoverHooks, DiskWrite
 from ..entry import DiskState, Entry, State
 from .base import StoreCore, TierLedger
 from ..policies import make_queue
+from ..retention import stored_class
 from ..room import make_room, shed_to_low
 from ..tier_guard import TierGuard
 
 HOST_HIGH_WATERMARK = 0.95
 HOST_LOW_WATERMARK = 0.85
-
-
-class DiskMoverHooks(Protocol):
-    """What the ledger asks of its mover: start writing what is queued, and remove files in order with writes."""
-
-    def wake(self) -> None: ...
-
-    def remove_file(self, key: bytes, quarantine: str | None = None) -> None: ...
 
 
 class DiskLedger(TierLedger):
@@ -157,8 +151,13 @@ class DiskLedger(TierLedger):
         """Whether queuing ``nbytes`` more would pass the write-back bound (a lone large put always passes)."""
         return self.dirty_bytes > 0 and self.dirty_bytes + nbytes > bound
 
-    def next_write(self) -> Entry | None:
-        """Take the next queued chunk for writing, with its disk space charged; None when the queue is empty."""
+    def next_write(self) -> DiskWrite[Entry] | None:
+        """Take the next queued chunk for writing, with its disk space charged; None when the queue is empty.
+
+        Returns:
+            The write: the chunk, its host slot, and what its file's header records (its class where a pin does
+            not reach, ``retention.stored_class``; its namespace's key parameters).
+        """
         while self.dirty:
             entry = self.dirty.popleft()
             self.dirty_bytes -= entry.size
@@ -173,7 +172,8 @@ class DiskLedger(TierLedger):
             entry.disk = DiskState.WRITING
             self._set_disk_bytes(entry, footprint)
             self.dirty_bytes += entry.size
-            return entry
+            return DiskWrite(entry, entry.host_offset, entry.parent, entry.engine, stored_class(entry),
+                             self.store.key_params.get(entry.namespace))
         return None
 
     def finish_write(self, entry: Entry, stored: int | None, error: BaseException | None) -> None:
@@ -197,7 +197,7 @@ class DiskLedger(TierLedger):
             if entry.doomed:
                 self.store.release_if_idle(entry)
             elif damaged:
-                self.store.damaged(entry, "host")
+                self.store.damage.damaged(entry, "host")
             return
         assert stored is not None
         entry.disk = DiskState.STORED
@@ -269,7 +269,7 @@ class DiskLedger(TierLedger):
             else:
                 tc.io_errors += 1
             if bad and not entry.doomed:
-                store.damaged(entry, "disk")
+                store.damage.damaged(entry, "disk")
             if not entry.doomed:
                 store.unindex(entry)
             self.drop_copy(entry, quarantine=str(error) if bad else None)

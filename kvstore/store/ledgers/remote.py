@@ -56,6 +56,10 @@ class RemoteLedger(TierLedger):
         return [self.store.read(e) for e in entries]
 
     # -- fetches ---------------------------------------------------------------------------------------------------
+    def readable_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` are readable now (the fetches a get waits for start past them)."""
+        return len(self.store.leading(keys))
+
     def known(self, key: bytes) -> bool:
         """Whether the index holds ``key`` in any state (stored, or being written or fetched)."""
         return key in self.store.index
@@ -90,7 +94,7 @@ class RemoteLedger(TierLedger):
         good = list(entries[:loaded])
         for entry, checksum in zip(good, sums):
             entry.checksum = checksum
-        self.store.admit(good, source=self)
+        self.store.puts.admit(good, source=self)
         self.store.drop_reserved(list(entries[loaded:]))
         tc = self.store.tier_counters
         tc.promotions_remote_host += len(good)

@@ -28,9 +28,12 @@ Demotion. Chunks whose write has completed can leave DRAM for free (the file is 
 free: ``DiskLedger.rebalance`` runs after every completed write and on each sweep and keeps the host tier between its
 watermarks, oldest (continuations first) first.
 
-Shape: the disk mover is the disk tier's mover (``movers.py``: start, wake, drain, close, stats); it talks only
-to the disk ledger (``store/ledgers/disk.py``), which wakes it when a commit queued writes. Back-pressure and the flush
-wait on the mover's condition (``wait_until``), notified by every write that ends.
+Shape: the disk mover is the disk tier's mover (``mover_life.py``: start, wake, drain, close, stats); it talks only
+to the disk ledger (``store/ledgers/disk.py``), which wakes it when a commit queued writes, and only through
+``DiskBooks`` (``tiers/ledger_api.py``): the ledger hands it each write (``DiskWrite``: the chunk, its slot, what its
+header records) and hears how each transfer ended. Back-pressure and the flush wait on the mover's condition
+(``wait_until``), notified by every write that ends. A scrub's check of a file returns what it found
+(``FileCheck``); the caller counts it.
 
 File removals go to the same worker pool; a later write of the same key waits for an earlier removal, so a
 delete followed by a put of the same key never loses the new file to the old unlink.
@@ -40,28 +43,43 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import enum
 import errno
 import functools
 import shutil
 import time
-from typing import Sequence
+from typing import Generic, Sequence
 
 from ... import logs
 from ...errors import ChecksumError, FormatError
-from .tier import DiskTier, round_up
-from ...store.ledgers.disk import DiskLedger
-from ...protocol.retention import Retention
-from ...store.entry import Entry
-from ...store.retention import stored_class
+from ..host.tier import HostTier
+from ..ledger_api import C, DiskBooks, DiskWrite
 from ..mover_life import MoverLife
+from .tier import DiskTier, round_up
 
 
-class DiskMover(MoverLife):
-    def __init__(self, ledger: DiskLedger, io_depth: int, queue_bytes: int) -> None:
+class FileCheck(enum.Enum):
+    """What a scrub's read of a chunk's file found."""
+
+    INTACT = "intact"
+    DAMAGED = "damaged"         # the bytes or the header fail their checksum, or differ from the chunk's own
+    GONE = "gone"               # no file (removed meanwhile): nothing to count
+    UNREADABLE = "unreadable"   # an I/O error: counted as such by the caller, not as damage
+
+
+class DiskMover(MoverLife, Generic[C]):
+    def __init__(self, ledger: DiskBooks[C], disk: DiskTier, host: HostTier, io_depth: int,
+                 queue_bytes: int) -> None:
+        """The mover of ``disk`` for ``ledger``, writing from and reading into slots of ``host``.
+
+        Args:
+            io_depth: writes in flight at once (the worker pool is twice as large: reads always find a worker).
+            queue_bytes: the write-back bound (bytes queued or in flight) past which puts wait.
+        """
         super().__init__()
         self.ledger = ledger
-        self.disk: DiskTier = ledger.disk
-        self.host = ledger.store.host
+        self.disk = disk
+        self.host = host
         self.io_depth = io_depth
         self.read_ns = 0       # time the promotion reads took, and the bytes they read
         self.read_bytes = 0
@@ -78,23 +96,24 @@ class DiskMover(MoverLife):
         if self._loop is None:
             return
         while self.writing < self.io_depth:
-            entry = self.ledger.next_write()
-            if entry is None:
+            write = self.ledger.next_write()
+            if write is None:
                 break
             self.writing += 1
-            slot = self.host.read(entry.host_offset, round_up(entry.size))
-            before = self._removing.get(entry.key)
-            fut = self._loop.run_in_executor(self.pool, self._write_job, entry, slot, before, stored_class(entry))
-            fut.add_done_callback(functools.partial(self._write_done, entry))
+            chunk = write.chunk
+            slot = self.host.read(write.host_offset, round_up(chunk.size))
+            before = self._removing.get(chunk.key)
+            fut = self._loop.run_in_executor(self.pool, self._write_job, write, slot, before)
+            fut.add_done_callback(functools.partial(self._write_done, chunk))
 
-    def _write_job(self, entry: Entry, slot: memoryview, before: concurrent.futures.Future | None,
-                   retention: Retention) -> int:
+    def _write_job(self, write: DiskWrite[C], slot: memoryview, before: concurrent.futures.Future | None) -> int:
         if before is not None:
             before.result()
-        return self.disk.write(entry.key, entry.namespace, slot, entry.size, entry.checksum, entry.parent,
-                               entry.engine, retention, self.ledger.store.key_params.get(entry.namespace))
+        chunk = write.chunk
+        return self.disk.write(chunk.key, chunk.namespace, slot, chunk.size, chunk.checksum, write.parent,
+                               write.engine, write.retention, write.params)
 
-    def _write_done(self, entry: Entry, fut: asyncio.Future) -> None:
+    def _write_done(self, entry: C, fut: asyncio.Future) -> None:
         self.writing -= 1
         error = fut.exception()
         was_full = bool(self.ledger.full_reason)
@@ -123,7 +142,7 @@ class DiskMover(MoverLife):
         return not self.ledger.dirty and not self.writing
 
     # -- promotion ------------------------------------------------------------------------------------------
-    def promote(self, entries: Sequence[Entry]) -> list[asyncio.Future]:
+    def promote(self, entries: Sequence[C]) -> list[asyncio.Future]:
         """Start reading disk-only chunks into DRAM; returns the reads in flight for them."""
         futures: list[asyncio.Future] = []
         if self._loop is None:
@@ -142,7 +161,7 @@ class DiskMover(MoverLife):
             futures.append(fut)
         return futures
 
-    def _read_job(self, entry: Entry, slot: memoryview,
+    def _read_job(self, entry: C, slot: memoryview,
                   before: concurrent.futures.Future | None) -> tuple[int | None, int]:
         """Read and check one chunk; returns the file's sum and the nanoseconds the read took."""
         if before is not None:
@@ -154,7 +173,7 @@ class DiskMover(MoverLife):
             raise ChecksumError(f"file of chunk {entry.key.hex()} holds other bytes than were committed")
         return got, took
 
-    def _read_done(self, entry: Entry, fut: asyncio.Future) -> None:
+    def _read_done(self, entry: C, fut: asyncio.Future) -> None:
         self.in_flight.pop(entry.key, None)
         error = fut.exception()
         if error is not None:
@@ -167,22 +186,25 @@ class DiskMover(MoverLife):
             self.ledger.finish_promote(entry, None, got)
         self.changed()
 
-    async def check_file(self, entry: Entry) -> bool | None:
-        """Read and check the chunk's file (a scrub): True when it is damaged, None when it could not be read
-        for another reason (gone meanwhile, an I/O error: counted as such, not as damage)."""
+    async def check_file(self, entry: C) -> FileCheck:
+        """Read and check the chunk's file (a scrub) against its checksum.
+
+        Returns:
+            What the read found: damage, an intact file, no file, or an I/O error (logged here; the caller
+            counts it).
+        """
         assert self._loop is not None
         before = self._removing.get(entry.key)
         try:
             got = await self._loop.run_in_executor(self.pool, self._verify_job, entry.key, entry.size, before)
         except (ChecksumError, FormatError):
-            return True
+            return FileCheck.DAMAGED
         except FileNotFoundError:
-            return None
+            return FileCheck.GONE
         except OSError as exc:
-            self.ledger.store.tier_counters.io_errors += 1
             logs.warning("disk_read_failed", key=entry.key.hex(), error=repr(exc))
-            return None
-        return entry.checksum is not None and got != entry.checksum
+            return FileCheck.UNREADABLE
+        return FileCheck.DAMAGED if entry.checksum is not None and got != entry.checksum else FileCheck.INTACT
 
     def _verify_job(self, key: bytes, size: int, before: concurrent.futures.Future | None) -> int:
         if before is not None:

@@ -11,17 +11,19 @@ slot or free the old one: a reader never sees a half-copied chunk.
 When it runs: when its ledger (``store/ledgers/gpu.py``) wakes it, after a get asked for promotions or once leased
 chunks of a GPU tier above its high watermark were released; each round also keeps the GPU tier between its
 watermarks (above the high one it demotes the least recently used unleased chunks until under the low one:
-``GpuLedger.shed``). It sleeps on its condition otherwise (``movers.py``: no idle timer). It talks only to the
-GPU ledger; its life cycle is every mover's (start, wake, drain, close, stats).
+``GpuLedger.shed``). It sleeps on its condition otherwise (``mover_life.py``: no idle timer). It talks only to the
+GPU ledger, through ``GpuBooks`` (``tiers/ledger_api.py``); its life cycle is every mover's (start, wake, drain,
+close, stats).
 A reader that cannot map the GPU pool (a tcp:// client, or one that did not ask for it) gets the chunks only the
 GPU tier holds copied down first (``fetch_down``), bounded by its get's ``wait_ms``. On a CPU-backed tier
 (tests) the copies complete as they are queued, through the same code.
 
-Checksums (with ``integrity`` set, as in the daemon): a chunk's DRAM slot is checked against its checksum before
-it is copied up, so a GPU copy is only ever made of intact bytes (a slot that fails goes to the damage path
-instead); a copy down is checked in its new DRAM slot before that slot is published, and a GPU copy that fails is
-dropped (or the chunk with it, when it had no other copy). Both checks hash on the checksummer's worker, never on
-the event loop; the copy up waits for its check, the copy down's slot stays unpublished until its check ends.
+Checksums (with ``integrity`` set, as in the daemon: the checksummer, seen through ``SlotChecks``): a chunk's DRAM
+slot is checked against its checksum before it is copied up, so a GPU copy is only ever made of intact bytes (a
+slot that fails goes to the damage path instead); a copy down is checked in its new DRAM slot before that slot is
+published, and a GPU copy that fails is dropped (or the chunk with it, when it had no other copy). Both checks hash
+on the checksummer's worker, never on the event loop; the copy up waits for its check, the copy down's slot stays
+unpublished until its check ends.
 """
 
 from __future__ import annotations
@@ -29,42 +31,39 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic
 
 from ... import logs
 from ...errors import StoreFullError
-from ...store.entry import Entry
-from ...store.ledgers.gpu import GpuLedger
-from ...store.integrity import checksum
+from ..host.tier import HostTier
+from ..ledger_api import C, GpuBooks, SlotChecks
 from ..mover_life import MoverLife
-
-if TYPE_CHECKING:
-    from ...store.integrity import Integrity
 
 POLL_S = 0.001        # while copies are in flight
 MAX_IN_FLIGHT = 64    # promotions queued on the GPU at once
 
 
 @dataclass(eq=False)
-class Move:
-    entry: Entry
+class Move(Generic[C]):
+    entry: C
     up: bool                                # promotion (DRAM -> GPU) or demotion (GPU -> DRAM)
     transfer: Any                           # kvstore.tiers.gpu.copies.Transfer
     done: asyncio.Future | None = None      # demotions: resolved when the chunk is readable from DRAM
 
 
-class GpuMover(MoverLife):
-    def __init__(self, ledger: GpuLedger) -> None:
+class GpuMover(MoverLife, Generic[C]):
+    def __init__(self, ledger: GpuBooks[C], host: HostTier) -> None:
+        """The mover of ``ledger``'s GPU tier, copying to and from slots of ``host`` (the DRAM tier)."""
         super().__init__()
         self.ledger = ledger
         self.gpu = ledger.gpu
-        self.host = ledger.store.host
-        self.moves: list[Move] = []   # copies in flight; ``in_flight`` holds the copies down a get waits for
+        self.host = host
+        self.moves: list[Move[C]] = []   # copies in flight; ``in_flight`` holds the copies down a get waits for
         self.leaving = 0   # bytes of GPU slots being copied down (freed when their copy ends)
         self._woken = False
         self._draining = False
         self._task: asyncio.Task | None = None
-        self.integrity: "Integrity | None" = None   # set by the daemon: check slots around every copy
+        self.integrity: SlotChecks[C] | None = None   # set by the daemon: check slots around every copy
         self._checking: asyncio.Task | None = None  # the check of the next promotions, while it runs
         ledger.mover = self
 
@@ -108,7 +107,7 @@ class GpuMover(MoverLife):
             return
         self._checking = self._loop.create_task(self._check_then_promote(batch))
 
-    async def _check_then_promote(self, batch: list[Entry]) -> None:
+    async def _check_then_promote(self, batch: list[C]) -> None:
         assert self.integrity is not None
         try:
             bad = await self.integrity.check_host(batch)
@@ -120,7 +119,7 @@ class GpuMover(MoverLife):
             self._checking = None
             self.wake()
 
-    def _promote(self, entry: Entry) -> None:
+    def _promote(self, entry: C) -> None:
         offset = self.ledger.start_promote(entry)
         if offset is None:
             return
@@ -133,14 +132,14 @@ class GpuMover(MoverLife):
         self.moves.append(Move(entry, True, transfer))
 
     # -- demotion ---------------------------------------------------------------------------------------------
-    def _demote_for_room(self, entry: Entry) -> bool:
+    def _demote_for_room(self, entry: C) -> bool:
         try:
             self.demote(entry)
         except StoreFullError:
             return False   # DRAM is full of leased chunks: try again on the next round
         return True
 
-    def demote(self, entry: Entry, to_host: bool = False) -> asyncio.Future | None:
+    def demote(self, entry: C, to_host: bool = False) -> asyncio.Future | None:
         """Move one chunk out of the GPU tier (into DRAM, when ``to_host``, even if it is on disk). Returns the
         copy's future, or None when it left at once. Raises StoreFullError when it needs DRAM and DRAM has no
         room."""
@@ -166,7 +165,7 @@ class GpuMover(MoverLife):
         self.moves.append(Move(entry, False, transfer, done))
         return done
 
-    def fetch_down(self, entries: Sequence[Entry]) -> list[asyncio.Future]:
+    def fetch_down(self, entries: Sequence[C]) -> list[asyncio.Future]:
         """Copy chunks only the GPU tier holds into DRAM, for a reader that cannot map the GPU pool."""
         futures: list[asyncio.Future] = []
         if self._loop is None:
@@ -193,7 +192,7 @@ class GpuMover(MoverLife):
                 pending.append(move)
         self.moves = pending
 
-    def _finish(self, move: Move, ok: bool) -> None:
+    def _finish(self, move: Move[C], ok: bool) -> None:
         if move.up:
             self.ledger.finish_promote(move.entry, ok)
             self.changed()
@@ -204,20 +203,20 @@ class GpuMover(MoverLife):
             return
         self._finish_down(move, ok)
 
-    async def _check_down(self, move: Move) -> None:
+    async def _check_down(self, move: Move[C]) -> None:
         """Check a copy down in its new DRAM slot (not published yet, so nothing else can free it)."""
         assert self.integrity is not None
         entry = move.entry
         got = None
         try:
             view = self.host.read(entry.loading, entry.size)
-            got = await asyncio.get_running_loop().run_in_executor(self.integrity.pool, checksum, view)
+            got = await self.integrity.sum_slot(view)
         finally:
             self._finish_down(move, got == entry.checksum)
         if got != entry.checksum:
             self.integrity.report([entry], "gpu", "gpu demotion")
 
-    def _finish_down(self, move: Move, ok: bool) -> None:
+    def _finish_down(self, move: Move[C], ok: bool) -> None:
         self.leaving -= move.entry.size
         self.in_flight.pop(move.entry.key, None)
         self.ledger.finish_demote(move.entry, ok)

@@ -9,7 +9,7 @@ arena in ``/dev/shm`` (``<arena>.journal``, owner-only) a record per change of a
   fills a slot with a chunk whose checksum is known (``Store.fill_host``, ``Store.admit``), and when an adopted
   chunk is published;
 - FREE (an offset): written for every slot the host tier frees (``HostTier.free``), whatever freed it, and at
-  once when a chunk is deleted or dropped as damaged (``Store._remove_committed``), even while a reader still
+  once when a chunk is deleted or dropped as damaged (``Store.remove_committed``), even while a reader still
   holds its slot.
 
 Records are appended with ``write(2)`` to a tmpfs file, so they are in the page cache the moment the call returns

@@ -5,10 +5,11 @@ daemons of several hosts: what one host's engines computed, another host's engin
 
 Write-back at commit. Every chunk a put commits is sent in the background, one batched put per commit, straight
 from its host slot (zero-copy on Mooncake, whose client reads the registered arena). The remote ledger
-(``store/ledgers/remote.py``) pins the chunks at commit and queues the put, then wakes this mover; they stay pinned
-until the put ends, so that their slots are neither freed nor reused while a worker reads
-them. Commit rather than "once on disk": another host can find a chunk as early as possible, the disk and the
-remote store are written in parallel from the same slot, and a daemon without a disk tier shares its chunks too.
+(``store/ledgers/remote.py``, seen through ``RemoteBooks``: ``tiers/ledger_api.py``) pins the chunks at commit and
+queues the put, then wakes this mover; they stay pinned until the put ends, so that their slots are neither freed
+nor reused while a worker reads them. Commit rather than "once on disk": another host can find a chunk as early as
+possible, the disk and the remote store are written in parallel from the same slot, and a daemon without a disk
+tier shares its chunks too.
 Chunks fetched from the remote store, and chunks found on disk at start, are not sent again. The bytes pinned by
 puts in flight are bounded by the backend's ``max_pending_bytes`` (a quarter of the host tier at most): a commit
 past the bound, or one made while the store is down, is not sent (counted as ``put_dropped``) rather than pinning
@@ -51,14 +52,13 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Generic
 
 from ... import logs
-from ...store.entry import Entry
+from ..ledger_api import C, RemoteBooks
 from ..mover_life import MoverLife
 from . import record
 from .book import Plan
-from ...store.ledgers.remote import RemoteLedger
 
 MAX_FETCH = 256          # chunks asked for in one lookup (the Store also stops at half the host tier)
 BAD_TTL = 60.0           # seconds a value that could not be read back is not offered again
@@ -67,8 +67,10 @@ VERIFY_BAD_TTL = 3600.0  # seconds a chunk a verification found wrong is not fet
 DRAIN_MAX = 5.0          # at stop, how long puts in flight may take to finish
 
 
-class RemoteMover(MoverLife):
-    def __init__(self, ledger: RemoteLedger, backend: Any, chunk_limit: int) -> None:
+class RemoteMover(MoverLife, Generic[C]):
+    def __init__(self, ledger: RemoteBooks[C], backend: Any, chunk_limit: int) -> None:
+        """The mover of ``ledger``'s remote tier over ``backend`` (``tiers/remote/base.py``); a size the store
+        reports past ``chunk_limit`` bytes is not believed."""
         super().__init__()   # ``in_flight``: key -> its fetch (result: chunks published)
         self.ledger = ledger
         self.backend = backend
@@ -94,7 +96,7 @@ class RemoteMover(MoverLife):
             for entries in _by_tenant(chain):
                 self._book(entries)
 
-    def _book(self, entries: list[Entry]) -> None:
+    def _book(self, entries: list[C]) -> None:
         plan = self.ledger.book.plan(entries[0].tenant, [e.key for e in entries],
                                      [e.size + record.HEADER_SIZE for e in entries])
         if plan is None:   # refused at the tenant's ceiling (counted in the book)
@@ -111,7 +113,7 @@ class RemoteMover(MoverLife):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _delete_then_send(self, entries: list[Entry], plan: Plan, nbytes: int) -> None:
+    async def _delete_then_send(self, entries: list[C], plan: Plan, nbytes: int) -> None:
         """Delete the plan's victims from the store, then send the put; a failed delete drops the put (the store
         may still hold the victims, so the put would pass the ceiling)."""
         try:
@@ -127,7 +129,7 @@ class RemoteMover(MoverLife):
         self.ledger.book.deleted(plan)
         self._send(entries, plan, nbytes)
 
-    def _send(self, entries: list[Entry], plan: Plan, nbytes: int) -> None:
+    def _send(self, entries: list[C], plan: Plan, nbytes: int) -> None:
         views = self.ledger.views(entries)
         fut = self.backend.submit_put([e.key for e in entries], views, sums=[e.checksum for e in entries])
         if fut is None:   # store down or queue full: counted by the backend
@@ -136,7 +138,7 @@ class RemoteMover(MoverLife):
             return
         fut.add_done_callback(lambda f: self.call_soon(self._put_finished, entries, nbytes, plan))
 
-    def _put_finished(self, entries: list[Entry], nbytes: int, plan: Plan | None) -> None:
+    def _put_finished(self, entries: list[C], nbytes: int, plan: Plan | None) -> None:
         """A put ended (``plan``: the one sent; None: not sent). What it wrote stays booked whatever the store
         answered: some of it may have been stored."""
         if plan is not None:
@@ -180,7 +182,7 @@ class RemoteMover(MoverLife):
     def pending(self, keys: Sequence[bytes]) -> list[asyncio.Future]:
         """The fetches in flight for the chunks right after the longest readable prefix of ``keys``."""
         futures: list[asyncio.Future] = []
-        for key in keys[len(self.ledger.store.leading(keys)):]:
+        for key in keys[self.ledger.readable_prefix(keys):]:
             fut = self.in_flight.get(key)
             if fut is None:
                 break
@@ -201,7 +203,7 @@ class RemoteMover(MoverLife):
 
     async def _fetch(self, namespace: str, keys: list[bytes], parent: bytes | None, sized: asyncio.Future) -> None:
         loop = asyncio.get_running_loop()
-        entries: list[Entry] = []
+        entries: list[C] = []
         done = loop.create_future()
         published = 0
         try:
@@ -241,7 +243,7 @@ class RemoteMover(MoverLife):
             out.append(size)
         return out
 
-    def _leading_whole(self, entries: list[Entry], got: list[int | None]) -> int:
+    def _leading_whole(self, entries: list[C], got: list[int | None]) -> int:
         """How many leading chunks arrived whole; the first one that did not, while the store answers, is bad."""
         loaded = 0
         for entry, length in zip(entries, got):
@@ -276,9 +278,9 @@ class RemoteMover(MoverLife):
         self.backend.close(wait)
 
 
-def _by_tenant(chain: list[Entry]) -> list[list[Entry]]:
+def _by_tenant(chain: list[C]) -> list[list[C]]:
     """``chain``'s entries by tenant, each part in chain order (one part, the chain itself, when all share one)."""
-    parts: dict[str, list[Entry]] = {}
+    parts: dict[str, list[C]] = {}
     for entry in chain:
         parts.setdefault(entry.tenant, []).append(entry)
     return list(parts.values())
