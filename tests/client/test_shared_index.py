@@ -433,10 +433,11 @@ def test_a_crashed_daemon_stops_answering_from_its_index(start_daemon):
     thread = threading.Thread(target=read_loop)
     thread.start()
     try:
-        time.sleep(0.2)
+        assert wait_for(lambda: len(answers) > 0)   # the reader is reading
         d.kill()
         killed = time.monotonic()
-        time.sleep(STALE_S + 0.6)
+        # answers taken past the index's staleness window: a dead daemon's index answers none of them
+        assert wait_for(lambda: sum(t > killed + STALE_S + 0.1 for t, _ in answers) >= 3, 30)
         stop.set()
         thread.join(10)
         assert not errors, errors

@@ -7,13 +7,13 @@ Each daemon has its own socket, host arena and disk directory; the store is a re
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from kvstore.metrics.collector import unmapped_paths
 from kvstore.tiers.remote import record
 from kvstore.binding import rebind
+from conftest import wait_for
 from support.daemons import run_cli
 
 try:
@@ -25,12 +25,8 @@ WAIT = "5s"   # --remote-wait: generous, so that a busy 2-core machine never tur
 
 
 def wait_until(predicate, timeout: float = 30.0, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
+    """``conftest.wait_for`` with this module's longer default (a remote put lands in the background)."""
+    return wait_for(predicate, timeout, interval=step)
 
 
 def remote_stats(client) -> dict:

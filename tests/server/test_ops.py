@@ -22,6 +22,7 @@ from kvstore.metrics.collector import unmapped_paths
 from kvstore.metrics.definitions import METRICS, exported_series
 from kvstore.protocol.wire import Op
 
+from conftest import wait_for
 from support.daemons import sandbox_env
 from support.servers import require
 from support.paths import ROOT
@@ -31,10 +32,8 @@ REPO = ROOT
 
 
 def wait_for_log(d, needle: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while needle not in d.log():
-        assert time.monotonic() < deadline and d.proc.poll() is None, d.log()
-        time.sleep(0.02)
+    assert wait_for(lambda: needle in d.log() or d.proc.poll() is not None, timeout), d.log()
+    assert needle in d.log(), d.log()
 
 
 def test_metrics_endpoint_counts_real_requests(start_daemon):
@@ -224,9 +223,7 @@ def test_sigterm_under_load_exits_zero_and_cleans_up(start_daemon):
     threads = [threading.Thread(target=load, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 30
-    while min(done) < 3 and time.monotonic() < deadline and not unexpected:
-        time.sleep(0.02)
+    wait_for(lambda: min(done) >= 3 or bool(unexpected), 30)
     d.proc.send_signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0, d.log()
     stop.set()

@@ -45,7 +45,7 @@ def test_lease_extend_keeps_it_alive(start_daemon):
         keys = c.chunk_keys(list(range(256)))
         c.put(keys, [b"x" * 100])
         lease = c.get(keys)
-        for _ in range(4):
+        for _ in range(4):   # the point: 1.6 s in all, past the 1 s TTL, alive only by being extended
             time.sleep(0.4)
             assert lease.extend() > 0.5
         assert c.stats()["leases"] == 1
@@ -62,7 +62,7 @@ CHILD = textwrap.dedent("""
     lease = c.get(keys[:1])
     c._call({"op": Op.RESERVE, "keys": keys[1:], "sizes": [1 << 20]})
     print("ready", flush=True)
-    time.sleep(60)
+    time.sleep(60)   # the point: a client that holds what it took until the test kills it
 """)
 
 
