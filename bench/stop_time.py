@@ -21,14 +21,9 @@ import time
 
 import kvstore
 from bench._common import add_output_flag, start_daemon, write_result
-from kvstore.defaults import available_memory
+from harness.memory import large_host_mem
 
 PHASES = ("sigterm_to_exit_s", "stopping_to_exit_s", "stopped_to_exit_s")
-
-
-def large_host_mem() -> str:
-    """Half the memory available now, at most 8 GiB."""
-    return f"{min(8 << 10, available_memory() // 2 >> 20)}MiB"
 
 
 def log_time(log: str, event: str) -> float:

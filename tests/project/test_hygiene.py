@@ -19,7 +19,7 @@ from kvstore.mapped.arena import arena_path_for
 from kvstore.tiers.host.description import description_path_for
 
 from conftest import wait_for
-from support.daemons import Daemons, run_cli, sandbox_env, short_tempdir
+from harness.daemons import Daemons, run_cli, sandbox_env, short_tempdir
 from support.paths import ROOT, TESTS
 
 

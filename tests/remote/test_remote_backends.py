@@ -1,6 +1,6 @@
 """Remote backends against real servers on loopback: Redis and Mooncake Store.
 
-Each test starts its own server (``tests/support/servers.py``); a missing binary skips
+Each test starts its own server (``harness/servers.py``); a missing binary skips
 the test, or fails it when CI is set. The outage tests stop or freeze the
 server in the middle and check that calls turn into counted misses within
 their deadline, that calls during the outage do not wait at all, and that the
@@ -18,10 +18,7 @@ from conftest import wait_for
 
 from kvstore.tiers.remote import Health, RemoteError, open_backend, record
 
-try:
-    from support.servers import MooncakeCluster, RedisCluster, RedisServer, free_port, require
-except ImportError:   # tests/ imported as a package
-    from tests.support.servers import MooncakeCluster, RedisCluster, RedisServer, free_port, require
+from harness.servers import MooncakeCluster, RedisCluster, RedisServer, free_port, require
 
 TIMEOUT = 0.5          # backend deadline for metadata calls in these tests
 

@@ -13,7 +13,7 @@ import pytest
 
 from kvstore.routing import BoundedHashRing, DaemonFleet, Router
 
-from support.daemons import run_cli
+from harness.daemons import run_cli
 
 NS, CHUNK_TOKENS = "route-test", 4
 DEADLINE = 0.05

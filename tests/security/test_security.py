@@ -16,9 +16,9 @@ from kvstore.protocol.wire import Op
 from kvstore.security import ClientCurve, generate_keypair, is_loopback
 from kvstore.mapped.arena import arena_path_for
 
-from support.daemons import run_cli, short_tempdir
+from harness.daemons import run_cli, short_tempdir
 from support.users import as_other_user
-from support.workload import free_port, payload_for
+from harness.workload import free_port, payload_for
 
 
 def kvstore_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from conftest import wait_for
-from support.daemons import short_tempdir
+from harness.daemons import short_tempdir
 from support.events_consumer import Consumer, vllm_event_classes
 from kvstore.errors import BadRequestError, LimitError
 from kvstore.protocol.engine_blocks import EngineBlocks
@@ -300,7 +300,7 @@ def test_one_turn_of_several_namespaces_packs_each_event_once_and_every_stream_d
 def test_cli_replays_and_snapshots_one_engine_s_stream(start_daemon):
     import json
 
-    from support.daemons import run_cli
+    from harness.daemons import run_cli
 
     d, pub, replay = start(start_daemon)
     a = d.client(namespace="ns", identity=EngineIdentity("pod-a", "llama", 1))

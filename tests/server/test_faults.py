@@ -23,8 +23,8 @@ from conftest import wait_for
 import kvstore
 from kvstore.protocol.wire import Op
 
-from support.crashes import acked_keys, read_back
-from support.workload import parse_counts, payload_for, total, worker_command
+from harness.crashes import acked_keys, read_back
+from harness.workload import parse_counts, payload_for, total, worker_command
 
 
 
@@ -122,7 +122,7 @@ def test_killed_engine_memory_returns_within_ttl(start_daemon):
 
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])
 def test_daemon_killed_while_clients_connected(start_daemon, transport):
-    from support.workload import free_port
+    from harness.workload import free_port
     port = free_port()
     d = start_daemon("--tcp", f"127.0.0.1:{port}")
     address = d.address if transport == "ipc" else f"tcp://127.0.0.1:{port}"

@@ -15,7 +15,7 @@ import zmq
 
 from support.events_consumer import Consumer
 from conftest import wait_for
-from support.daemons import run_cli, short_tempdir
+from harness.daemons import run_cli, short_tempdir
 from kvstore.protocol.kv_events import block_hash
 
 CHUNK = 4 << 20   # 16 chunks fill the 64 MiB test host tier
@@ -281,7 +281,7 @@ def test_a_stopped_subscriber_process_never_slows_puts_and_sees_its_gap(start_da
     import subprocess
     import sys
 
-    from support.daemons import sandbox_env
+    from harness.daemons import sandbox_env
 
     d, pub, _ = start_publishing(start_daemon, "--events-hwm", "5")
     c = d.client(namespace="events")

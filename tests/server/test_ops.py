@@ -23,8 +23,8 @@ from kvstore.metrics.definitions import METRICS, exported_series
 from kvstore.protocol.wire import Op
 
 from conftest import wait_for
-from support.daemons import sandbox_env
-from support.servers import require
+from harness.daemons import sandbox_env
+from harness.servers import require
 from support.paths import ROOT
 from support.scrape import free_port, scrape, value
 
@@ -150,7 +150,7 @@ class NotifyListener:
 
 
 def test_readiness_watchdog_and_stopping_notifications(start_daemon):
-    from support.daemons import short_tempdir
+    from harness.daemons import short_tempdir
 
     workdir = short_tempdir()
     listener = NotifyListener(os.path.join(workdir, "notify"))

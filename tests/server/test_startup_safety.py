@@ -20,7 +20,7 @@ import sys
 
 import pytest
 from conftest import wait_for
-from support.daemons import run_cli, sandbox_env, short_tempdir
+from harness.daemons import run_cli, sandbox_env, short_tempdir
 from support.paths import ROOT
 from support.users import as_other_user
 

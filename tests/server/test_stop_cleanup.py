@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import signal
 
-from support.daemons import DaemonProc, with_defaults
-from support.memory import large_host_mem
+from harness.daemons import DaemonProc, with_defaults
+from harness.memory import large_host_mem
 
 
 def _daemon(workdir: str, *flags: str) -> DaemonProc:

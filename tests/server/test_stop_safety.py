@@ -21,12 +21,9 @@ import kvstore
 from kvstore.errors import ConfigError, UnavailableError
 from kvstore.server.lifecycle.stopping import StopPlan
 from conftest import short_tempdir, wait_for
-from support.daemons import run_cli
+from harness.daemons import run_cli
 
-try:
-    from support.servers import RedisServer, require
-except ImportError:   # tests/ imported as a package
-    from tests.support.servers import RedisServer, require
+from harness.servers import RedisServer, require
 
 CLIENT_TIMEOUT = 5.0
 

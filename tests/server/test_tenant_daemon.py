@@ -9,7 +9,7 @@ import pytest
 
 import kvstore
 from conftest import wait_for
-from support.daemons import run_cli
+from harness.daemons import run_cli
 from support.scrape import free_port, scrape, value
 
 CHUNK = 1_000_000

@@ -13,7 +13,7 @@ from kvstore.sim.replay import Capacity, block_key, hit_tokens_by_tier, replay, 
 from kvstore.sim.trace import Request, distinct_blocks, read_trace
 from kvstore.store.policies import POLICIES
 
-from support import daemons
+from harness import daemons
 
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
 CHUNK = 1 << 20

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from support.daemons import run_cli
+from harness.daemons import run_cli
 from support.disk import wait_written
 
 pytestmark = pytest.mark.integration

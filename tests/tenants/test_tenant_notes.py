@@ -9,7 +9,7 @@ import os
 import pytest
 
 from kvstore.protocol.wire import Op
-from support.daemons import run_cli
+from harness.daemons import run_cli
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 
 import kvstore
 from conftest import wait_for
-from support.daemons import run_cli
+from harness.daemons import run_cli
 
 pytestmark = pytest.mark.integration
 

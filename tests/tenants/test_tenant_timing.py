@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from support.daemons import run_cli
+from harness.daemons import run_cli
 
 pytestmark = pytest.mark.integration
 

@@ -10,10 +10,10 @@ import subprocess
 from conftest import wait_for
 from kvstore.mapped.arena import arena_path_for
 from kvstore.tiers.host.journal import journal_path_for
-from support.crashes import acked_keys, read_back
-from support.daemons import run_cli
+from harness.crashes import acked_keys, read_back
+from harness.daemons import run_cli
 from support.scribble import damage
-from support.workload import worker_command
+from harness.workload import worker_command
 from test_warm_restart import CHUNK, NO_DISK, adoption_done, fill, served
 
 

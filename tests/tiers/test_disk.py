@@ -14,7 +14,7 @@ from kvstore.tiers.disk.format import HEADER_BYTES, ChunkHeader, FormatError, pa
 from kvstore.binding import rebind
 
 from conftest import wait_for
-from support.daemons import short_tempdir
+from harness.daemons import short_tempdir
 from support.disk import wait_written
 
 MiB = 1 << 20

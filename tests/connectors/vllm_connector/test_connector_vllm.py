@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import torch
-from support.servers import require_module
+from harness.servers import require_module
 
 require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
 pytest.importorskip("transformers")
