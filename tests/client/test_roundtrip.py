@@ -126,7 +126,7 @@ def test_many_requests_in_flight_matched_by_id(client):
 
     keys = client.chunk_keys(list(range(256 * 4)))
     client.put(keys, [b"a" * 1000] * 4)
-    transport = client._transport
+    transport = client.transport
     ids = [transport.send({"op": Op.LOOKUP, "keys": keys[:n]}) for n in range(1, 5)]
     ping = transport.send({"op": Op.PING})
     transport.wait(ping)

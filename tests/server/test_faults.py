@@ -92,11 +92,11 @@ ENGINE = textwrap.dedent("""
     from kvstore.protocol.wire import PROTOCOL_VERSION, Op
     c = kvstore.connect(sys.argv[1], namespace="t")
     # Say hello again without a pid: the daemon cannot watch this process and must rely on the TTLs.
-    c._transport.call({"op": Op.HELLO, "version": PROTOCOL_VERSION, "namespace": "t", "arena": True, "pid": 0})
+    c.transport.call({"op": Op.HELLO, "version": PROTOCOL_VERSION, "namespace": "t", "arena": True, "pid": 0})
     keys = c.chunk_keys(list(range(256 * 3)))
     c.put(keys[:1], [b"a" * 4096])
     lease = c.get(keys[:1])
-    c._call({"op": Op.RESERVE, "keys": keys[1:], "sizes": [1 << 20, 1 << 20]})
+    c.request({"op": Op.RESERVE, "keys": keys[1:], "sizes": [1 << 20, 1 << 20]})
     print("ready", flush=True)
     time.sleep(60)   # the point: an engine that holds what it took until the test kills it
 """)
@@ -154,12 +154,12 @@ def test_requests_in_flight_across_restart_never_commit_wrong_bytes(start_daemon
     d = start_daemon()
     with d.client(namespace="t") as c:
         keys = c.chunk_keys(list(range(256)))
-        header, _ = c._call({"op": Op.RESERVE, "keys": keys, "sizes": [4096]})
+        header, _ = c.request({"op": Op.RESERVE, "keys": keys, "sizes": [4096]})
         d.stop(signal.SIGKILL)
         d.start()
         with pytest.raises((kvstore.VersionError, kvstore.ReservationError)):
-            c._call({"op": Op.COMMIT, "reservation": header["reservation"]}, retry=False)
+            c.request({"op": Op.COMMIT, "reservation": header["reservation"]}, retry=False)
         c.ping()  # says hello again
         with pytest.raises(kvstore.ReservationError):
-            c._call({"op": Op.COMMIT, "reservation": header["reservation"]})
+            c.request({"op": Op.COMMIT, "reservation": header["reservation"]})
         assert c.lookup(keys) == 0

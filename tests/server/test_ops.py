@@ -174,14 +174,14 @@ def test_put_in_flight_at_sigterm_completes_then_exit_zero(start_daemon):
     d = start_daemon("--shutdown-timeout", "20s")
     with d.client(namespace="s") as c:
         keys = c.chunk_keys(list(range(256)))
-        header, _ = c._call({"op": Op.RESERVE, "keys": keys, "sizes": [100], "parent": None})
+        header, _ = c.request({"op": Op.RESERVE, "keys": keys, "sizes": [100], "parent": None})
         d.proc.send_signal(signal.SIGTERM)
         wait_for_log(d, "event=stopping")
         assert not os.path.exists(d.socket_path)      # no new local client can connect
         with pytest.raises(kvstore.errors.UnavailableError, match="shutting down"):
             c.lookup(keys)                              # new work is refused ...
         c.ping()
-        header, _ = c._call({"op": Op.COMMIT, "reservation": header["reservation"]})
+        header, _ = c.request({"op": Op.COMMIT, "reservation": header["reservation"]})
         assert header["committed"] == 1                 # ... the put already started finishes
         assert d.proc.wait(30) == 0
     assert "unfinished_reservations=0" in d.log()
@@ -190,7 +190,7 @@ def test_put_in_flight_at_sigterm_completes_then_exit_zero(start_daemon):
 def test_abandoned_reservation_does_not_hold_the_stop_past_its_bound(start_daemon):
     d = start_daemon("--shutdown-timeout", "0.5s")
     with d.client(namespace="s") as c:
-        c._call({"op": Op.RESERVE, "keys": c.chunk_keys(list(range(256))), "sizes": [100], "parent": None})
+        c.request({"op": Op.RESERVE, "keys": c.chunk_keys(list(range(256))), "sizes": [100], "parent": None})
         d.proc.send_signal(signal.SIGTERM)
         assert d.proc.wait(30) == 0
     assert "unfinished_reservations=1" in d.log()
