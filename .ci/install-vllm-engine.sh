@@ -8,7 +8,7 @@
 # run time (the engine imports the connector from the source tree through PYTHONPATH).
 #
 # The virtualenv (a few GB) lives outside the checkout: KVSTORE_VLLM_VENV, else
-# ${XDG_CACHE_HOME:-~/.cache}/kvstore-dev/venv-vllm, where the tests (tests/support/engines/venv.py) and the
+# ${XDG_CACHE_HOME:-~/.cache}/kvstore-dev/venv-vllm, where the tests (harness/engines/venv.py) and the
 # benchmarks look for it too.
 #
 # Idempotent: an existing virtualenv with the wanted vllm and torch is left as it is.

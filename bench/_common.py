@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from tests.support.daemons import DaemonProc, Daemons, short_tempdir   # the one way a daemon is started
+from harness.daemons import DaemonProc, Daemons, short_tempdir   # the one way a daemon is started
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(BENCH_DIR, "results")
@@ -40,7 +40,7 @@ def free_port() -> int:
 
 @dataclass
 class BenchDaemon:
-    """A daemon started for a benchmark through the test suite's one helper (``tests/support/daemons.py``)."""
+    """A daemon started for a benchmark through the one helper it shares with the tests (``harness/daemons.py``)."""
 
     daemon: DaemonProc
     owner: Daemons

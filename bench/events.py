@@ -57,8 +57,8 @@ import kvstore
 from kvstore.errors import StoreFullError
 from kvstore.protocol.engine_blocks import EngineBlocks
 from kvstore.protocol.kv_events import END_SEQ, SNAPSHOT_REQUEST, block_hash
-from tests.support.daemons import sandbox_env
-from tests.support.workload import Counts, parse_counts, total, worker_command
+from harness.daemons import sandbox_env
+from harness.workload import Counts, parse_counts, total, worker_command
 
 CHUNK = 64 << 10   # small chunks: the events' share of a put is at its largest
 LARGE = 1 << 20    # still small next to a real model's chunk (Llama-3-8B, 256 tokens: 32 MiB)

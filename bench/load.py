@@ -3,7 +3,7 @@
     python -m bench.load [--processes 32] [--seconds 180] [--host-mem 256MiB]
 
 Half the processes use ipc:// (shared-memory arena), half tcp:// (bytes in frames). Each behaves like an
-engine serving prompts that share prefixes (see tests/support/workload.py): every chunk read is checked against the
+engine serving prompts that share prefixes (see harness/workload.py): every chunk read is checked against the
 bytes derived from its key. Reports requests/s and MB/s per transport, errors, corrupt chunks and the daemon's
 anonymous (heap) memory over time; writes bench/results/load-latest.json.
 """
@@ -15,8 +15,8 @@ import json
 import sys
 
 from bench._common import free_port, write_result
-from tests.support.daemons import DaemonProc, short_tempdir
-from tests.support.workload import run_load
+from harness.daemons import DaemonProc, short_tempdir
+from harness.workload import run_load
 
 
 def main() -> int:

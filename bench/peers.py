@@ -114,7 +114,7 @@ def bench_kvstore(address: str, data: Payloads, repeat: int, warmup: int, calls:
 
 class MooncakePeer:
     def __init__(self, workdir: Path, segment: str):
-        from tests.support.servers import MooncakeCluster, mooncake_binary
+        from harness.servers import MooncakeCluster, mooncake_binary
         os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
         master, node = mooncake_binary("mooncake_master"), mooncake_binary("mooncake_client")
         if not master or not node:
@@ -188,7 +188,7 @@ class RedisPeer:
         import shutil
 
         import redis
-        from tests.support.servers import RedisServer
+        from harness.servers import RedisServer
         if not shutil.which("redis-server"):
             raise RuntimeError("redis-server not installed (.ci/install-peers.sh)")
         self.server = RedisServer(workdir).start()

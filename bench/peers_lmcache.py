@@ -138,7 +138,7 @@ class LMCachePeer:
     """``lmcache server`` (multiprocess mode, engine-driven transfers over shared memory) from its virtualenv."""
 
     def __init__(self, workdir: Path, l1_gb: int):
-        from tests.support.servers import ServerProcess, free_port
+        from harness.servers import ServerProcess, free_port
         workdir.mkdir(parents=True, exist_ok=True)
         self.port, http_port = free_port(), free_port()
         self.env = dict(os.environ, LMCACHE_DISABLE_BANNER="1", DO_NOT_TRACK="1", LMCACHE_TRACK_USAGE="false")

@@ -3,7 +3,7 @@
     python -m bench.remote_tier [--quick] [--stores redis,mooncake]
 
 For each store (a ``redis-server``, or ``mooncake_master`` plus one ``mooncake_client`` storage node, on loopback,
-started by ``tests/support/servers.py``), two daemons A and B share it with ``--remote`` and a third daemon C runs
+started by ``harness/servers.py``), two daemons A and B share it with ``--remote`` and a third daemon C runs
 without it. Figures, medians over the repetitions:
 
 * ``lookup_local_hit_us``: a lookup of 16 chunks B holds itself, next to the same lookup on C (no remote tier),
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench._common import memcpy_seconds, start_daemon, write_result
-from tests.support.servers import MooncakeCluster, RedisServer, mooncake_binary
+from harness.servers import MooncakeCluster, RedisServer, mooncake_binary
 
 import kvstore
 

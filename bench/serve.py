@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, in this order")
     parser.add_argument("--repeats", type=positive_count, default=None, help="interleaved repeats per scenario")
     parser.add_argument("--concurrency", type=positive_count, default=None, help="requests in flight (client)")
-    from tests.support.engines.venv import venv_dir
+    from harness.engines.venv import venv_dir
 
     parser.add_argument("--venv", default=str(venv_dir()))
     parser.add_argument("--trace", default=TRACE, help="the Mooncake conversation trace the slice comes from")

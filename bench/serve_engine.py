@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.engines.sandbox import engine_home_env
+from harness.engines.sandbox import engine_home_env
 
 REPO = Path(__file__).resolve().parents[1]
 HASH_SEED = "0"

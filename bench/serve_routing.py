@@ -263,7 +263,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a small model, few requests (smoke test)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per policy (default 2)")
     parser.add_argument("--concurrency", type=int, default=None, help="requests in flight (client)")
-    from tests.support.engines.venv import venv_dir
+    from harness.engines.venv import venv_dir
 
     parser.add_argument("--venv", default=str(venv_dir()),
                         help=f"the vLLM CPU engine's virtualenv (`{INSTALL_HINT}`)")

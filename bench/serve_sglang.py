@@ -218,7 +218,7 @@ class Bench:
     def setup(self) -> None:
         import subprocess
 
-        from tests.support.engines.sandbox import engine_home_env
+        from harness.engines.sandbox import engine_home_env
 
         p = self.profile
         self.model = os.path.join(self.workdir, "model")
@@ -232,7 +232,7 @@ class Bench:
         if "mooncake" in self.arms:
             from pathlib import Path
 
-            from tests.support.servers import MooncakeCluster
+            from harness.servers import MooncakeCluster
 
             binaries = mooncake_binaries(self.venv)
             assert binaries is not None

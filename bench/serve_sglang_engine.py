@@ -8,7 +8,7 @@ client sends text) and HiCache on in every arm; the arms differ only in ``--hica
 * ``hicache``: no storage backend (device pool and HiCache's host pool only);
 * ``file``: SGLang's ``file`` backend, one file per page in a scratch directory;
 * ``mooncake``: SGLang's ``mooncake`` backend on a Mooncake Store (``mooncake_master`` and one
-  ``mooncake_client`` storage node holding the objects, `tests/support/servers.py`); the engine contributes no
+  ``mooncake_client`` storage node holding the objects, `harness/servers.py`); the engine contributes no
   memory of its own (``global_segment_size`` 0), so what it stored outlives it, as kvstore's daemon does;
 * ``kvstore``: the kvstore connector as a ``dynamic`` backend, configured as docs/connectors/sglang.md says
   (`backend_config` of the engine tests).

@@ -2,7 +2,7 @@
 
     python -m bench.soak [--crashes 30] [--workers 4] [--host-mem 32MiB] [--disk-dir DIR]
 
-Workers (tests/support/workload.py) put chunks whose bytes derive from their keys, read and verify what they find,
+Workers (harness/workload.py) put chunks whose bytes derive from their keys, read and verify what they find,
 and log every acknowledged put. Between crashes the daemon is killed with SIGKILL at a random moment and
 restarted on the same socket; right after each restart the chunks acknowledged before the crash are read back
 with a fresh client: each is recovered (exact bytes), lost (missing) or corrupt (wrong bytes: must never
@@ -23,9 +23,9 @@ import time
 from dataclasses import asdict
 
 from bench._common import write_result
-from tests.support.daemons import DaemonProc, short_tempdir
-from tests.support.crashes import acked_keys, read_back
-from tests.support.workload import parse_counts, total, worker_command
+from harness.daemons import DaemonProc, short_tempdir
+from harness.crashes import acked_keys, read_back
+from harness.workload import parse_counts, total, worker_command
 
 
 def main() -> int:

@@ -6,7 +6,8 @@ A daemon with a tenants table: tenant ``theirs`` owns ``theirs:`` and lists a ui
 put while the namespace is still open, then the table is reloaded to restrict it (``kvstore reload``'s request).
 A client of an open namespace then asks the daemon (over the socket, no shared index) to look up, interleaved,
 ``--lookups`` times each: a chain of ``theirs``' stored chunks (forbidden: answered as a miss) and a chain of keys
-nobody stored (a miss). Reported: p10/p50/p90/p99 of each in microseconds, and the ratio of the medians.
+nobody stored (a miss). Reported: p10/p50/p90/p99 of each in microseconds, the ratio of the medians, and whether
+the two distributions overlap (each median inside the other's p10–p90).
 Writes bench/results/tenant-timing-latest.json (``--quick``: a temporary file) and prints a Markdown table.
 """
 
@@ -28,6 +29,11 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     """p10, p50, p90 and p99 of ``samples`` (seconds) in microseconds."""
     cuts = statistics.quantiles(samples, n=100, method="inclusive")
     return {f"p{p}": round(cuts[p - 1] * 1e6, 2) for p in (10, 50, 90, 99)}
+
+
+def overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    """Whether each distribution's median lies inside the other's p10–p90 (``percentiles`` of each)."""
+    return a["p10"] <= b["p50"] <= a["p90"] and b["p10"] <= a["p50"] <= b["p90"]
 
 
 def interleaved(client: kvstore.Client, forbidden: list[bytes], lookups: int, chain: int) -> tuple[list, list]:
@@ -80,15 +86,16 @@ def main() -> None:
             hidden, missed = interleaved(mine, keys, lookups, args.chain)
     finally:
         daemon.stop()
-    result = {"lookups": lookups, "chain": args.chain, "forbidden_us": percentiles(hidden),
-              "miss_us": percentiles(missed),
-              "median_ratio": round(statistics.median(hidden) / statistics.median(missed), 3)}
+    forbidden_us, miss_us = percentiles(hidden), percentiles(missed)
+    result = {"lookups": lookups, "chain": args.chain, "forbidden_us": forbidden_us, "miss_us": miss_us,
+              "median_ratio": round(statistics.median(hidden) / statistics.median(missed), 3),
+              "overlap": overlap(forbidden_us, miss_us)}
     path = write_result("tenant-timing", result, quick=args.quick, out=args.out)
     print("| lookup | p10 µs | p50 µs | p90 µs | p99 µs |\n|---|---|---|---|---|")
     for name in ("forbidden", "miss"):
         row = result[f"{name}_us"]
         print(f"| {name} | {row['p10']} | {row['p50']} | {row['p90']} | {row['p99']} |")
-    print(f"median ratio forbidden/miss: {result['median_ratio']}  ({path})")
+    print(f"median ratio forbidden/miss: {result['median_ratio']}, overlap: {result['overlap']}  ({path})")
 
 
 if __name__ == "__main__":

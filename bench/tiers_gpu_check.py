@@ -65,7 +65,7 @@ def check_daemon_tiers(r: dict, device: str, env: dict[str, str], children: list
     help_text = serve_flags(env)
     gpu = ["--gpu-mem", "64MiB", "--gpu-device", "0"]
     env = dict(env)
-    from tests.support.daemons import sandbox_dirs  # HOME and XDG dirs in the workdir: defaults never reach the user's
+    from harness.daemons import sandbox_dirs  # HOME and XDG dirs in the workdir: defaults never reach the user's
 
     env.update(sandbox_dirs(workdir))
     args = ["--socket", sock, "--host-mem", "128MiB", *gpu, "--log-level", "info", *disk_args(help_text, workdir)]

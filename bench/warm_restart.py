@@ -44,7 +44,7 @@ import xxhash
 
 import kvstore
 from bench._common import write_result
-from tests.support.daemons import sandbox_env
+from harness.daemons import sandbox_env
 from kvstore.mapped.index_writer import index_path_for
 from kvstore.mapped.arena import arena_path_for, shm_free
 from kvstore.tiers.host.description import description_path_for

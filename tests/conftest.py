@@ -1,6 +1,6 @@
 """Fixtures: real daemon processes on temporary sockets, clients to talk to them, and the session's guard.
 
-Every daemon and CLI run goes through ``support/daemons.py`` (its own socket, disk dir and sandboxed HOME/XDG dirs).
+Every daemon and CLI run goes through ``harness/daemons.py`` (its own socket, disk dir and sandboxed HOME/XDG dirs).
 The session itself also points ``XDG_RUNTIME_DIR``, ``XDG_CACHE_HOME`` and the native-kernel cache into its
 scratch root, so that even a default path reached in-process or by a child started by hand stays there; and
 ``machine_left_as_found`` fails the session, naming the paths, if the user's kvstore directories changed or an
@@ -22,9 +22,10 @@ import pytest
 
 import kvstore
 
-from support import hygiene, runs_once
-from support.daemons import (DaemonProc, Daemons, free_kept_arenas, keep_dirs, known_arenas, sandbox_dirs, scratch_root,
+from harness.daemons import (DaemonProc, Daemons, free_kept_arenas, keep_dirs, known_arenas, sandbox_dirs, scratch_root,
                              short_tempdir)
+from harness.wait import wait_for
+from support import hygiene, runs_once
 
 __all__ = ["DaemonProc", "short_tempdir", "wait_for"]
 
@@ -41,7 +42,7 @@ def require_native(kind: str) -> None:
 
     if native.load(kind) is not None:
         return
-    from support import servers
+    from harness import servers
 
     why = (f"the native {kind} library is not built ({native.library_path(kind)}): "
            "`pip install -e .` or `python setup.py build_ext --inplace` builds it")
@@ -77,18 +78,6 @@ def kept_arenas_freed() -> Iterator[None]:
     """A daemon a test stopped cleanly keeps its arena for a warm restart: free it when the test ends."""
     yield
     free_kept_arenas()
-
-
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout`` passes; True if it held."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return False
 
 
 @pytest.fixture

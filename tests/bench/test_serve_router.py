@@ -20,8 +20,8 @@ from conftest import wait_for
 from kvstore.protocol.engine_blocks import EngineBlocks
 from kvstore.protocol.engine_identity import EngineIdentity
 from kvstore.routing import LoadCosts
-from support.daemons import short_tempdir
-from support.servers import EXTRAS_COMMAND
+from harness.daemons import short_tempdir
+from harness.servers import EXTRAS_COMMAND
 
 BLOCK = 8          # tokens per engine block
 CHUNK_BLOCKS = 2   # engine blocks per chunk

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from conftest import wait_for
-from support.daemons import run_cli, sandbox_env, short_tempdir
+from harness.daemons import run_cli, sandbox_env, short_tempdir
 
 import kvstore
 
@@ -455,7 +455,7 @@ def test_clean_all_and_socket_are_one_or_the_other():
 def test_the_example_systemd_config_starts_on_a_small_disk():
     from pathlib import Path
 
-    from support.daemons import Daemons
+    from harness.daemons import Daemons
 
     from kvstore.config import build_config
 

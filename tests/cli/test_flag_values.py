@@ -10,7 +10,7 @@ import shutil
 import subprocess
 
 import pytest
-from support.daemons import run_cli, short_tempdir
+from harness.daemons import run_cli, short_tempdir
 
 from kvstore.errors import ConfigError
 from kvstore.units import parse_count, parse_seconds, parse_size

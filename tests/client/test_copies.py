@@ -5,7 +5,6 @@ reserve + commit, index-served and leased gets) give back what was put."""
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -54,11 +53,14 @@ def test_a_small_batch_stays_on_the_calling_thread():
 @pytest.mark.parametrize("failing", [0, 3])
 def test_a_failed_half_is_raised_once_both_halves_are_done(failing):
     done: list[int] = []
+    failed = threading.Event()
 
     def copy(i: int, _: None, gil_free: bool = False) -> None:
         if i == failing:
+            failed.set()
             raise ValueError(f"copy {i} failed")
-        time.sleep(0.05 if i >= 2 else 0)   # the helper's half is the slow one
+        if i >= 2 and failing < 2:   # the helper's half is still copying when the other half fails
+            assert failed.wait(10)
         done.append(i)
 
     with pytest.raises(ValueError, match=f"copy {failing} failed"):

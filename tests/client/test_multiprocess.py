@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 
 import kvstore
+from conftest import wait_for
 
 WRITER = textwrap.dedent("""
     import sys, kvstore
@@ -51,13 +51,12 @@ def test_client_reconnects_after_daemon_restart(daemon):
     assert c.put(keys, [b"c" * 5000, b"d" * 5000]) == 0  # already stored: skipped
     # A get waits up to 2 s for disk reads and may hand out a shorter prefix when one takes longer (on a loaded
     # 2-core host it has): a short prefix is a miss, never other bytes. Ask again until both came back.
-    deadline = time.monotonic() + 20
-    while True:
+    def read_back() -> list[bytes]:
         with c.get(keys) as views:
             got = [bytes(v) for v in views]
         assert got == [b"a" * 5000, b"b" * 5000][:len(got)]
-        if len(got) == 2 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert got == [b"a" * 5000, b"b" * 5000]
+        return got
+
+    assert wait_for(lambda: len(read_back()) == 2, 20)
+    assert read_back() == [b"a" * 5000, b"b" * 5000]
     c.close()

@@ -19,7 +19,7 @@ from kvstore.client.stream_transport import StreamTransport
 from kvstore.client.transport import Transport
 from kvstore.protocol.stream import SUFFIX
 from kvstore.protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op
-from support.workload import free_port
+from harness.workload import free_port
 
 SHORT = 10.0
 SIZES = (MAX_BATCH + 1, 2 * MAX_BATCH + 1, 100_000)   # past the batch, past msgpack's array bound, past 1 MiB
@@ -27,7 +27,7 @@ SIZES = (MAX_BATCH + 1, 2 * MAX_BATCH + 1, 100_000)   # past the batch, past msg
 
 @pytest.fixture(scope="module")
 def daemon():
-    from support.daemons import Daemons
+    from harness.daemons import Daemons
 
     port = free_port()
     with Daemons() as ds:

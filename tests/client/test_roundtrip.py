@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 
 import numpy as np
 import pytest
 import torch
 
 import kvstore
+from conftest import wait_for
 
 SIZES = [1, 100, 4095, 4096, 4097, 256 << 10, (2 << 20) + 3, 5 << 20]
 
@@ -114,9 +114,7 @@ def test_clear(client):
     assert client.clear() == 4
     assert client.lookup(keys) == 0
     # A slot whose disk write is in flight is freed when that write ends (moments later).
-    deadline = time.monotonic() + 10
-    while client.stats()["tiers"]["host"]["used_bytes"] and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: client.stats()["tiers"]["host"]["used_bytes"] == 0, 10)
     stats = client.stats()
     assert stats["tiers"]["host"]["used_bytes"] == 0
     assert stats["tiers"]["disk"]["used_bytes"] == 0
@@ -128,7 +126,7 @@ def test_many_requests_in_flight_matched_by_id(client):
 
     keys = client.chunk_keys(list(range(256 * 4)))
     client.put(keys, [b"a" * 1000] * 4)
-    transport = client._transport
+    transport = client.transport
     ids = [transport.send({"op": Op.LOOKUP, "keys": keys[:n]}) for n in range(1, 5)]
     ping = transport.send({"op": Op.PING})
     transport.wait(ping)

@@ -433,10 +433,11 @@ def test_a_crashed_daemon_stops_answering_from_its_index(start_daemon):
     thread = threading.Thread(target=read_loop)
     thread.start()
     try:
-        time.sleep(0.2)
+        assert wait_for(lambda: len(answers) > 0)   # the reader is reading
         d.kill()
         killed = time.monotonic()
-        time.sleep(STALE_S + 0.6)
+        # answers taken past the index's staleness window: a dead daemon's index answers none of them
+        assert wait_for(lambda: sum(t > killed + STALE_S + 0.1 for t, _ in answers) >= 3, 30)
         stop.set()
         thread.join(10)
         assert not errors, errors
@@ -464,8 +465,8 @@ def test_a_stopping_daemon_refuses_lookups_as_before(start_daemon):
     keys = c.chunk_keys(list(range(4 * 2)))
     c.put(keys, [b"x" * 4096] * 2)
     assert c.lookup(keys) == 2 and c._index.answered
-    rid = c._transport.send({"op": Op.RESERVE, "keys": [os.urandom(16)], "sizes": [4096]})
-    c._transport.wait(rid)                            # an open reservation holds the daemon in its stop sequence
+    rid = c.transport.send({"op": Op.RESERVE, "keys": [os.urandom(16)], "sizes": [4096]})
+    c.transport.wait(rid)                            # an open reservation holds the daemon in its stop sequence
     d.proc.send_signal(15)
     assert wait_for(lambda: c._index.stale(), timeout=5)
     with pytest.raises((kvstore.UnavailableError, kvstore.DaemonUnavailable)):

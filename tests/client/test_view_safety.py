@@ -15,7 +15,7 @@ import pytest
 
 import kvstore
 from support.disk import wait_written
-from support.workload import free_port
+from harness.workload import free_port
 
 STORED = b"a" * 1000
 FLOATS = np.ones(1024, dtype=np.float32).tobytes()

@@ -15,7 +15,7 @@ from kvstore.tiers.gpu.tier import GpuTier
 from kvstore.ops import PagedKV, gather
 from kvstore.mapped.arena import SharedArena
 
-from support.daemons import run_cli
+from harness.daemons import run_cli
 
 MiB = 1 << 20
 

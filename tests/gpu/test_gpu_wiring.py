@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import wait_for as _wait_for
-from support.daemons import run_cli
+from harness.daemons import run_cli
 import torch
-from support.workload import payload_for
+from harness.workload import payload_for
 
 from kvstore.metrics.collector import unmapped_paths
 

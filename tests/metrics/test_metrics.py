@@ -11,7 +11,7 @@ from kvstore.metrics import alerts, dashboard, queries
 from kvstore.metrics.collector import family_of, unmapped_paths
 from kvstore.metrics.definitions import METRICS, PREFIX, exported_series, flatten, metric
 
-from support.daemons import run_cli
+from harness.daemons import run_cli
 
 
 def test_every_definition_is_well_formed():

@@ -14,7 +14,7 @@ import torch
 
 from conftest import require_native
 
-from support.daemons import run_cli
+from harness.daemons import run_cli
 
 import kvstore
 from kvstore import native

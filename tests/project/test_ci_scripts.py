@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.engines.venv import venv_dir
+from harness.engines.venv import venv_dir
 from support.paths import ROOT
 
 CI = Path(ROOT) / ".ci"
@@ -40,21 +40,21 @@ def test_kvstore_vllm_venv_names_the_virtualenv_for_the_script_and_the_tests(tmp
 
 
 def test_the_session_looks_in_the_users_cache_not_its_sandbox():
-    import support
+    import harness
 
     # conftest.py pointed XDG_CACHE_HOME into the session's sandbox; the virtualenv stays where the user has it
-    assert os.environ.get("XDG_CACHE_HOME", "") != support.USER_XDG_CACHE_HOME
-    user = {"HOME": os.environ.get("HOME", ""), "XDG_CACHE_HOME": support.USER_XDG_CACHE_HOME}
+    assert os.environ.get("XDG_CACHE_HOME", "") != harness.USER_XDG_CACHE_HOME
+    user = {"HOME": os.environ.get("HOME", ""), "XDG_CACHE_HOME": harness.USER_XDG_CACHE_HOME}
     if not os.environ.get("KVSTORE_VLLM_VENV"):
         assert venv_dir() == venv_dir(user)
 
 
 def test_the_engine_tests_find_a_virtualenv_at_the_default_place(tmp_path, monkeypatch):
-    import support
+    import harness
     from support.engines import vllm_real
 
     monkeypatch.delenv("KVSTORE_VLLM_VENV", raising=False)
-    monkeypatch.setattr(support, "USER_XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(harness, "USER_XDG_CACHE_HOME", str(tmp_path))
     venv = tmp_path / "kvstore-dev" / "venv-vllm"
     assert vllm_real.engine_python() is None and str(venv) in vllm_real.skip_reason()
     (venv / "bin").mkdir(parents=True)

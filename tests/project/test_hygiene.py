@@ -12,14 +12,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 
 import kvstore
 from kvstore.mapped.arena import arena_path_for
 from kvstore.tiers.host.description import description_path_for
 
-from support.daemons import Daemons, run_cli, sandbox_env, short_tempdir
+from conftest import wait_for
+from harness.daemons import Daemons, run_cli, sandbox_env, short_tempdir
 from support.paths import ROOT, TESTS
 
 
@@ -45,10 +45,8 @@ def test_default_paths_of_a_bare_serve_stay_in_the_sandbox():
         proc = subprocess.Popen([sys.executable, "-m", "kvstore", "serve", "--host-mem", "16MiB", "--disk-size",
                                  "16MiB"], stdout=log, stderr=subprocess.STDOUT, env=sandbox_env(workdir))
     try:
-        deadline = time.monotonic() + 30
-        while "event=ready" not in open(log_path).read():
-            assert proc.poll() is None and time.monotonic() < deadline, open(log_path).read()
-            time.sleep(0.05)
+        assert wait_for(lambda: "event=ready" in open(log_path).read() or proc.poll() is not None, 30)
+        assert proc.poll() is None and "event=ready" in open(log_path).read(), open(log_path).read()
         ready = next(line for line in open(log_path) if "event=ready" in line)
         socket_path = ready.split("socket=", 1)[1].split()[0]
         disk_dir = ready.split("disk_dir=", 1)[1].split()[0]

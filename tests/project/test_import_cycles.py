@@ -1,6 +1,7 @@
-"""No import cycle inside kvstore/, nor inside bench/: every module's imports (``support/imports.py``: module
-level, ``if TYPE_CHECKING`` blocks and imports inside functions alike, relative ones resolved) and a strongly
-connected component of more than one module. The rooms' layering is ``test_layers.py``'s."""
+"""No import cycle inside kvstore/, nor inside bench/ and harness/ (which imports no benchmark): every module's
+imports (``support/imports.py``: module level, ``if TYPE_CHECKING`` blocks and imports inside functions alike,
+relative ones resolved) and a strongly connected component of more than one module. The rooms' layering is
+``test_layers.py``'s."""
 
 from __future__ import annotations
 
@@ -52,6 +53,14 @@ def test_no_import_cycle_inside_kvstore():
 def test_no_import_cycle_inside_bench():
     graph = import_graph(("bench",))
     assert "bench.peers" in graph and "bench.peers_lmcache" in graph   # the walk found the benchmarks
+    assert cycles(graph) == []
+
+
+def test_the_harness_imports_no_benchmark_and_no_cycle():
+    graph = import_graph(("harness", "bench"))
+    assert "harness.daemons" in graph and "harness.engines.venv" in graph   # the walk found the harness
+    assert {dep for module, deps in graph.items() if module.startswith("harness.") for dep in deps
+            if not dep.startswith("harness")} == set()
     assert cycles(graph) == []
 
 

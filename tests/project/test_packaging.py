@@ -20,7 +20,7 @@ else:  # pragma: no cover
 
 import kvstore
 
-from support.daemons import Daemons, run_cli, sandbox_env, short_tempdir
+from harness.daemons import Daemons, run_cli, sandbox_env, short_tempdir
 from support.paths import ROOT
 
 
@@ -421,7 +421,7 @@ def test_install_extras_runs_every_installer_once(tmp_path):
 
 
 def test_skips_for_missing_extras_name_the_install_command():
-    from support import servers
+    from harness import servers
 
     for check in (lambda: servers.require("no-such-server-binary"),
                   lambda: servers.require_module("no_such_module_for_kvstore", "the thing")):

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from kvstore.errors import InternalError, _BY_CODE
 from kvstore.protocol.wire import PROTOCOL_VERSION, Op
 
-from support.workload import payload_for
+from harness.workload import payload_for
 
 EXAMPLES = int(os.environ.get("KVSTORE_FUZZ_EXAMPLES", "400"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,

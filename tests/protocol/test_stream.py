@@ -24,7 +24,7 @@ def test_local_clients_use_the_owner_only_stream_socket(daemon):
     fast = daemon.client(namespace="st", chunk_tokens=4)
     slow = daemon.client(namespace="st", chunk_tokens=4, stream=False)
     try:
-        assert isinstance(fast._transport, StreamTransport) and isinstance(slow._transport, Transport)
+        assert isinstance(fast.transport, StreamTransport) and isinstance(slow.transport, Transport)
         keys = fast.chunk_keys(list(range(4 * 3)))
         assert fast.put(keys, [bytes([i]) * 8192 for i in range(3)]) == 3
         with slow.get(keys) as views:
@@ -45,7 +45,7 @@ def test_a_closed_stream_drops_its_pins_at_once(daemon):
     lease = holder.get(keys)
     assert len(lease) == 2 and watcher.stats()["leases"] == 1
     lease.views = []                # the process "dies" holding the lease: only its stream closes
-    holder._transport.close()
+    holder.transport.close()
     assert wait_for(lambda: watcher.stats()["leases"] == 0, timeout=2)
     holder._zmq.close()
     watcher.close()
@@ -100,7 +100,7 @@ def test_a_client_follows_its_daemon_across_a_restart(start_daemon):
     c.put(keys, [b"r" * 4096] * 2)
     daemon.restart()
     assert c.put(keys, [b"s" * 4096] * 2) == 2        # the lost stream: hello again, then the put
-    assert isinstance(c._transport, StreamTransport)
+    assert isinstance(c.transport, StreamTransport)
     with c.get(keys) as views:
         assert bytes(views[0][:1]) == b"s"
     c.close()
@@ -110,7 +110,7 @@ def test_without_a_stream_socket_local_clients_use_zeromq(daemon):
     os.unlink(daemon.socket_path + SUFFIX)            # as if the daemon could not bind it
     c = daemon.client(namespace="st", chunk_tokens=4)
     try:
-        assert isinstance(c._transport, Transport)
+        assert isinstance(c.transport, Transport)
         keys = c.chunk_keys(list(range(4)))
         assert c.put(keys, [b"q" * 4096]) == 1 and c.lookup(keys) == 1
     finally:
@@ -121,7 +121,7 @@ def test_a_client_without_the_arena_moves_its_bytes_on_the_stream(daemon):
     """use_arena=False (as another user's client is served): puts and gets carry the bytes in the messages, on
     the stream socket, and come back byte for byte."""
     with daemon.client(namespace="st", chunk_tokens=4, use_arena=False) as c:
-        assert isinstance(c._transport, StreamTransport)
+        assert isinstance(c.transport, StreamTransport)
         assert c.server_info["arena"] is None and c.server_info["index"] is None
         keys = c.chunk_keys(list(range(4 * 3)))
         chunks = [os.urandom(8192 + i) for i in range(3)]

@@ -13,10 +13,7 @@ from conftest import wait_for
 from kvstore.tiers.remote import record
 from kvstore.binding import rebind
 
-try:
-    from support.servers import RedisServer, require
-except ImportError:   # tests/ imported as a package
-    from tests.support.servers import RedisServer, require
+from harness.servers import RedisServer, require
 
 pytestmark = pytest.mark.integration
 

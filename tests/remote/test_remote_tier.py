@@ -1,36 +1,29 @@
 """The remote tier wired into the daemon: two daemons on one machine stand for two hosts sharing a store.
 
 Each daemon has its own socket, host arena and disk directory; the store is a real ``redis-server`` (or
-``mooncake_master`` with a storage node) on loopback, started by ``tests/support/servers.py``.
+``mooncake_master`` with a storage node) on loopback, started by ``harness/servers.py``.
 """
 
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from kvstore.metrics.collector import unmapped_paths
 from kvstore.tiers.remote import record
 from kvstore.binding import rebind
-from support.daemons import run_cli
+from conftest import wait_for
+from harness.daemons import run_cli
 
-try:
-    from support.servers import MooncakeCluster, RedisServer, require
-except ImportError:   # tests/ imported as a package
-    from tests.support.servers import MooncakeCluster, RedisServer, require
+from harness.servers import MooncakeCluster, RedisServer, require
 
 WAIT = "5s"   # --remote-wait: generous, so that a busy 2-core machine never turns a hit into a miss
 
 
 def wait_until(predicate, timeout: float = 30.0, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
+    """``conftest.wait_for`` with this module's longer default (a remote put lands in the background)."""
+    return wait_for(predicate, timeout, interval=step)
 
 
 def remote_stats(client) -> dict:

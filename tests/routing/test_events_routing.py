@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 from conftest import wait_for
-from support.daemons import short_tempdir
+from harness.daemons import short_tempdir
 from kvstore.errors import UsageError
 from kvstore.protocol.engine_blocks import EngineBlocks
 from kvstore.protocol.engine_identity import EngineIdentity

@@ -14,12 +14,9 @@ import pytest
 from kvstore.tiers.remote import open_backend
 from kvstore.security.redact import redact_url
 from conftest import wait_for
-from support.daemons import run_cli
+from harness.daemons import run_cli
 
-try:
-    from support.servers import RedisServer, require
-except ImportError:   # tests/ imported as a package
-    from tests.support.servers import RedisServer, require
+from harness.servers import RedisServer, require
 
 PASSWORD = "pw-4c1f9e-not-for-logs"
 

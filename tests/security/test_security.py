@@ -16,9 +16,9 @@ from kvstore.protocol.wire import Op
 from kvstore.security import ClientCurve, generate_keypair, is_loopback
 from kvstore.mapped.arena import arena_path_for
 
-from support.daemons import run_cli, short_tempdir
+from harness.daemons import run_cli, short_tempdir
 from support.users import as_other_user
-from support.workload import free_port, payload_for
+from harness.workload import free_port, payload_for
 
 
 def kvstore_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -209,7 +209,7 @@ def test_clients_cannot_touch_each_others_leases_or_reservations(daemon):
         keys = a.chunk_keys(list(range(256 * 3)))
         a.put(keys[:2], [payload_for(k, 8192) for k in keys[:2]])
         lease = a.get(keys[:2])
-        header, _ = a._call({"op": Op.RESERVE, "keys": keys[2:], "sizes": [4096]})
+        header, _ = a.request({"op": Op.RESERVE, "keys": keys[2:], "sizes": [4096]})
         rid = header["reservation"]
         for op, field, handle, error in [
             (Op.RELEASE, "lease", lease.id, kvstore.LeaseError),
@@ -218,7 +218,7 @@ def test_clients_cannot_touch_each_others_leases_or_reservations(daemon):
             (Op.ABORT, "reservation", rid, kvstore.ReservationError),
         ]:
             with pytest.raises(error):
-                b._call({"op": op, field: handle})
+                b.request({"op": op, field: handle})
         s = a.stats()
         assert s["leases"] == 1 and s["reservations"] == 1
         # Deleting and overwriting the keys does not disturb the bytes A holds under its lease.
@@ -226,4 +226,4 @@ def test_clients_cannot_touch_each_others_leases_or_reservations(daemon):
         b.put(keys[:2], [b"\x00" * 8192, b"\x00" * 8192])
         assert [bytes(v) for v in lease.views] == [payload_for(k, 8192) for k in keys[:2]]
         lease.release()
-        assert a._call({"op": Op.ABORT, "reservation": rid})[0]["aborted"] == 1
+        assert a.request({"op": Op.ABORT, "reservation": rid})[0]["aborted"] == 1

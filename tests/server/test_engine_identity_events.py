@@ -13,7 +13,8 @@ import msgpack
 import pytest
 import zmq
 
-from support.daemons import short_tempdir
+from conftest import wait_for
+from harness.daemons import short_tempdir
 from support.events_consumer import Consumer, vllm_event_classes
 from kvstore.errors import BadRequestError, LimitError
 from kvstore.protocol.engine_blocks import EngineBlocks
@@ -91,7 +92,7 @@ def test_each_engine_gets_its_namespace_on_its_topic_with_its_rank(start_daemon)
         assert subs["all"].ranks == {0}
 
         a2.close()   # pod-b goes away: it is not published for any more
-        time.sleep(0.3)
+        assert wait_for(lambda: "kv@pod-b@llama" not in raw.stats()["events"]["engine_topics"])
         gone = put(a1, 4)
         settle(list(subs.values()), lambda: gone <= set(subs["e1"].held))
         subs["e2"].take_live(0.5)
@@ -242,12 +243,20 @@ def test_an_engines_topic_names_the_tenant_owning_its_namespace(start_daemon, tm
         shared.close()
 
 
+def _reaches(publisher, sub) -> bool:
+    """Whether a probe the publisher sends now (no loop runs: at once, on the daemon-wide topic) reaches ``sub``."""
+    from kvstore.protocol.kv_events import Stored
+
+    publisher.submit([Stored([1 << 40], None, "CPU", 4, [])], "probe")
+    return bool(sub.poll(50))
+
+
 def test_one_turn_of_several_namespaces_packs_each_event_once_and_every_stream_decodes(tmp_path):
     import msgspec
 
     KVEventBatch = vllm_event_classes().KVEventBatch
     from kvstore.protocol.kv_events import Stored, array_header
-    from kvstore.server.events.publisher import EventPublisher, EventSettings
+    from kvstore.server.events.publisher import BATCH_INTERVAL_S, EventPublisher, EventSettings
 
     for count in (0, 15, 16, 65535, 65536):
         assert array_header(count) == msgpack.packb([0] * count)[:len(array_header(count))]
@@ -259,13 +268,16 @@ def test_one_turn_of_several_namespaces_packs_each_event_once_and_every_stream_d
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(endpoint)
     try:
-        time.sleep(0.3)   # the subscription reaches the publisher
+        assert wait_for(lambda: _reaches(publisher, sub))   # the subscription reaches the publisher
+        while sub.poll(0):   # the probes
+            sub.recv_multipart()
         publisher.engine_joined("a", EngineIdentity("pa", "m", 1))
         publisher.engine_joined("b", EngineIdentity("pb", "m", 2))
         async def one_turn() -> None:   # on a loop, the turn's changes are sent together at its end
             publisher.submit([Stored([i], None, "CPU", 4, [0, 1, 2, 3]) for i in range(20)], "a")
             publisher.submit([Stored([100], None, "STORAGE", 4, [])], "b")
-            await asyncio.sleep(0.01)
+            while publisher.stats()["pending"]:   # the end of the turn sends them
+                await asyncio.sleep(BATCH_INTERVAL_S)
 
         asyncio.run(one_turn())
         got: dict[bytes, list] = {}
@@ -288,7 +300,7 @@ def test_one_turn_of_several_namespaces_packs_each_event_once_and_every_stream_d
 def test_cli_replays_and_snapshots_one_engine_s_stream(start_daemon):
     import json
 
-    from support.daemons import run_cli
+    from harness.daemons import run_cli
 
     d, pub, replay = start(start_daemon)
     a = d.client(namespace="ns", identity=EngineIdentity("pod-a", "llama", 1))

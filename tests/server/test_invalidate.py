@@ -13,7 +13,7 @@ import pytest
 import kvstore
 from conftest import wait_for
 from kvstore.protocol.kv_events import block_hash
-from support.daemons import run_cli, short_tempdir
+from harness.daemons import run_cli, short_tempdir
 from support.users import as_other_user
 
 pytestmark = pytest.mark.integration

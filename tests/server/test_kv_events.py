@@ -15,7 +15,7 @@ import zmq
 
 from support.events_consumer import Consumer
 from conftest import wait_for
-from support.daemons import run_cli, short_tempdir
+from harness.daemons import run_cli, short_tempdir
 from kvstore.protocol.kv_events import block_hash
 
 CHUNK = 4 << 20   # 16 chunks fill the 64 MiB test host tier
@@ -280,9 +280,8 @@ def test_a_stopped_subscriber_process_never_slows_puts_and_sees_its_gap(start_da
     ``seq``."""
     import subprocess
     import sys
-    import time
 
-    from support.daemons import sandbox_env
+    from harness.daemons import sandbox_env
 
     d, pub, _ = start_publishing(start_daemon, "--events-hwm", "5")
     c = d.client(namespace="events")
@@ -294,12 +293,10 @@ def test_a_stopped_subscriber_process_never_slows_puts_and_sees_its_gap(start_da
     try:
         assert wait_for(lambda: c.put([os.urandom(16)], [b"x" * 64]) is not None and os.path.getsize(out_path) > 0)
         sub.send_signal(signal.SIGSTOP)
-        slowest = 0.0
-        for _ in range(5000):   # over a thousand batches: far more than ZeroMQ and the socket buffers hold for it
-            t0 = time.perf_counter()
-            c.put([os.urandom(16)], [b"x" * 64])
-            slowest = max(slowest, time.perf_counter() - t0)
-        assert slowest < 2.0   # a loaded machine's scheduling, never a wait for the subscriber
+        # Over a thousand batches: far more than ZeroMQ and the socket buffers hold for it. Each put is answered
+        # (a put that waited for the stopped subscriber would end in the client's timeout instead).
+        for _ in range(5000):
+            assert c.put([os.urandom(16)], [b"x" * 64]) is not None
         sub.send_signal(signal.SIGCONT)
         assert wait_for(lambda: c.put([os.urandom(16)], [b"x" * 64]) is not None and "gap: batches" in
                         _text(err_path), timeout=20)

@@ -5,7 +5,7 @@ A short run (8 processes for 10 s); ``bench/load.py`` runs 32 processes for minu
 
 from __future__ import annotations
 
-from support.workload import free_port, run_load
+from harness.workload import free_port, run_load
 
 PROCESSES = 8
 SECONDS = 10.0

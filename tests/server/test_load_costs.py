@@ -56,7 +56,7 @@ def test_the_connector_times_its_leases_per_medium(start_daemon):
 ])
 def test_a_bad_load_note_is_refused_in_one_line(client, note, error):
     with pytest.raises(BadRequestError, match=error) as refused:
-        client._call({"op": Op.LOAD_TIMES, **note})
+        client.request({"op": Op.LOAD_TIMES, **note})
     assert "\n" not in str(refused.value)
 
 

@@ -22,8 +22,9 @@ from kvstore.metrics.collector import unmapped_paths
 from kvstore.metrics.definitions import METRICS, exported_series
 from kvstore.protocol.wire import Op
 
-from support.daemons import sandbox_env
-from support.servers import require
+from conftest import wait_for
+from harness.daemons import sandbox_env
+from harness.servers import require
 from support.paths import ROOT
 from support.scrape import free_port, scrape, value
 
@@ -31,10 +32,8 @@ REPO = ROOT
 
 
 def wait_for_log(d, needle: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while needle not in d.log():
-        assert time.monotonic() < deadline and d.proc.poll() is None, d.log()
-        time.sleep(0.02)
+    assert wait_for(lambda: needle in d.log() or d.proc.poll() is not None, timeout), d.log()
+    assert needle in d.log(), d.log()
 
 
 def test_metrics_endpoint_counts_real_requests(start_daemon):
@@ -151,7 +150,7 @@ class NotifyListener:
 
 
 def test_readiness_watchdog_and_stopping_notifications(start_daemon):
-    from support.daemons import short_tempdir
+    from harness.daemons import short_tempdir
 
     workdir = short_tempdir()
     listener = NotifyListener(os.path.join(workdir, "notify"))
@@ -175,14 +174,14 @@ def test_put_in_flight_at_sigterm_completes_then_exit_zero(start_daemon):
     d = start_daemon("--shutdown-timeout", "20s")
     with d.client(namespace="s") as c:
         keys = c.chunk_keys(list(range(256)))
-        header, _ = c._call({"op": Op.RESERVE, "keys": keys, "sizes": [100], "parent": None})
+        header, _ = c.request({"op": Op.RESERVE, "keys": keys, "sizes": [100], "parent": None})
         d.proc.send_signal(signal.SIGTERM)
         wait_for_log(d, "event=stopping")
         assert not os.path.exists(d.socket_path)      # no new local client can connect
         with pytest.raises(kvstore.errors.UnavailableError, match="shutting down"):
             c.lookup(keys)                              # new work is refused ...
         c.ping()
-        header, _ = c._call({"op": Op.COMMIT, "reservation": header["reservation"]})
+        header, _ = c.request({"op": Op.COMMIT, "reservation": header["reservation"]})
         assert header["committed"] == 1                 # ... the put already started finishes
         assert d.proc.wait(30) == 0
     assert "unfinished_reservations=0" in d.log()
@@ -191,7 +190,7 @@ def test_put_in_flight_at_sigterm_completes_then_exit_zero(start_daemon):
 def test_abandoned_reservation_does_not_hold_the_stop_past_its_bound(start_daemon):
     d = start_daemon("--shutdown-timeout", "0.5s")
     with d.client(namespace="s") as c:
-        c._call({"op": Op.RESERVE, "keys": c.chunk_keys(list(range(256))), "sizes": [100], "parent": None})
+        c.request({"op": Op.RESERVE, "keys": c.chunk_keys(list(range(256))), "sizes": [100], "parent": None})
         d.proc.send_signal(signal.SIGTERM)
         assert d.proc.wait(30) == 0
     assert "unfinished_reservations=1" in d.log()
@@ -224,9 +223,7 @@ def test_sigterm_under_load_exits_zero_and_cleans_up(start_daemon):
     threads = [threading.Thread(target=load, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 30
-    while min(done) < 3 and time.monotonic() < deadline and not unexpected:
-        time.sleep(0.02)
+    wait_for(lambda: min(done) >= 3 or bool(unexpected), 30)
     d.proc.send_signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0, d.log()
     stop.set()

@@ -4,12 +4,12 @@ no-store stores nothing, and a bad class is refused in one line."""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 import kvstore
 from kvstore.protocol.wire import Op
+from conftest import wait_for
 from support.raw_client import RawClient
 
 CHUNK = 1_000_000
@@ -57,7 +57,7 @@ def test_a_pin_survives_pressure_until_its_ttl(start_daemon):
         assert all(_held(client, pinned))
         _flood(client, 20, "high")   # high chunks go before pinned ones too
         assert all(_held(client, pinned))
-        time.sleep(3.2)
+        assert wait_for(lambda: client.stats()["retention"]["pins_expired"] == 2, 30)   # the sweep ended the pins
         _flood(client, 40, "high")   # the pins ended: they are the oldest high chunks now
         assert not any(_held(client, pinned))
         retention = client.stats()["retention"]

@@ -17,10 +17,10 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
-from support.daemons import run_cli, sandbox_env, short_tempdir
+from conftest import wait_for
+from harness.daemons import run_cli, sandbox_env, short_tempdir
 from support.paths import ROOT
 from support.users import as_other_user
 
@@ -73,19 +73,20 @@ class Started:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "kvstore", "serve", *args], cwd=cwd,
                                          stdout=log, stderr=subprocess.STDOUT, env=sandbox_env(cwd, env))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log()
-            if os.path.exists(socket_path):
-                try:
-                    with kvstore.connect("ipc://" + socket_path, timeout=0.5, use_arena=False) as c:
-                        c.ping()
-                    return
-                except kvstore.DaemonUnavailable:
-                    pass
-            time.sleep(0.05)
-        self.stop()
-        raise AssertionError("daemon not ready:\n" + self.log())
+        if not wait_for(lambda: self.proc.poll() is not None or self._answers(), 30) or self.proc.poll() is not None:
+            self.stop()
+            raise AssertionError("daemon not ready:\n" + self.log())
+
+    def _answers(self) -> bool:
+        """Whether the daemon answers a ping on its socket."""
+        if not os.path.exists(self.socket_path):
+            return False
+        try:
+            with kvstore.connect("ipc://" + self.socket_path, timeout=0.5, use_arena=False) as c:
+                c.ping()
+        except kvstore.DaemonUnavailable:
+            return False
+        return True
 
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:

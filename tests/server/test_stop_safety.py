@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import pytest
 
@@ -22,12 +21,9 @@ import kvstore
 from kvstore.errors import ConfigError, UnavailableError
 from kvstore.server.lifecycle.stopping import StopPlan
 from conftest import short_tempdir, wait_for
-from support.daemons import run_cli
+from harness.daemons import run_cli
 
-try:
-    from support.servers import RedisServer, require
-except ImportError:   # tests/ imported as a package
-    from tests.support.servers import RedisServer, require
+from harness.servers import RedisServer, require
 
 CLIENT_TIMEOUT = 5.0
 
@@ -52,36 +48,32 @@ def test_requests_in_flight_and_during_the_flush_get_unavailable_at_once(start_d
         outcome: dict[str, object] = {}
 
         def lookup_in_flight() -> None:
-            started = time.monotonic()
             try:
                 outcome["count"] = c.lookup(c.chunk_keys(list(range(10_000, 10_256))))   # asks the paused store
             except Exception as exc:   # noqa: BLE001 - the test looks at which one
                 outcome["error"] = exc
-            outcome["seconds"] = time.monotonic() - started
 
+        asked = other.stats()["remote"]["lookups"]
         waiter = threading.Thread(target=lookup_in_flight)
         waiter.start()
-        time.sleep(0.3)                          # the lookup now waits on the store (up to its 1 s deadline)
+        assert wait_for(lambda: other.stats()["remote"]["lookups"] > asked, 10)   # it now waits on the store
         d.proc.send_signal(signal.SIGTERM)
         waiter.join(CLIENT_TIMEOUT + 1)
+        # Answered at SIGTERM: a lookup left to end with the store's call would have answered a count (a miss).
         assert isinstance(outcome.get("error"), UnavailableError), outcome
-        assert outcome["seconds"] < 0.9, outcome  # answered at SIGTERM, not when the store call timed out
 
         assert wait_for(lambda: "event=stopping" in d.log(), 5)
-        started = time.monotonic()
         with pytest.raises(UnavailableError, match="shutting down"):
             other.get(stored)                    # while the stop waits for the remote put
-        assert time.monotonic() - started < 1.0
     assert d.proc.wait(30) == 0, d.log()
 
 
 def test_connecting_to_a_socket_that_does_not_exist_fails_at_once():
     workdir = short_tempdir()
     try:
-        started = time.monotonic()
-        with pytest.raises(kvstore.DaemonUnavailable):
+        # Told that no daemon is there, not that one did not answer within the timeout.
+        with pytest.raises(kvstore.DaemonUnavailable, match="no kvstore daemon is accepting requests"):
             kvstore.connect("ipc://" + os.path.join(workdir, "none.sock"), timeout=CLIENT_TIMEOUT)
-        assert time.monotonic() - started < 1.0
     finally:
         os.rmdir(workdir)
 

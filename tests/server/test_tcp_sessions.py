@@ -14,9 +14,9 @@ import time
 import pytest
 
 from conftest import wait_for
-from support.daemons import short_tempdir
+from harness.daemons import short_tempdir
 from support.events_consumer import Consumer
-from support.workload import free_port
+from harness.workload import free_port
 
 import kvstore
 from kvstore.protocol.engine_blocks import EngineBlocks

@@ -4,12 +4,12 @@ the start in one line."""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 import kvstore
-from support.daemons import run_cli
+from conftest import wait_for
+from harness.daemons import run_cli
 from support.scrape import free_port, scrape, value
 
 CHUNK = 1_000_000
@@ -23,6 +23,12 @@ ceiling = "3MiB"
 
 def _keys(n: int) -> list[bytes]:
     return [os.urandom(16) for _ in range(n)]
+
+
+def _disk_idle(client: kvstore.Client) -> bool:
+    """Nothing waits to be written back to disk, and no write is in flight."""
+    disk = client.stats()["disk"]
+    return not (disk["write_queue_chunks"] or disk["writes_in_flight"])
 
 
 def test_a_tenant_is_held_to_its_ceiling_and_its_full_put_names_it(start_daemon, tmp_path):
@@ -72,10 +78,7 @@ def test_disk_budgets_are_held_and_shown_per_tier_in_stats_and_metrics(start_dae
         for _ in range(8):
             small.put(_keys(1), [b"s" * CHUNK])
         assert small.lookup(_keys(2)) == 0   # 2 chunks of 256 tokens asked, none found
-        deadline = time.monotonic() + 20
-        while small.stats()["disk"]["write_queue_chunks"] or small.stats()["disk"]["writes_in_flight"]:
-            assert time.monotonic() < deadline, "the write-back queue did not drain"
-            time.sleep(0.05)
+        assert wait_for(lambda: _disk_idle(small), 20), "the write-back queue did not drain"
         disk = small.stats()["tenants"]["small"]["tiers"]["disk"]
     assert 0 < disk["bytes"] <= 3 << 20 and disk["ceiling"] == 3 << 20   # its own oldest files went
     samples = scrape(port)

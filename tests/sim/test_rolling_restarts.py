@@ -12,7 +12,7 @@ from kvstore.sim.replay import Capacity
 from kvstore.sim.restarts import RollingPlan, check_plan, replay_rolling, upgrade_cost
 from kvstore.sim.trace import Request
 
-from support import daemons
+from harness import daemons
 
 CHUNK = 1 << 20
 ROOMY = Capacity(1 << 30, 0, CHUNK)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import subprocess
 
 import pytest
@@ -14,7 +13,7 @@ from kvstore.sim.replay import Capacity, block_key, hit_tokens_by_tier, replay, 
 from kvstore.sim.trace import Request, distinct_blocks, read_trace
 from kvstore.store.policies import POLICIES
 
-from support import daemons
+from harness import daemons
 
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
 CHUNK = 1 << 20
@@ -186,14 +185,13 @@ def test_cli_sweep_without_matplotlib_names_the_extra_before_any_work(tmp_path):
     blocker.mkdir()
     (blocker / "matplotlib.py").write_text("raise ImportError('matplotlib is not installed here')\n")
     env = {"PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", ""), os.getcwd()])}
-    t0 = time.monotonic()
     result = daemons.run_cli("simulate", big_trace(tmp_path), "--chunk-bytes", "1MiB", "--host-mem", "4MiB",
                              "--sweep", "--out", str(tmp_path / "sweep.png"), env=env, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip().splitlines() == [
         "kvstore: error: --sweep draws its plot with matplotlib, which is not installed: "
         "pip install 'kvstore[sim]' (or drop --sweep)"]
-    assert time.monotonic() - t0 < 20   # no replay ran
+    assert not (tmp_path / "sweep.png").exists()   # no replay ran, nothing was drawn
 
 
 def test_cli_sweep_into_a_missing_directory_fails_before_any_work(tmp_path):

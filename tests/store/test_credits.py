@@ -141,7 +141,7 @@ def test_a_dead_writers_credit_is_reclaimed(daemon):
         c = kvstore.connect({daemon.address!r}, namespace="t")
         c.put(c.chunk_keys(list(range(256))), [os.urandom(1 << 20)])
         print("held", flush=True)
-        time.sleep(60)
+        time.sleep(60)   # the point: a writer that holds its credit until the test kills it
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from conftest import wait_for
-from support.daemons import short_tempdir
+from harness.daemons import short_tempdir
 from support.events_consumer import Consumer
 from kvstore.errors import BadRequestError
 from kvstore.protocol.engine_blocks import EngineBlocks

@@ -12,7 +12,7 @@ import pytest
 import kvstore
 from kvstore.binding import rebind
 from conftest import wait_for
-from support.daemons import run_cli
+from harness.daemons import run_cli
 from support.scribble import damage, damage_file
 
 CHUNK = 256
@@ -94,7 +94,7 @@ def test_background_scrub_finds_damage_by_itself(start_daemon):
 
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])
 def test_verified_get_never_returns_damaged_bytes(start_daemon, transport):
-    from support.workload import free_port
+    from harness.workload import free_port
 
     port = free_port()
     d = start_daemon("--disk-size", "0", "--tcp", f"127.0.0.1:{port}")

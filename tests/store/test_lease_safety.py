@@ -20,12 +20,12 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 import kvstore
 from kvstore.store.handles import HandleTable
+from conftest import wait_for
 
 CHUNK = 1 << 20
 TTL_ARGS = ("--lease-ttl", "1s", "--host-mem", "8MiB", "--disk-size", "0")
@@ -45,7 +45,7 @@ def test_local_live_reader_keeps_its_bytes_past_the_ttl(start_daemon):
         original = os.urandom(CHUNK)
         reader.put(keys, [original])
         with reader.get(keys) as views:
-            time.sleep(2)   # twice the TTL
+            assert wait_for(lambda: writer.stats()["leases_overdue"] == 1, 30)   # past the TTL, and kept
             overwrite_arena(writer)
             assert bytes(views[0]) == original, "the bytes under a live reader's view changed"
         stats = writer.stats()
@@ -90,7 +90,8 @@ def test_reader_the_daemon_cannot_follow_is_told_its_lease_was_lost(start_daemon
         assert child.stdout.readline().strip() == "holding"
         with d.client(namespace="writer") as writer:
             assert writer.stats()["leases"] == 1
-            time.sleep(2)   # twice the TTL: the lease of a process the daemon cannot see is taken back
+            # past the TTL, the lease of a process the daemon cannot see is taken back
+            assert wait_for(lambda: writer.stats()["counters"]["expired_leases"] == 1, 30)
             overwrite_arena(writer)
             assert writer.stats()["counters"]["expired_leases"] == 1
         child.stdin.write("go\n")

@@ -45,7 +45,7 @@ def test_lease_extend_keeps_it_alive(start_daemon):
         keys = c.chunk_keys(list(range(256)))
         c.put(keys, [b"x" * 100])
         lease = c.get(keys)
-        for _ in range(4):
+        for _ in range(4):   # the point: 1.6 s in all, past the 1 s TTL, alive only by being extended
             time.sleep(0.4)
             assert lease.extend() > 0.5
         assert c.stats()["leases"] == 1
@@ -60,9 +60,9 @@ CHILD = textwrap.dedent("""
     keys = c.chunk_keys(list(range(256 * 2)))
     c.put(keys[:1], [b"a" * 4096])
     lease = c.get(keys[:1])
-    c._call({"op": Op.RESERVE, "keys": keys[1:], "sizes": [1 << 20]})
+    c.request({"op": Op.RESERVE, "keys": keys[1:], "sizes": [1 << 20]})
     print("ready", flush=True)
-    time.sleep(60)
+    time.sleep(60)   # the point: a client that holds what it took until the test kills it
 """)
 
 
@@ -86,11 +86,11 @@ def test_reservation_expires_without_commit(start_daemon):
     with d.client(namespace="t") as c:
         from kvstore.protocol.wire import Op
         keys = c.chunk_keys(list(range(256)))
-        header, _ = c._call({"op": Op.RESERVE, "keys": keys, "sizes": [1 << 20]})
+        header, _ = c.request({"op": Op.RESERVE, "keys": keys, "sizes": [1 << 20]})
         assert c.lookup(keys) == 0  # reserved chunks are invisible
         assert wait_for(lambda: c.stats()["reservations"] == 0, 5)
         with pytest.raises(kvstore.ReservationError):
-            c._call({"op": Op.COMMIT, "reservation": header["reservation"]})
+            c.request({"op": Op.COMMIT, "reservation": header["reservation"]})
         assert c.stats()["tiers"]["host"]["used_bytes"] == 0
 
 
@@ -101,9 +101,9 @@ def test_leases_of_another_client_cannot_be_released(daemon):
         a.put(keys, [b"p" * 100])
         lease = a.get(keys)
         with pytest.raises(kvstore.LeaseError, match="another client"):
-            b._call({"op": Op.RELEASE, "lease": lease.id})
+            b.request({"op": Op.RELEASE, "lease": lease.id})
         with pytest.raises(kvstore.LeaseError):
-            b._call({"op": Op.RELEASE, "lease": 12345})
+            b.request({"op": Op.RELEASE, "lease": 12345})
         assert a.stats()["leases"] == 1
         lease.release()
         assert a.stats()["leases"] == 0

@@ -13,7 +13,7 @@ import msgpack
 import msgspec
 import zmq
 
-from .servers import require_module
+from harness.servers import require_module
 
 def vllm_event_classes():
     """vLLM's own KV event module (``vllm.distributed.kv_events``); the calling test is skipped with the reason

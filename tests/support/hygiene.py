@@ -2,8 +2,8 @@
 
 Tests are guests: they must never touch the user's kvstore directories (disk cache, runtime dir with the
 default socket), never leave a shared-memory arena in ``/dev/shm`` or a ``/tmp/kvs-*`` directory behind, and
-never leave a daemon running. ``daemons.py`` makes that structural; this module proves it held. ``take()``
-snapshots what exists; ``Watch`` follows the session; ``problems()`` names what is new and still there.
+never leave a daemon running. ``harness/daemons.py`` makes that structural; this module proves it held.
+``take()`` snapshots what exists; ``Watch`` follows the session; ``problems()`` names what is new and still there.
 
 The machine may be shared with other sessions, whose daemons make and (when killed) leave arenas and
 directories of their own at any moment. So what is new is sorted by who made it:
@@ -23,7 +23,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-SHM_PREFIX = "/dev/shm/kvstore."
+from harness.procfs import SHM_PREFIX, ancestors, cmdline, holders, is_daemon, mapped_arenas, pids
+
 SHM_GLOB = SHM_PREFIX + "*"
 TMP_GLOB = "/tmp/kvs-*"
 
@@ -60,70 +61,14 @@ def take(dirs: list[str], skip_tmp: str = "") -> Snapshot:
     return Snapshot(frozenset(glob.glob(SHM_GLOB)), frozenset(user), frozenset(tmp))
 
 
-def _ancestors(pid: int) -> set[int]:
-    seen = set()
-    while pid > 1 and pid not in seen:
-        seen.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    return seen
-
-
-def _pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def holders(path: str) -> list[int]:
-    """Live processes that map ``path`` or hold a file, working directory or bound socket under it."""
-    inside = path.rstrip("/") + "/"
-    sockets = [s for s in _bound_unix_paths() if s.startswith(inside)]
-    found = []
-    for pid in _pids():
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                if path in f.read():
-                    found.append(pid)
-                    continue
-            links = [os.readlink(f"/proc/{pid}/cwd")]
-            links += [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-        except OSError:
-            continue
-        if any(link == path or link.startswith(inside) for link in links):
-            found.append(pid)
-    return found if found or not sockets else [-1]   # a bound socket whose owner we cannot see
-
-
-def _bound_unix_paths() -> list[str]:
-    try:
-        with open("/proc/net/unix") as f:
-            return [line.split()[-1] for line in f.read().splitlines()[1:] if len(line.split()) >= 8]
-    except OSError:
-        return []
-
-
-def _cmdline(pid: int) -> list[bytes]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []
-
-
-def _is_daemon(argv: list[bytes]) -> bool:
-    return b"kvstore" in argv and b"serve" in argv
-
-
 def _is_session(argv: list[bytes]) -> bool:
-    return _is_daemon(argv) or any(part.endswith(b"pytest") for part in argv)
+    return is_daemon(argv) or any(part.endswith(b"pytest") for part in argv)
 
 
 def our_daemons() -> list[int]:
     """kvstore daemons still running that this process started (directly or not)."""
     me = os.getpid()
-    return [pid for pid in _pids() if pid != me and me in _ancestors(pid) and _is_daemon(_cmdline(pid))]
+    return [pid for pid in pids() if pid != me and me in ancestors(pid) and is_daemon(cmdline(pid))]
 
 
 @dataclass
@@ -153,26 +98,16 @@ class Watch:
 
     def sample(self) -> None:
         me = os.getpid()
-        mine = _ancestors(me)   # our parents (a shell, `timeout`) are not another session
-        for pid in _pids():
-            argv = _cmdline(pid)
+        mine = ancestors(me)   # our parents (a shell, `timeout`) are not another session
+        for pid in pids():
+            argv = cmdline(pid)
             if pid in mine or not _is_session(argv):
                 continue
-            if me in _ancestors(pid):
-                if _is_daemon(argv):
+            if me in ancestors(pid):
+                if is_daemon(argv):
                     self.ours |= mapped_arenas(pid)
             else:
                 self.foreign.add(f"pid {pid}: " + b" ".join(argv).decode(errors="replace")[:100])
-
-
-def mapped_arenas(pid: int) -> set[str]:
-    """The kvstore arenas in /dev/shm that process ``pid`` maps (empty if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            return {line.split(None, 5)[5].strip().removesuffix(" (deleted)") for line in f
-                    if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith(SHM_PREFIX)}
-    except OSError:
-        return set()
 
 
 def _owned_by_another_live_process(path: str) -> bool:
@@ -191,7 +126,7 @@ def _left_behind(path: str) -> bool:
     if _owned_by_another_live_process(path):
         return False
     found = holders(path)
-    return not found or any(pid > 0 and me in _ancestors(pid) for pid in found)
+    return not found or any(pid > 0 and me in ancestors(pid) for pid in found)
 
 
 def problems(before: Snapshot, after: Snapshot, ours: set[str], shared: bool,

@@ -22,7 +22,7 @@ CHUNK = 1 << 20
 def main(size: str) -> dict:
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=1777", "tmpfs", "/dev/shm"], check=True)
     import kvstore
-    from support.daemons import Daemons
+    from harness.daemons import Daemons
 
     out: dict = {"stored": 0, "refusal": None}
     with Daemons() as ds:

@@ -10,7 +10,7 @@ import pytest
 import kvstore
 from kvstore.security import ClientCurve, generate_keypair
 from kvstore.security.keys import load_public_key
-from support.workload import free_port
+from harness.workload import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 import kvstore
-from support.servers import free_port
+from harness.servers import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -12,12 +12,9 @@ import pytest
 from conftest import wait_for
 
 import kvstore
-from support.daemons import run_cli
+from harness.daemons import run_cli
 
-try:
-    from support.servers import RedisServer, require
-except ImportError:   # tests/ imported as a package
-    from tests.support.servers import RedisServer, require
+from harness.servers import RedisServer, require
 
 pytestmark = pytest.mark.integration
 

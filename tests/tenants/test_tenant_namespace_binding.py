@@ -9,7 +9,7 @@ import os
 import pytest
 
 import kvstore
-from support.daemons import short_tempdir
+from harness.daemons import short_tempdir
 from support.users import as_other_user
 
 pytestmark = pytest.mark.integration

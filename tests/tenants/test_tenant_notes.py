@@ -9,7 +9,7 @@ import os
 import pytest
 
 from kvstore.protocol.wire import Op
-from support.daemons import run_cli
+from harness.daemons import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ def test_a_note_naming_another_tenants_chunks_is_not_counted(start_daemon, tmp_p
     assert run_cli("reload", "--socket", daemon.socket_path).returncode == 0
     with daemon.client(namespace="ours:m", shared_index=False) as ours:
         before = ours.stats()
-        ours._call({"op": Op.LOOKUP_SEEN, "asked": [4], "found": [b"".join(keys)], "read": [b"".join(keys)]})
+        ours.request({"op": Op.LOOKUP_SEEN, "asked": [4], "found": [b"".join(keys)], "read": [b"".join(keys)]})
         after = ours.stats()
     assert after["counters"]["hit_keys"] == before["counters"]["hit_keys"]
     assert after["counters"]["gets"] - before["counters"]["gets"] <= 1   # the read note, counted as an empty get

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
 import kvstore
-from support.daemons import run_cli
+from conftest import wait_for
+from harness.daemons import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -84,10 +84,7 @@ def test_sighup_reloads(start_daemon, tmp_path):
     config.write_text(SMALL.format(ceiling="7MiB"))
     daemon.proc.send_signal(signal.SIGHUP)
     with daemon.client(namespace="small:a") as small:
-        deadline = time.monotonic() + 20
-        while _ceiling(small) != 7 << 20:
-            assert time.monotonic() < deadline, daemon.log()
-            time.sleep(0.05)
+        assert wait_for(lambda: _ceiling(small) == 7 << 20, 20), daemon.log()
     assert "tenants_reloaded" in daemon.log()
 
 

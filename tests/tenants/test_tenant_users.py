@@ -19,7 +19,7 @@ from kvstore.protocol.wire import PROTOCOL_VERSION, Op
 from kvstore.mapped.index_writer import index_path_for
 from kvstore.mapped.arena import arena_path_for
 
-from support.daemons import short_tempdir
+from harness.daemons import short_tempdir
 from support.users import as_other_user
 
 pytestmark = pytest.mark.integration

@@ -6,15 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 
 from conftest import wait_for
 from kvstore.mapped.arena import arena_path_for
 from kvstore.tiers.host.journal import journal_path_for
-from support.crashes import acked_keys, read_back
-from support.daemons import run_cli
+from harness.crashes import acked_keys, read_back
+from harness.daemons import run_cli
 from support.scribble import damage
-from support.workload import worker_command
+from harness.workload import worker_command
 from test_warm_restart import CHUNK, NO_DISK, adoption_done, fill, served
 
 
@@ -98,7 +97,8 @@ def test_sigkill_during_a_stream_of_puts_adopts_only_exact_committed_chunks(star
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
     try:
         assert wait_for(lambda: len(acked_keys(acked)) > 300, timeout=60)
-        time.sleep(0.3)
+        seen = len(acked_keys(acked))
+        assert wait_for(lambda: len(acked_keys(acked)) > seen, timeout=60)   # the stream is still flowing
         d.stop(signal.SIGKILL)   # mid-stream: puts being written, committed, summed
     finally:
         for w in workers:

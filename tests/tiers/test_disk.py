@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -14,7 +13,8 @@ import kvstore
 from kvstore.tiers.disk.format import HEADER_BYTES, ChunkHeader, FormatError, pack_header, unpack_header
 from kvstore.binding import rebind
 
-from support.daemons import short_tempdir
+from conftest import wait_for
+from harness.daemons import short_tempdir
 from support.disk import wait_written
 
 MiB = 1 << 20
@@ -193,10 +193,8 @@ def test_disk_only_hit_is_promoted_then_served_from_dram(start_daemon):
         wait_written(c)
         assert c.lookup_tiers(first, promote=False).tiers == {"disk": 4}
         assert c.lookup(first) == 4  # starts the promotion
-        deadline = time.monotonic() + 30
-        while c.lookup_tiers(first, promote=False).tiers != {"host": 4}:
-            assert time.monotonic() < deadline, "promotion did not finish"
-            time.sleep(0.01)
+        assert wait_for(lambda: c.lookup_tiers(first, promote=False).tiers == {"host": 4}, 30), \
+            "promotion did not finish"
         reads_before = c.stats()["counters"]["disk_reads"]
         with c.get(first) as views:
             assert [bytes(v) for v in views] == payloads

@@ -17,7 +17,7 @@ from conftest import wait_for as _wait_for
 
 import kvstore
 
-from support.workload import payload_for
+from harness.workload import payload_for
 
 CHUNK = 256 << 10
 ERROR_COUNTERS = ("io_errors", "checksum_failures", "quarantined", "disk_write_skipped")

@@ -18,8 +18,8 @@ import sys
 import pytest
 
 from kvstore.mapped.arena import GRANULE, arena_path_for
-from support.daemons import sandbox_env, short_tempdir
-from support.memory import large_host_mem
+from harness.daemons import sandbox_env, short_tempdir
+from harness.memory import large_host_mem
 from support.paths import SUPPORT
 
 MiB = 1 << 20

@@ -199,14 +199,9 @@ def test_verify_fraction_one_compares_instead_of_loading(kv, model, damaged):
 
 
 def wait_for_sums(kv) -> bool:
-    import time
+    from conftest import wait_for
 
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if kv.stats()["integrity"]["sums_pending"] == 0:
-            return True
-        time.sleep(0.02)
-    return False
+    return wait_for(lambda: kv.stats()["integrity"]["sums_pending"] == 0, 10)
 
 
 def test_a_batch_of_input_ids_is_refused_in_one_line_and_each_row_works_alone(kv, model):

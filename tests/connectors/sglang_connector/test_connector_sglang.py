@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.servers import require_module
+from harness.servers import require_module
 
 require_module("sglang", "SGLang's HiCache storage interface (the sglang wheel)")
 

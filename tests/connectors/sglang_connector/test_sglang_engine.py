@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import wait_for
-from support.engines.sandbox import engine_home_env
+from harness.engines.sandbox import engine_home_env
 from support.engines.sglang_real import (
     LOGPROB_TOL, PAGE, Engines, assert_same, hicache_flags, prompts, save_model, saved_pages, stored,
     engine_venv, engine_workdir, kv_daemon,  # noqa: F401 - fixtures

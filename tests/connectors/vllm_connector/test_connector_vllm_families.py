@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support.servers import require_module
+from harness.servers import require_module
 
 require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from support.servers import require_module
+from harness.servers import require_module
 
 require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
 

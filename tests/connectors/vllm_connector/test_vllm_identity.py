@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from support.servers import require_module
+from harness.servers import require_module
 
 require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
 

@@ -25,9 +25,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from .sandbox import engine_home_env
-from . import venv
-from .venv import venv_dir
+from harness.engines.sandbox import engine_home_env
+from harness.engines import venv
+from harness.engines.venv import venv_dir
 
 REPO = Path(__file__).resolve().parents[3]
 SHIM = Path(__file__).with_name("sglang_cpu_shim")
@@ -333,7 +333,7 @@ def engine_venv() -> str:
 @pytest.fixture(scope="module")
 def engine_workdir(engine_venv: str) -> Iterator[str]:
     """A short directory of the module's own: the daemon's socket, the model, the engine's logs and HOME."""
-    from ..daemons import keep_dirs, short_tempdir
+    from harness.daemons import keep_dirs, short_tempdir
 
     path = short_tempdir("sgl-")
     yield path

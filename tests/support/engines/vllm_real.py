@@ -21,8 +21,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from .sandbox import descendants, engine_home_env, remove_files, shm_files_of
-from . import venv
+from harness.engines.sandbox import descendants, engine_home_env, remove_files, shm_files_of
+from harness.engines import venv
 
 REPO = Path(__file__).resolve().parents[3]
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
@@ -213,7 +213,7 @@ class EnginePool:
     @property
     def workdir(self) -> str:
         if self._workdir is None:
-            from ..daemons import short_tempdir
+            from harness.daemons import short_tempdir
 
             self._workdir = short_tempdir()
         return self._workdir

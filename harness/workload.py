@@ -4,7 +4,7 @@ Every chunk's bytes are a pure function of its key (``payload_for``), so any rea
 handed without knowing who wrote it: a mix-up of slots, a half-written chunk or a stale mapping shows up as a
 ``corrupt`` count, never as a silent pass.
 
-A worker (``python tests/support/workload.py worker ...``, or ``run_worker``) loops like an engine: pick a prompt that
+A worker (``python harness/workload.py worker ...``, or ``run_worker``) loops like an engine: pick a prompt that
 shares a prefix with earlier ones, ``lookup`` how much is stored, ``get`` and verify those chunks, release the
 lease, ``put`` the rest. It prints one JSON line of counts at the end. With ``--tolerate-outage`` the daemon
 may vanish under it (fault injection): calls that fail with DaemonUnavailable or a restart's VersionError are

@@ -28,6 +28,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import NoReturn
 
 __all__ = [
     "MooncakeCluster",
@@ -106,7 +107,7 @@ def require_module(name: str, what: str):
         _missing(f"{what} not installed ({exc})")
 
 
-def _missing(message: str) -> None:
+def _missing(message: str) -> NoReturn:
     import pytest
 
     message = f"{message}: `{EXTRAS_COMMAND}` installs it"
@@ -186,12 +187,12 @@ class ServerProcess:
     def pause(self) -> None:
         """Freeze the server, and return once every thread of it has stopped: a stop signal is only queued when
         ``kill`` returns, and a request sent meanwhile could still be answered."""
-        if self.running:
+        if self.running and self.proc is not None:
             os.kill(self.proc.pid, signal.SIGSTOP)
             _wait_stopped(self.proc.pid)
 
     def resume(self) -> None:
-        if self.running:
+        if self.running and self.proc is not None:
             os.kill(self.proc.pid, signal.SIGCONT)
 
     def restart(self, timeout: float = 15.0) -> None:

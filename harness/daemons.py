@@ -29,11 +29,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 
 import kvstore
-from .hygiene import holders, mapped_arenas
+from .procfs import holders, mapped_arenas
+from .wait import wait_for
 from kvstore.mapped.arena import arena_path_for
 from kvstore.tiers.host.description import description_path_for
 from kvstore.tiers.host.journal import journal_path_for
@@ -148,20 +148,26 @@ class DaemonProc:
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
-            if os.path.exists(self.socket_path):
-                try:
-                    with kvstore.connect(self.address, timeout=0.5, use_arena=False) as c:
-                        c.ping()
-                    self._remember(mapped_arenas(self.proc.pid))
-                    return
-                except kvstore.DaemonUnavailable:
-                    pass
-            time.sleep(0.05)
-        raise RuntimeError(f"daemon not ready after {timeout}s:\n{self.log()}")
+        """Return once the daemon answers a ping; raise RuntimeError (with its log) if it exits or is not ready
+        within ``timeout`` seconds."""
+        proc = self.proc
+        assert proc is not None, "wait_ready before start"
+        if not wait_for(lambda: proc.poll() is not None or self._answers(), timeout):
+            raise RuntimeError(f"daemon not ready after {timeout}s:\n{self.log()}")
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {proc.returncode}:\n{self.log()}")
+        self._remember(mapped_arenas(proc.pid))
+
+    def _answers(self) -> bool:
+        """Whether the daemon answers a ping on its socket."""
+        if not os.path.exists(self.socket_path):
+            return False
+        try:
+            with kvstore.connect(self.address, timeout=0.5, use_arena=False) as c:
+                c.ping()
+        except kvstore.DaemonUnavailable:
+            return False
+        return True
 
     def log(self) -> str:
         try:

@@ -1,0 +1,1 @@
+"""Where the real engines live (``venv``) and where an engine process may write (``sandbox``)."""
