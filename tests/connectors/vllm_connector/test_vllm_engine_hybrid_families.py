@@ -27,7 +27,7 @@ import os
 import pytest
 
 from conftest import wait_for
-from support.engines.vllm_hybrid import PINNED, differs, loads, zero_states
+from support.engines.vllm_hybrid import ENGINE_REFERENCE, PINNED, differs, loads, zero_states
 from support.engines.vllm_real import (
     assert_same, prompts, stored,
     engine_venv, pool,  # noqa: F401 - fixtures
@@ -44,11 +44,6 @@ FAMILIES = {     # family -> its hybrid block on this shape (vLLM's block of eve
     "hybrid-zamba2": 128,         # Mamba-2 layers and one shared attention block
     "hybrid-lfm2": 128,           # gated short convolutions and attention layers in turn
 }
-# Families whose prefill one block a step (as the hybrid engine must run) is not plain prefill's on this build,
-# with or without the connector: their loads are held to what the saving engine computed (no plain engine). LFM2:
-# a plain engine prefilling 128 tokens a step (no connector, no prefix caching) gives another first token than one
-# prefilling the prompt in one step (log-probability -3.0415 against -2.9980), exactly what the saving engine gives.
-ENGINE_REFERENCE = frozenset({"hybrid-lfm2"})
 
 
 # Three engine starts a family (two for LFM2), minutes on a shared 2-core machine: a run covers LFM2 (a

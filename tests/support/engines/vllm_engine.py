@@ -25,6 +25,7 @@ an engine start costs ~15 s, so one process serves every test of a configuration
     {"op": "update_weights", "seed": n, "scale": s} -> {"ok": true}   (every weight += s * noise from the
         seed, in place in the workers through `LLM.collective_rpc`, as a trainer syncing weights)
     {"op": "chunk_parts"} -> {"parts": [{"kind": "full", "nbytes": n}, ...]}   (a chunk's bytes, group by group)
+    {"op": "block_size"} -> {"block_size": n}   (the attention block in tokens: a hybrid model's, as vLLM sized it)
     {"op": "stats"} -> {"scheduler": {...}, "worker": {...}}   (the connector's counters, if it has them)
     {"op": "exit"}
 
@@ -290,6 +291,13 @@ class Engine:
         g, t = side._geometry, side._chunk_tokens
         return {"parts": [{"kind": x.kind, "nbytes": len(x.layer_names) * x.page_bytes * (t // x.block_size)}
                           for x in g.groups]}
+
+    def block_size(self) -> dict[str, Any]:
+        """The attention block in tokens, as vLLM set it once the model's layers were built: for a hybrid model the
+        block at which an attention page holds a state page, with or without prefix caching (in align mode every
+        group's block, which the connector's `chunk_tokens` must equal; without it the state groups' block is the
+        model length instead)."""
+        return {"block_size": int(self.engine.engine_core.engine_core.vllm_config.cache_config.block_size)}
 
     def stats(self) -> dict[str, Any]:
         found: dict[str, Any] = {}

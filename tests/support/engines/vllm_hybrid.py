@@ -12,6 +12,13 @@ from .vllm_real import CHUNK, LOGPROB_TOL, EngineProc, delta
 
 PINNED = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
 
+# Families whose prefill one block a step (as the hybrid engine must run) is not plain prefill's on this build,
+# with or without the connector: their loads are held to what the saving engine computed, not to plain prefill.
+# LFM2: a plain engine prefilling one 128-token block a step (no connector, no prefix caching) gives another first
+# token than one prefilling the prompt in one step, and exactly what the saving engine gives
+# (docs/connectors/model-families.md).
+ENGINE_REFERENCE = frozenset({"hybrid-lfm2"})
+
 
 def loads(engine_proc: EngineProc, batch: list[list[int]], max_tokens: int = 8
           ) -> tuple[list[dict[str, Any]], int, int]:

@@ -152,6 +152,11 @@ class EngineProc:
         """A chunk's bytes group by group: each group's kind (``full``, ``state``...) and byte count."""
         return list(self.call("chunk_parts")["parts"])
 
+    def block_size(self) -> int:
+        """The engine's attention block in tokens (a hybrid model's as vLLM sized it: what `chunk_tokens` must
+        equal in align mode)."""
+        return int(self.call("block_size")["block_size"])
+
     def chunk_keys(self, prompts: list[list[int]], salts: list[str | None] | None = None) -> list[list[bytes]]:
         """The connector's chunk keys of each prompt (`salts`: each prompt's cache salt, None for none). They are
         bound to the engine's namespace in the daemon: look them up through ``chunk_client``."""
