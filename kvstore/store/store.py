@@ -60,7 +60,7 @@ from .tier_guard import TierGuard
 if TYPE_CHECKING:
     from .eviction import EvictionQueue
     from ..tiers.gpu.tier import GpuTier
-    from .ledgers.builder import TierLedgers
+    from .ledgers.builder import TierSpecs
     from ..tenants.table import TenantTable
 
 
@@ -84,18 +84,19 @@ class LookupResult:
 
 
 class Store:
-    def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float, ledgers: "TierLedgers",
+    def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float, lower: "TierSpecs",
                  clock: Callable[[], float] = time.monotonic, tenants: "TenantTable | None" = None, *,
                  after_reply: AfterReply | None = None, private: Callable[[str], bool] | None = None,
                  events: EventSink | None = None, published: IndexSink | None = None,
                  pins: PinSettings = PinSettings()) -> None:
-        """The index over ``host`` (the DRAM tier) and the tiers below it, whose ``ledgers`` it is handed
-        (``store/ledgers/builder.py``: built first, by whoever builds the Store) and attaches to itself.
+        """The index over ``host`` (the DRAM tier) and the tiers below it, named by ``lower``
+        (``store/ledgers/builder.py``), whose ledgers it builds: each is handed, at construction, the protocol of
+        the Store it uses (``DiskStore``, ``FillStore``, ``RemoteStore``), and nothing later.
 
         Args:
             lease_ttl: seconds a lease holds its chunks unless extended.
             reserve_ttl: seconds a reservation (or a credit) lives unless used.
-            ledgers: the ledgers of the tiers below DRAM, and the eviction policy of every tier's queue.
+            lower: the tiers below DRAM (``tier_ledgers``), and the eviction policy of every tier's queue.
             clock: the time leases and reservations are measured on.
             tenants: the tenants table whose budgets apply (held in DRAM, disk and GPU); None: one shared tenant.
             after_reply: where a put leaves the work no reader sees, to run after its reply (the daemon's).
@@ -105,9 +106,9 @@ class Store:
             pins: the bounds of soft pins (retention class ``pin``).
         """
         self.host = host
-        self.disk: DiskTier | None = ledgers.disk.disk if ledgers.disk is not None else None
-        self.gpu: "GpuTier | None" = ledgers.gpu.gpu if ledgers.gpu is not None else None
-        self.policy = ledgers.policy         # eviction order of every tier (policies.py)
+        self.disk: DiskTier | None = lower.disk
+        self.gpu: "GpuTier | None" = lower.gpu
+        self.policy = lower.policy         # eviction order of every tier (policies.py)
         self.lease_ttl = lease_ttl
         self.reserve_ttl = reserve_ttl
         self.clock = clock
@@ -126,12 +127,11 @@ class Store:
         # Namespaces kept out of the shared index (a restricted tenant's: any local reader could map it).
         self.private = private
         self.after_reply = after_reply
+        ledgers = lower.build(self)   # after the budgets, which each ledger takes its queue from
         self.disk_ledger = ledgers.disk
         self.gpu_ledger = ledgers.gpu
         self.remote_ledger = ledgers.remote
         self.ledgers: list[TierLedger] = ledgers.in_hook_order()
-        for ledger in self.ledgers:
-            ledger.attach(self)
         self.damage = Damage(self, ledgers.disk, ledgers.gpu)   # damaged copies: repaired, or dropped with their chain
         self.puts = Puts(self, reserve_ttl, clock, after_reply)   # the two-phase put, and the reservations
         # The wire's put operations, answered by the put path.
