@@ -106,7 +106,7 @@ def open_tiers(config: ServerConfig, tenants: "TenantTable | None", host: HostTi
                   private=private_namespaces(tenants), events=event_log, published=index,
                   pins=PinSettings(config.pin_ttl, config.max_pin_ttl, config.max_pin_share))
     if index is not None:
-        take(store.stop_publishing)   # released before the index closes
+        take(store.publishing.stop_publishing)   # released before the index closes
     gpu_mover, gpu_hello = None, None
     if store.gpu_ledger is not None and gpu is not None:
         gpu_mover = GpuMover(store.gpu_ledger, host)
@@ -174,7 +174,7 @@ def rebuild_index(store: Store, ledger: DiskLedger) -> None:
         if ledger.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len),
                        header.payload_sum if header.raw_sum else None, header.parent, header.engine,
                        header.retention):
-            store.learn_params(header.namespace, header.params)
+            store.kept.learn_params(header.namespace, header.params)
             adopted += 1
         else:
             disk.remove(header.key)  # over a lowered cap, or a duplicate

@@ -30,6 +30,7 @@ from ..tier_guard import TierGuard
 
 if TYPE_CHECKING:
     from ...protocol.key_params import KeyParams
+    from ..classes import RetentionClasses
     from ..eviction import EvictionQueue
 
 HOST_HIGH_WATERMARK = 0.95
@@ -47,11 +48,12 @@ class DiskStore(FillStore, Protocol):
     def key_params(self) -> dict[str, KeyParams]: ...
     @property
     def damage(self) -> DamagePath: ...
+    @property
+    def retention(self) -> RetentionClasses: ...   # split into class queues when a file keeps a class
 
     def drop_host_copy(self, entry: Entry) -> None: ...
     def unindex(self, entry: Entry) -> None: ...
     def lost(self, entry: Entry) -> None: ...
-    def retention_queues(self) -> None: ...
 
 
 class DiskLedger(TierLedger):
@@ -140,7 +142,7 @@ class DiskLedger(TierLedger):
         entry = Entry(key, size, namespace, parent, State.COMMITTED, disk=DiskState.STORED, checksum=checksum,
                       engine=engine, retention=retention)
         if retention is not Retention.NORMAL:
-            store.retention_queues()   # before it is queued: it goes to its class's queue
+            store.retention.split_queues()   # before it is queued: it goes to its class's queue
         store.budgets.assign(entry)   # its disk bytes are charged again to the tenant of its namespace
         if not self._charge(footprint, entry):
             return False
