@@ -173,7 +173,7 @@ class Adoption:
         self._waiting = list(kept.chunks)   # listed, slot taken, not verified yet (oldest first)
         self._dropped: set[str] = set()     # namespaces invalidated meanwhile: their chunks are freed, not adopted
         for chunk in self._waiting:   # known before anything is served: a client's hello is checked against them
-            store.learn_params(chunk.namespace, chunk.params)
+            store.kept.learn_params(chunk.namespace, chunk.params)
         self._hold_for = hold_for
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
@@ -238,14 +238,14 @@ class Adoption:
         r = self.report
         r.verified_chunks += len(good)
         r.verified_bytes += sum(c.size for c in good)
-        published, duplicates = self.store.adopt_host_copies(good, self._hold_for)
+        published, duplicates = self.store.kept.adopt(good, self._hold_for)
         r.adopted_chunks += len(published)
         r.adopted_bytes += sum(e.size for e in published)
         r.dropped_chunks += duplicates
         if bad:
             r.corrupt_chunks += len(bad)
             self.store.damage.counters.corrupt_host += len(bad)
-            r.dropped_chunks += self.store.drop_unverified(bad)
+            r.dropped_chunks += self.store.kept.drop_unverified(bad)
             logs.warning("kept_chunk_corrupt", chunks=len(bad), first=bad[0].key.hex(), namespace=bad[0].namespace)
 
     def close(self) -> None:
@@ -259,7 +259,7 @@ class Adoption:
 def describe(store: "Store", waiting: Sequence[KeptChunk], socket: str) -> ArenaDescription:
     """The description of ``store``'s DRAM chunks as they are now (plus kept chunks not verified yet), oldest in
     the eviction order first. A chunk whose checksum is not taken yet is hashed now."""
-    from .store import kept_chunk
+    from .kept import kept_chunk
 
     queued = list(store.lru)
     seen = {id(e) for e in queued}

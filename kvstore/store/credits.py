@@ -41,6 +41,7 @@ from .handles import Handle, HandleTable
 
 if TYPE_CHECKING:
     from ..tiers.host.tier import HostTier
+    from .classes import RetentionClasses
     from .counters import StoreCounters
     from .eviction import EvictionQueue
 
@@ -63,7 +64,8 @@ class Store(Protocol):
     reserve_ttl: float
     clock: Callable[[], float]
 
-    def apply_retention(self, entries: Sequence[Entry], ask: RetentionAsk, fresh: bool = False) -> None: ...
+    @property
+    def retention(self) -> RetentionClasses: ...   # the classes chunks stored again are raised to
     @property
     def puts(self) -> "PutPath": ...   # the refusals and the publish a put into a credit shares
     def charge_host(self, entry: Entry) -> None: ...
@@ -262,7 +264,7 @@ class CreditBook:
             prev = key
         store.lru.touch_chain(present)
         if retention is not NORMAL:
-            store.apply_retention(present, retention)
+            store.retention.apply(present, retention)
         committed = store.puts.publish(entries, retention) if keys else 0
         if keys:
             self.counters.puts += 1

@@ -45,7 +45,7 @@ def count_holders(store: Any, owner: bytes | None, taken: Sequence[Entry],
     this_put = {id(e) for e in taken}
     mine = {id(e) for h in store.puts.reservations if h.owner == owner for e in h.payload.entries}
     held = HostHolders(free=host.capacity_bytes - host.used_bytes, unbacked=host.last_backing_refused,
-                       backed=host.reserved_bytes, pins_end_in=store.soft_pins.soonest())
+                       backed=host.reserved_bytes, pins_end_in=store.retention.soft_pins.soonest())
     for entry in store.index.values():
         if entry.host_offset is None:
             continue

@@ -26,6 +26,8 @@ from .ledgers.base import TierLedger
 
 if TYPE_CHECKING:
     from .after_reply import AfterReply
+    from .classes import RetentionClasses
+    from .kept import KeptCopies
     from .counters import StoreCounters
     from .credits import CreditBook
     from .eviction import EvictionQueue
@@ -68,6 +70,10 @@ class PutStore(Protocol):
     def host(self) -> HostTier: ...
     @property
     def budgets(self) -> TenantBudgets: ...
+    @property
+    def retention(self) -> RetentionClasses: ...
+    @property
+    def kept(self) -> KeptCopies: ...
 
     def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = (),
                       namespace: str | None = None) -> int: ...
@@ -75,8 +81,6 @@ class PutStore(Protocol):
     def drop_reserved(self, entries: list[Entry]) -> None: ...
     def sync(self, key: bytes) -> None: ...
     def sync_many(self, keys: Sequence[bytes]) -> None: ...
-    def journal_commits(self, entries: Sequence[Entry]) -> None: ...
-    def apply_retention(self, entries: Sequence[Entry], ask: RetentionAsk, fresh: bool = False) -> None: ...
 
 
 class Puts:
@@ -116,7 +120,7 @@ class Puts:
         request (and no error it would not see). ``engine``: per key, the engine's names of its blocks (kept on
         the new entries for the KV cache events). ``retention``: the class the chunks are kept in once committed
         (chunks stored already are raised to it now); not ``no-store``, which the caller answers itself
-        (``count_no_store``). Raises StoreFullError when there is no room."""
+        (``RetentionClasses.count_no_store``). Raises StoreFullError when there is no room."""
         self.refuse_never_fitting(namespace, keys, sizes)
         counters = self.store.counters
         refusal = self.put_refusal()
@@ -191,7 +195,7 @@ class Puts:
             raise
         store.lru.touch_chain(res.present)
         if retention is not NORMAL:
-            store.apply_retention(res.present, retention)
+            store.retention.apply(res.present, retention)
         handle = self.reservations.issue(owner, res, self.reserve_ttl, self.clock())
         return handle, slots
 
@@ -221,7 +225,7 @@ class Puts:
         store = self.store
         live = [e for e in entries if store.index.get(e.key) is e and e.readable]
         if retention is not NORMAL:
-            store.apply_retention(live, retention, fresh=True)   # before queuing: each goes to its class's queue
+            store.retention.apply(live, retention, fresh=True)   # before queuing: each goes to its class's queue
         store.lru.add_chain(live)
         if self.sums is not None and live:
             self.sums.after_commit(live)   # then the ledgers hear of them, with their sums (``checksummed``)
@@ -242,7 +246,7 @@ class Puts:
         store = self.store
         live = [e for e in entries if e.readable and store.index.get(e.key) is e and e.host_offset is not None]
         if live:
-            store.journal_commits(live)
+            store.kept.journal_commits(live)
             for ledger in store.ledgers:
                 ledger.on_commit(live)
 
@@ -253,7 +257,7 @@ class Puts:
         for entry in entries:
             entry.state = State.COMMITTED
             store.sync(entry.key)
-        store.journal_commits(entries)
+        store.kept.journal_commits(entries)
         store.lru.add_chain(entries)
         if entries:
             for ledger in store.ledgers:

@@ -4,13 +4,14 @@ Order. ``RetentionQueue`` holds one queue of the tier's policy (``policies.py``)
 and ``high`` and takes a victim from the lowest class that has one, so a class is never evicted while a lower one
 could make the room, and inside a class the policy's order holds. Each operation routes the entry by its
 ``Entry.retention`` to one queue: no scan, one more dict lookup than the plain queue. Every tier's guard
-(``tier_guard.py``: DRAM's, the disk's, the GPU tier's) keeps plain queues until the first chunk with a class
-other than ``normal`` (a put asked for one, or a restart found one: ``Store.retention_queues``); then each of its
-queues (the shared one, each tenant's parked one) becomes the ``normal`` class of a ``RetentionQueue`` as it
-stands, so a daemon whose puts ask nothing pays nothing, and the guard's parking of guarantees works on the split
-queues unchanged (a tenant's chunks spill lowest class first). Since one ``Entry.retention`` routes a chunk in
-every tier, a change of class moves it in all of them at once (``Store.reclass``). Across a restart the class is
-kept in the disk file's header and the kept arena's record (``stored_class``: a pin as ``high``).
+(``tier_guard.py``: DRAM's, the disk's, the GPU tier's) keeps plain queues until the first chunk with a class other
+than ``normal`` (a put asked for one, or a restart found one: ``RetentionClasses.split_queues`` in ``classes.py``);
+then each of its queues (the shared one, each tenant's parked one) becomes the ``normal`` class of a
+``RetentionQueue`` as it stands, so a daemon whose puts ask nothing pays nothing, and the guard's parking of
+guarantees works on the split queues unchanged (a tenant's chunks spill lowest class first). Since one
+``Entry.retention`` routes a chunk in every tier, a change of class moves it in all of them at once
+(``RetentionClasses.reclass``). Across a restart the class is kept in the disk file's header and the kept arena's
+record (``stored_class``: a pin as ``high``).
 
 Soft pins. In DRAM a ``pin`` chunk sits in its queue's *pinned* set (on disk and in the GPU tier, whose copies a
 pin does not hold, it is a ``high`` chunk), which no victim is taken from (it counts as queued:
@@ -120,7 +121,7 @@ class SoftPins:
 
     def due(self) -> list[Entry]:
         """Every chunk whose pin's deadline passed, still pinned (the caller unpins each, moving it to its new
-        queue: ``Store.expire_pins``); stale heap items are dropped."""
+        queue: ``RetentionClasses.expire_pins``); stale heap items are dropped."""
         now = self.clock()
         heap = self._deadlines
         due = []

@@ -18,39 +18,38 @@ Tiers below DRAM are each a ledger and a mover (``ledgers/base.py`` says how): t
 and never a mover. Leaving DRAM is a *demotion* when some ledger ``keeps`` the chunk and an eviction otherwise; a
 slot whose I/O a ledger ``uses_dram`` stays (with its place in the host LRU) until that I/O ends.
 
-Two collaborators the Store owns, each given only what it uses and owning its own state: the two-phase put and
-its reservations (``puts.py``, ``Store.puts``; ``reserve``, ``commit`` and ``abort`` answer the wire through it),
-and the damage path with its counters (``damage.py``, ``Store.damage``). What a full host tier says is in
-``host_full.py``, and the counters in ``counters.py``.
+Collaborators the Store owns, each given only what it uses and owning its own state: the two-phase put and its
+reservations (``puts.py``, ``Store.puts``; ``reserve``, ``commit`` and ``abort`` answer the wire through it), the
+damage path (``damage.py``, ``Store.damage``), retention classes and soft pins (``classes.py``,
+``Store.retention``), the warm restart's side (``kept.py``, ``Store.kept``: journal, adoption of kept copies) and
+the shared index and events (``publishing.py``, ``Store.publishing``; ``sync`` and ``sync_many`` are its). It
+builds the ledgers too (``ledgers/builder.py``). A full host tier's message: ``host_full.py``; counters:
+``counters.py``.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 from itertools import takewhile
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from ..defaults import MAX_PIN_SHARE, MAX_PIN_TTL, PIN_TTL
 from ..errors import LeaseError, StoreFullError
-from ..protocol.index_layout import STATE_OF_TIER
 from ..protocol.key_params import KeyParams
-from ..protocol.retention import Retention, RetentionAsk
 from ..tiers.disk.tier import DiskTier
-from ..tiers.host.description import KeptChunk
 from ..tiers.host.tier import HostTier
 from .after_reply import AfterReply
+from .classes import DEFAULT_PINS, PinSettings, RetentionClasses
 from .counters import StoreCounters, TierCounters
 from .credits import CreditBook
 from .damage import Damage
 from .entry import Entry, State
 from .handles import Handle, HandleTable
 from .host_full import count_holders, host_full_message
+from .kept import KeptCopies
 from .ledgers.base import TierLedger
-from .policies import make_queue
+from .publishing import Publishing, top_tier
 from .puts import Puts, Slot
-from .retention import RetentionQueue, SoftPins, stored_class
 from .room import make_room
 from .s3fifo import MAX_FREQ
 from .sinks import EventSink, IndexSink
@@ -58,23 +57,9 @@ from .tenant_budgets import TenantBudgets
 from .tier_guard import TierGuard
 
 if TYPE_CHECKING:
-    from .eviction import EvictionQueue
     from ..tiers.gpu.tier import GpuTier
-    from .ledgers.builder import TierLedgers
+    from .ledgers.builder import TierSpecs
     from ..tenants.table import TenantTable
-
-
-KEPT_READERS = b"\0kept-readers"   # the owner of the leases that shield chunks read across a restart
-
-
-@dataclass(frozen=True)
-class PinSettings:
-    """The bounds of soft pins (``store/retention.py``): default and longest TTL in seconds, and the share of DRAM
-    all pins may hold without a tenants table."""
-
-    default_ttl: float = PIN_TTL
-    max_ttl: float = MAX_PIN_TTL
-    max_share: float = MAX_PIN_SHARE
 
 
 @dataclass(frozen=True)
@@ -84,18 +69,19 @@ class LookupResult:
 
 
 class Store:
-    def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float, ledgers: "TierLedgers",
+    def __init__(self, host: HostTier, lease_ttl: float, reserve_ttl: float, lower: "TierSpecs",
                  clock: Callable[[], float] = time.monotonic, tenants: "TenantTable | None" = None, *,
                  after_reply: AfterReply | None = None, private: Callable[[str], bool] | None = None,
                  events: EventSink | None = None, published: IndexSink | None = None,
-                 pins: PinSettings = PinSettings()) -> None:
-        """The index over ``host`` (the DRAM tier) and the tiers below it, whose ``ledgers`` it is handed
-        (``store/ledgers/builder.py``: built first, by whoever builds the Store) and attaches to itself.
+                 pins: PinSettings = DEFAULT_PINS) -> None:
+        """The index over ``host`` (the DRAM tier) and the tiers below it, named by ``lower``
+        (``store/ledgers/builder.py``), whose ledgers it builds: each is handed, at construction, the protocol of
+        the Store it uses (``DiskStore``, ``FillStore``, ``RemoteStore``), and nothing later.
 
         Args:
             lease_ttl: seconds a lease holds its chunks unless extended.
             reserve_ttl: seconds a reservation (or a credit) lives unless used.
-            ledgers: the ledgers of the tiers below DRAM, and the eviction policy of every tier's queue.
+            lower: the tiers below DRAM (``tier_ledgers``), and the eviction policy of every tier's queue.
             clock: the time leases and reservations are measured on.
             tenants: the tenants table whose budgets apply (held in DRAM, disk and GPU); None: one shared tenant.
             after_reply: where a put leaves the work no reader sees, to run after its reply (the daemon's).
@@ -105,9 +91,9 @@ class Store:
             pins: the bounds of soft pins (retention class ``pin``).
         """
         self.host = host
-        self.disk: DiskTier | None = ledgers.disk.disk if ledgers.disk is not None else None
-        self.gpu: "GpuTier | None" = ledgers.gpu.gpu if ledgers.gpu is not None else None
-        self.policy = ledgers.policy         # eviction order of every tier (policies.py)
+        self.disk: DiskTier | None = lower.disk
+        self.gpu: "GpuTier | None" = lower.gpu
+        self.policy = lower.policy         # eviction order of every tier (policies.py)
         self.lease_ttl = lease_ttl
         self.reserve_ttl = reserve_ttl
         self.clock = clock
@@ -121,118 +107,35 @@ class Store:
         self.leases: HandleTable[list[Entry]] = HandleTable("lease", LeaseError)
         self.counters = StoreCounters()
         self.tier_counters = TierCounters()
-        self.published = published              # None once the index closes (``server/lifecycle/local_access.py``)
-        self.events = events
-        # Namespaces kept out of the shared index (a restricted tenant's: any local reader could map it).
-        self.private = private
+        self.publishing = Publishing(self.index, private, events, published)   # the shared index and events
+        self.sync, self.sync_many = self.publishing.sync, self.publishing.sync_many
         self.after_reply = after_reply
+        # Retention classes and soft pins, before the ledgers: the disk ledger's rebuild may split the queues.
+        self.retention = RetentionClasses(self, self.budgets, self.policy, host.capacity_bytes, clock, pins)
+        self.kept = KeptCopies(self)   # a warm restart: the journal of DRAM copies, the adoption of kept ones
+        ledgers = lower.build(self)   # after the budgets, which each ledger takes its queue from
         self.disk_ledger = ledgers.disk
         self.gpu_ledger = ledgers.gpu
         self.remote_ledger = ledgers.remote
         self.ledgers: list[TierLedger] = ledgers.in_hook_order()
-        for ledger in self.ledgers:
-            ledger.attach(self)
         self.damage = Damage(self, ledgers.disk, ledgers.gpu)   # damaged copies: repaired, or dropped with their chain
         self.puts = Puts(self, reserve_ttl, clock, after_reply)   # the two-phase put, and the reservations
         # The wire's put operations, answered by the put path.
         self.reserve, self.commit, self.abort = self.puts.reserve, self.puts.commit, self.puts.abort
         self.credits = CreditBook(self)   # free arena space lent to writers, so a put needs no RESERVE
-        self.soft_pins = SoftPins(self.budgets, host.capacity_bytes, clock, pins.default_ttl, pins.max_ttl,
-                                  pins.max_share)
-
-        self.classes = False   # whether the DRAM queues are split by retention class (``retention_queues``)
-
-    def retention_queues(self) -> None:
-        """Split every queue of every tier (DRAM's, the disk's, the GPU tier's: the shared one and each tenant's
-        parked one, ``tier_guard.py``) by retention class, each queue as it stands becoming its ``normal`` class,
-        the first time a chunk has another class (a put asked for one, or a restart found one:
-        ``store/retention.py``): until then a daemon pays nothing for classes. Pins are kept out of DRAM's
-        victims only; on disk and in the GPU tier a pinned chunk is ``high``."""
-        if self.classes:
-            return
-        self.classes = True
-        make = partial(make_queue, self.policy)
-        for tier, guard in self.budgets.guards.items():
-            guard.wrap_queues(partial(RetentionQueue, make, pins=tier == "dram"))
-        self.lru = self.budgets.queue("dram")
-        for ledger in self.ledgers:
-            ledger.budgets_changed()   # each takes its tier's queue again
-
-    def class_queues(self) -> list[EvictionQueue]:
-        """The queue of every tier that orders chunks by class (all of them once ``classes``)."""
-        queues = [self.lru]
-        for ledger in (self.disk_ledger, self.gpu_ledger):
-            if ledger is not None:
-                queues.append(ledger.lru)
-        return queues
-
-    def reclass(self, entry: Entry, change: Callable[[], object]) -> None:
-        """Run ``change`` (which sets ``entry.retention``), moving ``entry`` to its new class's queue in every tier
-        that queues it. A DRAM copy's journal record is written again when the class it keeps changed."""
-        kept = stored_class(entry)
-        queued = [queue for queue in self.class_queues() if entry in queue]
-        for queue in queued:
-            queue.remove(entry)
-        change()
-        for queue in queued:
-            queue.add_chain([entry])
-        if stored_class(entry) is not kept and entry.readable:
-            self.journal_commits([entry])
-
-    def expire_pins(self) -> None:
-        """Pins past their deadline become ``high`` chunks (a heap pop each: ``SoftPins.due``)."""
-        for entry in self.soft_pins.due():
-            self.reclass(entry, partial(self.soft_pins.unpin, entry))
-            self.soft_pins.counters.pins_expired += 1
-
-    def apply_retention(self, entries: Sequence[Entry], ask: RetentionAsk, fresh: bool = False) -> None:
-        """Give chunks a put just published (``fresh``) the class ``ask`` names; chunks a put stored again are
-        raised to it where it is higher (never lowered). A pin is made, or its deadline pushed back."""
-        cls = ask.cls
-        if cls is None or cls is Retention.NORMAL:
-            return
-        self.retention_queues()
-        for entry in entries:
-            if cls is Retention.PIN and entry.host_offset is not None:
-                self.reclass(entry, partial(self.soft_pins.pin, entry, ask.pin_ttl))
-                continue
-            held = Retention.HIGH if cls is Retention.PIN else cls   # a pin holds a DRAM copy: one held below is high
-            if fresh and entry not in self.lru:
-                entry.retention = held   # queued nowhere yet (lower tiers hear of it later): each queues it by class
-            elif fresh or held > entry.retention:
-                self.reclass(entry, partial(setattr, entry, "retention", held))
-
-    def count_no_store(self, chunks: int) -> None:
-        """A ``no-store`` put was acknowledged: nothing stored, counted."""
-        self.soft_pins.counters.no_store_puts += 1
-        self.soft_pins.counters.no_store_chunks += chunks
-
-    def stop_publishing(self) -> None:
-        """Feed the shared lookup index no more (it is about to close)."""
-        self.published = None
 
     def set_tenants(self, table: "TenantTable") -> None:
         """Apply a (re)loaded tenants table at once; chunks are charged again, in every tier, to the tenants it
         names, and every tier's queue follows its new budgets."""
         self.budgets.replace(table, list(self.index.values()))
+        self.queues_changed()
+        self.retention.soft_pins.recount(self.index.values())
+
+    def queues_changed(self) -> None:
+        """Every tier's queue was replaced (new budgets, or queues split by class): each takes its own again."""
         self.lru = self.budgets.queue("dram")
         for ledger in self.ledgers:
             ledger.budgets_changed()
-        self.soft_pins.recount(self.index.values())
-
-    def set_private(self, private: Callable[[str], bool] | None) -> None:
-        """Which namespaces are kept out of the shared index from now on (a reload's new table): every chunk of a
-        namespace that became private leaves the index at once, every chunk of one that became open is listed."""
-        self.private = private
-        if self.published is None:
-            return
-        listed = []
-        for key, entry in self.index.items():
-            if entry.readable and not self._private(entry):
-                listed.append((key, STATE_OF_TIER[top_tier(entry)], entry.host_offset, entry.size))
-            else:
-                self.published.remove(key)
-        self.published.set_many(listed)
 
     def charge_host(self, entry: Entry) -> None:
         """``entry`` now holds a DRAM slot: its bytes count against its tenant's budget."""
@@ -353,9 +256,9 @@ class Store:
         """Delete every committed chunk of ``namespace`` (and only those: other namespaces are other engines').
         When they are all the Store holds, the event sink hears of one clear rather than of each chunk."""
         keys = [k for k, e in self.index.items() if e.state is State.COMMITTED and e.namespace == namespace]
-        if self.events is not None and keys and all(e.namespace == namespace for e in self.index.values()
+        if self.publishing.events is not None and keys and all(e.namespace == namespace for e in self.index.values()
                                                     if e.readable):
-            self.events.all_cleared()
+            self.publishing.events.all_cleared()
         return self.delete(keys)
 
     def expire(self, keep_leases_of: Callable[[bytes], bool] | None = None) -> tuple[int, int]:
@@ -369,7 +272,7 @@ class Store:
         for reservation in reservations:
             self.drop_reserved(reservation.payload.entries)
         self.credits.expire(now, keep_leases_of)
-        self.expire_pins()   # pins past their TTL become high, with or without pressure
+        self.retention.expire_pins()   # pins past their TTL become high, with or without pressure
         self.counters.expired_leases += len(leases)
         self.counters.expired_reservations += len(reservations)
         return len(leases), len(reservations)
@@ -388,107 +291,7 @@ class Store:
     def committed_chunks(self) -> int:
         return sum(1 for e in self.index.values() if e.state is State.COMMITTED)
 
-    # -- warm restart ------------------------------------------------------------------------------------------
-    def adopt_host_copies(self, chunks: Sequence[KeptChunk], hold_for: float = 0.0) -> tuple[list[Entry], int]:
-        """Publish chunks of a kept arena whose bytes were just verified (their slots taken already:
-        ``HostTier.adopt``), oldest first. A key the disk tier holds gets the slot as its DRAM copy; a key held
-        in DRAM already (put again meanwhile) keeps its own, and the kept slot is freed. Chunks a reader leased
-        at the stop stay pinned for ``hold_for`` seconds (a lease of no client), so that a reader from before the
-        restart never sees their slot reused within a lease's life. Each chunk comes back in the retention class
-        its record keeps (a pin as ``high``), or its disk file's where that is higher. Returns (the entries
-        published, how many kept slots were freed as duplicates)."""
-        published: list[Entry] = []
-        held: list[Entry] = []
-        duplicates = 0
-        if any(chunk.retention is not Retention.NORMAL for chunk in chunks):
-            self.retention_queues()   # before any is queued: each goes to its class's queue
-        for chunk in chunks:
-            self.learn_params(chunk.namespace, chunk.params)
-            entry = self.index.get(chunk.key)
-            if entry is None:
-                entry = Entry(chunk.key, chunk.size, chunk.namespace, chunk.parent, State.COMMITTED,
-                              host_offset=chunk.offset, checksum=chunk.checksum, engine=chunk.engine,
-                              retention=chunk.retention)
-                self.index[chunk.key] = entry
-            elif entry.readable and entry.host_offset is None and entry.loading is None and entry.size == chunk.size:
-                entry.host_offset = chunk.offset
-                entry.checksum = chunk.checksum if entry.checksum is None else entry.checksum
-                if chunk.retention > entry.retention:   # the disk file's class, or the kept record's: the higher
-                    self.reclass(entry, partial(setattr, entry, "retention", chunk.retention))
-            else:
-                self.host.free(chunk.offset)
-                duplicates += 1
-                continue
-            self.charge_host(entry)
-            published.append(entry)
-            if chunk.leased and hold_for > 0:
-                held.append(entry)
-        self.sync_many([e.key for e in published])
-        self.journal_commits(published)
-        shielded = {id(e) for e in held}
-        self.lru.add_chain([e for e in published if id(e) not in shielded])
-        if held:
-            for entry in held:
-                self.pin(entry)
-            self.leases.issue(KEPT_READERS, held, hold_for, self.clock())
-        return published, duplicates
-
-    def learn_params(self, namespace: str, params: KeyParams | None) -> None:
-        """A record found at start says how ``namespace``'s clients made its chunk's keys: the first such record
-        of a namespace names them (all of a namespace's held chunks share them: ``server/requests/compat.py``)."""
-        if params is not None:
-            self.key_params.setdefault(namespace, params)
-
-    def drop_unverified(self, chunks: Sequence[KeptChunk]) -> int:
-        """Free the kept slots of chunks that failed verification and drop every published chunk that continues
-        one of them (a chain is unreachable past a missing link). Returns how many published chunks went."""
-        for chunk in chunks:
-            self.host.free(chunk.offset)
-        return self.damage.drop_continuations({c.key for c in chunks})
-
-    def journal_commits(self, entries: Sequence[Entry]) -> None:
-        """Tell the host tier's journal (what a crash leaves: ``tiers/host/journal.py``) that ``entries`` hold
-        their DRAM slots with final bytes; those whose checksum is not known yet are left out."""
-        journal = self.host.journal
-        if journal is not None:
-            params = self.key_params.get
-            journal.committed([kept_chunk(e, e.checksum, params=params(e.namespace)) for e in entries
-                               if e.host_offset is not None and e.checksum is not None])
-
     # -- the one place each resource is taken and given back (ledgers call these too) ---------------------------
-    def sync(self, key: bytes) -> None:
-        """Publish ``key``'s readable state as it is now (called after every change to it): its fastest tier, or
-        gone. Read from the index rather than from a changed entry, since a doomed entry freed late must not
-        unlist the new chunk stored under its key since."""
-        entry = self.index.get(key)
-        readable = entry if entry is not None and entry.readable else None
-        if self.events is not None:
-            self.events.changed(key, readable)
-        if self.published is None:
-            return
-        if readable is not None and not self._private(readable):
-            self.published.set(key, STATE_OF_TIER[top_tier(readable)], readable.host_offset, readable.size)
-        else:
-            self.published.remove(key)
-
-    def sync_many(self, keys: Sequence[bytes]) -> None:
-        """``sync`` of several keys (a put's chunks), published in one batch."""
-        if self.events is not None:
-            self.events.changed_many([(k, self.index.get(k)) for k in keys])
-        if self.published is None:
-            return
-        listed = []
-        for key in keys:
-            entry = self.index.get(key)
-            if entry is not None and entry.readable and not self._private(entry):
-                listed.append((key, STATE_OF_TIER[top_tier(entry)], entry.host_offset, entry.size))
-            else:
-                self.published.remove(key)
-        self.published.set_many(listed)
-
-    def _private(self, entry: Entry) -> bool:
-        return self.private is not None and self.private(entry.namespace)
-
     def namespace_of(self, key: bytes) -> str | None:
         """The namespace of the chunk held under ``key`` (None: none is held)."""
         entry = self.index.get(key)
@@ -501,8 +304,8 @@ class Store:
         ``taken`` (what its request reserved so far) let a StoreFullError say who holds the room. With tenants,
         ``namespace`` names the tenant the slot is for: it is held to its ceiling, and no other tenant's
         guaranteed bytes leave for it (``tenant_budgets.py``). Pins past their TTL end first."""
-        if self.classes:
-            self.expire_pins()
+        if self.retention.split:
+            self.retention.expire_pins()
         guard = self.budgets.held("dram")
         if guard is None:
             offset = make_room(lambda: self.host.allocate(size), self.lru, self._may_leave_dram,
@@ -521,8 +324,8 @@ class Store:
         guard = self.budgets.held("dram")
         if guard is None or size <= 0:
             return
-        if self.classes:
-            self.expire_pins()
+        if self.retention.split:
+            self.retention.expire_pins()
         self._held_to_ceiling(guard, namespace, size)
 
     def _held_to_ceiling(self, guard: TierGuard, namespace: str, size: int) -> str:
@@ -548,7 +351,7 @@ class Store:
         entry.host_offset = offset
         self.charge_host(entry)
         self.sync(entry.key)
-        self.journal_commits([entry])
+        self.kept.journal_commits([entry])
         if evictable:
             self.lru.add_chain([entry])
 
@@ -579,10 +382,8 @@ class Store:
         self.counters.evicted_bytes += entry.size
 
     def _evict(self, entry: Entry) -> None:
-        self.unindex(entry)
+        self.lost(entry)
         self._free(entry)
-        self.counters.evictions += 1
-        self.counters.evicted_bytes += entry.size
 
     def release_if_idle(self, entry: Entry) -> None:
         """Free what a removed (doomed) chunk still holds, once nothing uses it any more."""
@@ -596,8 +397,7 @@ class Store:
             ledger.on_free(entry)
 
     def free_host(self, entry: Entry) -> None:
-        if entry.pin_until:
-            self.reclass(entry, partial(self.soft_pins.unpin, entry))   # a pin holds a DRAM copy, or nothing
+        self.retention.unpin(entry)   # a pin holds a DRAM copy, or nothing
         if entry.host_offset is not None:
             self.host.free(entry.host_offset)
             entry.host_offset = None
@@ -640,21 +440,6 @@ class Store:
         self.lru.add_chain([e for e in back_in_queue if e.host_offset is not None])
         for ledger in self.ledgers:
             ledger.on_unpin(back_in_queue)
-
-
-def kept_chunk(entry: Entry, checksum: int, leased: bool = False, params: KeyParams | None = None) -> KeptChunk:
-    """``entry``'s DRAM copy as a kept arena's record names it (``entry.host_offset`` is set), its class a pin's
-    ``high`` (``retention.stored_class``), with its namespace's key parameters ``params`` when known."""
-    assert entry.host_offset is not None
-    return KeptChunk(entry.key, entry.host_offset, entry.size, entry.namespace, entry.parent, checksum, leased,
-                     entry.engine, stored_class(entry), params)
-
-
-def top_tier(entry: Entry) -> str:
-    """The fastest tier that holds the chunk."""
-    if entry.gpu_offset is not None:
-        return "gpu"
-    return "host" if entry.host_offset is not None else "disk"
 
 
 if TYPE_CHECKING:

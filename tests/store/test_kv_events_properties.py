@@ -55,8 +55,8 @@ class EventsMachine(StoreMachine):
             return
         if self.rebuilt is None:   # right after the start rule, before any chunk exists
             self.rebuilt = Rebuilt()
-            self.store.events = EventLog(self.rebuilt.take)
-            self.store.events.all_cleared()
+            self.store.publishing.events = EventLog(self.rebuilt.take)
+            self.store.publishing.events.all_cleared()
             return
         expected = {}
         for key, entry in self.store.index.items():
@@ -65,7 +65,7 @@ class EventsMachine(StoreMachine):
                 expected[block_hash(key)] = {name for bit, name in MEDIA if mask & bit}
         assert self.rebuilt.held == expected
         fresh = Rebuilt()   # a late joiner: the snapshot alone says the same
-        rows = self.store.events.snapshot()
+        rows = self.store.publishing.events.snapshot()
         events = snapshot_events(rows)
         fresh.take(events)
         assert fresh.held == expected

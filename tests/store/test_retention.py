@@ -65,13 +65,13 @@ def test_a_pin_survives_pressure_until_its_ttl_then_is_high():
     store = make_store(clock=clock)
     pinned = put(store, "p", 2, "pin", ttl=5.0)
     high = put(store, "h", 2, "high")
-    assert store.soft_pins.bytes == 2 * CHUNK
+    assert store.retention.soft_pins.bytes == 2 * CHUNK
     for round_ in range(3):
         put(store, f"f{round_}-", 6)
     assert all(k in store.index for k in pinned) and not any(k in store.index for k in high)
     clock.now = 6.0
     store.expire()
-    assert store.soft_pins.bytes == 0 and store.soft_pins.counters.pins_expired == 2
+    assert store.retention.soft_pins.bytes == 0 and store.retention.soft_pins.counters.pins_expired == 2
     assert all(store.index[k].retention is Retention.HIGH for k in pinned)
     put(store, "g", 8)
     assert not any(k in store.index for k in pinned)
@@ -81,7 +81,7 @@ def test_pins_over_the_bound_are_stored_high_and_counted():
     store = make_store(share=0.25)   # 2 of 8 chunks
     keys = put(store, "p", 3, "pin")
     assert [store.index[k].retention for k in keys] == [Retention.PIN, Retention.PIN, Retention.HIGH]
-    assert store.soft_pins.counters.pins_over_bound == 1 and store.soft_pins.chunks == 2
+    assert store.retention.soft_pins.counters.pins_over_bound == 1 and store.retention.soft_pins.chunks == 2
 
 
 def test_a_ttl_past_the_max_is_cut_to_it():
@@ -108,7 +108,7 @@ def test_a_put_again_raises_the_class_and_extends_a_pin():
     put(store, "a", 1, "pin")
     clock.now = 5.0
     put(store, "a", 1, "pin")
-    assert store.index[keys[0]].pin_until == 15.0 and store.soft_pins.chunks == 1
+    assert store.index[keys[0]].pin_until == 15.0 and store.retention.soft_pins.chunks == 1
 
 
 def test_a_leased_pin_returns_pinned_and_a_deleted_one_is_unpinned():
@@ -119,7 +119,7 @@ def test_a_leased_pin_returns_pinned_and_a_deleted_one_is_unpinned():
     store.release(b"r", lease.id)
     assert all(store.index[k] in store.lru for k in keys)
     store.delete(keys)
-    assert store.soft_pins.bytes == 0 and store.soft_pins.chunks == 0
+    assert store.retention.soft_pins.bytes == 0 and store.retention.soft_pins.chunks == 0
 
 
 @pytest.mark.parametrize("bad, why", [("keep", "not a retention class; use one of pin, high, normal, low, no-store"),
@@ -143,9 +143,9 @@ def test_a_reloaded_tenants_table_counts_pins_again():
     store = Store(HostTier(VirtualArena(8 * CHUNK)), 1e9, 1e9, tier_ledgers(), clock=Clock(),
                   tenants=parse_tenants(table, "t.toml"))
     put(store, "p", 2, "pin")
-    assert store.soft_pins.by_tenant["a"] == 2 * CHUNK
+    assert store.retention.soft_pins.by_tenant["a"] == 2 * CHUNK
     store.set_tenants(parse_tenants({"b": {"namespaces": ["ns"], "dram": {"guaranteed": 4 * CHUNK}}}, "t.toml"))
-    assert store.soft_pins.by_tenant == {"b": 2 * CHUNK}
+    assert store.retention.soft_pins.by_tenant == {"b": 2 * CHUNK}
 
 
 def test_classes_split_the_tier_guards_queues_and_survive_a_reload():

@@ -58,7 +58,7 @@ def test_retention_holds_within_budgets(policy, puts):
     clock = Clock()
     store = Store(HostTier(VirtualArena(24 * CHUNK)), 1e9, 1e9, tier_ledgers(policy), clock=clock,
                   tenants=parse_tenants(TABLE, "t.toml"), pins=PinSettings(10.0, 20.0, 0.1))
-    budgets, pins = store.budgets, store.soft_pins
+    budgets, pins = store.budgets, store.retention.soft_pins
     for serial, (namespace, count, name, ttl, step) in enumerate(puts):
         clock.now += step
         store.expire()

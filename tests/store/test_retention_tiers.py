@@ -16,7 +16,8 @@ from kvstore.protocol.retention import Retention, parse_retention
 from kvstore.sim.movers import InstantDiskMover
 from kvstore.store.entry import DiskState
 from kvstore.store.retention import RetentionQueue
-from kvstore.store.store import PinSettings, Store, kept_chunk
+from kvstore.store.kept import kept_chunk
+from kvstore.store.store import PinSettings, Store
 from kvstore.tiers.disk.format import FORMAT_VERSION, ChunkHeader, pack_header, unpack_header
 from kvstore.tiers.host import description as description_mod
 from kvstore.tiers.host import journal as journal_mod
@@ -68,11 +69,11 @@ def test_the_disk_evicts_low_before_normal_before_high():
 def test_a_pin_on_disk_is_high_there():
     store = disk_store()
     pinned = put(store, "p", 12, "pin")
-    assert all(on_disk(store, pinned)) and store.soft_pins.chunks == 12
+    assert all(on_disk(store, pinned)) and store.retention.soft_pins.chunks == 12
     high = put(store, "h", 2, "high")   # only pins are on disk: they are high there, so two of them make room
     assert all(on_disk(store, high)) and on_disk(store, pinned).count(False) == 2
     assert store.tier_counters.disk_write_skipped == 0
-    assert store.soft_pins.chunks == 12   # still pinned in DRAM
+    assert store.retention.soft_pins.chunks == 12   # still pinned in DRAM
 
 
 def test_every_tiers_queue_is_split_by_class_once_one_is_used():
@@ -141,7 +142,7 @@ def test_the_disk_index_rebuilt_at_start_gets_each_files_class():
     footprint = VirtualDisk(1).footprint(CHUNK)
     for i, cls in enumerate([Retention.HIGH, Retention.LOW, Retention.NORMAL, Retention.NORMAL]):
         assert ledger.adopt(bytes([i]) * 16, CHUNK, "ns", footprint, retention=cls)
-    assert store.classes and store.index[bytes([0]) * 16].retention is Retention.HIGH
+    assert store.retention.split and store.index[bytes([0]) * 16].retention is Retention.HIGH
     assert ledger.lru.pop_oldest() is store.index[bytes([1]) * 16]   # the low one is the disk's first victim
 
 
@@ -189,6 +190,6 @@ def test_adopted_host_copies_get_their_class_back():
     offsets = arena.adopt([(0, CHUNK), (CHUNK, CHUNK)])
     chunks = [KeptChunk(bytes([i]) * 16, off, CHUNK, "ns", None, 7, retention=cls)
               for i, (off, cls) in enumerate(zip(sorted(offsets), [Retention.HIGH, Retention.LOW]))]
-    published, _ = store.adopt_host_copies(chunks)
-    assert [e.retention for e in published] == [Retention.HIGH, Retention.LOW] and store.classes
+    published, _ = store.kept.adopt(chunks)
+    assert [e.retention for e in published] == [Retention.HIGH, Retention.LOW] and store.retention.split
     assert store.lru.pop_oldest() is published[1]   # the low one goes first

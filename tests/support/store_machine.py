@@ -16,7 +16,8 @@ from kvstore.protocol.retention import parse_retention
 from kvstore.store.after_reply import AfterReply
 from kvstore.store.entry import DiskState, Entry, State
 from kvstore.store.policies import POLICIES
-from kvstore.store.store import Store, top_tier
+from kvstore.store.publishing import top_tier
+from kvstore.store.store import Store
 from kvstore.tiers.host.tier import HostTier
 from kvstore.store.ledgers.builder import tier_ledgers
 from kvstore.tiers.virtual import VirtualArena, VirtualDisk
@@ -111,7 +112,7 @@ class StoreMachine(RuleBasedStateMachine):
             if ledger is not None:
                 ledger.mover = self.wiring
         store.remote_ledger.mover = self.wiring if remote else None
-        store.published = self.published
+        store.publishing.published = self.published
         store.puts.sums = self.sums if summed else None
         store.after_reply = AfterReply() if deferred else None   # as the daemon: a commit's rest after its reply
         self.store = store
@@ -141,7 +142,8 @@ class StoreMachine(RuleBasedStateMachine):
           then_write=st.booleans(), retention=st.sampled_from(CLASSES))
     def put(self, first: int, length: int, pages: int, then_write: bool, retention: str = "normal") -> None:
         """A whole put (reserve, then commit at once): the common case, so chunks pile up and tiers fill. Its
-        retention class moves the chunks it stores again between every tier's class queues (``Store.reclass``)."""
+        retention class moves the chunks it stores again between every tier's class queues
+        (``RetentionClasses.reclass``)."""
         keys = KEYS[first:first + length]
         try:
             handle, _ = self.store.reserve(OWNERS[0], "ns", keys, [pages * PAGE] * len(keys),

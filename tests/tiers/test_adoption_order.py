@@ -24,8 +24,9 @@ class FakeStore:
                                     arena=SimpleNamespace(populate=lambda offset, size: self.populated.append(offset)))
         self.damage = SimpleNamespace(counters=SimpleNamespace(corrupt_host=0))
         self.calls: list[tuple[str, list[int]]] = []
+        self.kept = self   # the warm restart's side (``Store.kept``): this fake plays it too
 
-    def adopt_host_copies(self, chunks, hold_for):
+    def adopt(self, chunks, hold_for):
         self.calls.append(("adopt", [c.offset // SIZE for c in chunks]))
         return list(chunks), 0
 

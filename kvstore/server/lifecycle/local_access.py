@@ -36,7 +36,8 @@ EXPECTED_CHUNK_BYTES = 64 << 10   # sizes the index at start: one slot per 64 Ki
 def open_index(config: ServerConfig, claims: Claims) -> PublishedIndex | None:
     """The lookup index in shared memory, for the Store to publish into (x86-64 only: see
     protocol/index_layout.py); None where it is not supported. Whoever hands it to a Store also registers
-    ``Store.stop_publishing`` after this, so that the Store lets go of it before it closes."""
+    ``Publishing.stop_publishing`` (``store/publishing.py``) after this, so that the Store lets go of it before
+    it closes."""
     if not supported():
         return None
     index = PublishedIndex(index_path_for(config.socket), config.host_mem // EXPECTED_CHUNK_BYTES)

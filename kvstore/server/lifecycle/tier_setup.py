@@ -106,7 +106,7 @@ def open_tiers(config: ServerConfig, tenants: "TenantTable | None", host: HostTi
                   private=private_namespaces(tenants), events=event_log, published=index,
                   pins=PinSettings(config.pin_ttl, config.max_pin_ttl, config.max_pin_share))
     if index is not None:
-        take(store.stop_publishing)   # released before the index closes
+        take(store.publishing.stop_publishing)   # released before the index closes
     gpu_mover, gpu_hello = None, None
     if store.gpu_ledger is not None and gpu is not None:
         gpu_mover = GpuMover(store.gpu_ledger, host)
@@ -114,7 +114,7 @@ def open_tiers(config: ServerConfig, tenants: "TenantTable | None", host: HostTi
         gpu_hello = gpu.hello_info()
     disk_mover = None
     if store.disk_ledger is not None:
-        rebuild_index(store.disk_ledger)
+        rebuild_index(store, store.disk_ledger)
         disk_mover = DiskMover(store.disk_ledger, store.disk_ledger.disk, host, config.disk_io_depth,
                                config.disk_queue_limit)
         take(disk_mover.close)
@@ -164,7 +164,7 @@ def open_events(config: ServerConfig, claims: Claims) -> tuple[EventPublisher | 
     return publisher, event_log
 
 
-def rebuild_index(ledger: DiskLedger) -> None:
+def rebuild_index(store: Store, ledger: DiskLedger) -> None:
     """Index every valid chunk file, oldest first (so the disk LRU order survives a restart)."""
     disk = ledger.disk
     started = time.monotonic()
@@ -174,7 +174,7 @@ def rebuild_index(ledger: DiskLedger) -> None:
         if ledger.adopt(header.key, header.raw_len, header.namespace, disk.footprint(header.stored_len),
                        header.payload_sum if header.raw_sum else None, header.parent, header.engine,
                        header.retention):
-            ledger.store.learn_params(header.namespace, header.params)
+            store.kept.learn_params(header.namespace, header.params)
             adopted += 1
         else:
             disk.remove(header.key)  # over a lowered cap, or a duplicate
@@ -183,7 +183,7 @@ def rebuild_index(ledger: DiskLedger) -> None:
         logs.warning("disk_file_quarantined", file=name, reason=reason)
     if found.foreign:
         logs.warning("disk_foreign_files_ignored", count=len(found.foreign), first=found.foreign[0])
-    ledger.store.tier_counters.quarantined += len(found.quarantined)
+    store.tier_counters.quarantined += len(found.quarantined)
     logs.info("disk_index_rebuilt", directory=disk.directory, chunks=adopted, dropped=len(found.chunks) - adopted,
               quarantined=len(found.quarantined), foreign=len(found.foreign), temps_removed=found.temps_removed,
               renamed=found.renamed,

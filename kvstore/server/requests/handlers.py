@@ -159,7 +159,7 @@ def handle_reserve(svc: Service, s: Session, h: dict, frames: list) -> Any:
                                     "clients, put with PUT_INLINE")
     req = m.Reserve.parse(h, svc.config.chunk_limit)
     if not req.retention.stores:   # acknowledged, nothing reserved: no slot to fill, nothing to commit
-        svc.store.count_no_store(len(req.keys))
+        svc.store.retention.count_no_store(len(req.keys))
         kept = req.credit if req.credit and svc.store.credits.holds(s.owner, req.credit) else 0
         return [ok_reply(h["id"], reservation=0, slots=[None] * len(req.keys), credit=kept)]
     svc.safeguards.params.stored(s.namespace, s.key_params)
@@ -193,7 +193,7 @@ def handle_credit_put(svc: Service, s: Session, h: dict, frames: list) -> Any:
                                     "local clients, put with PUT_INLINE")
     req = m.CreditPut.parse(h, svc.config.chunk_limit)
     if req.keys and not req.retention.stores:   # acknowledged, nothing published: the credit stays lent as it was
-        svc.store.count_no_store(len(req.keys))
+        svc.store.retention.count_no_store(len(req.keys))
         _, grant = svc.store.credits.put(s.owner, s.namespace, req.credit, [], [], [], None, req.want)
         return [ok_reply(h["id"], committed=0, **grant.wire())]
     if req.keys:
@@ -211,7 +211,7 @@ def handle_put_inline(svc: Service, s: Session, h: dict, frames: list) -> Frames
     _require_access(svc, s)
     req = m.PutInline.parse(h, frames, svc.config.chunk_limit)
     if not req.retention.stores:   # acknowledged, nothing stored (payload frames, if sent, are dropped)
-        svc.store.count_no_store(len(req.keys))
+        svc.store.retention.count_no_store(len(req.keys))
         return [ok_reply(h["id"], committed=0)]
     svc.safeguards.params.stored(s.namespace, s.key_params)
     svc.store.puts.refuse_never_fitting(s.namespace, req.keys, req.sizes)   # at once, not after waiting for the disk

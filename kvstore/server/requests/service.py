@@ -129,7 +129,7 @@ class Service:
             self.tenant_keys = open_tenant_keys(self.config, table)
         self.tenants = table
         self.store.set_tenants(table)
-        self.store.set_private(private_namespaces(table))
+        self.store.publishing.set_private(private_namespaces(table))
 
     def key_space(self, session: Session) -> SessionKeys:
         """What ``session``'s keys are mapped through (``tenants/key_space.py``): its tenant's key space when the

@@ -20,13 +20,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
 
-from ...protocol.key_params import KeyParams
 from ...tiers.ledger_api import Wakeable as Mover   # what a ledger asks of its mover: wake it
 
-__all__ = ["Mover", "StoreCore", "TierLedger"]
-from ..counters import StoreCounters, TierCounters
+__all__ = ["FillStore", "LedgerStore", "Mover", "TierLedger"]
+from ..counters import TierCounters
 from ..entry import Entry
-from ..eviction import EvictionQueue
 
 
 class DamagePath(Protocol):
@@ -41,50 +39,39 @@ class AdmitPath(Protocol):
     def admit(self, entries: list[Entry], source: "TierLedger") -> None: ...
 
 
-class StoreCore(Protocol):
-    """What a ledger may ask of the Store (``store.py``): the index, the DRAM arena and its queue, and the one
-    set of allocate/free/pin/unpin primitives. Written out so that no ledger imports the Store."""
+class LedgerStore(Protocol):
+    """What every ledger may ask of the Store that builds it (``store.py``): the index, the DRAM arena, each
+    tenant's budgets, the tier counters and the one set of slot primitives. Each ledger's own protocol
+    (``DiskStore``, ``GpuStore``, ``RemoteStore``) adds what only it uses; the Store fits them all, and hands
+    itself as that protocol when it constructs the ledger. Written out so that no ledger imports the Store."""
 
-    index: dict[bytes, Entry]
-    lru: EvictionQueue
-    host: Any                     # tiers.host.HostTier
-    policy: str
-    counters: StoreCounters
-    tier_counters: TierCounters
-    disk_ledger: Any              # disk_ledger.DiskLedger | None: where a chunk copied down is queued
-    budgets: Any                  # tenant_budgets.TenantBudgets: each tenant's bytes in every tier
-    key_params: dict[str, KeyParams]   # how each namespace's clients make keys: written into its chunks' records
-    damage: "DamagePath"          # where a copy that failed its checksum goes (``damage.py``)
-    puts: "AdmitPath"             # publishes what a lower tier filled (``puts.py``)
+    @property
+    def index(self) -> dict[bytes, Entry]: ...
+    @property
+    def host(self) -> Any: ...                    # tiers.host.HostTier
+    @property
+    def budgets(self) -> Any: ...                 # tenant_budgets.TenantBudgets: each tenant's bytes in every tier
+    @property
+    def tier_counters(self) -> TierCounters: ...
 
     def leading(self, keys: Sequence[bytes]) -> list[Entry]: ...
-    def read(self, entry: Entry) -> memoryview: ...
     def sync(self, key: bytes) -> None: ...
     def allocate_host(self, size: int, owner: bytes | None = None, taken: Sequence[Entry] = (),
                       namespace: str | None = None) -> int: ...
-    def charge_host(self, entry: Entry) -> None: ...
-    def fill_host(self, entry: Entry, offset: int, evictable: bool = True) -> None: ...
-    def free_host(self, entry: Entry) -> None: ...
-    def drop_host_copy(self, entry: Entry) -> None: ...
-    def drop_reserved(self, entries: list[Entry]) -> None: ...
-    def unindex(self, entry: Entry) -> None: ...
-    def lost(self, entry: Entry) -> None: ...
     def release_if_idle(self, entry: Entry) -> None: ...
-    def pin(self, entry: Entry) -> None: ...
-    def unpin_chain(self, entries: list[Entry]) -> None: ...
-    def retention_queues(self) -> None: ...
-    def learn_params(self, namespace: str, params: KeyParams | None) -> None: ...
+
+
+class FillStore(LedgerStore, Protocol):
+    """What a ledger that fills DRAM slots itself (a promotion, a copy down) asks of the Store."""
+
+    def fill_host(self, entry: Entry, offset: int, evictable: bool = True) -> None: ...
 
 
 class TierLedger:
-    """A lower tier's hooks, each a no-op here: a ledger overrides those its tier cares about."""
+    """A lower tier's hooks, each a no-op here: a ledger overrides those its tier cares about. A ledger is built by
+    the Store it keeps the books of (``builder.py``), handed at construction only the protocol it uses."""
 
     name = ""
-    store: StoreCore   # the Store whose books this ledger keeps (``attach``)
-
-    def attach(self, store: StoreCore) -> None:
-        """Keep the books for ``store``: the Store calls this from its constructor, with each ledger it is given."""
-        self.store = store
 
     def budgets_changed(self) -> None:
         """The tenants table was replaced (``Store.set_tenants``): take this tier's queue again from the Store's

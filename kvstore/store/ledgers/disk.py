@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import errno
 from collections import deque
-from typing import Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from ...errors import ChecksumError, DamagedSource, FormatError, StoreFullError
 from ...protocol.engine_blocks import EngineBlocks
@@ -22,21 +22,47 @@ from ...protocol.retention import Retention
 from ...tiers.disk.tier import DiskTier
 from ...tiers.ledger_api import DiskMoverHooks, DiskWrite
 from ..entry import DiskState, Entry, State
-from .base import StoreCore, TierLedger
+from .base import DamagePath, FillStore, TierLedger
 from ..policies import make_queue
 from ..retention import stored_class
 from ..room import make_room, shed_to_low
 from ..tier_guard import TierGuard
 
+if TYPE_CHECKING:
+    from ...protocol.key_params import KeyParams
+    from ..classes import RetentionClasses
+    from ..eviction import EvictionQueue
+
 HOST_HIGH_WATERMARK = 0.95
 HOST_LOW_WATERMARK = 0.85
+
+
+class DiskStore(FillStore, Protocol):
+    """What the disk ledger asks of the Store beyond every ledger's (``base.LedgerStore``): the DRAM queue its
+    watermark drains, the way a DRAM copy leaves, the chunk's way out of the index, key parameters for file
+    headers, and the damage path."""
+
+    @property
+    def lru(self) -> EvictionQueue: ...
+    @property
+    def key_params(self) -> dict[str, KeyParams]: ...
+    @property
+    def damage(self) -> DamagePath: ...
+    @property
+    def retention(self) -> RetentionClasses: ...   # split into class queues when a file keeps a class
+
+    def drop_host_copy(self, entry: Entry) -> None: ...
+    def unindex(self, entry: Entry) -> None: ...
+    def lost(self, entry: Entry) -> None: ...
 
 
 class DiskLedger(TierLedger):
     name = "disk"
 
-    def __init__(self, disk: DiskTier, policy: str) -> None:
-        """The books of ``disk``, its files evicted in the order of ``policy`` (``store/policies.py``)."""
+    def __init__(self, store: DiskStore, disk: DiskTier, policy: str) -> None:
+        """The books of ``disk`` for ``store`` (which builds this ledger: ``builder.py``), its files evicted in the
+        order of ``policy`` (``store/policies.py``)."""
+        self.store = store
         self.disk = disk
         self.lru = make_queue(policy)
         self.dirty: deque[Entry] = deque()   # write-back queue, commit order (prefixes first)
@@ -44,10 +70,7 @@ class DiskLedger(TierLedger):
         self.full_reason = ""                # set when the filesystem said ENOSPC, until it has room again
         self.full_need = 0                   # free bytes that clear it (checked by the mover)
         self.mover: DiskMoverHooks | None = None
-        self.guard: TierGuard | None = None  # each tenant's disk bytes (``store/tier_guard.py``), from ``attach``
-
-    def attach(self, store: StoreCore) -> None:
-        super().attach(store)
+        self.guard: TierGuard | None = None  # each tenant's disk bytes (``store/tier_guard.py``)
         self.budgets_changed()
 
     def budgets_changed(self) -> None:
@@ -119,7 +142,7 @@ class DiskLedger(TierLedger):
         entry = Entry(key, size, namespace, parent, State.COMMITTED, disk=DiskState.STORED, checksum=checksum,
                       engine=engine, retention=retention)
         if retention is not Retention.NORMAL:
-            store.retention_queues()   # before it is queued: it goes to its class's queue
+            store.retention.split_queues()   # before it is queued: it goes to its class's queue
         store.budgets.assign(entry)   # its disk bytes are charged again to the tenant of its namespace
         if not self._charge(footprint, entry):
             return False

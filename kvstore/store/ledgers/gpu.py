@@ -11,13 +11,16 @@ ledger (it lost its queued write when its DRAM copy went).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ...errors import StoreFullError
 from ..entry import DiskState, Entry
-from .base import Mover, StoreCore, TierLedger
+from .base import FillStore, Mover, TierLedger
 from ..policies import make_queue
 from ..room import make_room, shed_to_low
+
+if TYPE_CHECKING:
+    from .disk import DiskLedger
 
 GPU_HIGH_WATERMARK = 0.95
 GPU_LOW_WATERMARK = 0.85
@@ -27,15 +30,16 @@ GPU_PROMOTE_HITS = 2    # the second get that finds a chunk in DRAM asks for its
 class GpuLedger(TierLedger):
     name = "gpu"
 
-    def __init__(self, gpu: Any, policy: str) -> None:
-        """The books of ``gpu``, its copies evicted in the order of ``policy`` (``store/policies.py``)."""
+    def __init__(self, store: FillStore, gpu: Any, policy: str, disk: DiskLedger | None = None) -> None:
+        """The books of ``gpu`` for ``store`` (which builds this ledger: ``builder.py``), its copies evicted in the
+        order of ``policy`` (``store/policies.py``); ``disk``: the disk tier's ledger, where a chunk copied down is
+        queued for its write."""
+        self.store = store
+        self.disk = disk
         self.gpu = gpu                            # tier.GpuTier, or an allocator in tests and the simulator
         self.lru = make_queue(policy)
         self.wanted: dict[bytes, Entry] = {}      # promotion requests, oldest first (taken by the mover)
         self.mover: Mover | None = None
-
-    def attach(self, store: StoreCore) -> None:
-        super().attach(store)
         self.budgets_changed()
 
     def budgets_changed(self) -> None:
@@ -168,9 +172,8 @@ class GpuLedger(TierLedger):
         if entry.pins == 0:
             self.free(entry)
             self._count_demotion(entry, "host")
-        disk = self.store.disk_ledger
-        if disk is not None and entry.disk is DiskState.NONE:
-            disk.queue_writes([entry])   # it lost its queued write when it left DRAM for the GPU tier
+        if self.disk is not None and entry.disk is DiskState.NONE:
+            self.disk.queue_writes([entry])   # it lost its queued write when it left DRAM for the GPU tier
 
     def _count_demotion(self, entry: Entry, to: str) -> None:
         tc = self.store.tier_counters

@@ -4,23 +4,39 @@ of chunks fetched from the remote store (RESERVED until ``finish_fetch`` publish
 Its mover (``mover.py``) takes the queued puts (``take_puts``), books them against their tenant's remote ceiling
 (``book``: ``book.py``), sends them and reports each one's end (``put_done``, which unpins); a fetch gets its
 slots from ``start_fetch`` and ends in ``finish_fetch``. Chunks fetched from the remote store are published
-without a put back to it (``Store.admit``).
+without a put back to it (``Puts.admit``, ``puts.py``).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from ...errors import StoreFullError
 from ..entry import Entry, State
-from .base import Mover, TierLedger
+from .base import AdmitPath, LedgerStore, Mover, TierLedger
 from ...tiers.remote.book import RemoteBook
+
+
+class RemoteStore(LedgerStore, Protocol):
+    """What the remote ledger asks of the Store beyond every ledger's (``base.LedgerStore``): the pins that hold a
+    put's slots, the slots' bytes, a fetch's reserved slots, and the put path that publishes what it fetched."""
+
+    @property
+    def puts(self) -> AdmitPath: ...
+
+    def pin(self, entry: Entry) -> None: ...
+    def unpin_chain(self, entries: list[Entry]) -> None: ...
+    def read(self, entry: Entry) -> memoryview: ...
+    def charge_host(self, entry: Entry) -> None: ...
+    def drop_reserved(self, entries: list[Entry]) -> None: ...
 
 
 class RemoteLedger(TierLedger):
     name = "remote"
 
-    def __init__(self) -> None:
+    def __init__(self, store: RemoteStore) -> None:
+        """The remote puts and fetches of ``store`` (which builds this ledger: ``builder.py``)."""
+        self.store = store
         self.outbox: list[list[Entry]] = []   # committed chains waiting for their put, pinned
         self.mover: Mover | None = None      # none: nothing is sent
         self.book = RemoteBook(self._ceiling_of)   # what each tenant with a remote ceiling wrote (``book.py``)

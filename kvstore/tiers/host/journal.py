@@ -44,8 +44,9 @@ Layout: header ``magic b"KVSJRNL\\0", version u32, socket length u32, socket (ut
 ``kind u8, 3 bytes 0, body length u32, xxh3-64 of the body u64, body`` (COMMIT: the msgpack list of
 ``description.py``'s chunk; FREE: the offset, u64), little endian. Version 2 added the chunk's retention class to
 COMMIT records (as the description's version 2 did); a chunk whose class changes while it holds its slot gets a
-COMMIT again (``Store.reclass``). Version 3 added the key parameters of the chunk's namespace (as the description's
-version 3 did). This daemon reads versions 1 (every chunk ``normal``), 2 and 3, and writes 3.
+COMMIT again (``RetentionClasses.reclass``, ``store/classes.py``). Version 3 added the key parameters of the chunk's
+namespace (as the description's version 3 did). This daemon reads versions 1 (every chunk ``normal``), 2 and 3,
+and writes 3.
 """
 
 from __future__ import annotations
