@@ -64,6 +64,50 @@ def tiny_deepseek(version: int = 2, seed: int = 0, dtype: torch.dtype = torch.fl
     return model_cls(config).to(device=device, dtype=dtype).eval()
 
 
+def tiny_granite_hybrid(seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                        layer_types: tuple[str, ...] = ("linear_attention", "full_attention") * 2):
+    """Granite-4-shaped (GraniteMoeHybrid): Mamba-2 layers (conv window and SSM state) between attention layers.
+    `initializer_range` 0.2 (against 0.02) so that the recurrent state moves the outputs visibly."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    config = GraniteMoeHybridConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, shared_intermediate_size=128, num_local_experts=0,
+        num_hidden_layers=len(layer_types), layer_types=list(layer_types), num_attention_heads=4,
+        num_key_value_heads=2, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16,
+        mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=64, position_embedding_type="rope",
+        initializer_range=0.2, max_position_embeddings=8192, attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    return GraniteMoeHybridForCausalLM(config).to(device=device, dtype=dtype).eval()
+
+
+def tiny_lfm2(seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """LFM2-shaped: gated short-convolution layers (a conv window, no SSM state) between attention layers."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    config = Lfm2Config(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, full_attn_idxs=[1, 3], initializer_range=0.2, max_position_embeddings=8192,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    return Lfm2ForCausalLM(config).to(device=device, dtype=dtype).eval()
+
+
+def tiny_falcon_h1(seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """Falcon-H1-shaped: every layer attention and Mamba-2 side by side (one cache layer holds both)."""
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+
+    config = FalconH1Config(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_ssm=128,
+        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=64, initializer_range=0.2,
+        max_position_embeddings=8192, attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    return FalconH1ForCausalLM(config).to(device=device, dtype=dtype).eval()
+
+
 def prompt(n: int, seed: int, vocab: int = 512, device: str = "cpu") -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (1, n), generator=g).to(device)
