@@ -145,9 +145,12 @@ def _attention_kinds(config: Any, family: str) -> tuple[str, ...]:
         window = None  # Qwen2 and others carry a window they do not use
     types = getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"]
     kinds: list[str] = []
+    recurrent = hybrid.is_hybrid(config)
     for t in types:
-        if t in hybrid.RECURRENT_TYPES and not t.startswith("hybrid"):
+        if recurrent and t in hybrid.RECURRENT_TYPES and not t.startswith("hybrid"):
             continue   # a recurrent layer: no per-token KV (its state is a hybrid chunk's other part)
+        if recurrent and t in hybrid.CACHELESS_TYPES:
+            continue   # an MLP or MoE block between a hybrid's layers (Nemotron-H): nothing cached
         if t in ("full_attention", "hybrid"):
             kind = attention_kind()
         elif t in ("sliding_attention", "hybrid_sliding"):

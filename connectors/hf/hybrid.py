@@ -36,6 +36,8 @@ from ..common.store import ChunkStore
 
 # Layer types (transformers' `config.layer_types`) that keep a recurrent state.
 RECURRENT_TYPES = frozenset({"linear_attention", "conv", "mamba", "hybrid", "hybrid_sliding"})
+# Layer types of blocks that cache nothing (transformers gives them a `DummyLayer`).
+CACHELESS_TYPES = frozenset({"mlp", "moe", "dummy"})
 
 # model -> ((chunk_tokens, device), its chunk format or why it has none): the probe runs once per model
 _GEOMETRIES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[int, str], HybridGeometry | Unsupported]]" = (
@@ -166,7 +168,8 @@ def fill_cache(cache: Any, chunks: Sequence[torch.Tensor], geometry: HybridGeome
     offset = g.chunk_nbytes
     last = chunks[-1]
     for part in geometry.states:
-        state = last[offset:offset + part.nbytes].view(part.dtype).view(1, *part.shape).to(device)
+        # cloned first: a view as another dtype needs its bytes aligned to that dtype
+        state = last[offset:offset + part.nbytes].clone().view(part.dtype).view(1, *part.shape).to(device)
         offset += part.nbytes
         layer = cache.layers[part.layer]
         if part.kind == "conv":
@@ -206,7 +209,10 @@ def save_chunks(store: ChunkStore, model: torch.nn.Module, input_ids: torch.Tens
     t = geometry.chunk_tokens
     written = 0
     for chunk in range(n // t, len(keys)):
-        model(input_ids[:, chunk * t:(chunk + 1) * t], use_cache=True, **_cache_kwargs(model, cache))
+        # Positions given: some models (Bamba in transformers 5.25) number every call's tokens from 0 otherwise
+        positions = torch.arange(chunk * t, (chunk + 1) * t, device=input_ids.device)[None]
+        model(input_ids[:, chunk * t:(chunk + 1) * t], position_ids=positions, use_cache=True,
+              **_cache_kwargs(model, cache))
         if store.store(keys, pack_chunk(cache, chunk, geometry)[None], chunk) != 1:
             break
         written += 1
