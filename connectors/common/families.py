@@ -38,7 +38,10 @@ Layered on either family:
   from its own first batch differ per engine, so such a cache is refused.
 
 Hybrid Mamba-2 / linear-attention models add each recurrent layer's state at
-the chunk's last token to the chunk (vLLM only: ``kvstore.connectors.vllm.hybrid``).
+the chunk's last token to the chunk: vLLM's own block format
+(``kvstore.connectors.vllm.hybrid``), and transformers' (``kvstore.connectors.hf.hybrid``:
+the attention layers' KV then the states, named by `state` in the namespace);
+neither is the canonical cross-engine format.
 Anything else (recurrent state elsewhere, encoder-decoder cross
 attention, per-token-head quantisation with in-page scales) raises
 `Unsupported`, whose one line names the family and the reason; connectors log
@@ -110,6 +113,8 @@ class ChunkLayout:
     kv_quant: str = ""  # "" for caches in the model dtype
     # How one MLA row divides: (kv_lora_rank, qk_rope_head_dim). Two splits of one width hold other bytes.
     mla_split: tuple[int, int] | None = None
+    # A hybrid model's recurrent states in each chunk (`layout.HybridGeometry.label`; transformers only), "" for none.
+    state: str = ""
     family_label: str = field(default="", compare=False)  # the model family, for log lines
 
     def __post_init__(self) -> None:
@@ -150,6 +155,8 @@ class ChunkLayout:
             extra.append("attention=" + ",".join(self.attention))
         if self.kv_quant:
             extra.append(f"kv_quant={self.kv_quant}")
+        if self.state:
+            extra.append(f"state={self.state}")
         return namespace(
             model_id, self.geometry, tp_rank=tp_rank, tp_size=tp_size, salt=salt,
             layers=self.stage.label if self.stage else None,
@@ -176,6 +183,8 @@ class ChunkLayout:
             parts.append(f"stage layers {self.stage.label}")
         if self.kv_quant:
             parts.append(self.kv_quant)
+        if self.state:
+            parts.append(f"recurrent state {self.state}")
         return ", ".join(parts)
 
 

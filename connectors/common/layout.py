@@ -90,6 +90,76 @@ class KVGeometry:
         return torch.empty((n, *self.chunk_shape), dtype=self.dtype, device=device)
 
 
+@dataclass(frozen=True)
+class StatePart:
+    """One fixed-size tensor of a recurrent layer's state (a conv window or an SSM / delta-rule state), as a
+    hybrid chunk holds it: the raw bytes of a contiguous ``shape`` tensor of ``dtype`` (batch axis dropped)."""
+
+    layer: int                  # the model layer it belongs to
+    kind: str                   # "conv" (the conv window) or "ssm" (the recurrent state)
+    index: int                  # which of the layer's states (transformers' state_idx)
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("conv", "ssm"):
+            raise ValueError(f"a state part is conv or ssm, got {self.kind!r}")
+
+    @property
+    def nbytes(self) -> int:
+        n = dtype_size(self.dtype)
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def label(self) -> str:
+        return f"{self.layer}.{self.kind}{self.index}={'x'.join(map(str, self.shape))}/{dtype_name(self.dtype)}"
+
+
+@dataclass(frozen=True)
+class HybridGeometry:
+    """A hybrid model's chunk (transformers only): the attention layers' KV of the chunk's tokens in the chunk
+    layout (``kv``, whose layers are the attention layers only, ``attention_layers`` in model order), then each
+    recurrent layer's state after the chunk's last token, ``states`` in order, each part's raw bytes.
+
+    Every chunk carries its state, so a prefix may end on any chunk; a load takes every chunk's KV and the last
+    chunk's state only. ``label`` names the whole format (which layers hold what, every state's shape and
+    dtype) for the namespace.
+    """
+
+    kv: KVGeometry
+    attention_layers: tuple[int, ...]
+    states: tuple[StatePart, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.attention_layers) != self.kv.num_layers:
+            raise ValueError(f"{len(self.attention_layers)} attention layers, the KV geometry has "
+                             f"{self.kv.num_layers}")
+        if not self.states:
+            raise ValueError("a hybrid chunk holds at least one recurrent state")
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.kv.chunk_tokens
+
+    @property
+    def state_nbytes(self) -> int:
+        return sum(p.nbytes for p in self.states)
+
+    @property
+    def chunk_nbytes(self) -> int:
+        return self.kv.chunk_nbytes + self.state_nbytes
+
+    @property
+    def label(self) -> str:
+        """``hf1:<attention layers>:<state parts>:<state bytes>:<digest>``; the digest covers every part's layer,
+        name, shape and dtype (a model's list of parts is too long to spell out in a namespace)."""
+        full = ";".join(["attn=" + ",".join(map(str, self.attention_layers)), *(p.label for p in self.states)])
+        return (f"hf1:{len(self.attention_layers)}attn:{len(self.states)}parts:{self.state_nbytes}B:"
+                f"{xxhash.xxh3_64_hexdigest(full.encode())}")
+
+
 def dtype_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 

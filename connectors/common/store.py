@@ -21,9 +21,9 @@ from kvstore.breaker import Breaker
 from kvstore.errors import KVStoreError
 from kvstore.protocol.engine_blocks import EngineBlocks
 
-from .layout import KVGeometry, PagedGeometry, chunk_from_buffer, chunks_to_dense
+from .layout import HybridGeometry, KVGeometry, PagedGeometry, chunk_from_buffer, chunks_to_dense
 
-Geometry = KVGeometry | PagedGeometry
+Geometry = KVGeometry | PagedGeometry | HybridGeometry
 
 log = logging.getLogger("kvstore.connectors")
 T = TypeVar("T")

@@ -40,9 +40,16 @@ Families (what a chunk holds: `kvstore.connectors.common.families`):
   `[b, 1, seq, qk_rope_head_dim]`); a chunk holds them side by side as one
   plane, as vLLM's MLA cache does.
 
+* hybrids (attention plus Mamba-2, short-conv or Gated DeltaNet layers: Granite 4, LFM2, Falcon-H1; transformers
+  5.x): the attention layers' K and V, then each recurrent layer's state after the chunk's last token, in a
+  namespace only this connector reads (`hybrid`). `save_prefix` prefills the unstored chunks itself, one per
+  forward pass, to have the states at chunk boundaries (it does not read `cache`); `load_prefix` returns a cache
+  built from the config with the chunks' KV and the last chunk's states.
+
 Refused, with one logged line naming the family and the reason (a miss, never
-an error): linear-attention / Mamba layers, encoder-decoder models, and
-caches of another kind (quantised, static, offloaded).
+an error): encoder-decoder models, layer types no chunk describes, recurrent
+layers that do not fill a cache laid out from the config, and caches of
+another kind (quantised, static, offloaded).
 
 Online verification. With `verify_fraction=f`, that share of the calls that
 would hit compute the prefix instead of loading it (one prefill of the hit
@@ -90,9 +97,10 @@ from ..common.families import (
 )
 from ..common import canonical
 from ..common.fingerprint import settings_digest, tensors_fingerprint
-from ..common.layout import KVGeometry, dense_to_chunks, dtype_name
+from ..common.layout import HybridGeometry, KVGeometry, dense_to_chunks, dtype_name
 from ..common.model_identity import checkpoint_identity
 from ..common.store import ChunkStore, VerifyResult
+from . import hybrid
 
 log = logging.getLogger("kvstore.connectors.hf")
 
@@ -115,6 +123,11 @@ def model_layout(model: torch.nn.Module, chunk_tokens: int) -> ChunkLayout:
     kinds = _attention_kinds(config, family)
     layers = config.num_hidden_layers
     dtype = cast(torch.dtype, model.dtype)   # a transformers model's property; torch.nn.Module declares none
+    if hybrid.is_hybrid(config):
+        if getattr(config, "kv_lora_rank", None):
+            raise Unsupported(family, "MLA attention beside recurrent layers has no chunk layout")
+        g = hybrid.hybrid_geometry(model, chunk_tokens, family)
+        return ChunkLayout(Family.DENSE, g.kv, kinds, state=g.label, family_label=family)
     if getattr(config, "kv_lora_rank", None):
         return mla_layout(layers, config.kv_lora_rank, config.qk_rope_head_dim, dtype, chunk_tokens,
                           attention=kinds, family_label=family)
@@ -132,15 +145,20 @@ def _attention_kinds(config: Any, family: str) -> tuple[str, ...]:
         window = None  # Qwen2 and others carry a window they do not use
     types = getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"]
     kinds: list[str] = []
+    recurrent = hybrid.is_hybrid(config)
     for t in types:
-        if t == "full_attention":
+        if recurrent and t in hybrid.RECURRENT_TYPES and not t.startswith("hybrid"):
+            continue   # a recurrent layer: no per-token KV (its state is a hybrid chunk's other part)
+        if recurrent and t in hybrid.CACHELESS_TYPES:
+            continue   # an MLP or MoE block between a hybrid's layers (Nemotron-H): nothing cached
+        if t in ("full_attention", "hybrid"):
             kind = attention_kind()
-        elif t == "sliding_attention":
+        elif t in ("sliding_attention", "hybrid_sliding"):
             kind = attention_kind(sliding_window=window)
         elif t == "chunked_attention":
             kind = attention_kind(attention_chunk=getattr(config, "attention_chunk_size", None))
         else:
-            raise Unsupported(family, f"layers of type {t!r} keep a recurrent state, not a per-token KV cache")
+            raise Unsupported(family, f"layers of type {t!r} have no chunk layout")
         if kind not in kinds:
             kinds.append(kind)
     return tuple(kinds)
@@ -216,9 +234,12 @@ def _store(client: kvstore.Client, model: torch.nn.Module, salt: str, checkpoint
             _REFUSED[model] = exc.line("transformers")
             log.warning(_REFUSED[model])
         return None
+    namespace = model_namespace(model, client.chunk_tokens, salt)
+    if layout.state:   # a hybrid model's chunks: transformers' own format, never the canonical one
+        return ChunkStore(client, namespace, hybrid.hybrid_geometry(model, client.chunk_tokens, layout.family_label))
     if checkpoint is not None and layout.family is Family.DENSE and not adapter_state(model):
         return canonical_store(client, checkpoint, layout.geometry, salt)
-    return ChunkStore(client, model_namespace(model, client.chunk_tokens, salt), layout.geometry)
+    return ChunkStore(client, namespace, layout.geometry)
 
 
 _IDENTITIES: dict[tuple[str, str], str] = {}
@@ -250,10 +271,13 @@ def new_cache(model: torch.nn.Module) -> Any:
     """A `DynamicCache` that keeps every token of every layer, sliding-window layers included.
 
     The model's masks still limit each sliding layer to its window; keeping the
-    rest is what lets `save_prefix` store the prefix's first chunks.
+    rest is what lets `save_prefix` store the prefix's first chunks. A hybrid model's cache is laid out from
+    its config (its recurrent layers need their own cache layers: `hybrid.new_hybrid_cache`).
     """
     from transformers import DynamicCache
 
+    if hybrid.is_hybrid(_text_config(model)):
+        return hybrid.new_hybrid_cache(model)
     return DynamicCache()
 
 
@@ -295,7 +319,8 @@ def load_prefix(
     verify_fraction: float = 0.0, verify_tolerance: tuple[float, float] | None = None,
     checkpoint: str | None = None,
 ) -> tuple[Any, int]:
-    """A `DynamicCache` holding the longest stored prefix of `input_ids`, and its length.
+    """A `DynamicCache` holding the longest stored prefix of `input_ids`, and its length (for a hybrid model,
+    its attention KV and the recurrent states after its last token; `verify_fraction` does not apply there).
 
     The length is a multiple of `client.chunk_tokens` and leaves at least one
     token of `input_ids` uncached; 0 (and an empty cache) on a miss or when the
@@ -317,6 +342,8 @@ def load_prefix(
     hits = store.lookup(keys)
     if hits == 0:
         return cache, 0
+    if isinstance(store.geometry, HybridGeometry):
+        return hybrid.load_chunks(store, model, keys[:hits], store.geometry, input_ids.device)
     if verify_fraction and random.random() < verify_fraction:
         n = hits * store.geometry.chunk_tokens
         cache, _ = verify_prefix(store, model, input_ids[:, :n], keys[:hits], verify_tolerance)
@@ -387,13 +414,19 @@ def save_prefix(
     """Store every full chunk of `input_ids` held by `cache` and not stored yet.
 
     `cache` must hold the KV of `input_ids` from position 0 (it may hold more
-    tokens, such as generated ones, which are ignored). Returns the number of
-    chunks written; 0 when the daemon is unavailable.
+    tokens, such as generated ones, which are ignored). A hybrid model's `cache`
+    is not read (it may be None): its states exist at its last token only, so
+    the chunks not stored yet are prefilled here, one per forward pass, from the
+    stored prefix (`hybrid.save_chunks`). Returns the number of chunks written;
+    0 when the daemon is unavailable.
     """
     tokens = _token_row(input_ids)
     store = _store(client, model, salt, checkpoint)
     if store is None:
         return 0
+    if isinstance(store.geometry, HybridGeometry):
+        keys = store.keys(tokens)[: len(tokens) // store.geometry.chunk_tokens]
+        return hybrid.save_chunks(store, model, input_ids, keys, store.geometry)
     held = _held_from_start(cache, len(tokens))
     if held == 0 and len(tokens) >= store.geometry.chunk_tokens and model not in _DROPPED:
         _DROPPED[model] = True

@@ -120,18 +120,18 @@ def test_other_family_window_or_dtype_never_hits(kv):
     assert load_prefix(kv, tiny_deepseek(version=2, kv_lora_rank=48), ids)[1] == 0
 
 
-def test_linear_attention_and_encoder_decoder_are_refused_once_with_a_reason(kv, caplog):
+def test_unknown_layer_types_and_encoder_decoder_are_refused_once_with_a_reason(kv, caplog):
     from transformers import T5Config, T5ForConditionalGeneration
 
     model = tiny_llama()
-    model.config.layer_types = ["full_attention", "linear_attention", "full_attention", "full_attention"]
+    model.config.layer_types = ["full_attention", "indexed_attention", "full_attention", "full_attention"]
     ids = prompt(CHUNK + 3, seed=7)
     with caplog.at_level(logging.WARNING, logger="kvstore.connectors.hf"):
         assert load_prefix(kv, model, ids)[1] == 0
         assert save_prefix(kv, model, ids, prefill(model, ids)[1]) == 0
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["kvstore transformers connector off (llama): layers of type 'linear_attention' "
-                     "keep a recurrent state, not a per-token KV cache"]
+    assert lines == ["kvstore transformers connector off (llama): layers of type 'indexed_attention' "
+                     "have no chunk layout"]
     t5 = T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=32, d_ff=64, num_layers=1, num_heads=2,
                                              d_kv=16)).eval()
     caplog.clear()
