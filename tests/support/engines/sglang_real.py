@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from harness.engines.sandbox import engine_home_env
+from harness.engines.sandbox import engine_home_env, shm_files_of
 from harness.engines import venv
 from harness.engines.venv import venv_dir
 
@@ -252,18 +252,7 @@ ENGINE_SHM_PREFIXES = ("sem.mp-", "sglang_", "sgl_shm_", "multi_tokenizer_args_"
 
 def shm_files_of_group(pgid: int) -> set[str]:
     """The engine's own /dev/shm files that the processes of group `pgid` have mapped."""
-    paths: set[str] = set()
-    for pid in group_members(pgid):
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    path = line.split(None, 5)[-1].strip() if line.count(" ") >= 5 else ""
-                    name = path[len("/dev/shm/"):] if path.startswith("/dev/shm/") else ""
-                    if name.startswith(ENGINE_SHM_PREFIXES) and not path.endswith("(deleted)"):
-                        paths.add(path)
-        except OSError:
-            continue
-    return paths
+    return shm_files_of(group_members(pgid), ENGINE_SHM_PREFIXES)
 
 
 def storage_tokens(details: Any) -> int:
