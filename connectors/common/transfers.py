@@ -37,7 +37,7 @@ from kvstore.protocol.engine_blocks import EngineBlocks
 from kvstore.mapped.gpu_pool import load_async, save_async
 
 from .canonical import CanonicalStore
-from .layout import BlockCodec
+from .block_codec import BlockCodec
 from .store import ChunkStore, exact_or_tolerance
 
 log = logging.getLogger("kvstore.connectors")

@@ -15,7 +15,7 @@ import torch
 from kvstore.ops import PagedKV
 from kvstore.protocol.engine_blocks import EngineBlocks
 
-from ..common.layout import BlockCodec
+from ..common.block_codec import BlockCodec
 from ..common.transfers import LoadJob, SaveJob, Transfers
 from .geometry import CPU_KERNELS, EngineGeometry, cpu_kernels
 from .hybrid import state_rows, state_target

@@ -105,7 +105,7 @@ def _cpu_block_write(cache: torch.Tensor, block: int, t: int, k: torch.Tensor, v
 
 @pytest.mark.parametrize("content", ["cpu", "split"])
 def test_block_codec_reads_and_writes_vllm_blocks_in_the_chunk_layout(content):
-    from kvstore.connectors.common.layout import BlockCodec
+    from kvstore.connectors.common.block_codec import BlockCodec
 
     layers, heads, block, dim, blocks = 2, 2, 8, 4, 6
     caches = [torch.zeros(blocks, heads, block, 2 * dim) for _ in range(layers)]

@@ -8,7 +8,8 @@ inside functions; relative imports resolved; ``support/imports.py``).
 - No two rooms import each other, directly or around a longer loop.
 - Inside the daemon (``server/``): ``transport/`` and ``events/`` import no other room of it, ``requests/``
   never imports ``lifecycle/``.
-- No source file under kvstore/ is longer than ``MAX_LINES`` (450): a module is split by idea before then.
+- No source file under kvstore/ or connectors/ is longer than ``MAX_LINES`` (450): a module is split by idea
+  before then.
 
 What still breaks a rule is listed in ``OWED``, import by import: the list may only shrink. A new import that
 breaks a rule fails here, and so does a listed one that is gone (strike it from the list).
@@ -118,7 +119,7 @@ OWED_LONG = {"kvstore/server/lifecycle/daemon.py", "kvstore/config.py", "kvstore
 
 def long_files() -> set[str]:
     root = Path(__file__).resolve().parents[2]
-    return {str(path.relative_to(root)) for path in (root / "kvstore").rglob("*.py")
+    return {str(path.relative_to(root)) for top in ("kvstore", "connectors") for path in (root / top).rglob("*.py")
             if len(path.read_text().splitlines()) > MAX_LINES}
 
 
