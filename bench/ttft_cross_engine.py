@@ -39,7 +39,7 @@ class Engines:
         self.pool = vllm_real.EnginePool()
         self.pool.use_workdir(workdir)
         self.pool.use_model(model)
-        self.vllm = self.pool.get("xe-bench", connector=self.pool.connector(), max_model_len=8192)
+        self.vllm = self.pool.get("xe-bench", connector=self.pool.connector(), max_model_len=4096)
         flags = sglang_real.hicache_flags(daemon.address, reset_on_flush=False)
         self.sglang = sglang_real.SGLangServer(sglang_real.require_engine(), model,
                                                ["--page-size", str(CHUNK), *flags], workdir, "xe-bench")
