@@ -77,7 +77,6 @@ Supported: transformers 4.46 and later (tested with 5.x).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import random
 import weakref
@@ -101,6 +100,7 @@ from ..common.layout import HybridGeometry, KVGeometry, dense_to_chunks, dtype_n
 from ..common.model_identity import checkpoint_identity
 from ..common.store import ChunkStore, VerifyResult
 from . import hybrid
+from .forward import cache_kwargs, output_cache as output_cache   # part of the public API
 
 log = logging.getLogger("kvstore.connectors.hf")
 
@@ -372,21 +372,6 @@ def _fill_cache(cache: Any, keys_per_layer: list[torch.Tensor], values_per_layer
 def _mla_split(model: torch.nn.Module) -> list[int]:
     config = _text_config(model)
     return [config.kv_lora_rank, config.qk_rope_head_dim]
-
-
-def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
-    """The keyword argument that hands `cache` to `model`'s forward pass: `{"cache": cache}` where transformers
-    names it so, `{"past_key_values": cache}` on releases before that rename."""
-    parameters = inspect.signature(model.forward).parameters
-    return {"cache": cache} if "cache" in parameters else {"past_key_values": cache}
-
-
-def output_cache(output: Any) -> Any:
-    """The cache a forward pass returned: `output.cache`, or `output.past_key_values` on releases before the
-    rename (read without the deprecation warning the new releases give that name)."""
-    fields = getattr(output, "__dataclass_fields__", None)   # transformers' outputs are dataclasses
-    new_name = "cache" in fields if fields is not None else hasattr(output, "cache")
-    return output.cache if new_name else output.past_key_values
 
 
 @torch.no_grad()

@@ -33,6 +33,7 @@ import torch
 from ..common.families import Unsupported
 from ..common.layout import HybridGeometry, KVGeometry, StatePart, dense_to_chunks
 from ..common.store import ChunkStore
+from .forward import cache_kwargs
 
 # Layer types (transformers' `config.layer_types`) that keep a recurrent state.
 RECURRENT_TYPES = frozenset({"linear_attention", "conv", "mamba", "hybrid", "hybrid_sliding"})
@@ -93,7 +94,7 @@ def _probe(model: torch.nn.Module, chunk_tokens: int, family: str, device: torch
         cache = new_hybrid_cache(model)
         with torch.no_grad():
             model(torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=True,
-                  **_cache_kwargs(model, cache))
+                  **cache_kwargs(model, cache))
     except Exception as exc:   # a cache the model does not fill as its config says
         raise Unsupported(family, f"its recurrent layers do not run on a cache laid out from its config "
                                   f"({type(exc).__name__}), so no state can be read") from exc
@@ -122,12 +123,6 @@ def _probe(model: torch.nn.Module, chunk_tokens: int, family: str, device: torch
     heads, head_dim, dtype = kv_shapes.pop()
     return HybridGeometry(KVGeometry(len(attention), heads, head_dim, dtype, chunk_tokens), tuple(attention),
                           tuple(parts))
-
-
-def _cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
-    from . import cache_kwargs
-
-    return cache_kwargs(model, cache)
 
 
 def _state_tensors(cache: Any, geometry: HybridGeometry) -> list[torch.Tensor]:
@@ -212,7 +207,7 @@ def save_chunks(store: ChunkStore, model: torch.nn.Module, input_ids: torch.Tens
         # Positions given: some models (Bamba in transformers 5.25) number every call's tokens from 0 otherwise
         positions = torch.arange(chunk * t, (chunk + 1) * t, device=input_ids.device)[None]
         model(input_ids[:, chunk * t:(chunk + 1) * t], position_ids=positions, use_cache=True,
-              **_cache_kwargs(model, cache))
+              **cache_kwargs(model, cache))
         if store.store(keys, pack_chunk(cache, chunk, geometry)[None], chunk) != 1:
             break
         written += 1
