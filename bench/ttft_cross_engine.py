@@ -26,6 +26,7 @@ from typing import Any
 from bench._common import start_daemon, write_result
 from tests.support.engines import sglang_real, vllm_real
 from harness.engines.sandbox import engine_home_env
+from harness.wait import wait_for
 
 CHUNK = 256     # the vLLM connector's chunk_tokens and SGLang's page size
 GOAL = 1.1
@@ -81,11 +82,8 @@ class Engines:
 
 def wait_for_count(daemon: Any, want: int, timeout: float = 120) -> None:
     """Until the daemon holds ``want`` chunks (the engines save after they answer)."""
-    deadline = time.monotonic() + timeout
-    while sglang_real.stored(daemon) < want:
-        if time.monotonic() > deadline:
-            raise SystemExit("the engines' saves did not reach the daemon in time")
-        time.sleep(0.1)
+    if not wait_for(lambda: sglang_real.stored(daemon) >= want, timeout=timeout, interval=0.1):
+        raise SystemExit("the engines' saves did not reach the daemon in time")
 
 
 def settled_count(daemon: Any, quiet_s: float = 1.0, timeout: float = 120) -> int:
