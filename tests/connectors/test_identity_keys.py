@@ -174,6 +174,14 @@ def test_two_engines_random_weights_from_one_seed_are_not_one_model(tmp_path):
 # -- one identity in every engine, and SGLang's canonical keys following its weights ----------------------------
 
 
+@pytest.fixture
+def sglang_wheel() -> None:
+    """SGLang's interface modules, which the backend imports (skipped without them, failed under CI)."""
+    from harness.servers import require_module
+
+    require_module("sglang", "SGLang's HiCache storage interface (the sglang wheel)")
+
+
 class _Weights:
     """What SGLang 0.5.23 publishes of the weights it serves (``sglang.srt.runtime_context``), as a test sets it."""
 
@@ -210,7 +218,7 @@ def _vllm_config(path: Path) -> object:
                            load_config=SimpleNamespace(load_format="auto"))
 
 
-def test_vllm_sglang_and_transformers_compute_one_identity_of_a_checkpoint(tmp_path, monkeypatch):
+def test_vllm_sglang_and_transformers_compute_one_identity_of_a_checkpoint(tmp_path, monkeypatch, sglang_wheel):
     """One checkpoint at its defaults: vLLM's connector, SGLang's backend and transformers' ``checkpoint=`` make
     one model identity, and SGLang's canonical model part is vLLM's (the engines share chunks)."""
     from types import SimpleNamespace
@@ -232,7 +240,7 @@ def test_vllm_sglang_and_transformers_compute_one_identity_of_a_checkpoint(tmp_p
     assert versioned.part() == identity_root(vllm, "v7")
 
 
-def test_sglangs_canonical_part_follows_the_weights_it_serves(tmp_path, monkeypatch):
+def test_sglangs_canonical_part_follows_the_weights_it_serves(tmp_path, monkeypatch, sglang_wheel):
     """Whenever SGLang's keys of its own format move (weights from disk, a named weight_version, a flush under
     ``reset_on_flush``, ``clear()``), its canonical part moves with them; a flush without ``reset_on_flush``
     leaves both where they were."""
