@@ -88,9 +88,13 @@ def backend_config(address: str, **extra: Any) -> dict[str, Any]:
 def hicache_flags(address: str, layout: str = "layer_first", **extra: Any) -> list[str]:
     """HiCache with the kvstore backend: host pool in `layout` at SGLang's default ratio to the device pool, given
     explicitly (left to itself SGLang sizes the pool from free memory and refuses to start with under 10 GiB free,
-    as on a machine other engines share), pages moved by the `direct` I/O backend."""
+    as on a machine other engines share), pages moved by the `direct` I/O backend.
+
+    Prefetches run to completion (``wait_complete``): under SGLang's default ``timeout`` policy a request is
+    scheduled once a deadline of about a second passes, with whatever pages arrived by then, so on a loaded
+    machine the number of tokens loaded from storage (which the tests and benches count) is left to chance."""
     return ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-io-backend", "direct",
-            "--hicache-mem-layout", layout,
+            "--hicache-mem-layout", layout, "--hicache-storage-prefetch-policy", "wait_complete",
             "--hicache-storage-backend", "dynamic",
             "--hicache-storage-backend-extra-config", json.dumps(backend_config(address, **extra))]
 
