@@ -31,6 +31,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -487,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
                   "mooncake)",
         "command": "python -m bench.serve_sglang " + " ".join(sys.argv[1:] if argv is None else argv),
         "note": args.note, "scenarios": {}, "load_average_at_start": os.getloadavg()}
+    # a SIGTERM (a timeout, an operator) unwinds through `bench.close()`, which stops every server it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         bench.setup()
         print("== agreement", flush=True)

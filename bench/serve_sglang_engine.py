@@ -11,7 +11,7 @@ client sends text) and HiCache on in every arm; the arms differ only in ``--hica
   ``mooncake_client`` storage node holding the objects, `harness/servers.py`); the engine contributes no
   memory of its own (``global_segment_size`` 0), so what it stored outlives it, as kvstore's daemon does;
 * ``kvstore``: the kvstore connector as a ``dynamic`` backend, configured as docs/connectors/sglang.md says
-  (`backend_config` of the engine tests).
+  (`backend_config` of the engine tests), keeping its keys across ``/flush_cache`` (``reset_on_flush`` false).
 """
 
 from __future__ import annotations
@@ -114,8 +114,11 @@ def storage_flags(arm: str, store: Any) -> list[str]:
         return ["--hicache-storage-backend", "mooncake", "--hicache-storage-backend-extra-config",
                 json.dumps(config)]
     if arm == "kvstore":
+        # `reset_on_flush` false: the benchmark's restart and cold starts are `/flush_cache` calls, and under the
+        # default a flush moves the model's epoch (every page saved before is a miss after), as a flush that
+        # stands for new weights must; a real restart (`--real-restart`) keeps the keys either way
         return ["--hicache-storage-backend", "dynamic", "--hicache-storage-backend-extra-config",
-                json.dumps(backend_config(store))]
+                json.dumps(backend_config(store, reset_on_flush=False))]
     raise ValueError(f"unknown arm {arm!r}: choose from {', '.join(ARMS)}")
 
 

@@ -99,6 +99,7 @@ def test_each_arm_differs_only_in_its_storage_backend():
     assert config["kvstore"]["module_path"] == "kvstore.connectors.sglang"
     assert config["kvstore"]["class_name"] == "KVStoreHiCacheStorage" and config["kvstore"]["interface_v1"] == 1
     assert config["kvstore"]["address"] == "ipc:///tmp/kv.sock"
+    assert config["kvstore"]["reset_on_flush"] is False   # the scenarios' `/flush_cache` must not move the keys
     with pytest.raises(ValueError, match="unknown arm 'lmcache'"):
         storage_flags("lmcache", None)
 
