@@ -4,8 +4,8 @@ A handler takes the service (``service.py``: store, tiers, config, counters; nev
 session, the decoded header and any payload frames, and returns the
 reply as a list of frames (header first), or — when it has to wait for the disk or the remote store — a coroutine
 that returns them (the dispatcher awaits it without blocking other requests). It raises a ``RequestError`` for
-anything the caller got wrong; the dispatcher in ``daemon.py`` turns that into an error reply. Handlers never
-trust the header: every field goes through ``protocol/messages.py`` (``protocol/hello.py`` for HELLO).
+anything the caller got wrong; the dispatcher (``lifecycle/dispatcher.py``) turns that into an error reply.
+Handlers never trust the header: every field goes through ``protocol/messages.py`` (``protocol/hello.py`` for HELLO).
 """
 
 from __future__ import annotations
