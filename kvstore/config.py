@@ -1,8 +1,9 @@
 """The daemon's configuration: one typed tree, one default per setting.
 
-Every setting is declared once in ``SETTINGS`` (name, type reader, default, help). The TOML file and the
-command-line flags are both generated from and checked against that table, so a default is never written twice
-and an unknown key is an error that names it. Precedence: flag > config file > default.
+Every setting is declared once in ``SETTINGS`` (name, type reader, default, help; the readers, which check one
+value alone, are ``config_readers.py``). The TOML file and the command-line flags are both generated from and
+checked against that table, so a default is never written twice and an unknown key is an error that names it.
+Precedence: flag > config file > default.
 
 An error names where the value came from: the flag, or the config file and its key (``config_file.py``, which
 also reads a file's relative paths against the file's directory; docs/reference/config-notes.md).
@@ -11,223 +12,25 @@ also reads a file's relative paths against the file's directory; docs/reference/
 from __future__ import annotations
 
 import argparse
-import grp
-import ipaddress
-import os
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
 from .config_file import Origins, flag_of, read_config_file
-from .defaults import (DEFAULT_POLICY, EVENTS_BUFFER, EVENTS_FORMAT, EVENTS_HWM, EVICTION_POLICIES, IPC_PATH_MAX,
-                       MAX_PIN_SHARE, MAX_PIN_TTL, PIN_TTL, available_memory, default_disk_dir, default_host_mem,
-                       default_socket)
+from .config_readers import (read_bool, read_compression, read_count, read_dir, read_disk_size, read_events_endpoint,
+                             read_events_format, read_events_topic, read_gpu_device, read_group, read_host,
+                             read_io_depth, read_log_level, read_optional_file, read_policy, read_port, read_remote,
+                             read_remote_wait, read_share, read_socket, read_str, read_tcp)
+from .defaults import (DEFAULT_POLICY, EVENTS_BUFFER, EVENTS_FORMAT, EVENTS_HWM, IPC_PATH_MAX, MAX_PIN_SHARE,
+                       MAX_PIN_TTL, PIN_TTL, available_memory, default_disk_dir, default_host_mem, default_socket)
 from .errors import ConfigError
 from .security.redact import redact_url
 from .units import format_size, parse_seconds, parse_size
-
-def _read_str(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"{name}: expected a string, got {value!r}")
-    return value
-
-
-def _read_socket(value: Any, name: str) -> str:
-    """The socket's file path, made absolute (what is logged is what is bound)."""
-    text = _read_str(value, name)
-    if not text.strip():
-        raise ConfigError(f"{name}: the path is empty; give the socket's file path, e.g. /run/kvstore/kvstore.sock")
-    if text.endswith("/") or os.path.basename(text) in (".", ".."):
-        raise ConfigError(f"{name}: {text!r} names a directory; give the socket's file path, e.g. {text.rstrip('/')}"
-                          f"/kvstore.sock")
-    return os.path.abspath(text)
-
-
-def _read_dir(value: Any, name: str) -> str:
-    text = _read_str(value, name)
-    if not text.strip():
-        raise ConfigError(f"{name}: the path is empty; give a directory, e.g. /var/lib/kvstore")
-    return os.path.abspath(os.path.expanduser(text))
-
-
-def _read_optional_file(value: Any, name: str) -> str:
-    """A file path made absolute, or "" (the setting's default place)."""
-    text = _read_str(value, name).strip()
-    return os.path.abspath(os.path.expanduser(text)) if text else ""
-
-
-def _read_log_level(value: Any, name: str) -> str:
-    level = _read_str(value, name).lower()
-    if level not in ("debug", "info", "warning", "error"):
-        raise ConfigError(f"{name}: must be one of debug, info, warning, error; got {value!r}")
-    return level
-
-
-def _read_tcp(value: Any, name: str) -> str:
-    text = _read_str(value, name)
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{name}: expected HOST:PORT such as 127.0.0.1:7070, got {value!r}")
-    return text
-
-
-def _read_port(value: Any, name: str) -> int:
-    try:
-        port = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: expected a port number, got {value!r}") from None
-    if not 0 <= port < 65536:
-        raise ConfigError(f"{name}: port must be in 0..65535 (0 disables), got {port}")
-    return port
-
-
-def _read_disk_size(value: Any, name: str) -> int:
-    """A size, 0 to turn the disk tier off, or "auto" (-1: resolved against --disk-dir at start)."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return -1
-    return parse_size(value, name)
-
-
-def _read_compression(value: Any, name: str) -> str:
-    text = _read_str(value, name).lower()
-    if text not in ("none", "lz4"):
-        raise ConfigError(f"{name}: must be none or lz4; got {value!r}")
-    return text
-
-
-def _read_io_depth(value: Any, name: str) -> int:
-    try:
-        depth = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: expected a whole number of requests, got {value!r}") from None
-    if not 1 <= depth <= 64:
-        raise ConfigError(f"{name}: must be in 1..64, got {depth}")
-    return depth
-
-
-REMOTE_SCHEMES = ("redis", "rediss", "valkey", "valkeys", "mooncake")
-
-
-def _read_remote(value: Any, name: str) -> str:
-    """A remote store URL, or "" (no remote tier). Only the scheme and a host are checked here; the backend
-    reads the rest, and a store that is down at start is an outage like any other, not an error."""
-    text = _read_str(value, name).strip()
-    if not text:
-        return ""
-    scheme, sep, rest = text.partition("://")
-    accepted = ", ".join(s + "://" for s in REMOTE_SCHEMES)
-    if not sep or scheme.lower() not in REMOTE_SCHEMES:
-        raise ConfigError(f"{name}: unknown remote store {redact_url(text)!r}; accepted schemes: {accepted} (e.g. "
-                          f"redis://127.0.0.1:6379 or mooncake://MASTER:50051?metadata=http://MASTER:8080/metadata)")
-    host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
-    if not host:
-        raise ConfigError(f"{name}: {redact_url(text)!r} names no host; write {scheme}://HOST:PORT")
-    return text
-
-
-def _read_remote_wait(value: Any, name: str) -> float:
-    seconds = parse_seconds(value, name)
-    if seconds > 10:
-        raise ConfigError(f"{name}: {seconds}s would let a slow remote store stall lookups; give at most 10s")
-    return seconds
-
-
-def _read_policy(value: Any, name: str) -> str:
-    text = _read_str(value, name).lower()
-    if text not in EVICTION_POLICIES:
-        raise ConfigError(f"{name}: must be one of {', '.join(EVICTION_POLICIES)}; got {value!r}")
-    return text
-
-
-def _read_host(value: Any, name: str) -> str:
-    host = _read_str(value, name)
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        raise ConfigError(f"{name}: expected an IP address such as 127.0.0.1 or ::1, got {value!r}") from None
-    return host
-
-
-def _read_group(value: Any, name: str) -> int | None:
-    """A local group, by name or gid, that gets the stream socket (``socket_group``); the empty string: none."""
-    if value == "" or value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ConfigError(f"{name}: expected a group name or gid, got {value!r}")
-    text = str(value).strip()
-    try:
-        group = grp.getgrgid(int(text)) if text.isdigit() else grp.getgrnam(text)
-    except (KeyError, OverflowError):
-        raise ConfigError(f"{name}: no group {value!r} on this machine; create it (groupadd) or name another "
-                          f"group") from None
-    return group.gr_gid
-
-
-def _read_gpu_device(value: Any, name: str) -> int:
-    try:
-        index = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: expected a CUDA device index such as 0, got {value!r}") from None
-    if index < 0:
-        raise ConfigError(f"{name}: device index must be 0 or more, got {index}")
-    return index
-
-
-# -- KV cache events (server/events/publisher.py, protocol/kv_events.py) -----------------------------------------
-def _read_events_endpoint(value: Any, name: str) -> str:
-    """A ZeroMQ endpoint to bind (tcp://HOST:PORT or ipc://PATH), or "" (off)."""
-    text = _read_str(value, name).strip()
-    if text and not text.startswith(("tcp://", "ipc://")):
-        raise ConfigError(f"{name}: expected tcp://HOST:PORT or ipc://PATH (e.g. tcp://127.0.0.1:5557), "
-                          f"got {value!r}")
-    return text
-
-
-def _read_events_format(value: Any, name: str) -> str:
-    if _read_str(value, name).lower() not in ("map", "array"):   # protocol/kv_events.py FORMATS
-        raise ConfigError(f"{name}: must be map or array; got {value!r}")
-    return value.lower()
 
 
 def _default_events_topic() -> str:
     from .protocol.event_topics import DEFAULT_TOPIC
 
     return DEFAULT_TOPIC
-
-
-def _read_events_topic(value: Any, name: str) -> str:
-    """A plain topic or a template of an engine's topic (``protocol/event_topics.py``)."""
-    from .protocol.event_topics import TopicTemplate
-
-    return TopicTemplate.parse(_read_str(value, name)).text
-
-
-def _read_count(value: Any, name: str) -> int:
-    try:
-        count = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: expected a whole number, got {value!r}") from None
-    if not 1 <= count <= 10_000_000:
-        raise ConfigError(f"{name}: must be in 1..10000000, got {count}")
-    return count
-
-
-
-def _read_share(value: Any, name: str) -> float:
-    """A fraction in [0, 1], as a number (0.1) or a percentage ("10%")."""
-    text = value.strip() if isinstance(value, str) else value
-    try:
-        share = float(text[:-1]) / 100 if isinstance(text, str) and text.endswith("%") else float(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: expected a fraction such as 0.1 or 10%, got {value!r}") from None
-    if isinstance(value, bool) or not 0.0 <= share <= 1.0:
-        raise ConfigError(f"{name}: must be a fraction in 0..1 (or 0%..100%), got {value!r}")
-    return share
-
-
-def _read_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name}: expected true or false, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -246,12 +49,12 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("socket", _read_socket, default_socket, "path of the ipc:// socket", "PATH", path=True),
-    Setting("socket_group", _read_group, lambda: None,
+    Setting("socket", read_socket, default_socket, "path of the ipc:// socket", "PATH", path=True),
+    Setting("socket_group", read_group, lambda: None,
             "let this local group (name or gid) reach the daemon: its members connect to the stream socket "
             "(0660) and move bytes in the messages; the arena and index stay the daemon user's alone (default: "
             "the daemon's user only)", "GROUP"),
-    Setting("tcp", _read_tcp, lambda: None, "also listen on tcp://HOST:PORT (loopback unless you mean it)",
+    Setting("tcp", read_tcp, lambda: None, "also listen on tcp://HOST:PORT (loopback unless you mean it)",
             "HOST:PORT"),
     Setting("tcp_heartbeat", lambda v, n: parse_seconds(v, n), lambda: 10.0,
             "how often the daemon pings each tcp:// client; a connection silent for three pings is closed and its "
@@ -259,7 +62,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("host_mem", lambda v, n: parse_size(v, n), default_host_mem,
             "most memory the host DRAM tier takes in /dev/shm, as chunks arrive (default: a quarter of "
             "available memory)", "SIZE"),
-    Setting("adopt", _read_bool, lambda: True,
+    Setting("adopt", read_bool, lambda: True,
             "at start, adopt the DRAM tier a cleanly stopped daemon on this socket kept in /dev/shm (each chunk "
             "verified against its checksum before it is served); --no-adopt starts empty and frees it",
             "", switch=True),
@@ -271,24 +74,24 @@ SETTINGS: tuple[Setting, ...] = (
             "one loses them at once", "SECONDS"),
     Setting("reserve_ttl", lambda v, n: parse_seconds(v, n), lambda: 30.0,
             "how long reserved space waits for its commit", "SECONDS"),
-    Setting("disk_dir", _read_dir, default_disk_dir, "directory of the disk tier (default: the user's cache dir)",
+    Setting("disk_dir", read_dir, default_disk_dir, "directory of the disk tier (default: the user's cache dir)",
             "DIR", path=True),
-    Setting("disk_size", _read_disk_size, lambda: -1,
+    Setting("disk_size", read_disk_size, lambda: -1,
             "disk tier cap: a size, 0 to turn the tier off, or auto (10 % of its usable space, at most 64GiB)", "SIZE"),
-    Setting("disk_compression", _read_compression, lambda: "none", "none or lz4 for chunks on disk", "ALGO"),
+    Setting("disk_compression", read_compression, lambda: "none", "none or lz4 for chunks on disk", "ALGO"),
     Setting("disk_queue", lambda v, n: parse_size(v, n), lambda: 0,
             "bytes waiting for write-back before puts wait (0: a quarter of the host tier)", "SIZE"),
-    Setting("disk_io_depth", _read_io_depth, lambda: 4, "disk writes in flight (reads get as many again)", "N"),
-    Setting("remote", _read_remote, lambda: "",
+    Setting("disk_io_depth", read_io_depth, lambda: 4, "disk writes in flight (reads get as many again)", "N"),
+    Setting("remote", read_remote, lambda: "",
             "remote store below the disk tier: redis://HOST:PORT (rediss://, ?cluster=1 for Redis Cluster) or "
             "mooncake://MASTER:PORT?metadata=URL (default: none)", "URL"),
-    Setting("remote_wait", _read_remote_wait, lambda: 0.1,
+    Setting("remote_wait", read_remote_wait, lambda: 0.1,
             "how long a lookup that misses locally waits for the remote store's answer", "SECONDS"),
-    Setting("eviction_policy", _read_policy, lambda: DEFAULT_POLICY,
+    Setting("eviction_policy", read_policy, lambda: DEFAULT_POLICY,
             "eviction order of the tiers: chain-lru, lru or s3-fifo (see kvstore simulate)", "POLICY"),
-    Setting("log_level", _read_log_level, lambda: "info", "debug, info, warning or error", "LEVEL"),
-    Setting("metrics_port", _read_port, lambda: 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
-    Setting("metrics_host", _read_host, lambda: "127.0.0.1",
+    Setting("log_level", read_log_level, lambda: "info", "debug, info, warning or error", "LEVEL"),
+    Setting("metrics_port", read_port, lambda: 0, "serve Prometheus /metrics on this port (0: off)", "PORT"),
+    Setting("metrics_host", read_host, lambda: "127.0.0.1",
             "address /metrics listens on (loopback unless you mean it)", "HOST"),
     Setting("shutdown_timeout", lambda v, n: parse_seconds(v, n), lambda: 10.0,
             "the whole stop's budget on SIGTERM (0.5s..3600s): each step's deadline is a share of it (puts "
@@ -296,32 +99,32 @@ SETTINGS: tuple[Setting, ...] = (
             "process exits 1", "SECONDS"),
     Setting("gpu_mem", lambda v, n: parse_size(v, n), lambda: 0,
             "size of the GPU HBM tier (0: none); needs a CUDA GPU", "SIZE"),
-    Setting("gpu_device", _read_gpu_device, lambda: 0, "CUDA device index of the GPU tier", "N"),
+    Setting("gpu_device", read_gpu_device, lambda: 0, "CUDA device index of the GPU tier", "N"),
     Setting("scrub_rate", lambda v, n: parse_size(v, n), lambda: 0,
             "background scrub: check every chunk's copies at this many bytes per second (0: off)", "BYTES"),
-    Setting("curve_server_key", _read_str, lambda: "",
+    Setting("curve_server_key", read_str, lambda: "",
             "the daemon's CURVE .key_secret file (from `kvstore keygen`): encrypt and authenticate --tcp", "FILE",
             path=True),
-    Setting("curve_client_keys", _read_str, lambda: "",
+    Setting("curve_client_keys", read_str, lambda: "",
             "directory of allowed clients' CURVE .key files (or one file of keys); needed with --curve-server-key",
             "PATH", path=True),
-    Setting("tenant_key_file", _read_optional_file, lambda: "",
+    Setting("tenant_key_file", read_optional_file, lambda: "",
             "the secret of restricted tenants' key spaces, made (32 random bytes, mode 0600) when absent and read "
             "at every start, only when a tenant lists identities (default: tenant-keys.secret in --disk-dir); "
             "daemons sharing a remote store must use copies of the same file", "FILE", path=True),
 )
 EVENT_SETTINGS = (
-    Setting("events_endpoint", _read_events_endpoint, lambda: "",
+    Setting("events_endpoint", read_events_endpoint, lambda: "",
             "publish KV cache events (vLLM's format) on a ZeroMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557 "
             "(default: off)", "ENDPOINT"),
-    Setting("events_replay_endpoint", _read_events_endpoint, lambda: "",
+    Setting("events_replay_endpoint", read_events_endpoint, lambda: "",
             "answer vLLM's replay requests for missed event batches on a ROUTER socket bound here", "ENDPOINT"),
-    Setting("events_buffer", _read_count, lambda: EVENTS_BUFFER, "event batches kept for replay", "N"),
-    Setting("events_hwm", _read_count, lambda: EVENTS_HWM,
+    Setting("events_buffer", read_count, lambda: EVENTS_BUFFER, "event batches kept for replay", "N"),
+    Setting("events_hwm", read_count, lambda: EVENTS_HWM,
             "event batches queued for one slow subscriber before it loses newer ones (a gap it can replay)", "N"),
-    Setting("events_format", _read_events_format, lambda: EVENTS_FORMAT,
+    Setting("events_format", read_events_format, lambda: EVENTS_FORMAT,
             "map (vLLM's tagged maps, current releases) or array (the older positional events)", "FORMAT"),
-    Setting("events_topic", _read_events_topic, _default_events_topic,
+    Setting("events_topic", read_events_topic, _default_events_topic,
             "topic of each engine's events, a template of {engine_id}, {model}, {dp_rank} and {tenant} (llm-d's "
             "kv@{engine_id}@{model} by default; the daemon-wide stream's topic is then empty), or a plain topic "
             "for every event message", "TOPIC"),
@@ -331,7 +134,7 @@ RETENTION_SETTINGS = (
             "how long a put's soft pin (retention class pin) holds its chunks when the put names no TTL", "SECONDS"),
     Setting("max_pin_ttl", lambda v, n: parse_seconds(v, n), lambda: MAX_PIN_TTL,
             "the longest soft pin: a put asking more is cut to it (so no pin blocks puts past it)", "SECONDS"),
-    Setting("max_pin_share", _read_share, lambda: MAX_PIN_SHARE,
+    Setting("max_pin_share", read_share, lambda: MAX_PIN_SHARE,
             "most of the host tier all soft pins together may hold without a tenants table (a tenant's own pins "
             "are bounded by its DRAM guarantee and max_pin_bytes); a pin past it is kept as high", "SHARE"),
 )

@@ -51,7 +51,7 @@ from typing import Sequence
 import torch
 import xxhash
 
-from kvstore.protocol.messages import MAX_NAMESPACE_CHARS
+from kvstore.protocol.hello import MAX_NAMESPACE_CHARS
 
 LAYOUT_VERSION = 1
 

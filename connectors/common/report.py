@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 import kvstore
-from kvstore.protocol.messages import (
+from kvstore.protocol.hello import (
     MAX_CONNECTOR_FAMILY_CHARS,
     MAX_CONNECTOR_REASON_CHARS,
 )

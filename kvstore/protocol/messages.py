@@ -1,105 +1,28 @@
-"""Typed arguments of each request, validated from an untrusted header.
+"""Typed arguments of each request after hello, validated from an untrusted header.
 
-Every field read from the wire passes through one of the readers below, which check type, length and range and
-raise BadRequestError or LimitError naming the field. Handlers receive these dataclasses, never raw dicts.
+Every field is read through ``fields.py``'s readers, which check type, length and range and raise
+BadRequestError or LimitError naming the field; handlers receive these dataclasses, never raw dicts. HELLO's
+own message is ``hello.py``. A client's checks of what it is about to send (``check_batch``) live here too.
+
+May call the field readers (``fields.py``), the other messages' parts (``hello.py``'s bounds, ``engine_blocks.py``,
+``retention.py``) and the leaves they call.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import math
 
 from ..errors import BadRequestError, LimitError
-from ..keys import KEY_BYTES, KEY_SCHEME
+from ..keys import KEY_BYTES
 from .engine_blocks import EngineBlocks, read_engine
-from .engine_identity import EngineIdentity, read_identity
+from .fields import (read_bool, read_float, read_int, read_keys, read_optional_key, read_sizes, read_str,
+                     unpack_keys)
+from .hello import MAX_NAMESPACE_CHARS
 from .retention import NORMAL, RetentionAsk, read_retention
 from .wire import MAX_BATCH
-
-MAX_NAMESPACE_CHARS = 512
-MAX_CLIENT_ID_CHARS = 256
-MAX_CONNECTOR_FAMILY_CHARS = 64
-MAX_CONNECTOR_REASON_CHARS = 400
-CONNECTOR_STATES = ("on", "off")
-_ENGINE_NAME = re.compile(r"[a-z0-9]{1,32}")
-
-
-def read_int(h: dict[str, Any], name: str, lo: int, hi: int, default: int | None = None) -> int:
-    value = h.get(name, default)
-    if value is None:
-        raise BadRequestError(f"missing field {name!r}")
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise BadRequestError(f"field {name!r} must be an integer, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise BadRequestError(f"field {name!r} = {value} is out of range [{lo}, {hi}]")
-    return value
-
-
-def read_bool(h: dict[str, Any], name: str, default: bool) -> bool:
-    value = h.get(name, default)
-    if not isinstance(value, bool):
-        raise BadRequestError(f"field {name!r} must be a boolean, got {type(value).__name__}")
-    return value
-
-
-def read_float(h: dict[str, Any], name: str, lo: float, hi: float, default: float | None = None) -> float:
-    """A number (int or float) in [lo, hi]; +inf passes when ``hi`` is inf, NaN never does."""
-    value = h.get(name, default)
-    if value is None:
-        raise BadRequestError(f"missing field {name!r}")
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise BadRequestError(f"field {name!r} must be a number, got {type(value).__name__}")
-    if math.isnan(value) or not lo <= value <= hi:
-        raise BadRequestError(f"field {name!r} = {value} is out of range [{lo}, {hi}]")
-    return float(value)
-
-
-def read_str(h: dict[str, Any], name: str, max_chars: int, default: str | None = None) -> str:
-    value = h.get(name, default)
-    if value is None:
-        raise BadRequestError(f"missing field {name!r}")
-    if not isinstance(value, str):
-        raise BadRequestError(f"field {name!r} must be a string, got {type(value).__name__}")
-    if len(value) > max_chars:
-        raise LimitError(f"field {name!r} is {len(value)} characters long; the limit is {max_chars}")
-    return value
-
-
-def read_key(value: Any, name: str) -> bytes:
-    if not isinstance(value, bytes) or len(value) != KEY_BYTES:
-        raise BadRequestError(f"{name} must be a {KEY_BYTES}-byte binary key")
-    return value
-
-
-def read_keys(h: dict[str, Any], name: str = "keys", allow_empty: bool = False) -> list[bytes]:
-    """A list of 16-byte keys, sent as a list of bins or packed into one bin of 16 × n bytes."""
-    value = h.get(name)
-    if isinstance(value, bytes):
-        return _unpack_keys(value, name, allow_empty)
-    if not isinstance(value, list):
-        raise BadRequestError(f"field {name!r} must be a list of {KEY_BYTES}-byte keys")
-    if len(value) > MAX_BATCH:
-        raise LimitError(f"field {name!r} holds {len(value)} keys; the limit per request is {MAX_BATCH}")
-    if not value and not allow_empty:
-        raise BadRequestError(f"field {name!r} must not be empty")
-    for k in value:   # the common case checked in one pass; the message names the first bad key
-        if type(k) is not bytes or len(k) != KEY_BYTES:
-            return [read_key(k, f"{name}[{i}]") for i, k in enumerate(value)]
-    return value
-
-
-def _unpack_keys(packed: bytes, name: str, allow_empty: bool) -> list[bytes]:
-    if len(packed) % KEY_BYTES:
-        raise BadRequestError(f"field {name!r} packs keys of {KEY_BYTES} bytes; {len(packed)} bytes is not a multiple")
-    count = len(packed) // KEY_BYTES
-    if count > MAX_BATCH:
-        raise LimitError(f"field {name!r} holds {count} keys; the limit per request is {MAX_BATCH}")
-    if not count and not allow_empty:
-        raise BadRequestError(f"field {name!r} must not be empty")
-    return [packed[i:i + KEY_BYTES] for i in range(0, len(packed), KEY_BYTES)]
 
 
 def check_batch(keys: Any, what: str) -> None:
@@ -118,86 +41,6 @@ def wire_keys(keys: Sequence[bytes]) -> bytes | list[bytes]:
         if type(k) is not bytes or len(k) != KEY_BYTES:
             return list(keys)
     return b"".join(keys)
-
-
-def read_sizes(h: dict[str, Any], count: int, max_size: int) -> list[int]:
-    value = h.get("sizes")
-    if not isinstance(value, list) or len(value) != count:
-        raise BadRequestError(f"field 'sizes' must be a list of {count} integers, one per key")
-    sizes = []
-    for i, s in enumerate(value):
-        if not isinstance(s, int) or isinstance(s, bool) or s <= 0:
-            raise BadRequestError(f"sizes[{i}] must be a positive integer, got {s!r}")
-        if s > max_size:
-            raise LimitError(f"sizes[{i}] = {s} bytes exceeds the largest chunk this daemon stores ({max_size} bytes)")
-        sizes.append(s)
-    return sizes
-
-
-def read_optional_key(h: dict[str, Any], name: str) -> bytes | None:
-    value = h.get(name)
-    return None if value is None else read_key(value, f"field {name!r}")
-
-
-@dataclass(frozen=True)
-class ConnectorReport:
-    """What an engine connector says of itself at hello: which engine, which model family, on or off and why."""
-
-    engine: str
-    family: str
-    state: str
-    reason: str
-
-    @classmethod
-    def parse(cls, value: Any) -> "ConnectorReport | None":
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise BadRequestError(f"field 'connector' must be a map, got {type(value).__name__}")
-        try:
-            engine = read_str(value, "engine", 32)
-            if not _ENGINE_NAME.fullmatch(engine):
-                raise BadRequestError(f"engine {engine!r} must be 1-32 lowercase letters or digits")
-            state = read_str(value, "state", 8)
-            if state not in CONNECTOR_STATES:
-                raise BadRequestError(f"state {state!r} must be one of {', '.join(CONNECTOR_STATES)}")
-            return cls(engine, read_str(value, "family", MAX_CONNECTOR_FAMILY_CHARS, default=""), state,
-                       read_str(value, "reason", MAX_CONNECTOR_REASON_CHARS, default=""))
-        except (BadRequestError, LimitError) as exc:
-            raise type(exc)(f"connector report: {exc}") from None
-
-
-@dataclass(frozen=True)
-class Hello:
-    version: int
-    namespace: str
-    client_id: str
-    chunk_tokens: int
-    pid: int
-    pid_start: int
-    want_arena: bool
-    want_gpu: bool
-    key_scheme: str     # how the client derives chunk keys (kvstore.keys.KEY_SCHEME for our own)
-    hash_seed: int      # a seed the client's key hash takes, 0 for none
-    connector: ConnectorReport | None = None
-    identity: EngineIdentity | None = None   # the engine instance the client serves (its events' topic)
-
-    @classmethod
-    def parse(cls, h: dict[str, Any]) -> "Hello":
-        return cls(
-            version=read_int(h, "version", 0, 1 << 16),
-            namespace=read_str(h, "namespace", MAX_NAMESPACE_CHARS),
-            client_id=read_str(h, "client_id", MAX_CLIENT_ID_CHARS, default=""),
-            chunk_tokens=read_int(h, "chunk_tokens", 1, 1 << 20, default=256),
-            pid=read_int(h, "pid", 0, 1 << 31, default=0),
-            pid_start=read_int(h, "pid_start", 0, 1 << 62, default=0),
-            want_arena=read_bool(h, "arena", default=False),
-            want_gpu=read_bool(h, "gpu", default=False),
-            key_scheme=read_str(h, "key_scheme", MAX_CLIENT_ID_CHARS, default=KEY_SCHEME),
-            hash_seed=read_int(h, "hash_seed", 0, (1 << 64) - 1, default=0),
-            connector=ConnectorReport.parse(h.get("connector")),
-            identity=read_identity(h.get("identity")),
-        )
 
 
 @dataclass(frozen=True)
@@ -443,7 +286,7 @@ class LookupSeen:
         for i, (n, packed) in enumerate(zip(asked, found)):
             if not isinstance(packed, bytes):
                 raise BadRequestError(f"found[{i}] must be packed {KEY_BYTES}-byte keys")
-            chain = _unpack_keys(packed, f"found[{i}]", allow_empty=True)
+            chain = unpack_keys(packed, f"found[{i}]", allow_empty=True)
             if not isinstance(n, int) or isinstance(n, bool) or not len(chain) <= n <= MAX_BATCH:
                 raise BadRequestError(f"asked[{i}] must be an integer in [{len(chain)}, {MAX_BATCH}]")
             chains.append(chain)
@@ -467,7 +310,7 @@ def _read_chains(h: dict[str, Any]) -> list[list[bytes]]:
     for i, packed in enumerate(read):
         if not isinstance(packed, bytes):
             raise BadRequestError(f"read[{i}] must be packed {KEY_BYTES}-byte keys")
-    return [_unpack_keys(packed, f"read[{i}]", allow_empty=True) for i, packed in enumerate(read)]
+    return [unpack_keys(packed, f"read[{i}]", allow_empty=True) for i, packed in enumerate(read)]
 
 
 LOAD_MEDIA = ("CPU", "GPU")   # the KV cache events' media a client loads from itself (the arena, the GPU pool)

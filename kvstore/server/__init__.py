@@ -1,8 +1,8 @@
 """The daemon, in four rooms.
 
-- ``lifecycle/``: start-up claims and checks, the tiers opened onto them, the daemon process and its loop, the
-  stop budget, service-manager notification, the heap. It builds and owns everything below and may import
-  every other room.
+- ``lifecycle/``: start-up claims and checks, the tiers opened onto them, the daemon process and its loop, its
+  one dispatcher of requests and the sessions, the stop budget, service-manager notification, the heap. It
+  builds and owns everything below and may import every other room.
 - ``requests/``: one handler per wire operation over the service (what a handler may touch), what the daemon
   knows of each client session, hello's compatibility check, stats, integrity, invalidation and reload. It may
   import ``events/``; never ``lifecycle/``.

@@ -6,11 +6,11 @@ eviction queue, the checksum job, the counters) changes nothing a reader can see
 writing the reply, while the writer is already waking up and copying its next batch, instead of before (on this
 machine that was about half of a 16-chunk put's time in the daemon).
 
-Nothing can observe the gap. The daemon runs on one event loop: the work is run right after the reply is
-written, and, should a transport not get to it, before the next request is handled (``Daemon.handle_request``),
-by the sweep, and before the stop drains the movers. Until it runs, the chunks are readable but not yet in the
-eviction queue (so not evictable), and their checksum job is not yet queued. Only code of the same request, after
-the publish, runs in between; it must not rely on that work being done.
+Nothing can observe the gap. The daemon runs on one event loop: the work is run right after the reply is written,
+and, should a transport not get to it, before the next request is handled (``RequestDispatcher.handle_request``), by
+the sweep, and before the stop drains the movers. Until it runs, the chunks are readable but not yet in the eviction
+queue (so not evictable), and their checksum job is not yet queued. Only code of the same request, after the
+publish, runs in between; it must not rely on that work being done.
 """
 
 from __future__ import annotations

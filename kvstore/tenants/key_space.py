@@ -38,7 +38,7 @@ PERSON = b"kvstore-tenant"   # BLAKE2b personalisation of the per-tenant key (at
 SECRET_BYTES = 32            # the daemon's secret (BLAKE2b takes keys of up to 64 bytes)
 
 # The header fields of each operation that carry chunk keys: a key, a list of keys, or keys packed in one bin
-# (``protocol/messages.py`` read_keys / read_optional_key; LOOKUP_SEEN's fields are lists of packed chains).
+# (``protocol/fields.py`` read_keys / read_optional_key; LOOKUP_SEEN's fields are lists of packed chains).
 KEY_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.LOOKUP: ("keys",),
     Op.RESERVE: ("keys", "parent"),

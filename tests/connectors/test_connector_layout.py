@@ -107,7 +107,7 @@ def test_paged_namespace_names_the_cache_format():
 
 def test_a_connector_says_hello_in_its_models_namespace_and_a_long_name_stays_distinct():
     from kvstore.connectors.common.layout import session_namespace
-    from kvstore.protocol.messages import MAX_NAMESPACE_CHARS
+    from kvstore.protocol.hello import MAX_NAMESPACE_CHARS
 
     assert session_namespace("vllm:org/model") == "vllm:org/model"
     assert session_namespace("vllm:org/model", "tenant-a") == "vllm:org/model;salt=tenant-a"

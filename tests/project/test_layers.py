@@ -2,8 +2,8 @@
 inside functions; relative imports resolved; ``support/imports.py``).
 
 - ``tiers/`` is media and I/O: it imports neither the bookkeeping (``store/``) nor the daemon (``server/``).
-- What an engine's process loads (the client, the connectors, ``config.py``) and the leaf package both sides
-  map (``mapped/``) import no daemon room: ``store/``, ``tiers/``, ``server/``.
+- What an engine's process loads (the client, the connectors, ``config.py`` and its ``config_readers.py``) and the
+  leaf package both sides map (``mapped/``) import no daemon room: ``store/``, ``tiers/``, ``server/``.
 - ``store/`` never imports ``server/``; ``protocol/`` imports only leaves.
 - No two rooms import each other, directly or around a longer loop.
 - Inside the daemon (``server/``): ``transport/`` and ``events/`` import no other room of it, ``requests/``
@@ -25,8 +25,9 @@ from support.imports import import_graph, room_edges, room_of
 from project.test_import_cycles import cycles
 
 DAEMON = ("kvstore.store", "kvstore.tiers", "kvstore.server")
-ENGINE_SIDE = ("kvstore.client", "kvstore.config", "kvstore.mapped", "kvstore.connectors.common",
-               "kvstore.connectors.vllm", "kvstore.connectors.sglang", "kvstore.connectors.hf")
+ENGINE_SIDE = ("kvstore.client", "kvstore.config", "kvstore.config_readers", "kvstore.mapped",
+               "kvstore.connectors.common", "kvstore.connectors.vllm", "kvstore.connectors.sglang",
+               "kvstore.connectors.hf")
 LEAVES = ("kvstore.errors", "kvstore.units", "kvstore.logs", "kvstore.keys", "kvstore.defaults",
           "kvstore.native", "kvstore.ops", "kvstore.protocol")
 RULES: dict[str, tuple[str, ...]] = {
@@ -113,8 +114,7 @@ def test_the_rules_catch_what_they_are_for():
 # Files in the hundreds of lines (STYLE.md, 10): no source file under kvstore/ longer than this. What is still
 # longer is listed in ``OWED_LONG``, and may only shrink.
 MAX_LINES = 450
-OWED_LONG = {"kvstore/server/lifecycle/daemon.py", "kvstore/config.py", "kvstore/protocol/messages.py",
-             "kvstore/client/client.py"}
+OWED_LONG = {"kvstore/client/client.py"}
 
 
 def long_files() -> set[str]:

@@ -9,8 +9,9 @@ import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from kvstore.keys import KEY_BYTES
 from kvstore.mapped.index_reader import SeenNotes
-from kvstore.protocol.messages import KEY_BYTES, LookupSeen
+from kvstore.protocol.messages import LookupSeen
 from kvstore.store.policies import POLICIES
 from kvstore.store.store import Store
 from kvstore.tiers.host.tier import HostTier

@@ -11,7 +11,8 @@ import stat
 import pytest
 
 from kvstore.errors import ConfigError, KVStoreError
-from kvstore.protocol.messages import Lookup, LookupSeen, Reserve, read_optional_key
+from kvstore.protocol.fields import read_optional_key
+from kvstore.protocol.messages import Lookup, LookupSeen, Reserve
 from kvstore.protocol.wire import MAX_BATCH, Op
 from kvstore.tenants.key_file import read_or_create_secret
 from kvstore.tenants.key_space import KEY_FIELDS, NO_KEYS, KeySpace, TenantKeys, needs_key_spaces, scope_request

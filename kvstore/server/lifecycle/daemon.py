@@ -1,4 +1,4 @@
-"""The daemon process: sockets, sessions, the request loop and the lifecycle.
+"""The daemon process: its sockets, its event loop and the lifecycle (the requests: ``dispatcher.py``).
 
 Start (``open``): check the socket path (only a stale socket of ours is ever replaced, ``startup.py``), take
 an exclusive lock next to the socket (a second daemon on the same socket refuses to start; a crashed daemon's
@@ -6,9 +6,8 @@ lock dies with it, so its stale socket and arena are removed) and one in the dis
 arena, bind a ZeroMQ ROUTER on ipc:// (and optionally tcp://), then serve. Every step puts what it took on one
 exit stack, so a failure at any step gives back everything taken before it, newest first (the arena in
 /dev/shm, the locks, the socket, and the directories start-up created), and a normal stop closes the same stack.
-Requests are handled one at a time on the event loop: every operation is an in-memory index update of a few
-microseconds, and bytes never pass through the daemon on the ipc:// path (clients copy them straight into or out of the
-arena). A sweeper expires leases and reservations and reclaims the pins of local clients whose process died.
+Every request goes to one dispatcher (``dispatcher.py``: handlers, sessions, refusals at stop), whichever socket
+carried it. A sweeper expires leases and reservations and reclaims the pins of local clients whose process died.
 
 Stop (SIGTERM or SIGINT), every step bounded by its share of ``shutdown_timeout`` (``stopping.py``): tell the
 service manager (``STOPPING=1``), remove the socket file so that no new local client can connect, answer every
@@ -28,10 +27,10 @@ backend's workers read it). A remote store that is down at start is an outage, n
 
 Local clients (``local_access.py``): the Store publishes its lookup index in shared memory, and requests also
 arrive on a Unix stream socket next to the ZeroMQ one (one session per connection, its pins dropped when it
-closes); both go through ``handle_request``, and both close with the ZeroMQ socket at stop.
+closes); both go through ``RequestDispatcher.handle_request``, and both close with the ZeroMQ socket at stop.
 
-Metrics: every request's time is observed per operation in ``handle_request``; the store's gauges and counters
-are read from a ``stats()`` snapshot taken on the event loop when Prometheus scrapes (``kvstore/metrics/``).
+Metrics: every request's time is observed per operation by the dispatcher; the store's gauges and counters are
+read from a ``stats()`` snapshot taken on the event loop when Prometheus scrapes (``kvstore/metrics/``).
 """
 
 from __future__ import annotations
@@ -41,39 +40,34 @@ import contextlib
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 import zmq
 from prometheus_client import CollectorRegistry
 
 from ... import logs, native
 from ...config import ServerConfig
-from ...errors import ConfigError, InternalError, LimitError, RequestError, UnavailableError, VersionError
+from ...errors import ConfigError
 from ...metrics.collector import StatsCollector
 from ...metrics.exporter import MetricsExporter
 from ...metrics.latency import RequestLatency
-from ...protocol.wire import Op, decode_header, error_reply, header_hints, op_of, request_id_of
-from ...security.curve import ServerCurve, peer_curve_key
+from ...security.curve import ServerCurve
 from ...store.adoption import keep_arena, open_host_arena, open_journal, take_kept_slots
 from ...tiers.host.journal import journal_path_for
 from ...tiers.host.tier import HostTier
-from ...tenants.access import Principal
 from ...tenants.key_file import open_tenant_keys
-from ...tenants.key_space import scope_request
-from ..requests.handlers import HANDLERS, hello_reply
+from .dispatcher import RequestDispatcher
 from .heap import HeapWatch, settle_heap
 from .notify import notify, watchdog_interval
 from ..transport.reactor import SocketReactor
 from ..transport.tcp_peers import TcpPeers, set_heartbeat
-from ..transport.refusals import RefusalLog
 from ..requests.reload import ConfigSource, ReloadReport, reload_tenants
 from ..requests.service import Service
-from ..requests.session import Session
 from ..requests.stats import connector_stats, daemon_stats
 from .startup import (Claims, bind_failure, check_socket_dir, check_socket_path, check_writable_dir,
                       exclusive_lock, remove_stale_socket, share_socket_dir)
 from .stopping import StopPlan, arm_forced_exit
-from .local_access import may_map, open_stream
+from .local_access import open_stream
 from ..transport.stream import StreamServer
 
 if TYPE_CHECKING:
@@ -82,8 +76,6 @@ from .tier_setup import open_disk, open_tiers
 
 SWEEP_INTERVAL = 0.25
 SNAPSHOT_TIMEOUT = 5.0
-# While stopping, requests that would start new work are refused; these finish work already started.
-FINISHING_OPS = frozenset({Op.PING, Op.COMMIT, Op.ABORT, Op.RELEASE, Op.EXTEND, Op.DELETE, Op.CLEAR, Op.STATS})
 
 
 class Daemon:
@@ -92,19 +84,15 @@ class Daemon:
         self.config = config
         self.tenants = tenants              # the config file's tenants table at start, or None (one shared tenant)
         self.source = source                # the config file and flags, read again by a reload (reload.py)
-        self.sessions: dict[bytes, Session] = {}
         self.svc: Service                   # what handlers may touch: store, tiers, config, counters (``open``)
+        self.dispatcher: RequestDispatcher  # every request's way to its handler, and the sessions (``open``)
         self._claims = Claims()             # what start-up took (startup.py), released by close(), newest first
         self.stop_plan = StopPlan.from_budget(config.shutdown_timeout)
-        self._stop_event = asyncio.Event()  # set at SIGTERM: waiting requests are answered UnavailableError
         self._remote_close_wait = 1.0       # seconds the remote backend may take to close (set by the stop)
         self._ctx = zmq.Context()
         self._sockets: list[tuple[str, zmq.Socket]] = []
         self._reactors: list[SocketReactor] = []
-        self.tcp_peers: TcpPeers | None = None   # the tcp:// sessions by connection (tcp_peers.py)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.stopping = False      # refuse new work (see FINISHING_OPS)
-        self._curve: ServerCurve | None = None  # CURVE on tcp:// (security/curve.py), when configured
         self.registry = CollectorRegistry()
         self.latency = RequestLatency(self.registry)
         self.registry.register(StatsCollector(self.stats_snapshot))
@@ -112,7 +100,6 @@ class Daemon:
         self.heap = HeapWatch()             # the garbage collector's pauses on the loop (heap.py)
         self._tasks: set[asyncio.Task] = set()
         self.stream: StreamServer | None = None        # the local stream socket (server/transport/stream.py)
-        self.refusals = RefusalLog()                   # requests refused for their size: logged, rate-bounded
         self._clean_stop = False   # the stop drained everything: the arena may be kept for the next start
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -159,14 +146,16 @@ class Daemon:
                            kept)
         self.svc = Service(self.config, tiers, self.tenants, stats=self.stats, stream_path=self._stream_path,
                            reload=self.reload if self.source is not None else None, tenant_keys=tenant_keys)
+        self.dispatcher = RequestDispatcher(self.svc, self.latency)
         take(self._remove_socket_file)   # after the ipc socket is closed (registered below)
         self._bind("ipc", "ipc://" + path)
         claims.leftovers.append(path)
         if self.config.tcp:
             if self.config.curve_server_key:
-                self._curve = ServerCurve(self.config.curve_server_key, self.config.curve_client_keys)
-                self._curve.start(self._ctx)
-                take(self._curve.stop)
+                curve = self.dispatcher.curve = ServerCurve(self.config.curve_server_key,
+                                                            self.config.curve_client_keys)
+                curve.start(self._ctx)
+                take(curve.stop)
             self._bind("tcp", "tcp://" + self.config.tcp)
         self._start_metrics()   # a port in use is a start-up failure like any other
 
@@ -190,8 +179,8 @@ class Daemon:
         sock.setsockopt(zmq.MAXMSGSIZE, -1)
         if transport == "tcp":
             set_heartbeat(sock, self.config.tcp_heartbeat)
-            if self._curve is not None:
-                self._curve.apply(sock)
+            if self.dispatcher.curve is not None:
+                self.dispatcher.curve.apply(sock)
         old_umask = os.umask(0o077)  # the ipc socket file is owner-only from its first moment
         try:
             sock.bind(address)
@@ -203,8 +192,8 @@ class Daemon:
         self._sockets.append((transport, sock))
         self._claims.take(sock.close, linger=0)
         if transport == "tcp":
-            self.tcp_peers = TcpPeers(sock, self.drop_session)
-            self._claims.take(self.tcp_peers.close)
+            peers = self.dispatcher.tcp_peers = TcpPeers(sock, self.dispatcher.drop_session)
+            self._claims.take(peers.close)
 
     def close(self) -> None:
         """Release everything ``open`` and ``serve`` took, newest first (safe to call again)."""
@@ -235,14 +224,15 @@ class Daemon:
             self.svc.adoption.start(loop)   # kept chunks are published as their checksums match
         if self.svc.events is not None:
             self.svc.events.start(loop)   # snapshots are taken on the loop from here on
-        if self.tcp_peers is not None:
-            self.tcp_peers.start(loop)
-        self._reactors = [SocketReactor(loop, t, s, self.handle_message, self._tasks, self.after_reply,
-                                        self.tcp_peers.poll if t == "tcp" and self.tcp_peers else None)
+        requests, peers = self.dispatcher, self.dispatcher.tcp_peers
+        if peers is not None:
+            peers.start(loop)
+        self._reactors = [SocketReactor(loop, t, s, requests.handle_message, self._tasks, requests.after_reply,
+                                        peers.poll if t == "tcp" and peers else None)
                           for t, s in self._sockets]
         for reactor in self._reactors:
             reactor.start()
-        self.stream = await open_stream(self, self.config, loop, self._claims, self._tasks)
+        self.stream = await open_stream(requests, self.config, loop, self._claims, self._tasks)
         background = [asyncio.create_task(self._sweep_loop()),
                       *self.svc.safeguards.start(loop, self.svc.remote, self.svc.gpu_mover)]
         interval = watchdog_interval()
@@ -294,15 +284,14 @@ class Daemon:
             return plan.remaining(step, loop.time() - began)
 
         arm_forced_exit(plan.forced, lambda: list(self._claims.leftovers))
-        self.stopping = True
-        self._stop_event.set()   # requests waiting on the disk or the remote store: UnavailableError now
+        self.dispatcher.stop_new_work()   # requests waiting on the disk or the remote store: UnavailableError now
         if self.svc.index is not None:
             self.svc.index.close_to_readers()   # lookups go to the socket, which refuses them
         notify("STOPPING=1", "STATUS=stopping")
         self._remove_socket_file()  # no new local client can connect from here on
         if self.stream is not None:
             self.stream.stop_accepting()
-        logs.info("stopping", sessions=len(self.sessions), leases=len(self.svc.store.leases),
+        logs.info("stopping", sessions=len(self.dispatcher.sessions), leases=len(self.svc.store.leases),
                   reservations=len(self.svc.store.puts.reservations), timeout=self.config.shutdown_timeout)
         while len(self.svc.store.puts.reservations) and left("drain") > 0:
             await asyncio.sleep(0.01)  # puts being written get until the drain deadline to commit or abort
@@ -336,129 +325,6 @@ class Daemon:
 
         return asyncio.run_coroutine_threadsafe(take(), loop).result(SNAPSHOT_TIMEOUT)
 
-    # -- requests -------------------------------------------------------------------------------------------
-    async def _finish(self, rid: int | None, op: Op, started: float, pending: Any) -> list[Any]:
-        """Await a handler that had to wait (disk reads, write-back back-pressure, the remote store)."""
-        try:
-            reply = await self._unless_stopping(pending)
-        except Exception as exc:  # noqa: BLE001 - answered with an error reply, the daemon keeps serving
-            reply = self._failure_reply(rid, exc)
-        self.latency.observe(op, time.perf_counter() - started)
-        return reply
-
-    async def _unless_stopping(self, pending: Awaitable[list[Any]]) -> list[Any]:
-        """``pending``'s reply, or UnavailableError as soon as the daemon starts stopping (the handler then
-        finishes on its own and its reply is dropped: the client must not wait out its timeout meanwhile)."""
-        if self._stop_event.is_set():
-            return await pending
-        work = asyncio.ensure_future(pending)
-        stop = asyncio.ensure_future(self._stop_event.wait())
-        await asyncio.wait((work, stop), return_when=asyncio.FIRST_COMPLETED)
-        if work.done():
-            stop.cancel()
-            return work.result()
-        work.add_done_callback(_drop_late_reply)
-        raise UnavailableError("the daemon is shutting down; retry once it is back")
-
-    def _failure_reply(self, rid: int | None, exc: Exception) -> list[Any]:
-        """The one place an exception becomes an error reply: request errors as they are, anything else as an
-        InternalError (a bug: answered and logged, and the daemon keeps serving)."""
-        self.svc.counters.errors += 1
-        if isinstance(exc, RequestError):
-            logs.debug("request_error", error=type(exc).__name__, msg=exc.message)
-            return [error_reply(rid, exc)]
-        logs.error("internal_error", error=repr(exc))
-        return [error_reply(rid, InternalError(f"internal error: {exc!r}"))]
-
-    def after_reply(self) -> None:
-        """A reply was written: do what its request left for after it (``store/after_reply.py``)."""
-        self.svc.store.puts.settle_after_reply()
-
-    def handle_message(self, transport: str, msg: list[Any]) -> Any:
-        """Handle one received ZeroMQ multipart message; return the reply frames (routing id first), or a
-        coroutine returning them when the handler has to wait (it runs as a task; the loop keeps serving)."""
-        if len(msg) < 2:
-            return None  # nothing to answer: no routing id and header
-        routing_id = msg[0].bytes
-        owner = transport[0].encode() + routing_id
-        principal = None
-        if transport == "tcp" and self._curve is not None:
-            principal = self._curve_principal(owner, msg[1])
-        reply = self.handle_request(transport, owner, msg[1].buffer, msg[2:], principal,
-                                    zmq_frame=msg[1] if transport == "ipc" else None)
-        if self.tcp_peers is not None and transport == "tcp" and owner in self.sessions:
-            self.tcp_peers.follow(owner, msg[1])   # the session ends with this connection
-        if type(reply) is not list:
-            return _routed(routing_id, reply)
-        return [routing_id] + reply
-
-    def handle_request(self, transport: str, owner: bytes, raw_header: Any, payload: list[Any],
-                       principal: Principal | None = None, zmq_frame: Any = None) -> Any:
-        """Handle one request of ``owner`` (whatever carried it: ZeroMQ or the stream socket); return the reply
-        frames (header first), or a coroutine returning them. ``principal``: who sent it, when its transport
-        says (a CURVE key on ``tcp://``, the stream socket's peer credentials), else unknown. ``zmq_frame``: the
-        header frame of a ZeroMQ ipc message, whose peer's uid decides what a hello may map (``may_map``)."""
-        rid: int | None = None
-        op: Op | None = None
-        self.svc.counters.requests += 1
-        self.svc.store.puts.settle_after_reply()   # the last request's leftovers, if its transport did not run them
-        started = time.perf_counter()
-        try:
-            header = decode_header(raw_header)
-            rid = request_id_of(header)
-            op = op_of(header)
-            if self.stopping and op not in FINISHING_OPS:
-                raise UnavailableError("the daemon is shutting down; retry once it is back")
-            if op is Op.HELLO:
-                maps = may_map(principal, transport, zmq_frame)   # local_access.py: who may map our files
-                session, reply = hello_reply(self.svc, owner, transport, header, principal or Principal(), maps)
-                self._add_session(session)
-            else:
-                known = self.sessions.get(owner)
-                if known is None:
-                    raise VersionError("send HELLO (protocol version and namespace) before any other request")
-                # The one place keys are translated: a restricted tenant's keys into its key space.
-                header = scope_request(self.svc.key_space(known), op, header)
-                reply = HANDLERS[op](self.svc, known, header, payload)
-                if type(reply) is not list:   # a coroutine: the handler has to wait
-                    return self._finish(rid, op, started, reply)
-        except Exception as exc:  # noqa: BLE001 - answered with an error reply, the daemon keeps serving
-            reply = self._error_reply(transport, owner, raw_header, len(raw_header), rid, op, exc)
-        if op is not None:
-            self.latency.observe(op, time.perf_counter() - started)
-        return reply
-
-    def _curve_principal(self, owner: bytes, frame: Any) -> Principal:
-        """The CURVE key that sent ``frame`` on ``tcp://``, read from every message (a routing id could be taken
-        over by another connection after its own closed): a session whose key is not the one it said hello with
-        is dropped, so its successor must say hello as itself."""
-        principal = Principal(curve_key=peer_curve_key(frame))
-        session = self.sessions.get(owner)
-        if session is not None and session.principal != principal:
-            self.drop_session(owner, "curve_key_changed")
-        return principal
-
-    def refuse_request(self, transport: str, owner: bytes, head: bytes, length: int, exc: LimitError) -> list[Any]:
-        """Answer a request too long to keep (the stream read past it): ``head`` is its start, ``length`` its size."""
-        self.svc.counters.requests += 1
-        return self._error_reply(transport, owner, head, length, None, None, exc)
-
-    def _error_reply(self, transport: str, owner: bytes, raw_header: Any, length: int, rid: int | None,
-                     op: Op | None, exc: Exception) -> list[Any]:
-        """A failed request's reply: to the id found in it if refused before it was read; size refusals logged."""
-        rid, hinted = (rid, None) if rid is not None else header_hints(raw_header)
-        if isinstance(exc, LimitError):
-            self.refusals.note(transport, self.sessions.get(owner), op if op is not None else hinted, length, exc)
-        return self._failure_reply(rid, exc)
-
-    def _add_session(self, session: Session) -> None:
-        old = self.sessions.get(session.owner)
-        if old is not None:
-            self.svc.store.drop_owner(old.owner)
-            self.svc.engine_left(old)
-        self.sessions[session.owner] = session
-        logs.debug("hello", client_id=session.client_id, namespace=session.namespace, transport=session.transport)
-
     # -- background -----------------------------------------------------------------------------------------
     async def _sweep_loop(self) -> None:
         while True:
@@ -473,53 +339,30 @@ class Daemon:
             self.svc.disk_mover.ledger.rebalance()
             self.svc.disk_mover.check_space()
         overdue_before = self.svc.store.leases.overdue
-        leases, reservations = self.svc.store.expire(keep_leases_of=self._process_alive)
+        leases, reservations = self.svc.store.expire(keep_leases_of=self.dispatcher.process_alive)
         if leases or reservations:
             logs.info("expired", leases=leases, reservations=reservations)
         if self.svc.store.leases.overdue > overdue_before:
             logs.warning("leases_overdue", leases=self.svc.store.leases.overdue - overdue_before,
                          reason="held past --lease-ttl by live local clients; kept until released or the "
                                 "client's process ends")
-        for owner, session in list(self.sessions.items()):
-            if session.process_gone():
-                self.drop_session(owner, "process_gone")
-
-    def drop_session(self, owner: bytes, reason: str) -> None:
-        """A client is gone (its process died, or its stream closed): drop its pins now."""
-        session = self.sessions.pop(owner, None)
-        if session is None:
-            return
-        if self.tcp_peers is not None:
-            self.tcp_peers.forget(owner)
-        self.svc.engine_left(session)
-        leases, reservations = self.svc.store.drop_owner(owner)
-        if leases or reservations or reason != "connection_closed":
-            logs.info("client_gone", client_id=session.client_id, pid=session.pid, reason=reason,
-                      leases=leases, reservations=reservations)
-
-    def _process_alive(self, owner: bytes) -> bool:
-        """Whether ``owner`` is a local client whose process the daemon follows (and which is still alive):
-        its leases are not taken back at their TTL, since its views may still be read (see ``sweep``)."""
-        session = self.sessions.get(owner)
-        return session is not None and session.pid > 0 and not session.process_gone()
+        self.dispatcher.drop_gone_sessions()
 
     def reload(self) -> ReloadReport:
         """Read the config file's tenants table again and apply it, or keep the one in force (``reload.py``)."""
         return reload_tenants(self.svc, self.source or ConfigSource())
 
     def stats(self) -> dict[str, Any]:
-        return {**daemon_stats(self.svc, len(self.sessions), self.auth_rejected(),
-                               connector_stats(self.sessions.values())), "gc": self.heap.stats()}
+        sessions = self.dispatcher.sessions
+        return {**daemon_stats(self.svc, len(sessions), self.auth_rejected(), connector_stats(sessions.values())),
+                "gc": self.heap.stats()}
 
     def _stream_path(self) -> str | None:
         return self.stream.path if self.stream is not None and self.stream.listening else None
 
     def auth_rejected(self) -> int:
-        return self._curve.allow.rejected if self._curve is not None else 0
-
-
-async def _routed(routing_id: bytes, pending: Any) -> list[Any]:
-    return [routing_id] + await pending
+        curve = self.dispatcher.curve
+        return curve.allow.rejected if curve is not None else 0
 
 
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
@@ -527,12 +370,6 @@ def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _drop_late_reply(task: asyncio.Future) -> None:
-    """A handler that finished after its request was answered UnavailableError at stop: log a failure only."""
-    if not task.cancelled() and task.exception() is not None:
-        logs.debug("late_request_failed", error=repr(task.exception()))
 
 
 def run_daemon(config: ServerConfig, tenants: "TenantTable | None" = None, source: ConfigSource | None = None) -> int:

@@ -47,11 +47,11 @@ def open_index(config: ServerConfig, claims: Claims) -> PublishedIndex | None:
     return index
 
 
-async def open_stream(daemon: Dispatcher, config: ServerConfig, loop: asyncio.AbstractEventLoop, claims: Claims,
-                      tasks: set[asyncio.Task]) -> StreamServer | None:
+async def open_stream(dispatcher: Dispatcher, config: ServerConfig, loop: asyncio.AbstractEventLoop,
+                      claims: Claims, tasks: set[asyncio.Task]) -> StreamServer | None:
     """Listen on the stream socket next to the ZeroMQ one (given to ``socket_group``, if set); None when it cannot
     be bound (logged)."""
-    stream = StreamServer(daemon, config.socket + SUFFIX, tasks, config.chunk_limit, config.socket_group)
+    stream = StreamServer(dispatcher, config.socket + SUFFIX, tasks, config.chunk_limit, config.socket_group)
     if not await stream.start(loop):
         return None
     claims.take(stream.remove_file)   # its connections are closed on the loop, at the end of the stop

@@ -4,8 +4,8 @@ A handler takes the service (``service.py``: store, tiers, config, counters; nev
 session, the decoded header and any payload frames, and returns the
 reply as a list of frames (header first), or — when it has to wait for the disk or the remote store — a coroutine
 that returns them (the dispatcher awaits it without blocking other requests). It raises a ``RequestError`` for
-anything the caller got wrong; the dispatcher in ``daemon.py`` turns that into an error reply. Handlers never
-trust the header: every field goes through ``protocol/messages.py``.
+anything the caller got wrong; the dispatcher (``lifecycle/dispatcher.py``) turns that into an error reply.
+Handlers never trust the header: every field goes through ``protocol/messages.py`` (``protocol/hello.py`` for HELLO).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ..._version import __version__
 from ...errors import (PermissionDeniedError, StoreFullError,
                       UnavailableError, VersionError)
 from ...protocol import messages as m
+from ...protocol.hello import Hello
 from ...protocol.wire import MAX_BATCH, PROTOCOL_VERSION, Op, ok_reply
 from ...tenants.access import AccessCache, Principal, may_access
 from ...tenants.table import TenantTable
@@ -350,7 +351,7 @@ def hello_reply(svc: Service, owner: bytes, transport: str, h: dict,
     """The session a HELLO opens and its reply. ``maps``: whether the client may be offered the arena, the shared
     index and the GPU pool (``local_access.may_map``: the daemon's own user or root, locally); a client that may
     not is named none of them, and its puts and gets carry their bytes in the messages."""
-    req = m.Hello.parse(h)
+    req = Hello.parse(h)
     if req.version != PROTOCOL_VERSION:
         raise VersionError(f"client speaks protocol {req.version}, this daemon speaks {PROTOCOL_VERSION}; "
                            f"upgrade the older side")

@@ -1,10 +1,11 @@
 """The service: everything a request handler may touch, and the tier orchestration requests need.
 
-The daemon (``daemon.py``) keeps sockets, sessions, dispatch and the life cycle; it builds one ``Service`` at
-start-up and hands it to every handler (``handlers.py``, ``integrity_handlers.py``). Handlers import this module,
-never the daemon, so the server package has no import cycle, and a handler cannot reach a socket or a session
-table. Decisions that span tiers (which tier to promote from for a lookup, what a get waits for before it pins)
-are made here, in one place, rather than in each handler; the Store's own fields stay behind its methods.
+The daemon (``lifecycle/daemon.py``) keeps the sockets and the life cycle, and its dispatcher
+(``lifecycle/dispatcher.py``) the sessions and dispatch; it builds one ``Service`` at start-up and hands it to
+every handler (``handlers.py``, ``integrity_handlers.py``). Handlers import this module, never the daemon, so
+the server package has no import cycle, and a handler cannot reach a socket or a session table. Decisions that
+span tiers (which tier to promote from for a lookup, what a get waits for before it pins) are made here, in one
+place, rather than in each handler; the Store's own fields stay behind its methods.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from ...keys import KEY_SCHEME
 from ...procinfo import process_start_time
 from ...protocol.engine_identity import EngineIdentity
-from ...protocol.messages import ConnectorReport
+from ...protocol.hello import ConnectorReport
 from ...tenants.access import AccessCache, Principal
 from ...tenants.key_space import SessionKeys
 from ...tenants.table import TenantTable

@@ -3,8 +3,8 @@
 Why it exists and its framing: ``protocol/stream.py``. Each connection is its own session (it says HELLO first,
 like a ZeroMQ peer) and owns the leases and reservations it takes; when the connection closes — the client closed
 it or its process died — they are dropped at once, without waiting for the pid sweep or a TTL. Requests go
-through the daemon's one dispatcher (``Daemon.handle_request``), so every check, bound and error reply is the
-ZeroMQ socket's. The socket file is owner-only from its first moment, like the ZeroMQ one; with ``socket_group``
+through the daemon's one dispatcher (``RequestDispatcher.handle_request``), so every check, bound and error reply
+is the ZeroMQ socket's. The socket file is owner-only from its first moment, like the ZeroMQ one; with ``socket_group``
 it is then given to that group (0660), so that other local users reach the daemon here, and only here: every
 request on a connection is that connection's peer's (``SO_PEERCRED``), so its principal is known for all of them,
 and a client that does not map the arena carries its PUT_INLINE payloads on this socket (``protocol/stream.py``).
