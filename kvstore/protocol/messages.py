@@ -34,15 +34,6 @@ def check_batch(keys: Any, what: str) -> None:
                          f"(split them into calls of at most {MAX_BATCH})")
 
 
-def wire_keys(keys: Sequence[bytes]) -> bytes | list[bytes]:
-    """What a client sends for ``keys``: packed when every key is 16 bytes, else the list (whose bad key the
-    daemon then names in its error)."""
-    for k in keys:
-        if type(k) is not bytes or len(k) != KEY_BYTES:
-            return list(keys)
-    return b"".join(keys)
-
-
 @dataclass(frozen=True)
 class Lookup:
     keys: list[bytes]
