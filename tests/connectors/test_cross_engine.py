@@ -19,8 +19,7 @@ import pytest
 from conftest import wait_for
 from kvstore.connectors.common import canonical
 from harness.daemons import keep_dirs, short_tempdir
-from harness.engines import vllm_real
-from support.engines import sglang_real
+from harness.engines import sglang_real, vllm_real
 from harness.engines.sandbox import engine_home_env
 
 pytestmark = pytest.mark.timeout(1800)   # two engine starts on a small, shared CPU machine
