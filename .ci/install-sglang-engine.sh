@@ -6,7 +6,7 @@
 # torch the test python has, hence a virtualenv of its own). Then the runtime dependencies an engine start on
 # the CPU path imports, by name, and what kvstore imports at run time (the engine imports the backend from the
 # source tree through PYTHONPATH). The CPU build of sgl-kernel is not on the package index: the few CPU kernels
-# the engine path calls come from tests/support/engines/sglang_cpu_shim (see docs/connectors/sglang.md).
+# the engine path calls come from harness/engines/sglang_cpu_shim (see docs/connectors/sglang.md).
 #
 # Idempotent: a virtualenv whose sglang, torch and dependencies are already there is only import-checked.
 # Usage: bash .ci/install-sglang-engine.sh
@@ -94,11 +94,11 @@ if ! ls "$VENV"/torch-extensions/hicache_hash_cpp/hicache_hash_cpp*.so >/dev/nul
     'from sglang.srt.mem_cache.cpp_utils.native_hash import _load_native_hash_module as load; load()'
 fi
 
-SGLANG_USE_CPU_ENGINE=1 PYTHONPATH="$PWD/tests/support/engines/sglang_cpu_shim:$PWD" "$VENV/bin/python" - <<'PYCHECK'
+SGLANG_USE_CPU_ENGINE=1 PYTHONPATH="$PWD/harness/engines/sglang_cpu_shim:$PWD" "$VENV/bin/python" - <<'PYCHECK'
 import torch, torchvision, transformers  # noqa: F401
 import sglang
 from sglang.srt.mem_cache.pool_host import mha
-assert hasattr(mha, "transfer_kv_direct"), "the CPU shim (tests/support/engines/sglang_cpu_shim) is not active"
+assert hasattr(mha, "transfer_kv_direct"), "the CPU shim (harness/engines/sglang_cpu_shim) is not active"
 from kvstore.connectors import sglang as connector  # noqa: F401
 from mooncake.store import MooncakeDistributedStore  # noqa: F401  (SGLang's mooncake backend; no CUDA)
 import sglang.benchmark.serving  # noqa: F401  (python -m sglang.bench_serving)

@@ -1,9 +1,9 @@
 """`sglang.launch_server` with HiCache and a storage backend, and `sglang.bench_serving`, from SGLang's virtualenv.
 
-The server runs SGLang 0.5.23's CPU path as the engine tests start it (`tests/support/engines/sglang_real.py`:
-the CPU kernels shim on ``PYTHONPATH``, ``SGLANG_USE_CPU_ENGINE=1``, HOME and the temp dir in a scratch
-directory, started from a directory with no ``kvstore`` folder in it), but with its tokenizer (the benchmark
-client sends text) and HiCache on in every arm; the arms differ only in ``--hicache-storage-backend``:
+The server runs SGLang 0.5.23's CPU path as the engine tests start it (`harness/engines/sglang_real.py`: the
+CPU kernels shim on ``PYTHONPATH``, ``SGLANG_USE_CPU_ENGINE=1``, HOME and the temp dir in a scratch directory,
+started from a directory with no ``kvstore`` folder in it), but with its tokenizer (the benchmark client sends
+text) and HiCache on in every arm; the arms differ only in ``--hicache-storage-backend``:
 
 * ``hicache``: no storage backend (device pool and HiCache's host pool only);
 * ``file``: SGLang's ``file`` backend, one file per page in a scratch directory;
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.engines.sglang_real import (
+from harness.engines.sglang_real import (
     LOAD_SNAPSHOT_GLOB,
     EngineError,
     SGLangServer,
@@ -128,7 +128,7 @@ class Server(SGLangServer):
     def __init__(self, python: str, model: str, flags: list[str], workdir: str, name: str) -> None:
         import glob
 
-        from tests.support.engines.sglang_real import free_port
+        from harness.engines.sglang_real import free_port
 
         self.port = free_port()
         self.name = name

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from bench._common import start_daemon, write_result
-from tests.support.engines import sglang_real, vllm_real
+from harness.engines import sglang_real, vllm_real
 from harness.engines.sandbox import engine_home_env
 from harness.wait import wait_for
 

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from bench._common import start_daemon, write_result
-from tests.support.engines.vllm_real import CHUNK, ENGINE_SCRIPT, POOL, REPO, engine_python, prompts, skip_reason
+from harness.engines.vllm_real import CHUNK, ENGINE_SCRIPT, POOL, REPO, engine_python, prompts, skip_reason
 
 FAMILIES = ("dense", "mla", "sliding")
 NUM_BLOCKS = {"dense": 512, "mla": 4096, "sliding": 512}

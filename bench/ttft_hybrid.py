@@ -4,13 +4,13 @@
                                 [--prompt-tokens 2048] [--quick]
 
 Every hybrid family vLLM's CPU build serves, each a small model of its shape with random weights
-(``tests/support/engines/vllm_engine.py``, `save-model`): ``hybrid-mamba2`` (Granite 4: Mamba-2 and attention
+(``harness/engines/scripts/vllm_engine.py``, `save-model`): ``hybrid-mamba2`` (Granite 4: Mamba-2 and attention
 layers in turn), ``hybrid-falcon-h1`` (attention and Mamba-2 side by side in every layer), ``hybrid-nemotron-h``
 (Mamba-2, attention and MLP blocks, one a layer: the first ``--layers`` of mamba, attention, mlp, mamba),
 ``hybrid-zamba2`` (Mamba-2 layers and a shared attention block), ``hybrid-lfm2`` (gated short convolutions and
-attention layers in turn), all float32, and ``hybrid-gdn`` (Qwen3-Next: Gated DeltaNet and attention layers in
-turn) in bfloat16, the only dtype vLLM's CPU Gated DeltaNet kernels take. Per family, two CPU vLLM engines (the
-engine virtualenv, ``KVSTORE_VLLM_VENV``), both pinned to one reserved core (``VLLM_CPU_NUM_OF_RESERVED_CPU=1``):
+attention layers in turn), all float32, and ``hybrid-gdn`` (Qwen3-Next: Gated DeltaNet and attention layers in turn)
+in bfloat16, the only dtype vLLM's CPU Gated DeltaNet kernels take. Per family, two CPU vLLM engines (the engine
+virtualenv, ``KVSTORE_VLLM_VENV``), both pinned to one reserved core (``VLLM_CPU_NUM_OF_RESERVED_CPU=1``):
 
 * plain: no connector, no prefix caching, the whole prompt prefilled in one step;
 * kvstore: the connector with vLLM's prefix caching in align mode (a state only exists there), a token budget
@@ -46,8 +46,8 @@ import time
 from typing import Any
 
 from bench._common import parse_names, start_daemon, write_result
-from tests.support.engines.vllm_hybrid import ENGINE_REFERENCE, PINNED
-from tests.support.engines.vllm_real import POOL, EngineError, engine_python, prompts, skip_reason
+from harness.engines.vllm_hybrid import ENGINE_REFERENCE, PINNED
+from harness.engines.vllm_real import POOL, EngineError, engine_python, prompts, skip_reason
 
 FAMILIES = ("hybrid-mamba2", "hybrid-falcon-h1", "hybrid-nemotron-h", "hybrid-zamba2", "hybrid-lfm2", "hybrid-gdn")
 DTYPE = {"hybrid-gdn": "bfloat16"}   # vLLM's CPU Gated DeltaNet kernels take bfloat16 only; the rest float32

@@ -120,7 +120,7 @@ def bench_commit(client: kvstore.Client, chunk: int, n: int, repeat: int) -> dic
 def bench_engine(address: str, repeat: int) -> dict:
     import torch
 
-    from tests.support.engines.tiny import prefill, prompt, tiny_llama
+    from harness.engines.tiny import prefill, prompt, tiny_llama
     from kvstore.connectors.hf import load_prefix, save_prefix
 
     torch.set_num_threads(1)

@@ -38,7 +38,7 @@ import time
 from typing import Any
 
 from bench._common import start_daemon, write_result
-from tests.support.engines.vllm_real import POOL, VOCAB, engine_python, prompts, skip_reason
+from harness.engines.vllm_real import POOL, VOCAB, engine_python, prompts, skip_reason
 
 TRACE = "/work/shared/traces/conversation_trace.jsonl"
 ENGINE = dict(max_num_batched_tokens=4096, num_blocks=1024, max_model_len=4096)
@@ -173,7 +173,7 @@ def daemon_client(daemon: Any, namespace: str | None = None, key_scheme: str | N
 
 def scheduler_cost(daemon: Any, waiting: int = 256, length: int = 2000) -> dict[str, Any]:
     """The connector's share of a scheduling pass over `waiting` requests (the vLLM interface wheel)."""
-    from tests.support.engines.vllm_env import Engine, request
+    from harness.engines.vllm_env import Engine, request
 
     engine = Engine(daemon.ipc, layers=4, kv_heads=2, head_dim=32, chunk_tokens=256)
     reqs = [request(f"w{i}", p) for i, p in enumerate(prompts(waiting, length, seed=3000))]

@@ -34,7 +34,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=1100)
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
-    from tests.support.engines.vllm_real import POOL, engine_python, prompts, skip_reason
+    from harness.engines.vllm_real import POOL, engine_python, prompts, skip_reason
 
     from bench._common import start_daemon
 

@@ -1,7 +1,7 @@
 """The harness the tests and the benchmarks share: kvstore daemons in sandboxes of their own (``daemons``), real
 Redis and Mooncake servers (``servers``), the verifying workload and its crash checks (``workload``,
-``crashes``), the engines' virtualenvs and home directories (``engines``), what ``/proc`` says about processes
-(``procfs``) and the one way to wait (``wait``).
+``crashes``), the real engines, their virtualenvs and home directories (``engines``), what ``/proc`` says about
+processes (``procfs``) and the one way to wait (``wait``).
 
 Run from the repository root (pytest's ``pythonpath`` and ``python -m bench.NAME`` both put it on the path); it
 is not installed with the package. Test-only helpers stay in ``tests/support``. Within this package, modules

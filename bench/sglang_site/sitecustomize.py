@@ -1,4 +1,4 @@
-"""What `bench/serve_sglang.py` adds to the engine tests' CPU shim (`tests/support/engines/sglang_cpu_shim`), for
+"""What `bench/serve_sglang.py` adds to the engine tests' CPU shim (`harness/engines/sglang_cpu_shim`), for
 every arm's server and client alike; first on ``PYTHONPATH``, so Python imports this ``sitecustomize`` instead of
 the shim's, and this one installs the shim. Only under ``SGLANG_USE_CPU_ENGINE=1``:
 

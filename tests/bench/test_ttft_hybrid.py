@@ -9,7 +9,7 @@ import re
 import pytest
 
 from bench import _common, ttft_hybrid
-from tests.support.engines.vllm_real import ENGINE_SCRIPT
+from harness.engines.vllm_real import ENGINE_SCRIPT
 
 
 def test_every_hybrid_family_the_engine_script_saves_is_measured():

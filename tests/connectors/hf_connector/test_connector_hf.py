@@ -13,9 +13,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from support.engines.tiny import cache_kwarg, greedy, prefill
-from support.engines.tiny import prompt as _prompt
-from support.engines.tiny import tiny_llama as _tiny_llama
+from harness.engines.tiny import cache_kwarg, greedy, prefill
+from harness.engines.tiny import prompt as _prompt
+from harness.engines.tiny import tiny_llama as _tiny_llama
 
 from kvstore.connectors.hf import load_prefix, model_namespace, save_prefix
 
@@ -116,7 +116,7 @@ def test_one_process_saves_another_loads(daemon, kv, model, tmp_path):
         import sys, torch
         sys.path.insert(0, {str(__import__("support.paths").paths.TESTS)!r})
         import kvstore
-        from support.engines.tiny import tiny_llama, prefill
+        from harness.engines.tiny import tiny_llama, prefill
         from kvstore.connectors.hf import save_prefix
         model = tiny_llama(seed=0, device={DEVICE!r})
         ids = torch.load({str(tmp_path / "ids.pt")!r}).to({DEVICE!r})

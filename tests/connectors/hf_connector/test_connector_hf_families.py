@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from support.engines.tiny import greedy, prefill, prompt, tiny_deepseek, tiny_gemma3, tiny_llama, tiny_mistral
+from harness.engines.tiny import greedy, prefill, prompt, tiny_deepseek, tiny_gemma3, tiny_llama, tiny_mistral
 
 from kvstore.connectors.common.families import Family
 from kvstore.connectors.hf import (

@@ -22,7 +22,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from support.engines.tiny import (
+from harness.engines.tiny import (
     cache_kwarg, prompt, tiny_bamba, tiny_falcon_h1, tiny_granite_hybrid, tiny_lfm2, tiny_llama, tiny_nemotron_h,
     tiny_qwen3_next, tiny_zamba2,
 )

@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("transformers")
 peft = pytest.importorskip("peft", reason="PEFT (the `peft` package of the test extra) is not installed")
 
-from support.engines.tiny import prefill, prompt, tiny_llama  # noqa: E402
+from harness.engines.tiny import prefill, prompt, tiny_llama  # noqa: E402
 
 from kvstore.connectors.hf import load_prefix, model_namespace, save_prefix, weights_changed  # noqa: E402
 

@@ -1,20 +1,21 @@
-"""The CPU stand-ins the SGLang engine tests put on the server's PYTHONPATH (tests/support/engines/sglang_cpu_shim)."""
+"""The CPU stand-ins the SGLang engine tests put on the server's PYTHONPATH (harness/engines/sglang_cpu_shim)."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-SHIM = Path(__file__).resolve().parents[2] / "support" / "engines" / "sglang_cpu_shim" / "sglang_cpu_kernels.py"
+from harness.engines.sglang_real import SHIM
+
+KERNELS = SHIM / "sglang_cpu_kernels.py"
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    spec = importlib.util.spec_from_file_location("sglang_cpu_kernels_under_test", SHIM)
+    spec = importlib.util.spec_from_file_location("sglang_cpu_kernels_under_test", KERNELS)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

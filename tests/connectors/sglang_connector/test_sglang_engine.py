@@ -21,10 +21,10 @@ import pytest
 
 from conftest import wait_for
 from harness.engines.sandbox import engine_home_env
-from support.engines.sglang_real import (
+from harness.engines.sglang_real import (
     LOGPROB_TOL, PAGE, Engines, assert_same, hicache_flags, prompts, save_model, saved_pages, stored,
-    engine_venv, engine_workdir, kv_daemon,  # noqa: F401 - fixtures
 )
+from support.engines.sglang_fixtures import engine_venv, engine_workdir, kv_daemon  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(900)   # an engine start takes minutes on a small, shared CPU machine
 LENGTH = 600       # SGLang asks storage only when at least 256 prompt tokens miss its own caches

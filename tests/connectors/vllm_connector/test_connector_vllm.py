@@ -14,8 +14,8 @@ require_module("vllm", "vLLM's interface modules (the vllm wheel, without its en
 pytest.importorskip("transformers")
 
 from conftest import wait_for  # noqa: E402
-from support.engines.tiny import greedy, prefill, prompt, tiny_llama  # noqa: E402
-from support.engines.vllm_env import Engine, close_all, request  # noqa: E402
+from harness.engines.tiny import greedy, prefill, prompt, tiny_llama  # noqa: E402
+from harness.engines.vllm_env import Engine, close_all, request  # noqa: E402
 
 from kvstore.connectors.hf import new_cache  # noqa: E402
 

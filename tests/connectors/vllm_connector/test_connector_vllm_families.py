@@ -16,7 +16,7 @@ from harness.servers import require_module
 
 require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
 
-from support.engines.vllm_env import layer_names, vllm_config  # noqa: E402
+from harness.engines.vllm_env import layer_names, vllm_config  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     CrossAttentionSpec, FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVQuantMode, MambaSpec,

@@ -14,7 +14,7 @@ from harness.servers import require_module
 
 require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
 
-import support.engines.vllm_env  # noqa: E402, F401 - vLLM's CPU platform, before any vLLM module resolves one
+import harness.engines.vllm_env  # noqa: E402, F401 - vLLM's CPU platform, before any vLLM module resolves one
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec,
 )

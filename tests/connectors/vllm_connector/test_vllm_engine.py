@@ -12,10 +12,10 @@ import tempfile
 import pytest
 
 from conftest import wait_for
-from support.engines.vllm_real import (
+from harness.engines.vllm_real import (
     CHUNK, assert_same, delta, full_chunks, plain, prompts, stored,
-    engine_venv, pool,  # noqa: F401 - fixtures
 )
+from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 
 
 @pytest.fixture

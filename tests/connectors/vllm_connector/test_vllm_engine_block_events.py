@@ -8,10 +8,10 @@ import os
 import socket
 
 from conftest import wait_for
-from support.engines.vllm_real import (
+from harness.engines.vllm_real import (
     CHUNK, full_chunks, prompts, stored,
-    engine_venv, pool,  # noqa: F401 - fixtures
 )
+from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 from support.events_consumer import Consumer
 from kvstore.protocol.kv_events import block_hash
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import pytest
 
 from conftest import wait_for
-from support.engines.vllm_hybrid import PINNED, differs, loads, zero_states
-from support.engines.vllm_real import (
+from harness.engines.vllm_hybrid import PINNED, differs, loads, zero_states
+from harness.engines.vllm_real import (
     CHUNK, assert_same, full_chunks, prompts, stored,
-    engine_venv, pool,  # noqa: F401 - fixtures
 )
+from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(1200)   # three engine starts in one test, on a shared machine
 

@@ -27,11 +27,11 @@ import os
 import pytest
 
 from conftest import wait_for
-from support.engines.vllm_hybrid import ENGINE_REFERENCE, PINNED, differs, loads, zero_states
-from support.engines.vllm_real import (
+from harness.engines.vllm_hybrid import ENGINE_REFERENCE, PINNED, differs, loads, zero_states
+from harness.engines.vllm_real import (
     assert_same, prompts, stored,
-    engine_venv, pool,  # noqa: F401 - fixtures
 )
+from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 from support.events_consumer import Consumer
 
 pytestmark = pytest.mark.timeout(900)   # up to three engine starts per family, on a shared machine

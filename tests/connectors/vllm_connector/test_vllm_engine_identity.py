@@ -25,10 +25,10 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import wait_for
-from support.engines.vllm_real import (
+from harness.engines.vllm_real import (
     CHUNK, ENGINE_SCRIPT, REPO, EngineProc, assert_same, delta, engine_python, full_chunks, prompts, stored,
-    engine_venv, pool,  # noqa: F401 - fixtures
 )
+from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 
 LORA_RANK = 8
 IDENTITY = {"lora": LORA_RANK, "prompt_embeds": True}   # the engines of this module: adapters and embeddings on
@@ -143,7 +143,7 @@ def save_checkpoint(path: str, seed: int) -> None:
 
 
 def pool_env() -> dict[str, str]:
-    from support.engines.vllm_real import POOL
+    from harness.engines.vllm_real import POOL
 
     return POOL.env()
 

@@ -10,10 +10,10 @@ import tempfile
 
 from bench.vllm_router import route
 from conftest import wait_for
-from support.engines.vllm_real import (
+from harness.engines.vllm_real import (
     assert_same, delta, full_chunks, plain, prompts, stored,
-    engine_venv, pool,  # noqa: F401 - fixtures
 )
+from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 
 
 def test_prefill_engine_and_decode_engine_share_one_daemon(pool, start_daemon):

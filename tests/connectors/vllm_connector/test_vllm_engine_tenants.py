@@ -18,10 +18,10 @@ import tempfile
 import pytest
 
 from conftest import wait_for
-from support.engines.vllm_real import (
+from harness.engines.vllm_real import (
     assert_same, delta, full_chunks, plain, prompts, stored,
-    engine_venv, pool,  # noqa: F401 - fixtures
 )
+from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 
 MAX_TOKENS = 4
 

@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
-from support.engines.vllm_real import (
+from harness.engines.vllm_real import (
     CHUNK, LOGPROB_TOL, assert_same, delta, full_chunks, prompts, stored,
-    engine_venv, pool,  # noqa: F401 - fixtures
 )
+from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 
 MLA_TOL = 1e-2
 NUM_BLOCKS = {"sliding": 256, "mla": 2048}   # 32k tokens of KV each (MLA blocks hold 16 tokens)

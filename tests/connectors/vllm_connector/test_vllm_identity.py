@@ -15,7 +15,7 @@ from harness.servers import require_module
 
 require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
 
-from support.engines import vllm_env  # noqa: E402, F401 - names vLLM's device before vLLM is first imported
+from harness.engines import vllm_env  # noqa: E402, F401 - names vLLM's device before vLLM is first imported
 from vllm import SamplingParams  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402

@@ -11,8 +11,8 @@ from harness.servers import require_module
 require_module("vllm", "vLLM's interface modules (the vllm wheel, without its engine)")
 pytest.importorskip("transformers")
 
-from support.engines.tiny import prompt, tiny_llama  # noqa: E402
-from support.engines.vllm_env import Engine, close_all, request  # noqa: E402
+from harness.engines.tiny import prompt, tiny_llama  # noqa: E402
+from harness.engines.vllm_env import Engine, close_all, request  # noqa: E402
 
 from kvstore.connectors.vllm.config import VllmConnectorConfig  # noqa: E402
 from kvstore.connectors.vllm.retention import (PIN_TTL_FIELD, RETENTION_FIELD, Retention,  # noqa: E402

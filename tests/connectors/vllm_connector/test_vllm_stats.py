@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from support.engines.vllm_real import REPO, require_engine
+from harness.engines.vllm_real import REPO, require_engine
 
 pytestmark = pytest.mark.engine
 

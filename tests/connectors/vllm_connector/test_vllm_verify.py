@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from conftest import wait_for
-from support.engines.vllm_real import (
+from harness.engines.vllm_real import (
     assert_same, delta, full_chunks, plain, prompts, stored,
-    engine_venv, pool,  # noqa: F401 - fixtures
 )
+from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 from support.scribble import damage
 
 FLOAT_TOP_BYTE = 67   # the top byte (sign, exponent) of a float32 deep in the chunk's first block

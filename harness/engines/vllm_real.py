@@ -1,10 +1,11 @@
-"""The test side of real vLLM engines: find the engine's virtualenv, start engines, talk to them.
+"""Real vLLM engines, for the tests and the benchmarks: find the engine's virtualenv, start engines, talk to them.
 
-An engine process (``vllm_engine.py``) runs in the virtualenv that ``.ci/install-vllm-engine.sh`` makes (outside
-the checkout: ``venv.py`` says where; ``KVSTORE_VLLM_VENV`` points elsewhere) with ``PYTHONPATH`` at the repository
-root, so the connector under test is the source tree's. Engines are started once per configuration and kept in
-``POOL`` for the whole session; each test brings its own daemon on the one socket path every engine is configured
-with (``POOL.socket``), so the connector meets a fresh daemon per test, exactly as after a restart.
+An engine process (``scripts/vllm_engine.py``) runs in the virtualenv that ``.ci/install-vllm-engine.sh`` makes
+(outside the checkout: ``venv.py`` says where; ``KVSTORE_VLLM_VENV`` points elsewhere) with ``PYTHONPATH`` at the
+repository root, so the connector under test is the source tree's. Engines are started once per configuration and
+kept in ``POOL`` for the whole session; each test brings its own daemon on the one socket path every engine is
+configured with (``POOL.socket``), so the connector meets a fresh daemon per test, exactly as after a restart. The
+tests' fixtures over ``POOL`` are in ``tests/support/engines/vllm_fixtures.py``.
 """
 
 from __future__ import annotations
@@ -17,15 +18,13 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-import pytest
+from . import venv
+from .sandbox import descendants, engine_home_env, remove_files, shm_files_of
 
-from harness.engines.sandbox import descendants, engine_home_env, remove_files, shm_files_of
-from harness.engines import venv
-
-REPO = Path(__file__).resolve().parents[3]
-ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
+REPO = Path(__file__).resolve().parents[2]
+ENGINE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "vllm_engine.py"
 START_TIMEOUT_S = 600.0
 # What vLLM's processes make in /dev/shm: multiprocessing's semaphores and shared memory (never the daemon's arena)
 ENGINE_SHM_PREFIXES = ("sem.mp-", "psm_", "vllm")
@@ -97,9 +96,10 @@ class EngineProc:
             raise EngineError(f"engine did not start: {ready}\n{self.log_tail()}")
 
     def _read(self, timeout: float) -> dict[str, Any]:
-        assert self.proc.stdout is not None
+        stdout = self.proc.stdout
+        assert stdout is not None
         result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()), daemon=True)
+        reader = threading.Thread(target=lambda: result.append(stdout.readline()), daemon=True)
         reader.start()
         reader.join(timeout)
         if not result or not result[0]:
@@ -218,7 +218,7 @@ class EnginePool:
     @property
     def workdir(self) -> str:
         if self._workdir is None:
-            from harness.daemons import short_tempdir
+            from ..daemons import short_tempdir
 
             self._workdir = short_tempdir()
         return self._workdir
@@ -298,20 +298,6 @@ class EnginePool:
 
 
 POOL = EnginePool()
-
-
-# Fixtures of the engine test modules (imported there by name, which is how pytest finds them).
-@pytest.fixture(scope="module", autouse=True)
-def engine_venv() -> str:
-    """Every test of a module that imports this needs the engine virtualenv (skip, or fail under CI)."""
-    return require_engine()
-
-
-@pytest.fixture(scope="session")
-def pool() -> Iterator[EnginePool]:
-    """The session's engines; closed (and their directory removed) at the end."""
-    yield POOL
-    POOL.close()
 
 
 def engine_python() -> str | None:

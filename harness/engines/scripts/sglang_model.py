@@ -1,6 +1,6 @@
 """Save a small random-weight model and a word-level tokenizer for a real SGLang engine (nothing downloaded).
 
-Run with the engine virtualenv's python: ``python sglang_model.py DIRECTORY [dense]``.
+Run with the engine virtualenv's python: ``python harness/engines/scripts/sglang_model.py DIRECTORY [dense]``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Drive the vLLM connector the way vLLM 0.33's scheduler and workers do, with vLLM's own records.
+"""Drive the vLLM connector the way vLLM 0.33's scheduler and workers do, with vLLM's own records: an engine in
+the calling process, no model and no vLLM engine virtualenv (the `vllm` wheel the connector tests import).
 
 Caches are vLLM's per-layer views (`create_kv_cache_views`) over one flat buffer, in a layout whose physical
 order differs from the logical [blocks, heads, block_size, 2 * head_dim]; requests, scheduler output and

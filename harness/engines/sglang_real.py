@@ -1,10 +1,13 @@
-"""The test side of real SGLang engines: find the engine's virtualenv, start a server, talk to it over HTTP.
+"""Real SGLang engines, for the tests and the benchmarks: find the engine's virtualenv, start a server, talk to it
+over HTTP.
 
 The server (``python -m sglang.launch_server``, SGLang's CPU path) runs in the virtualenv that
 ``.ci/install-sglang-engine.sh`` makes (default ``${XDG_CACHE_HOME:-~/.cache}/kvstore-dev/venv-sglang``;
 ``KVSTORE_SGLANG_VENV`` points elsewhere), with ``PYTHONPATH`` at ``sglang_cpu_shim/`` (the CPU kernels the
 engine path misses) and the repository root (the backend under test is the source tree's). It runs in a
-directory of its own: a folder named ``kvstore`` in the working directory would shadow the package.
+directory of its own: a folder named ``kvstore`` in the working directory would shadow the package. The random
+model is saved by ``scripts/sglang_model.py``; the tests' fixtures are in
+``tests/support/engines/sglang_fixtures.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import glob
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,17 +23,15 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import pytest
+from . import venv
+from .sandbox import engine_home_env, shm_files_of
+from .venv import venv_dir
 
-from harness.engines.sandbox import engine_home_env, shm_files_of
-from harness.engines import venv
-from harness.engines.venv import venv_dir
-
-REPO = Path(__file__).resolve().parents[3]
-SHIM = Path(__file__).with_name("sglang_cpu_shim")
-MODEL_SCRIPT = Path(__file__).with_name("sglang_model.py")
+REPO = Path(__file__).resolve().parents[2]
+SHIM = Path(__file__).resolve().parent / "sglang_cpu_shim"
+MODEL_SCRIPT = Path(__file__).resolve().parent / "scripts" / "sglang_model.py"
 START_TIMEOUT_S = 600.0
 PAGE = 16            # HiCache page size in the tests: one kvstore chunk per page
 VOCAB = 512
@@ -314,30 +314,6 @@ class Engines:
 
     def close(self) -> None:
         self.current.close()
-
-
-# Fixtures of the engine test modules (imported there by name, which is how pytest finds them).
-@pytest.fixture(scope="module")
-def engine_venv() -> str:
-    """The engine virtualenv's python (skip, or fail under CI, without it)."""
-    return require_engine()
-
-
-@pytest.fixture(scope="module")
-def engine_workdir(engine_venv: str) -> Iterator[str]:
-    """A short directory of the module's own: the daemon's socket, the model, the engine's logs and HOME."""
-    from harness.daemons import keep_dirs, short_tempdir
-
-    path = short_tempdir("sgl-")
-    yield path
-    if not keep_dirs():
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def kv_daemon(start_module_daemon: Any, engine_workdir: str) -> Any:
-    """The module's daemon, on the socket its engines are configured with."""
-    return start_module_daemon("--host-mem", "256MiB", workdir=engine_workdir)
 
 
 def engine_python() -> str | None:

@@ -1,4 +1,4 @@
-"""Hybrid models in real vLLM engines: the settings and checks the hybrid engine tests share.
+"""Hybrid models in real vLLM engines: the settings and checks the hybrid engine tests and benchmark share.
 
 Any `kv_transfer_config` makes vLLM's CPU worker reserve a core and change its thread count, which changes
 outputs: every engine that is compared with another is pinned to one reserved core (`PINNED`).

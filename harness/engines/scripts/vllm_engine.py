@@ -1,8 +1,8 @@
-"""A real vLLM engine in its own virtualenv, driven by the test process over JSON lines.
+"""A real vLLM engine in its own virtualenv, driven by a test or benchmark process over JSON lines.
 
-    <engine venv>/bin/python tests/support/engines/vllm_engine.py save-model DIR [FAMILY]  # a random-weight model, once
-    <engine venv>/bin/python tests/support/engines/vllm_engine.py serve CONFIG_JSON   # then one request per line
-    <engine venv>/bin/python tests/support/engines/vllm_engine.py model-identity DIR ENGINE_ARGS_JSON
+    <engine venv>/bin/python harness/engines/scripts/vllm_engine.py save-model DIR [FAMILY]  # a random-weight model
+    <engine venv>/bin/python harness/engines/scripts/vllm_engine.py serve CONFIG_JSON   # then one request per line
+    <engine venv>/bin/python harness/engines/scripts/vllm_engine.py model-identity DIR ENGINE_ARGS_JSON
 
 The CPU build of vLLM and the `vllm` interface wheel the other tests use install the same module, so the engine
 lives in a virtualenv of its own (`.ci/install-vllm-engine.sh`) and the tests talk to it through this script:
@@ -213,17 +213,20 @@ class Engine:
                                     ignore_eos=ignore_eos,
                                     extra_args={"kv_transfer_params": transfer} if transfer else None)
             inputs: dict[str, Any] = {"prompt_token_ids": list(prompt)}
-            if embeds and embeds[i] is not None:
-                inputs = {"prompt_embeds": self._embeddings(len(prompt), **embeds[i])}
-            if images and images[i] is not None:
-                inputs["multi_modal_data"] = {"image": image(images[i])}
+            embed = embeds[i] if embeds else None
+            if embed is not None:
+                inputs = {"prompt_embeds": self._embeddings(len(prompt), **embed)}
+            pixels = images[i] if images else None
+            if pixels is not None:
+                inputs["multi_modal_data"] = {"image": image(pixels)}
             if salts and salts[i] is not None:
                 inputs["cache_salt"] = salts[i]
             lora = None
-            if loras and loras[i] is not None:
+            adapter = loras[i] if loras else None
+            if adapter is not None:
                 from vllm.lora.request import LoRARequest
 
-                lora = LoRARequest(loras[i]["name"], int(loras[i]["id"]), loras[i]["path"])
+                lora = LoRARequest(adapter["name"], int(adapter["id"]), adapter["path"])
             self.engine.add_request(rid, inputs, params, lora_request=lora)
         index = {rid: i for i, rid in enumerate(ids)}
         outputs: list[dict[str, Any]] = [{"tokens": [], "logprobs": [], "ttft": None, "finished": None}
@@ -368,7 +371,9 @@ def serve(config: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "save-model":  # DIR [FAMILY [HIDDEN LAYERS [SEED]]]
-        save_model(sys.argv[2], *sys.argv[3:4], **dict(zip(("hidden", "layers", "seed"), map(int, sys.argv[4:7]))))
+        family, *numbers = sys.argv[3:7] or ["dense"]
+        sizes: dict[str, Any] = dict(zip(("hidden", "layers", "seed"), map(int, numbers)))
+        save_model(sys.argv[2], family, **sizes)
     elif sys.argv[1] == "serve":
         serve(json.loads(sys.argv[2]))
     elif sys.argv[1] == "model-identity":  # MODEL ENGINE_ARGS_JSON: the connector's model identity, one line

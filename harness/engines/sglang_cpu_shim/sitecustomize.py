@@ -17,6 +17,6 @@ from __future__ import annotations
 import os
 
 if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
-    import sglang_cpu_kernels
+    import sglang_cpu_kernels  # type: ignore[import-not-found]  # this folder is on PYTHONPATH, not a package
 
     sglang_cpu_kernels.install()

@@ -54,7 +54,7 @@ def _unpinned_host_pools(module: types.ModuleType) -> None:
 
 def _bind_transfer_kv_direct(module: types.ModuleType) -> None:
     if not hasattr(module, "transfer_kv_direct"):
-        module.transfer_kv_direct = transfer_kv_direct
+        module.transfer_kv_direct = transfer_kv_direct  # type: ignore[attr-defined]
 
 
 # module name -> what to do to it once it has run
@@ -88,7 +88,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 def _missing_op(name: str) -> Callable[..., None]:
     def op(*args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(f"sgl_kernel.{name} has no CPU stand-in in tests/support/engines/sglang_cpu_shim; "
+        raise NotImplementedError(f"sgl_kernel.{name} has no CPU stand-in in harness/engines/sglang_cpu_shim; "
                                   "this engine path needs the CPU build of sgl-kernel")
 
     op.__name__ = name
@@ -103,7 +103,7 @@ def _kernel_module() -> types.ModuleType:
     call that would need the real kernel fail with its name.
     """
     module = types.ModuleType("sgl_kernel")
-    module.__doc__ = "CPU stand-ins for sgl-kernel ops (tests/support/engines/sglang_cpu_shim)."
+    module.__doc__ = "CPU stand-ins for sgl-kernel ops (harness/engines/sglang_cpu_shim)."
     module.assign_req_to_token_pool_cpu = assign_req_to_token_pool_cpu  # type: ignore[attr-defined]
 
     def __getattr__(name: str) -> Any:
