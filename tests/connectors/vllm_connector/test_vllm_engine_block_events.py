@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
+
 from conftest import wait_for
 from harness.engines.vllm_real import (
     CHUNK, full_chunks, prompts, stored,
@@ -14,6 +16,8 @@ from harness.engines.vllm_real import (
 from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 from support.events_consumer import Consumer
 from kvstore.protocol.kv_events import block_hash
+
+pytestmark = pytest.mark.timeout(900)   # engine starts of minutes each on a small, shared CPU machine
 
 ENGINE_BLOCK = 128   # the CPU engine's block size in these tests (two blocks a chunk)
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import tempfile
 
+import pytest
+
 from bench.vllm_router import route
 from conftest import wait_for
 from harness.engines.vllm_real import (
     assert_same, delta, full_chunks, plain, prompts, stored,
 )
 from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.timeout(900)   # engine starts of minutes each on a small, shared CPU machine
 
 
 def test_prefill_engine_and_decode_engine_share_one_daemon(pool, start_daemon):

@@ -23,6 +23,8 @@ from harness.engines.vllm_real import (
 )
 from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 
+pytestmark = pytest.mark.timeout(900)   # engine starts of minutes each on a small, shared CPU machine
+
 MAX_TOKENS = 4
 
 

@@ -31,6 +31,8 @@ from harness.engines.vllm_real import (
 )
 from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 
+pytestmark = pytest.mark.timeout(900)   # engine starts of minutes each on a small, shared CPU machine
+
 MLA_TOL = 1e-2
 NUM_BLOCKS = {"sliding": 256, "mla": 2048}   # 32k tokens of KV each (MLA blocks hold 16 tokens)
 

@@ -20,6 +20,8 @@ from harness.engines.vllm_real import (
 from support.engines.vllm_fixtures import engine_venv, pool  # noqa: F401 - fixtures
 from support.scribble import damage
 
+pytestmark = pytest.mark.timeout(900)   # engine starts of minutes each on a small, shared CPU machine
+
 FLOAT_TOP_BYTE = 67   # the top byte (sign, exponent) of a float32 deep in the chunk's first block
 
 
