@@ -24,7 +24,7 @@ from ..protocol.stream import SUFFIX as STREAM_SUFFIX
 from ..protocol.wire import PROTOCOL_VERSION, Op
 from ..security.curve import ClientCurve
 from . import arguments
-from .credit import CreditWriter
+from .credit import CreditWriter, HeldCredit
 from .load_notes import LoadNotes
 from .mappings import Mappings
 from ..mapped.index_reader import SeenNotes
@@ -193,6 +193,11 @@ class Session(Mappings):
     def wait_reply(self, rid: int) -> dict[str, Any]:
         """The reply header to ``rid`` (``_reply``)."""
         return self._reply(rid)
+
+    @property
+    def held_credit(self) -> HeldCredit | None:
+        """The put credit this client holds now (``credit.py``: its id, offset and size in the arena), or None."""
+        return self._credit.held
 
     def _send_seen(self, hold: bool = False) -> None:
         """Tell the daemon about the lookups answered from the shared index (no reply awaited; dropped when the
