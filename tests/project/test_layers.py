@@ -113,8 +113,7 @@ def test_the_rules_catch_what_they_are_for():
 # Files in the hundreds of lines (STYLE.md, 10): no source file under kvstore/ longer than this. What is still
 # longer is listed in ``OWED_LONG``, and may only shrink.
 MAX_LINES = 450
-OWED_LONG = {"kvstore/server/lifecycle/daemon.py", "kvstore/config.py", "kvstore/protocol/messages.py",
-             "kvstore/client/client.py"}
+OWED_LONG = {"kvstore/server/lifecycle/daemon.py", "kvstore/config.py", "kvstore/protocol/messages.py"}
 
 
 def long_files() -> set[str]:
