@@ -100,8 +100,8 @@ LOOKUP_PATHS = {"shared_index": {}, "shared_index_python": {}, "stream": {"share
 
 def connect_lookup_client(address: str, name: str) -> kvstore.Client:
     c = kvstore.connect(address, namespace="bench-lookup", chunk_tokens=16, **LOOKUP_PATHS[name])
-    if name == "shared_index_python" and c._index is not None:
-        c._index._native = None
+    if name == "shared_index_python" and c.shared_index is not None:
+        c.shared_index._native = None
     return c
 
 
@@ -109,7 +109,7 @@ def lookup_call(c: kvstore.Client, name: str, keys: list[bytes]):
     """The call one lookup of ``keys`` by path ``name`` makes."""
     if name != "walk_floor":
         return lambda: c.lookup(keys)
-    index = c._index
+    index = c.shared_index
     if index is None or index._native is None:
         return lambda: len(keys)   # no C walk here: no floor to measure
     packed, mask = b"".join(keys), index._words[H_SLOTS] - 1

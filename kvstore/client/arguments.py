@@ -20,7 +20,7 @@ from ..errors import UsageError
 from ..keys import KEY_BYTES
 from ..protocol.engine_blocks import EngineBlocks, engine_field
 from ..protocol.messages import check_batch
-from ..protocol.retention import RetentionAsk, parse_retention
+from ..protocol.retention import RetentionAsk, parse_retention, wire_retention
 
 T = TypeVar("T")
 
@@ -162,3 +162,10 @@ def retention(call: str, name: Any, pin_ttl: Any) -> RetentionAsk:
         return parse_retention(name, pin_ttl)
     except ValueError as exc:
         raise UsageError(f"{call}: {exc}") from None
+
+
+def write_fields(call: str, keys: Sequence[Any], engine: Any, ask: RetentionAsk) -> dict[str, Any]:
+    """The wire fields a put or a reserve adds to its request: the engine's blocks (``engine_blocks``, checked)
+    and the retention class asked for."""
+    blocks = engine_blocks(call, keys, engine)
+    return {**({"engine": blocks} if blocks is not None else {}), **wire_retention(ask)}

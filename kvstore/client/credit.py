@@ -12,6 +12,11 @@ refused credit is not asked for again for a second, so a full store does not cos
 A request about the credit forgets it until its reply names the next one: after a timeout the client never
 writes into space the daemon may have published meanwhile (the daemon frees the credit the client forgot).
 
+The writer belongs to one connection (``connection.py``), which hands it itself: the writer sends through the
+connection's raw path (``call``, ``send``, ``reply``) and never through ``request``, which settles the queued put
+first. ``settle`` is the one place a queued put's reply is read: the connection calls it before each request and
+each read of the arena, and ``put`` before it picks a credit.
+
 A credit is written only while its daemon still serves (``daemon_still_serving``, checked before the copy): a
 restarted daemon may adopt the same arena (a warm restart) and lend that space to someone else.
 
@@ -31,7 +36,7 @@ from ..errors import KVStoreError, ReservationError, VersionError
 from ..protocol.wire import Op
 from .buffers import copy_into
 from .copies import copy_batch
-from .port import SessionPort
+from .port import ConnectionPort
 
 
 RENEW_AT = 0.5          # share of the TTL after which a credit is renewed before use
@@ -49,9 +54,10 @@ class HeldCredit:
 
 
 class CreditWriter:
-    """The one credit a client holds, and the put that uses it."""
+    """The one credit a connection holds, and the put that uses it."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, conn: ConnectionPort, enabled: bool = True) -> None:
+        self._conn = conn   # the connection that owns this writer: what it sends through and writes into
         self.enabled = enabled
         self.held: HeldCredit | None = None
         self._lock = threading.RLock()
@@ -65,27 +71,28 @@ class CreditWriter:
         """A new session (the daemon restarted, or the client said hello again): the daemon holds no credit."""
         self.held = None
 
-    def put(self, client: SessionPort, packed: bytes, buffers: Sequence[Any], sizes: list[int],
+    def put(self, packed: bytes, buffers: Sequence[Any], sizes: list[int],
             parent: bytes | None, wait: bool = True, extra: dict[str, Any] | None = None) -> int | None:
         """Chunks committed through the credit (``wait=False``: queued, see ``settle``), or None: put them with
         reserve + commit instead. ``packed``: the keys end to end, one per buffer."""
-        align = int(client.server_info.get("align") or 0)
+        conn = self._conn
+        align = int(conn.server_info.get("align") or 0)
         if not self.enabled or not align:
             return None
         starts, need = _layout(sizes, align)
-        if need > int(client.server_info.get("credit_max") or 0) or not self._lock.acquire(blocking=False):
+        if need > int(conn.server_info.get("credit_max") or 0) or not self._lock.acquire(blocking=False):
             return None
         try:
-            self.settle(client)   # a queued put's reply names the credit
-            if _all_stored(client, packed):
+            self.settle()   # a queued put's reply names the credit
+            if _all_stored(conn, packed):
                 return None   # reserve + commit copies nothing for stored keys (and touches them)
-            credit = self._usable(client, need)
+            credit = self._usable(need)
             if credit is None:
                 return None
-            if not daemon_still_serving(client):
+            if not daemon_still_serving(conn):
                 self.held = None   # its lender is gone: the next daemon may adopt the arena and lend this space
                 return None
-            view, pages = client.arena_view, client.pages
+            view, pages = conn.mapped.arena_view, conn.mapped.pages
             assert view is not None   # a usable credit is one lent in the arena mapped now
             if pages is not None:
                 pages.touch(credit.offset, need)
@@ -99,33 +106,39 @@ class CreditWriter:
                        "want": GROWTH * need, **(extra or {})}
             try:
                 if not wait:
-                    self.queued = (client.send_request(request), sent)
+                    self.queued = (conn.send(request), sent)
                     return len(sizes)
-                header, _ = client.request(request, retry=False)
+                header, _ = conn.call(request, retry=False)
             except (ReservationError, VersionError):
                 self.held = None   # taken back, or a restarted daemon never lent it: put the other way
                 return None
-            self._keep(header, sent, client)
+            self._keep(header, sent)
             return int(header["committed"])
         finally:
             self._lock.release()
 
-    def settle(self, client: SessionPort) -> None:
+    def settle(self, wait: bool = False) -> None:
         """Read the reply of the put queued last (``wait=False``), if any, and keep the credit it names. What it
-        committed is added to ``committed``; an error is kept in ``error`` (``Client.flush`` raises it)."""
+        committed is added to ``committed``; an error is kept in ``error`` (``Client.flush`` raises it).
+
+        Args:
+            wait: also wait for a put another thread of the client is making now, and settle it if it queued
+                (``flush``, ``close``); else return at once when nothing is queued."""
+        if self.queued is None and not wait:
+            return   # the common case, without the lock (a put of another thread may hold it)
         with self._lock:
             queued, self.queued = self.queued, None
             if queued is None:
                 return
             rid, sent = queued
             try:
-                header = client.wait_reply(rid)
+                header = self._conn.reply(rid)
             except KVStoreError as exc:
                 self.held = None   # whatever the daemon did with the credit, the reply naming it is gone
                 self.error = self.error or exc
                 return
             self.committed += int(header["committed"])
-            self._keep(header, sent, client)
+            self._keep(header, sent)
 
     def take_result(self) -> int:
         """The chunks the queued puts committed since the last call; raises the first error one of them met."""
@@ -134,33 +147,33 @@ class CreditWriter:
             raise error
         return committed
 
-    def offer(self, client: SessionPort) -> HeldCredit | None:
+    def offer(self) -> HeldCredit | None:
         """The held credit, for a reserve to name (the daemon frees it should the room be short, and tries again):
         forgotten until ``offer_done`` hears it was kept, and no other thread of the client uses the credit
         meanwhile (its lock stays held). None when none is held or another thread is writing into it."""
         if self.held is None or not self._lock.acquire(blocking=False):
             return None
         held, self.held = self.held, None
-        if held is None or held.arena is not client.arena:
+        if held is None or held.arena is not self._conn.mapped.arena:
             self._lock.release()
             return None
         return held
 
-    def offer_done(self, client: SessionPort, offered: HeldCredit | None, reply: dict[str, Any] | None) -> None:
+    def offer_done(self, offered: HeldCredit | None, reply: dict[str, Any] | None) -> None:
         """The reserve that named ``offered`` is over: keep the credit when its reply says the daemon kept it
         (after an error it may be gone: the daemon frees a credit its writer no longer names)."""
         if offered is None:
             return
         try:
-            if reply is not None and reply.get("credit") == offered.id and offered.arena is client.arena:
+            if reply is not None and reply.get("credit") == offered.id and offered.arena is self._conn.mapped.arena:
                 self.held = offered
         finally:
             self._lock.release()
 
-    def _usable(self, client: SessionPort, need: int) -> HeldCredit | None:
+    def _usable(self, need: int) -> HeldCredit | None:
         """The held credit when it takes ``need`` bytes and is fresh, else one asked for now (or None)."""
         held = self.held
-        if held is not None and held.arena is not client.arena:
+        if held is not None and held.arena is not self._conn.mapped.arena:
             held = self.held = None
         if held is not None and held.size >= need and time.monotonic() < held.valid_until:
             return held
@@ -169,39 +182,40 @@ class CreditWriter:
             return None
         self.held = None   # the daemon may move it: until the reply says where it is
         try:
-            header, _ = client.request({"op": Op.CREDIT_PUT, "credit": held.id if held else 0, "keys": b"",
-                                      "want": GROWTH * need})
+            header, _ = self._conn.call({"op": Op.CREDIT_PUT, "credit": held.id if held else 0, "keys": b"",
+                                         "want": GROWTH * need})
         except ReservationError:
             self.held = None
             return None
-        self._keep(header, now, client)
+        self._keep(header, now)
         if self.held is None or self.held.size < need:
             self._refused_need, self._refused_until = need, now + REFUSED_BACKOFF_S
             return None
         return self.held
 
-    def _keep(self, header: dict[str, Any], sent: float, client: SessionPort) -> None:
+    def _keep(self, header: dict[str, Any], sent: float) -> None:
         cid = int(header.get("credit") or 0)
         self.held = None if not cid else HeldCredit(
-            cid, int(header["offset"]), int(header["size"]), sent + RENEW_AT * float(header["ttl"]), client.arena)
+            cid, int(header["offset"]), int(header["size"]), sent + RENEW_AT * float(header["ttl"]),
+            self._conn.mapped.arena)
 
 
-def daemon_still_serving(client: SessionPort) -> bool:
+def daemon_still_serving(conn: ConnectionPort) -> bool:
     """Whether the daemon that lent the credit still serves, checked right before bytes are copied into it. A
     restarted daemon may adopt the same arena file (a warm restart) and lend the space again, so a credit from
     before the restart must never be written. Its shared index says so (a stopping daemon marks it CLOSED, and
     the next one marks a killed predecessor's CLOSED before it serves); without one, the stream socket does (a
     dead daemon's end reads as closed); with neither the credit is not used."""
-    index = client.shared_index
+    index = conn.mapped.index
     if index is not None:
         return not index.stale()
-    alive = getattr(client.transport, "alive", None)
+    alive = getattr(conn.transport, "alive", None)
     return bool(alive is not None and alive())
 
 
-def _all_stored(client: SessionPort, packed: bytes) -> bool:
+def _all_stored(conn: ConnectionPort, packed: bytes) -> bool:
     """Whether the daemon's shared index lists every key (a put of them all would copy for nothing)."""
-    index = client.shared_index
+    index = conn.mapped.index
     return index is not None and index.lists_all(packed)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import ClientClosedError, DaemonUnavailable, LeaseError, VersionError
 from ..protocol.wire import Op
-from .port import SessionPort
+from .port import ConnectionPort
 
 
 @dataclass(frozen=True)
@@ -37,14 +37,14 @@ class Lease:
     whatever was computed from the views must then be thrown away.
     """
 
-    def __init__(self, client: SessionPort, lease_id: int, views: list[Any], tiers: list[str] | None = None,
+    def __init__(self, conn: ConnectionPort, lease_id: int, views: list[Any], tiers: list[str] | None = None,
                  valid_until: float = math.inf) -> None:
-        self._client = client
+        self._conn = conn
         self.id = lease_id
         self.views = views
         self.tiers = tiers if tiers is not None else ["host"] * len(views)
         self._valid_until = valid_until   # time.monotonic() before which the daemon cannot have expired it
-        self._arena = client.arena       # a daemon restarted since maps another arena: these views were left alone
+        self._arena = conn.mapped.arena   # a daemon restarted since maps another arena: these views were left alone
 
     def __enter__(self) -> list[Any]:
         return self.views
@@ -62,7 +62,7 @@ class Lease:
     def extend(self) -> float:
         """Push the lease's deadline out by its TTL; returns the seconds left."""
         sent = time.monotonic()
-        header, _ = self._client.request({"op": Op.EXTEND, "lease": self.id})
+        header, _ = self._conn.request({"op": Op.EXTEND, "lease": self.id})
         ttl = float(header["ttl"])
         self._valid_until = max(self._valid_until, sent + ttl)
         return ttl
@@ -81,14 +81,14 @@ class Lease:
         if time.monotonic() < self._valid_until:
             try:
                 # Nothing to wait for: the lease is held, and a restarted daemon pins nothing anyway.
-                self._client.transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
+                self._conn.transport.send({"op": Op.RELEASE, "lease": lease_id}, want_reply=False)
             except (DaemonUnavailable, ClientClosedError):
                 pass  # the daemon is gone (nothing is pinned, nothing wrote under the views), or we closed
             return
-        if self._client.arena is not self._arena:
+        if self._conn.mapped.arena is not self._arena:
             return   # the daemon restarted: nothing wrote into the old arena under these views
         try:
-            self._client.transport.call({"op": Op.RELEASE, "lease": lease_id})   # past the TTL: was it held?
+            self._conn.transport.call({"op": Op.RELEASE, "lease": lease_id})   # past the TTL: was it held?
         except (DaemonUnavailable, VersionError, ClientClosedError):
             pass   # the daemon is gone or restarted (it wrote into a new arena, not under these views), or we closed
         except LeaseError:
@@ -102,8 +102,8 @@ class Reservation:
     The two halves of ``put`` for callers that write the bytes themselves, e.g. an engine gathering KV
     straight into the slots. Uncommitted slots are freed by ``abort`` (or when the reservation's TTL passes)."""
 
-    def __init__(self, client: SessionPort, reservation_id: int, views: list[memoryview | None]) -> None:
-        self._client = client
+    def __init__(self, conn: ConnectionPort, reservation_id: int, views: list[memoryview | None]) -> None:
+        self._conn = conn
         self.id = reservation_id
         self.views = views
 
@@ -113,14 +113,14 @@ class Reservation:
         self._release_views()
         if not rid:
             return 0   # a no-store reservation: the daemon reserved nothing
-        header, _ = self._client.request({"op": Op.COMMIT, "reservation": rid}, retry=False)
+        header, _ = self._conn.request({"op": Op.COMMIT, "reservation": rid}, retry=False)
         return int(header["committed"])
 
     def abort(self) -> None:
         rid, self.id = self.id, 0
         self._release_views()
         if rid:
-            self._client.request({"op": Op.ABORT, "reservation": rid}, retry=False)
+            self._conn.request({"op": Op.ABORT, "reservation": rid}, retry=False)
 
     def _release_views(self) -> None:
         for view in self.views:
@@ -135,9 +135,9 @@ class InlineReservation(Reservation):
     writes into reserved slots (an engine connector's saves) works unchanged. Nothing is held in the daemon before
     the commit; every key gets a view (the daemon skips those already stored at the commit)."""
 
-    def __init__(self, client: SessionPort, request: dict[str, Any], sizes: list[int], stores: bool) -> None:
+    def __init__(self, conn: ConnectionPort, request: dict[str, Any], sizes: list[int], stores: bool) -> None:
         buffers = [bytearray(n) for n in sizes] if stores else []
-        super().__init__(client, 0, [memoryview(b) for b in buffers] if stores else [None] * len(sizes))
+        super().__init__(conn, 0, [memoryview(b) for b in buffers] if stores else [None] * len(sizes))
         self._request: dict[str, Any] | None = request   # the PUT_INLINE the commit sends, less its payloads
         self._buffers = buffers   # sent themselves, not the views: the views are released after the send
 
@@ -148,7 +148,7 @@ class InlineReservation(Reservation):
         try:
             if request is None:
                 return 0
-            header, _ = self._client.request(request, payloads)
+            header, _ = self._conn.request(request, payloads)
             return int(header["committed"])
         finally:
             self._release_views()

@@ -1,55 +1,44 @@
-"""What the client's helpers use of the session they serve: the one interface between ``session.py`` and
+"""What the client's helpers use of the connection they serve: the one interface between ``connection.py`` and
 ``credit.py``, ``lease.py`` and ``verify.py``.
 
-A protocol rather than an import of ``session.py``, which imports those helpers. ``Session`` implements it; the
-helpers touch nothing else of it (no private member of the Client).
+A protocol rather than an import of ``connection.py``, which imports the credit writer. ``Connection``
+implements it (``connection.py`` proves so to the type checker); the helpers touch nothing else of it, and nothing of
+the Client.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+from .mappings import Mappings
 
-class SessionPort(Protocol):
-    """The session's arena mapping, its shared index, and its three ways of sending a request."""
+
+class ConnectionPort(Protocol):
+    """The connection's mappings, its request path and the raw one below it."""
 
     server_info: dict[str, Any]
-
-    @property
-    def arena(self) -> Any:
-        """The mapped arena (``mapped/arena.py`` SharedArena), or None; another object after a restart."""
-        ...
-
-    @property
-    def arena_view(self) -> memoryview | None:
-        """The read-write view of the arena, or None."""
-        ...
-
-    @property
-    def pages(self) -> Any:
-        """The arena's page populator (``client/pages.py``), or None."""
-        ...
-
-    @property
-    def shared_index(self) -> Any:
-        """The mapped shared index (``mapped/index_reader.py`` SharedIndexView), or None."""
-        ...
+    mapped: Mappings   # the arena (another object after a restart), its views and populators, the shared index
 
     @property
     def transport(self) -> Any:
-        """Where requests go now (the stream socket, else ZeroMQ), bypassing the session's retry and notes."""
+        """Where requests go now (the stream socket, else ZeroMQ), bypassing the connection's retry and notes."""
         ...
 
     def request(self, header: dict[str, Any], payloads: list[Any] | None = None,
                 retry: bool = True) -> tuple[dict[str, Any], list[Any]]:
-        """Send one request and wait for its reply, saying hello again (and retrying once when ``retry``) after a
-        daemon restart."""
+        """Send one request once the queued put is settled, and wait for its reply, saying hello again (and
+        retrying once when ``retry``) after a daemon restart."""
         ...
 
-    def send_request(self, header: dict[str, Any]) -> int:
-        """Send one request of a pipelined batch without waiting; ``wait_reply`` collects its answer."""
+    def call(self, header: dict[str, Any], payloads: list[Any] | None = None,
+             retry: bool = True) -> tuple[dict[str, Any], list[Any]]:
+        """``request`` without settling the queued put first: for the credit writer, which settles it itself."""
         ...
 
-    def wait_reply(self, rid: int) -> dict[str, Any]:
-        """The reply header to the request ``rid`` sent by ``send_request``."""
+    def send(self, header: dict[str, Any]) -> int:
+        """Send one request of a pipelined batch without waiting; ``reply`` collects its answer."""
+        ...
+
+    def reply(self, rid: int) -> dict[str, Any]:
+        """The reply header to the request ``rid`` sent by ``send``."""
         ...

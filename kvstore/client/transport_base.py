@@ -13,7 +13,7 @@ from ..errors import DaemonUnavailable, error_from_code
 
 class ConnectionLost(DaemonUnavailable):
     """The connection a request went out on closed before its reply came: the request may or may not have reached
-    the daemon, and the daemon has dropped the session it held (``session.py`` says hello again)."""
+    the daemon, and the daemon has dropped the session it held (``connection.py`` says hello again)."""
 
 
 class RequestTransport:

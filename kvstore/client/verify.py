@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import xxhash
 
 from ..protocol.wire import Op
-from .port import SessionPort
+from .port import ConnectionPort
 
 
 def _bytes_of(view: Any) -> Any:
@@ -43,11 +43,11 @@ def verified_prefix(views: Sequence[Any], sums: Sequence[int | None]) -> tuple[i
     return good, failed
 
 
-def verified_lease(client: SessionPort, lease: Any, keys: list[bytes], sums: list[int | None]) -> Any:
+def verified_lease(conn: ConnectionPort, lease: Any, keys: list[bytes], sums: list[int | None]) -> Any:
     """Cut ``lease`` (a ``client/lease.py`` Lease) to its verified prefix, reporting the chunks that failed."""
     good, failed = verified_prefix(lease.views, sums)
     if failed:
-        client.request({"op": Op.CORRUPT, "keys": [keys[i] for i in failed]})
+        conn.request({"op": Op.CORRUPT, "keys": [keys[i] for i in failed]})
     for view in lease.views[good:]:
         if isinstance(view, memoryview):
             view.release()

@@ -337,7 +337,7 @@ def both(daemon):
     shm = daemon.client(namespace="si", chunk_tokens=4)
     sock = daemon.client(namespace="si", chunk_tokens=4, shared_index=False)
     try:
-        assert shm._index is not None and sock._index is None
+        assert shm.shared_index is not None and sock.shared_index is None
         yield shm, sock
     finally:
         shm.close()
@@ -356,7 +356,7 @@ def test_daemon_index_agrees_with_the_socket_through_puts_deletes_and_eviction(s
                 want = sock.lookup_tiers(other, promote=False)
                 assert shm.lookup_tiers(other, promote=False) == want
                 assert shm.lookup_tiers(other) == want
-        assert shm._index.answered > 0 and shm._index.deferred == 0
+        assert shm.shared_index.answered > 0 and shm.shared_index.deferred == 0
         stats = sock.stats()
         assert stats["counters"]["lookups"] >= 2 * 40
 
@@ -390,9 +390,9 @@ def test_disk_only_chunks_are_looked_up_over_the_socket_which_promotes_them(star
             assert wait_for(lambda: sock.stats()["disk"] is None or sock.stats()["disk"].get("queued_bytes", 0) == 0,
                             timeout=5)
         assert "disk" in sock.lookup_tiers(first, promote=False).tiers
-        deferred = shm._index.deferred
+        deferred = shm.shared_index.deferred
         result = shm.lookup_tiers(first)               # promoting: the socket answers and starts the reads
-        assert result.count == 4 and shm._index.deferred == deferred + 1
+        assert result.count == 4 and shm.shared_index.deferred == deferred + 1
         assert wait_for(lambda: shm.lookup_tiers(first, promote=False).tiers.get("host", 0) == 4)
         with shm.get(first) as views:
             assert [bytes(v[:1]) for v in views] == [b"1"] * 4
@@ -404,9 +404,9 @@ def test_keys_the_table_cannot_list_are_answered_by_the_socket(start_daemon):
         keys = colliding_keys(MAX_PROBE + 6)
         for key in keys:
             shm.put([key], [b"k" * 4096])
-        deferred = shm._index.deferred
+        deferred = shm.shared_index.deferred
         assert all(shm.lookup([key]) == 1 for key in keys)
-        assert shm._index.deferred > deferred     # the last ones past MAX_PROBE: not listed, asked over the socket
+        assert shm.shared_index.deferred > deferred   # the last ones past MAX_PROBE: not listed, asked over the socket
         assert shm.lookup(keys[-1:] + [os.urandom(16)]) == 1
 
 
@@ -445,7 +445,7 @@ def test_a_crashed_daemon_stops_answering_from_its_index(start_daemon):
         assert late and all(n == -1 for n in late), "a dead daemon's index must not answer (its stream closed)"
         d.start()                                   # a new daemon on the same socket: a new, empty index
         assert wait_for(lambda: _lookup_or_none(c, keys) == 0, timeout=10)
-        assert c._index is not None and c._index.lookup(keys, True) == (0, {})
+        assert c.shared_index is not None and c.shared_index.lookup(keys, True) == (0, {})
     finally:
         stop.set()
         reader.close()
@@ -464,11 +464,11 @@ def test_a_stopping_daemon_refuses_lookups_as_before(start_daemon):
     c = d.client(namespace="si", chunk_tokens=4, timeout=2.0)
     keys = c.chunk_keys(list(range(4 * 2)))
     c.put(keys, [b"x" * 4096] * 2)
-    assert c.lookup(keys) == 2 and c._index.answered
+    assert c.lookup(keys) == 2 and c.shared_index.answered
     rid = c.transport.send({"op": Op.RESERVE, "keys": [os.urandom(16)], "sizes": [4096]})
     c.transport.wait(rid)                            # an open reservation holds the daemon in its stop sequence
     d.proc.send_signal(15)
-    assert wait_for(lambda: c._index.stale(), timeout=5)
+    assert wait_for(lambda: c.shared_index.stale(), timeout=5)
     with pytest.raises((kvstore.UnavailableError, kvstore.DaemonUnavailable)):
         c.lookup(keys)
     c.close()

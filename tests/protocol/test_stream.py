@@ -47,7 +47,7 @@ def test_a_closed_stream_drops_its_pins_at_once(daemon):
     lease.views = []                # the process "dies" holding the lease: only its stream closes
     holder.transport.close()
     assert wait_for(lambda: watcher.stats()["leases"] == 0, timeout=2)
-    holder._zmq.close()
+    holder.close()
     watcher.close()
 
 

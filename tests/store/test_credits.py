@@ -190,7 +190,7 @@ def test_concurrent_writers_each_read_back_their_own_bytes(daemon):
 def test_puts_go_on_after_a_daemon_restart(daemon):
     with daemon.client(namespace="t") as c:
         c.put(c.chunk_keys([1] * 256), _chunks(1, 5000, 1))
-        assert c._credit.held is not None
+        assert c.held_credit is not None
         daemon.restart()
         keys = c.chunk_keys([2] * 512)
         data = _chunks(2, 6000, 2)
@@ -205,7 +205,7 @@ def test_eviction_never_hands_out_lent_space(start_daemon):
     d = start_daemon("--host-mem", "16MiB", "--disk-size", "0")   # credits of up to 512 KiB
     with d.client(namespace="idle") as idle, d.client(namespace="busy") as busy:
         idle.put(idle.chunk_keys([0] * 256), [b"\x01" * (256 << 10)])
-        held = idle._credit.held
+        held = idle.held_credit
         assert held is not None and held.size >= 256 << 10
         chains = []
         for r in range(80):   # 80 × 512 KiB through a 16 MiB arena: eviction all the way
@@ -213,7 +213,7 @@ def test_eviction_never_hands_out_lent_space(start_daemon):
             data = _chunks(2, 200 << 10, r)
             assert busy.put(keys, data) == 2
             chains.append((keys, data))
-        idle._arena_view[held.offset:held.offset + held.size] = b"\xee" * held.size   # scribble on the credit
+        idle.arena_view[held.offset:held.offset + held.size] = b"\xee" * held.size   # scribble on the credit
         stats = busy.stats()
         assert stats["counters"]["evictions"] > 0 and stats["credits"]["active"] == 2
         found = 0
@@ -263,7 +263,7 @@ def test_a_reserve_that_needs_the_writers_own_credit_takes_it_in_the_same_reques
     d = start_daemon("--host-mem", "4MiB", "--disk-size", "0")   # credits of up to 128 KiB
     with d.client(namespace="own") as c, d.client(namespace="fill") as fill:
         c.put([os.urandom(16)], [b"c" * (64 << 10)])   # leaves c a 128 KiB credit
-        assert c._credit.held is not None and c._credit.held.size == 128 << 10
+        assert c.held_credit is not None and c.held_credit.size == 128 << 10
         s = c.stats()
         rest = s["tiers"]["host"]["capacity_bytes"] - s["tiers"]["host"]["used_bytes"] - s["credits"]["lent_bytes"]
         key = os.urandom(16)
@@ -273,6 +273,6 @@ def test_a_reserve_that_needs_the_writers_own_credit_takes_it_in_the_same_reques
             reservation = c.reserve([os.urandom(16)], [128 << 10])
             reservation.abort()
             after = c.stats()
-        assert c._credit.held is None            # the daemon freed it: the client forgot it
+        assert c.held_credit is None            # the daemon freed it: the client forgot it
         assert after["errors"] == errors, after   # no error reply on the way
         assert after["credits"]["active"] == 0    # c's credit went back to the free space

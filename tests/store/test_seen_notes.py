@@ -81,7 +81,7 @@ def test_a_bad_repeat_field_is_refused_with_one_line(repeat):
 
 def test_the_daemon_counts_every_lookup_of_a_coalesced_note(daemon):
     with daemon.client(namespace="seen", chunk_tokens=4) as c:
-        if c._index is None:
+        if c.shared_index is None:
             pytest.skip("no shared index on this machine")
         keys = c.chunk_keys(list(range(4 * 3)))
         c.put(keys, [b"x" * 100] * 3)

@@ -168,7 +168,7 @@ def test_a_credit_lent_before_the_restart_is_never_written_into_the_adopted_aren
     writer = d.client()
     try:
         old_keys, old_payloads = fill(writer, prompts=2, chunks=4)   # the writer now holds a credit
-        assert writer._credit.held is not None
+        assert writer.held_credit is not None
         assert d.stop() == 0
         d.start()
         adoption_done(d)
