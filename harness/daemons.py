@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import os
 import shutil
 import signal
@@ -214,10 +215,13 @@ class DaemonProc:
     def remove_leftovers(self) -> list[str]:
         """After the process is gone: unlink the arenas it left (a SIGKILL leaves one); returns them."""
         removed = []
+        # A closed client of this process whose objects are still in a reference cycle maps the arena until the
+        # collector frees them: collect first, so that only a live holder keeps a file.
+        gc.collect()
         for arena in sorted(self.arenas):
             # a clean stop keeps the arena and its description (warm restart), a kill the arena and its journal
             for path in (arena, description_path_for(arena), journal_path_for(arena)):
-                if os.path.exists(path) and not holders(path):
+                if os.path.exists(path) and wait_for(lambda p=path: not holders(p), timeout=2.0):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
                         removed.append(path)
