@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import os
 import shutil
@@ -114,6 +115,11 @@ def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None, 
     finally:
         if not keep_dirs():
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def unheld(path: str) -> bool:
+    """Whether no live process maps or holds ``path``."""
+    return not holders(path)
 
 
 @dataclass
@@ -221,7 +227,7 @@ class DaemonProc:
         for arena in sorted(self.arenas):
             # a clean stop keeps the arena and its description (warm restart), a kill the arena and its journal
             for path in (arena, description_path_for(arena), journal_path_for(arena)):
-                if os.path.exists(path) and wait_for(lambda p=path: not holders(p), timeout=2.0):
+                if os.path.exists(path) and wait_for(functools.partial(unheld, path), timeout=2.0):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
                         removed.append(path)
