@@ -46,15 +46,23 @@ class ConnectionWatch:
                 msg = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
-            event, value = msg["event"], msg["value"]
-            if event == zmq.EVENT_CONNECTED:
-                self.connected = True
-            elif event == zmq.EVENT_DISCONNECTED:
-                self.drops += 1
-            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.failure = None
-            else:
-                self.failure = (event, value)
+            self.record(msg["event"], msg["value"])
+
+    def record(self, event: int, value: int) -> None:
+        """Take one monitor event into account.
+
+        A refused handshake is retried on every reconnect, and a retry can end before the daemon's reason
+        arrives (it closed first: ``NO_DETAIL``, a broken pipe). Such a retry never hides a reason already
+        seen, so the explanation names the real cause however the retries raced.
+        """
+        if event == zmq.EVENT_CONNECTED:
+            self.connected = True
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.drops += 1
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.failure = None
+        elif event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL or self.failure is None:
+            self.failure = (event, value)
 
     def explain(self, address: str, has_curve: bool) -> str | None:
         """What went wrong at ``address``, if a daemon was reached at all; None if nothing answered there."""
@@ -74,7 +82,9 @@ class ConnectionWatch:
         if has_curve:
             return (f"the CURVE handshake with {address} failed: the server key this client holds is not that "
                     f"daemon's (KVSTORE_CURVE_SERVER_KEY must be its server.key)")
-        return f"the handshake with {address} failed (ZeroMQ event {event}, value {value})"
+        # A client without keys fails a handshake only where the daemon speaks another mechanism: CURVE.
+        return (f"the handshake with {address} failed (ZeroMQ event {event}, value {value}): the kvstore daemon "
+                f"there likely requires CURVE authentication; set {CURVE_HINT}")
 
     def close(self) -> None:
         try:
