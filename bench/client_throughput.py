@@ -27,7 +27,6 @@ import time
 import numpy as np
 
 import kvstore
-from kvstore.protocol.index_layout import H_SLOTS
 from bench._common import (add_output_flag, native_index, start_daemon, timed_put_get,
                      write_result)
 
@@ -101,7 +100,7 @@ LOOKUP_PATHS = {"shared_index": {}, "shared_index_python": {}, "stream": {"share
 def connect_lookup_client(address: str, name: str) -> kvstore.Client:
     c = kvstore.connect(address, namespace="bench-lookup", chunk_tokens=16, **LOOKUP_PATHS[name])
     if name == "shared_index_python" and c.shared_index is not None:
-        c.shared_index._native = None
+        c.shared_index.walk_in_python()
     return c
 
 
@@ -110,10 +109,10 @@ def lookup_call(c: kvstore.Client, name: str, keys: list[bytes]):
     if name != "walk_floor":
         return lambda: c.lookup(keys)
     index = c.shared_index
-    if index is None or index._native is None:
+    if index is None or not index.walks_in_c:
         return lambda: len(keys)   # no C walk here: no floor to measure
-    packed, mask = b"".join(keys), index._words[H_SLOTS] - 1
-    return lambda: index._native.walk(packed, len(keys), mask, False)[1]
+    packed = b"".join(keys)
+    return lambda: index.bare_walk(packed)
 
 
 def percentiles(lat: list[float]) -> dict:

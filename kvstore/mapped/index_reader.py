@@ -87,6 +87,23 @@ class SharedIndexView:
         except (OSError, ValueError):
             return None
 
+    @property
+    def walks_in_c(self) -> bool:
+        """Whether walks run in C (False: in Python, because the library is not built or ``walk_in_python``)."""
+        return self._native is not None
+
+    def walk_in_python(self) -> None:
+        """Walk in Python from now on, as a reader without the C library does (to compare the two walks)."""
+        if self._native is not None:
+            self._native.close()
+            self._native = None
+
+    def bare_walk(self, packed: bytes) -> int:
+        """How many leading keys of ``packed`` (end to end) one walk finds listed, with no check of the header, no
+        retry and no count: the floor a benchmark holds a lookup to. 0 when the table moved under it."""
+        read = (self._native or self).walk(packed, len(packed) // _KEY_BYTES, self._words[H_SLOTS] - 1, False)
+        return read[1] if isinstance(read, tuple) else 0
+
     def lookup(self, keys: Sequence[bytes], promote: bool) -> tuple[int, dict[str, int]] | None:
         """(leading keys stored, count per tier), or None: ask the socket (see the module docstring)."""
         packed = packed_keys(keys)

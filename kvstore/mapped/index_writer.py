@@ -176,7 +176,32 @@ class PublishedIndex:
 
     @property
     def listed(self) -> int:
+        """How many keys hold a slot."""
         return len(self._slot)
+
+    @property
+    def unlisted(self) -> frozenset[bytes]:
+        """The published keys no slot could be found for (readers ask the socket for them)."""
+        return frozenset(self._unlisted)
+
+    def placement(self) -> dict[bytes, int]:
+        """Each listed key's slot (a copy)."""
+        return dict(self._slot)
+
+    def table_bytes(self) -> bytes:
+        """The slots as readers see them (a copy), to compare two writers' tables."""
+        return bytes(self._buf[HEADER_BYTES:HEADER_BYTES + self.slots * SLOT_BYTES])
+
+    @property
+    def places_in_c(self) -> bool:
+        """Whether new keys are placed in C (False: in Python, the library is not built or ``place_in_python``)."""
+        return self._native is not None
+
+    def place_in_python(self) -> None:
+        """Place new keys in Python from now on, as a writer without the C library does (to compare the two)."""
+        if self._native is not None:
+            self._native.close()
+            self._native = None
 
     # -- the table ----------------------------------------------------------------------------------------
     def _update(self, key: bytes, listing: Listing) -> bool:

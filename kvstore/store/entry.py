@@ -55,3 +55,13 @@ class Entry:
         """Whether some operation still uses a slot or the file (so none of them may be freed yet)."""
         return (self.pins > 0 or self.disk is DiskState.WRITING or self.loading is not None
                 or self.gpu_loading is not None or self.checking > 0)
+
+    def learn_checksum(self, value: int | None) -> None:
+        """Record the checksum of the chunk's bytes, if none is known yet.
+
+        Every source (the hash worker, a disk file's record, a remote record, a kept DRAM arena) describes the
+        same committed bytes, so the first one known stays: a later one could only disagree through damage,
+        which the checks of the reads catch.
+        """
+        if self.checksum is None:
+            self.checksum = value

@@ -101,7 +101,7 @@ class Integrity:
         for entry, offset, value in zip(entries, offsets, fut.result()):
             if entry.host_offset != offset or self.store.index.get(entry.key) is not entry:
                 continue   # it left the slot while the hash read it: the value may be another chunk's bytes
-            entry.checksum = value
+            entry.learn_checksum(value)
             summed.append(entry)
             c.sums += 1
             c.sum_bytes += entry.size

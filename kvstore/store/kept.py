@@ -92,7 +92,7 @@ class KeptCopies:
                 store.index[chunk.key] = entry
             elif entry.readable and entry.host_offset is None and entry.loading is None and entry.size == chunk.size:
                 entry.host_offset = chunk.offset
-                entry.checksum = chunk.checksum if entry.checksum is None else entry.checksum
+                entry.learn_checksum(chunk.checksum)
                 if chunk.retention > entry.retention:   # the disk file's class, or the kept record's: the higher
                     store.retention.raise_to(entry, chunk.retention)
             else:

@@ -4,6 +4,7 @@ table could not list, a crash, a stop)."""
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing as mp
 import os
 import struct
@@ -22,8 +23,8 @@ from kvstore.mapped.index_reader import SharedIndexView, packed_keys
 from kvstore import native
 from kvstore.native.walk import NativeWalk
 from kvstore.protocol.wire import Op
-from kvstore.protocol.index_layout import (DISK, EMPTY, GPU, H_EPOCH, H_HEARTBEAT, H_SLOTS, HEADER_BYTES, HOST,
-                                           MAX_PROBE, MIN_SLOTS, REMOTE, SLOT_BYTES, STALE_S, supported)
+from kvstore.protocol.index_layout import (DISK, EMPTY, FILE_BYTES, GPU, H_EPOCH, H_HEARTBEAT, H_SLOTS, HEADER_BYTES,
+                                           HOST, MAX_PROBE, MIN_SLOTS, REMOTE, SLOT_BYTES, STALE_S, supported)
 from kvstore.mapped.index_writer import PublishedIndex
 
 pytestmark = pytest.mark.skipif(not supported(), reason="the shared index is offered on x86-64 only")
@@ -50,10 +51,31 @@ def walk(request) -> str:
 def reader_of(path: str, walk: str) -> SharedIndexView:
     reader = SharedIndexView(path)
     if walk == "python":
-        reader._native = None
+        reader.walk_in_python()
     else:
-        assert reader._native is not None
+        assert reader.walks_in_c
     return reader
+
+
+def read_mapping(path: str) -> mmap.mmap:
+    """A read-only mapping of the index file at ``path``, as a reader process of its own maps it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return mmap.mmap(fd, FILE_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+
+
+def add_to_header(path: str, word: int, delta: int) -> None:
+    """Move one header word of the index at ``path`` by ``delta``, as a writer in another process would."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with mmap.mmap(fd, HEADER_BYTES, flags=mmap.MAP_SHARED) as buf:
+            words = memoryview(buf).cast("Q")
+            words[word] = (words[word] + delta) % (1 << 64)
+            words.release()
+    finally:
+        os.close(fd)
 
 
 def colliding_keys(n: int, home: int = 7) -> list[bytes]:
@@ -125,7 +147,7 @@ def test_table_matches_a_model_through_growth_tombstones_and_collisions(index_pa
                     assert walk_gives_up(index_path, chain)
         assert writer.rebuilds >= 1 and writer.slots > MIN_SLOTS
         writer.beat()
-        listed = [k for k in model if k not in writer._unlisted]
+        listed = [k for k in model if k not in writer.unlisted]
         assert all(reader.lookup([k], promote=False) == (1, expected(model, [k])[1]) for k in listed)
         assert reader.lookup([os.urandom(16)], promote=False) == (0, {})
     finally:
@@ -226,7 +248,8 @@ def test_the_c_walk_reads_what_the_python_walk_reads(index_path):
     lib = native.load("index")
     writer = PublishedIndex(index_path, 16)
     reader = SharedIndexView(index_path)
-    c_walk = NativeWalk(lib, reader._buf)
+    mapped = read_mapping(index_path)
+    c_walk = NativeWalk(lib, mapped)
     keys = [os.urandom(16) for _ in range(2 * MIN_SLOTS)] + colliding_keys(MAX_PROBE + 4)
     try:
         for i, key in enumerate(keys):
@@ -234,7 +257,7 @@ def test_the_c_walk_reads_what_the_python_walk_reads(index_path):
         for key in keys[::7]:
             writer.remove(key)   # tombstones in the probe chains
         mask = writer.slots - 1
-        unlisted = [[k] for k in keys if k in writer._unlisted]   # past MAX_PROBE slots from their home slot
+        unlisted = [[k] for k in keys if k in writer.unlisted]   # past MAX_PROBE slots from their home slot
         assert unlisted
         chains = [keys[s:s + n] for s in range(0, len(keys), 61) for n in (1, 16, 64)] + [[os.urandom(16)]]
         chains += unlisted
@@ -249,6 +272,7 @@ def test_the_c_walk_reads_what_the_python_walk_reads(index_path):
         assert {"missed", "all", "NoneType"} <= answers   # misses, whole chains, and chains probed past the bound
     finally:
         c_walk.close()
+        mapped.close()
         reader.close()
         writer.close()
 
@@ -278,10 +302,10 @@ def test_the_c_lookup_answers_every_header_state_as_the_python_one(index_path):
         python, c = answers()
         assert python == c and c[5] is None and c[4] == (1, [0, 0, 0, 1, 0])   # stopped short, promote: ask
         writer.set_flag(REMOTE, False)
-        writer._words[H_EPOCH] += 1           # a rebuild in progress: try again
+        add_to_header(index_path, H_EPOCH, 1)           # a rebuild in progress: try again
         assert answers() == [[False] * 10] * 2
-        writer._words[H_EPOCH] += 1
-        writer._words[H_HEARTBEAT] -= int(2 * STALE_S * 1e9)   # a stuck writer: ask the socket
+        add_to_header(index_path, H_EPOCH, 1)
+        add_to_header(index_path, H_HEARTBEAT, -int(2 * STALE_S * 1e9))   # a stuck writer: ask the socket
         assert answers() == [[None] * 10] * 2
         writer.beat()
         writer.close_to_readers()
@@ -303,8 +327,8 @@ def test_the_c_placement_writes_the_table_the_python_writer_writes(index_path, o
     pool = colliding_keys(MAX_PROBE + 8) + [os.urandom(16) for _ in range(80 - MAX_PROBE - 8)]
     c_writer = PublishedIndex(index_path, 16)
     py_writer = PublishedIndex(index_path + ".py", 16)
-    py_writer._native = None
-    assert c_writer._native is not None
+    py_writer.place_in_python()
+    assert c_writer.places_in_c
     try:
         for op in ops:
             for writer in (c_writer, py_writer):
@@ -314,13 +338,12 @@ def test_the_c_placement_writes_the_table_the_python_writer_writes(index_path, o
                     writer.set_many([(pool[i], state, None if host == 0 else host * 4096, 1000 + i)
                                      for i, state, host in op])
             assert c_writer.slots == py_writer.slots and c_writer.tombstones == py_writer.tombstones
-            assert c_writer._slot == py_writer._slot and c_writer._unlisted == py_writer._unlisted
-            end = HEADER_BYTES + c_writer.slots * SLOT_BYTES
-            assert c_writer._buf[HEADER_BYTES:end] == py_writer._buf[HEADER_BYTES:end]
+            assert c_writer.placement() == py_writer.placement() and c_writer.unlisted == py_writer.unlisted
+            assert c_writer.table_bytes() == py_writer.table_bytes()
         reader = reader_of(index_path, "python")
         c_writer.beat()
         try:   # and what the C writer listed is what a reader finds
-            for key in c_writer._slot:
+            for key in c_writer.placement():
                 assert reader.lookup([key], promote=False)[0] == 1
         finally:
             reader.close()

@@ -275,8 +275,7 @@ class DiskLedger(TierLedger):
         offset, entry.loading = entry.loading, None
         tc = store.tier_counters
         if error is None and not entry.doomed:
-            if entry.checksum is None:
-                entry.checksum = checksum
+            entry.learn_checksum(checksum)
             store.fill_host(entry, offset)
             self.lru.add_chain([entry])
             tc.promotions_disk_host += 1

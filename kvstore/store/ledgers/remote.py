@@ -109,7 +109,7 @@ class RemoteLedger(TierLedger):
         those sums (and queue them for the disk); free the rest. Returns how many were published."""
         good = list(entries[:loaded])
         for entry, checksum in zip(good, sums):
-            entry.checksum = checksum
+            entry.learn_checksum(checksum)
         self.store.puts.admit(good, source=self)
         self.store.drop_reserved(list(entries[loaded:]))
         tc = self.store.tier_counters
