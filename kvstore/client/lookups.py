@@ -33,8 +33,10 @@ def local(conn: Connection, packed: bytes, promote: bool) -> tuple[int, list[int
 
 def count(conn: Connection, packed: bytes) -> int:
     """How many leading keys of ``packed`` are stored, in any tier (promoting those below DRAM)."""
-    found = local(conn, packed, True) if packed else None
-    return found[0] if found is not None else tiers(conn, packed, True).count
+    if not packed:
+        return 0
+    found = local(conn, packed, True)
+    return found[0] if found is not None else asked(conn, packed, True).count
 
 
 def tiers(conn: Connection, packed: bytes, promote: bool) -> LookupResult:
@@ -44,6 +46,11 @@ def tiers(conn: Connection, packed: bytes, promote: bool) -> LookupResult:
     found = local(conn, packed, promote)
     if found is not None:
         return LookupResult(found[0], tiers_of(found[1]))
+    return asked(conn, packed, promote)
+
+
+def asked(conn: Connection, packed: bytes, promote: bool) -> LookupResult:
+    """The socket's answer to a lookup of ``packed`` (after the shared index could not give one)."""
     header, _ = conn.request({"op": Op.LOOKUP, "keys": packed, "promote": promote})
     return LookupResult(int(header["count"]), dict(header.get("tiers", {})))
 
