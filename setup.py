@@ -43,6 +43,17 @@ class BuildSharedLibraries(build_ext):
     def get_export_symbols(self, ext: Extension) -> list[str]:
         return ext.export_symbols   # no PyInit_<name>: these are not Python modules
 
+    def copy_file(self, infile: str, outfile: str, *args: object, **kwargs: object) -> tuple[str, bool]:
+        """Put a library built for the editable install in place by renaming a copy over the old one.
+
+        A copy over the old file would truncate it under every process that maps it (a running daemon, a test
+        run of the same checkout), which then dies of SIGBUS; a rename leaves them the old file's pages.
+        """
+        partial = f"{outfile}.partial-{os.getpid()}"
+        _, copied = super().copy_file(infile, partial, *args, **kwargs)  # type: ignore[arg-type]
+        os.replace(partial, outfile)
+        return outfile, copied
+
 
 class BuildWithKernelSource(build_py):
     """build_py that also puts the CUDA kernel's source in the package, for cupy to compile where it runs."""
