@@ -41,19 +41,30 @@ def descendants(pid: int) -> list[int]:
 
 def shm_files_of(pids: list[int], prefixes: tuple[str, ...]) -> set[str]:
     """The /dev/shm files named with one of ``prefixes`` that the processes ``pids`` have mapped (an engine's
-    own segments and semaphores: never the daemon's arena, whose names no prefix here matches)."""
-    paths: set[str] = set()
+    own segments and semaphores: never the daemon's arena, whose names no prefix here matches).
+
+    Files are matched by inode, not by the name a mapping shows: glibc's ``sem_open`` maps a temporary file,
+    links the semaphore's name to it and removes the temporary name, so a process's maps name a deleted file
+    where the semaphore (``sem.mp-*``, multiprocessing's) lives on under another name.
+    """
+    inodes: set[int] = set()
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as f:
                 for line in f:
-                    path = line.split(None, 5)[-1].strip() if line.count(" ") >= 5 else ""
-                    name = path[len("/dev/shm/"):] if path.startswith("/dev/shm/") else ""
-                    if name.startswith(prefixes) and not path.endswith("(deleted)"):
-                        paths.add(path)
-        except OSError:
+                    fields = line.split(None, 5)
+                    if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                        inodes.add(int(fields[4]))
+        except (OSError, ValueError):
             continue
-    return paths
+    if not inodes:
+        return set()
+    found: set[str] = set()
+    with os.scandir("/dev/shm") as entries:
+        for entry in entries:
+            if entry.name.startswith(prefixes) and entry.inode() in inodes:
+                found.add(entry.path)
+    return found
 
 
 def remove_files(paths: set[str]) -> None:

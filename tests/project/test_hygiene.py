@@ -20,6 +20,7 @@ from kvstore.tiers.host.description import description_path_for
 
 from conftest import wait_for
 from harness.daemons import Daemons, run_cli, sandbox_env, short_tempdir
+from harness.engines.sandbox import remove_files, shm_files_of
 from support.paths import ROOT, TESTS
 
 
@@ -156,3 +157,29 @@ def test_no_test_or_benchmark_makes_its_own_directories_in_tmp():
                 if needle in source:
                     offenders.append(f"{folder}/{name}: {needle}")
     assert not offenders, offenders
+
+
+def test_an_engines_semaphores_are_found_though_its_mappings_name_a_deleted_file():
+    """What an engine's multiprocessing semaphores leave in /dev/shm when its processes are killed is found from
+    the live processes (by inode: glibc maps a temporary name and links the semaphore's name to it), so the
+    engine runners remove it."""
+    code = ("import multiprocessing as mp, time\n"
+            "lock = mp.get_context('spawn').Lock()\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True)
+    found: set[str] = set()
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        found = shm_files_of([child.pid], ("sem.mp-",))
+        assert len(found) == 1 and os.path.exists(next(iter(found)))
+        with open(f"/proc/{child.pid}/maps") as f:
+            assert next(iter(found)) not in f.read()   # the mapping names another, deleted, file
+        assert shm_files_of([child.pid], ("psm_",)) == set()   # only the prefixes asked for
+    finally:
+        child.kill()
+        child.wait()
+        remove_files(found)
+    assert not any(os.path.exists(path) for path in found)
+
