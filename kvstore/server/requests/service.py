@@ -213,7 +213,10 @@ class Service:
                 waits += self.gpu_mover.fetch_down(gpu.only_here(keys))
             if self.remote is not None:
                 waits += self.remote.pending(keys)   # chunks a lookup found in the remote store, still arriving
-        return [w for w in waits if not w.done()]
+        # Every one, finished or not: a read whose result has come back is applied (the chunk given its DRAM slot)
+        # by a done-callback that runs on a later turn of the loop, and until it has, the chunk still looks
+        # disk-only. Awaiting a finished future yields to those callbacks first (they were queued before ours).
+        return waits
 
     # -- engines --------------------------------------------------------------------------------------------
     def engine_joined(self, session: Session) -> None:
