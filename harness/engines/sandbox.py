@@ -9,11 +9,18 @@ def engine_home_env(workdir: str) -> dict[str, str]:
     """HOME, the XDG cache and config dirs and TMPDIR inside ``workdir`` (made here), for an engine's environment.
 
     Whatever the engine caches or leaves behind (vLLM's ``vllm_dist_*`` rendezvous files in the temp dir among
-    them) goes with ``workdir`` instead of the user's home or the shared /tmp.
+    them) goes with ``workdir`` (vLLM's cache with this process's scratch root) instead of the user's home or the
+    shared /tmp.
     """
+    from ..daemons import scratch_root
+
     home = os.path.join(workdir, "home")
     dirs = {"HOME": home, "XDG_CACHE_HOME": os.path.join(home, ".cache"),
-            "XDG_CONFIG_HOME": os.path.join(home, ".config"), "TMPDIR": os.path.join(workdir, "tmp")}
+            "XDG_CONFIG_HOME": os.path.join(home, ".config"), "TMPDIR": os.path.join(workdir, "tmp"),
+            # vLLM's cache, one for every engine this process starts (in its scratch root, removed with it): its
+            # model-class inspection, a subprocess of seconds, is then made once per architecture, not per engine
+            # directory (the entries are keyed by the model module's hash)
+            "VLLM_CACHE_ROOT": os.path.join(scratch_root(), "vllm-cache")}
     for path in dirs.values():
         os.makedirs(path, mode=0o700, exist_ok=True)
     return dirs

@@ -42,6 +42,9 @@ BASE_FLAGS = [
     "--device", "cpu", "--dtype", "float32", "--attention-backend", "torch_native", "--disable-overlap-schedule",
     "--cuda-graph-backend-decode=disabled", "--cuda-graph-backend-prefill=disabled", "--page-size", str(PAGE),
     "--skip-tokenizer-init", "--max-total-tokens", "8192", "--max-running-requests", "8", "--random-seed", "0",
+    # an idle scheduler waits on its sockets instead of polling them: otherwise each server alive keeps one of a
+    # small machine's cores busy, and every other engine a test runs starts and serves slower
+    "--sleep-on-idle",
 ]
 
 
@@ -106,12 +109,13 @@ class EngineError(RuntimeError):
 class SGLangServer:
     """One ``sglang.launch_server`` process (and its scheduler and detokenizer children) on a local port."""
 
-    def __init__(self, python: str, model: str, flags: list[str], workdir: str, name: str) -> None:
+    def __init__(self, python: str, model: str, flags: list[str], workdir: str, name: str,
+                 env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.log_path = os.path.join(workdir, f"sglang-{name}.log")
         rundir = os.path.join(workdir, f"run-{name}")
         os.makedirs(rundir, exist_ok=True)
-        env = engine_env(workdir)
+        env = {**engine_env(workdir), **(env or {})}
         command = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", "127.0.0.1",
                    "--port", str(self.port), *BASE_FLAGS, *flags]
         self._log = open(self.log_path, "ab")

@@ -1,12 +1,13 @@
 """One KV format every engine reads, in real engines: a prefix SGLang saved is loaded by vLLM, one vLLM saved by
-SGLang and by transformers, through one daemon; vLLM at TP=2 (each rank its KV head) loads what the TP=1 engines
-saved, and they load what it saved.
+SGLang and by transformers, through one daemon; vLLM and SGLang at TP=2 (each rank its KV head) load what the
+TP=1 engines saved, and they load what each saved.
 
 One random-weight float32 Llama directory serves all three (SGLang with `--page-size` 256, the vLLM connector's
 `chunk_tokens`, and `reset_on_flush` false: the tests flush its caches). Each engine starts once for the module:
-vLLM at TP=1, SGLang, vLLM at TP=2. Every load must give the loading engine's own plain prefill: the same greedy
-tokens and log-probabilities within 1e-3. An engine's plain prefill of a prompt is its run under a cache salt no
-other request uses, so nothing of it is cached anywhere (a salt seeds the page chain and changes no value).
+vLLM at TP=1, SGLang, vLLM at TP=2, SGLang at TP=2. Every load must give the loading engine's own plain prefill:
+the same greedy tokens and log-probabilities within 1e-3. An engine's plain prefill of a prompt is its run under a
+cache salt no other request uses, so nothing of it is cached anywhere (a salt seeds the page chain and changes no
+value).
 """
 
 from __future__ import annotations
@@ -188,20 +189,57 @@ def test_tp2_loads_what_tp1_engines_saved(vllm_tp2, saved):
         assert hits == CHUNKS * CHUNK * len(batch)
 
 
-def test_tp1_engines_load_what_tp2_saved(vllm_tp2, vllm, sglang, daemon, saved):
-    """vLLM and SGLang at TP=1 read every head of C from the two ranks' slices."""
+def tp1_engines_load_what(save: Any, batch: list[list[int]], vllm: vllm_real.EngineProc,
+                          sglang: sglang_real.SGLangServer, daemon: Any) -> None:
+    """vLLM and SGLang at TP=1 read every head of `batch` from the slices a TP=2 engine's two ranks saved when
+    `save(batch)` ran."""
     held = sglang_real.stored(daemon)
-    want_vllm = vllm.generate(C, 6, salts=["plain-vllm"] * len(C))
-    want_sglang = sglang_generate(sglang, C, cache_salt="plain-sglang")
-    before = held + 2 * CHUNKS * len(C)             # the plain runs' chunks, saved under their salts
+    want_vllm = vllm.generate(batch, 6, salts=["plain-vllm"] * len(batch))
+    want_sglang = sglang_generate(sglang, batch, cache_salt="plain-sglang")
+    before = held + 2 * CHUNKS * len(batch)             # the plain runs' chunks, saved under their salts
     assert wait_for(lambda: sglang_real.stored(daemon) >= before, timeout=120)
-    vllm_tp2.generate(C, 6)
-    assert wait_for(lambda: sglang_real.stored(daemon) >= before + 2 * CHUNKS * len(C), timeout=120)
+    save(batch)
+    assert wait_for(lambda: sglang_real.stored(daemon) >= before + 2 * CHUNKS * len(batch), timeout=120)
     vllm.reset_prefix_cache()
     moved = vllm.stats()
-    assert_same(vllm.generate(C, 6), want_vllm)
-    assert vllm_real.delta(vllm.stats(), moved, "worker", "chunks_loaded") == CHUNKS * len(C)
+    assert_same(vllm.generate(batch, 6), want_vllm)
+    assert vllm_real.delta(vllm.stats(), moved, "worker", "chunks_loaded") == CHUNKS * len(batch)
     sglang.flush_cache()
-    out = sglang_generate(sglang, C)
+    out = sglang_generate(sglang, batch)
     assert_same(out, want_sglang)
-    assert [o["from_storage"] for o in out] == [CHUNKS * CHUNK] * len(C)
+    assert [o["from_storage"] for o in out] == [CHUNKS * CHUNK] * len(batch)
+
+
+def test_tp1_engines_load_what_tp2_saved(vllm_tp2, vllm, sglang, daemon, saved):
+    tp1_engines_load_what(lambda batch: vllm_tp2.generate(batch, 6), C, vllm, sglang, daemon)
+
+
+# -- SGLang at TP=2 (two scheduler processes, gloo: harness/engines/sglang_cpu_shim keeps NCCL out) ----------
+
+D = vllm_real.prompts(2, LENGTH, seed=104)    # saved by SGLang at TP=2
+
+
+@pytest.fixture(scope="module")
+def sglang_tp2(workdir, model, daemon, saved) -> Iterator[sglang_real.SGLangServer]:
+    flags = sglang_real.hicache_flags(daemon.address, reset_on_flush=False)
+    # SGLang binds each CPU rank's threads to a NUMA node of its own unless told which cores: one core each
+    server = sglang_real.SGLangServer(sglang_real.require_engine(), model,
+                                      ["--page-size", str(CHUNK), "--tp", "2", *flags], workdir, "tp2",
+                                      env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
+    yield server
+    server.close()
+
+
+def test_sglang_tp2_loads_what_tp1_engines_saved(sglang_tp2, saved):
+    """Each rank reads its head out of the whole chunks vLLM (A) and SGLang (B) saved at TP=1."""
+    for batch in (A, B):
+        want = sglang_generate(sglang_tp2, batch, cache_salt="plain-sglang-tp2")
+        assert [o["cached"] for o in want] == [0] * len(batch)
+        sglang_tp2.flush_cache()
+        out = sglang_generate(sglang_tp2, batch)
+        assert_same(out, want)
+        assert [o["from_storage"] for o in out] == [CHUNKS * CHUNK] * len(batch)
+
+
+def test_tp1_engines_load_what_sglang_tp2_saved(sglang_tp2, vllm, sglang, daemon, saved):
+    tp1_engines_load_what(lambda batch: sglang_generate(sglang_tp2, batch), D, vllm, sglang, daemon)

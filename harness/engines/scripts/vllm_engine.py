@@ -2,7 +2,7 @@
 
     <engine venv>/bin/python harness/engines/scripts/vllm_engine.py save-model DIR [FAMILY]  # a random-weight model
     <engine venv>/bin/python harness/engines/scripts/vllm_engine.py serve CONFIG_JSON   # then one request per line
-    <engine venv>/bin/python harness/engines/scripts/vllm_engine.py model-identity DIR ENGINE_ARGS_JSON
+    <engine venv>/bin/python harness/engines/scripts/vllm_engine.py model-identity '[[DIR, ENGINE_ARGS], ...]'
 
 The CPU build of vLLM and the `vllm` interface wheel the other tests use install the same module, so the engine
 lives in a virtualenv of its own (`.ci/install-vllm-engine.sh`) and the tests talk to it through this script:
@@ -376,7 +376,8 @@ if __name__ == "__main__":
         save_model(sys.argv[2], family, **sizes)
     elif sys.argv[1] == "serve":
         serve(json.loads(sys.argv[2]))
-    elif sys.argv[1] == "model-identity":  # MODEL ENGINE_ARGS_JSON: the connector's model identity, one line
-        print(model_identity(sys.argv[2], json.loads(sys.argv[3])))
+    elif sys.argv[1] == "model-identity":  # [[MODEL, ENGINE_ARGS], ...]: the connector's model identities, a line each
+        for model, engine_args in json.loads(sys.argv[2]):   # one interpreter: vLLM's import costs seconds
+            print("identity", model_identity(model, engine_args), flush=True)   # vLLM logs to stdout too
     else:
         raise SystemExit(f"unknown command {sys.argv[1]!r}: use save-model DIR or serve CONFIG_JSON")

@@ -57,11 +57,27 @@ def _bind_transfer_kv_direct(module: types.ModuleType) -> None:
         module.transfer_kv_direct = transfer_kv_direct  # type: ignore[attr-defined]
 
 
+def _no_nccl_groups(module: types.ModuleType) -> None:
+    """Process groups without NCCL or the CUDA all-reduce: 0.5.23 turns PyNccl on for a group of more than one
+    rank on every platform but NPU and XPU, and its communicator enters a CUDA device (TP > 1 fails at start on
+    CPU). The CPU path then all-reduces over the groups' gloo backend, as it does on a CPU without AMX."""
+    make = module.init_model_parallel_group
+
+    def init_model_parallel_group(*args: Any, **kwargs: Any) -> Any:
+        for flag in ("use_pynccl", "use_custom_allreduce"):
+            if kwargs.get(flag) is None:
+                kwargs[flag] = False
+        return make(*args, **kwargs)
+
+    module.init_model_parallel_group = init_model_parallel_group  # type: ignore[attr-defined]
+
+
 # module name -> what to do to it once it has run
 AFTER_IMPORT: dict[str, Callable[[types.ModuleType], None]] = {
     "sglang.srt.mem_cache.pool_host.base": _unpinned_host_pools,
     "sglang.srt.mem_cache.pool_host.mha": _bind_transfer_kv_direct,
     "sglang.srt.mem_cache.pool_host.mla": _bind_transfer_kv_direct,
+    "sglang.srt.distributed.parallel_state": _no_nccl_groups,
 }
 
 

@@ -7,7 +7,9 @@ imports ``sitecustomize`` at start-up in every process the engine spawns, and th
   the package index; the engine's allocator imports it on CPU) -- only when no real ``sgl_kernel`` is installed;
 * ``transfer_kv_direct`` in ``sglang.srt.mem_cache.pool_host.mha`` and ``.mla`` (bound there only on CUDA, ROCm
   and XPU), which HiCache's ``direct`` I/O backend calls to move pages of the ``layer_first`` host layout;
-* ``pin_memory=False`` for every HiCache host pool (pinning host memory calls the CUDA driver).
+* ``pin_memory=False`` for every HiCache host pool (pinning host memory calls the CUDA driver);
+* process groups without PyNccl or the custom all-reduce (both enter a CUDA device; at ``--tp 2`` and above
+  the groups then all-reduce over gloo).
 
 Without ``SGLANG_USE_CPU_ENGINE=1`` nothing here runs.
 """

@@ -148,25 +148,30 @@ def pool_env() -> dict[str, str]:
     return POOL.env()
 
 
-def model_identity(model: str, **engine_args: Any) -> str:
+def model_identities(*cases: tuple[str, dict[str, Any]]) -> list[str]:
+    """The connector's model identity of each (model directory, engine arguments), from one engine interpreter."""
     python = engine_python()
     assert python is not None
-    done = subprocess.run([python, str(ENGINE_SCRIPT), "model-identity", model, json.dumps(engine_args)],
+    done = subprocess.run([python, str(ENGINE_SCRIPT), "model-identity", json.dumps(cases)],
                           check=True, env=pool_env(), cwd=str(REPO), capture_output=True, text=True, timeout=300)
-    return done.stdout.strip().splitlines()[-1]
+    found = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("identity ")]
+    assert len(found) == len(cases), done.stdout + done.stderr
+    return found
 
 
 def test_every_setting_that_changes_kv_changes_the_model_identity(pool):
     path = os.path.join(pool.workdir, "model-settings")
     save_checkpoint(path, seed=5)
     copy = shutil.copytree(path, os.path.join(pool.workdir, "model-settings-copy"))
-    base = model_identity(path)
-    assert model_identity(copy) == base                     # the same bytes elsewhere: the same identity
-    changed = [model_identity(path, hf_overrides={"rope_theta": 20000.0}),
-               model_identity(path, hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
-               model_identity(path, kv_cache_dtype="fp8")]
+    base, same, *changed, unsampled = model_identities(
+        (path, {}), (copy, {}),
+        (path, {"hf_overrides": {"rope_theta": 20000.0}}),
+        (path, {"hf_overrides": {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}}),
+        (path, {"kv_cache_dtype": "fp8"}),
+        (path, {"fingerprint": "off"}))
+    assert same == base                                     # the same bytes elsewhere: the same identity
     assert len({base, *changed}) == 1 + len(changed)
-    assert model_identity(path, fingerprint="off").split(".")[1] == base.split(".")[1]   # weights part only
+    assert unsampled.split(".")[1] == base.split(".")[1]    # weights part only
 
 
 def test_checkpoint_rewritten_at_the_same_path_loads_nothing_of_the_old_weights(pool, checkpoint, kv_daemon):

@@ -1,8 +1,9 @@
 """Model families in real vLLM engines (the CPU build, in its own virtualenv) with a real daemon.
 
-Per family the CPU build runs (dense is `test_vllm_engine.py`'s): one engine process saves a batch, another
-loads it, and its greedy tokens and log-probabilities equal a plain engine's (no connector, no prefix caching:
-every prompt prefilled in full); a model of another family sent the same prompts loads nothing.
+Per family the CPU build runs (dense is `test_vllm_engine.py`'s): an engine saves a batch, forgets its own cache
+and loads it (that another process loads what one saved is the dense tests' and the cross-engine tests'), and
+its greedy tokens and log-probabilities equal a plain engine's (no connector, no prefix caching: every prompt
+prefilled in full); a model of another family sent the same prompts loads nothing.
 
 * Sliding window (Gemma-3-shaped: three sliding layers of window 64, one full layer). The CPU build runs
   vLLM's hybrid allocator here: four KV cache groups, each its own block table, the sliding groups holding
@@ -71,53 +72,55 @@ def close(got, want, tol: float, first_tol: float | None = None) -> None:
         assert worst <= tol, f"prompt {i}: log-probabilities differ by {worst}"
 
 
-def test_sliding_window_engine_loads_what_another_saved(pool, kv_daemon):
+def test_sliding_window_engine_loads_what_it_saved(pool, kv_daemon):
     batch = prompts(3, 1100, seed=81)
     want = engine(pool, "sliding", "plain", connector=False).generate(batch)
-    pool.keep("sliding-plain", "sliding-a")
-    assert_same(engine(pool, "sliding", "a").generate(batch), want)
+    pool.keep("sliding-plain", "sliding-a", "a")
+    a = engine(pool, "sliding", "a")
+    assert_same(a.generate(batch), want)
     assert wait_for(lambda: stored(kv_daemon) == full_chunks(batch))
-    out, loaded, failed = loads(engine(pool, "sliding", "b"), batch)
+    a.reset_prefix_cache()
+    out, loaded, failed = loads(a, batch)
     assert_same(out, want)
     assert (loaded, failed) == (full_chunks(batch), 0)
     # A longer prompt over the stored prefix: the sliding groups get only their window's blocks of it.
     longer = [batch[0] + prompts(1, 600, seed=82)[0]]
     want_longer = engine(pool, "sliding", "plain", connector=False).generate(longer)
-    b = engine(pool, "sliding", "b")
-    b.reset_prefix_cache()
-    out, loaded, failed = loads(b, longer)
+    a.reset_prefix_cache()
+    out, loaded, failed = loads(a, longer)
     assert_same(out, want_longer)
     assert (loaded, failed) == (1100 // CHUNK, 0)
     # vLLM kept its hybrid allocator on (the connector supports it): several groups, each its own blocks.
-    assert "Turning off hybrid" not in Path(b.log_path).read_text(errors="replace")
+    assert "Turning off hybrid" not in Path(a.log_path).read_text(errors="replace")
     # Another family, the same prompts: its own namespace, nothing loaded.
-    pool.keep("sliding-a")
+    pool.keep("sliding-a", "a")
     _, loaded, _ = loads(pool.get("a", connector=pool.connector()), batch)
     assert loaded == 0
 
 
-def test_mla_engine_loads_the_latents_another_saved(pool, kv_daemon):
+def test_mla_engine_loads_the_latents_it_saved(pool, kv_daemon):
     # 1,400 tokens: five chunks loaded, 120 tokens prefilled over them; one of whole chunks plus one token.
     batch = prompts(2, 1400, seed=91) + prompts(1, 4 * CHUNK + 1, seed=92)
     want = engine(pool, "mla", "plain", connector=False).generate(batch, 4)
-    pool.keep("mla-plain", "mla-a")
-    close(engine(pool, "mla", "a").generate(batch, 4), want, 1e-5)  # a miss: a full prefill, saved
+    pool.keep("mla-plain", "mla-a", "a")
+    a = engine(pool, "mla", "a")
+    close(a.generate(batch, 4), want, 1e-5)  # a miss: a full prefill, saved
     assert wait_for(lambda: stored(kv_daemon) == full_chunks(batch))
     with kv_daemon.client() as c:  # one latent plane: layers x tokens x 576 float32
         assert c.stats()["tiers"]["host"]["used_bytes"] >= full_chunks(batch) * 3 * CHUNK * 576 * 4
-    pool.keep("mla-a", "mla-plain")
-    out, loaded, failed = loads(engine(pool, "mla", "b"), batch, 4)
+    # vLLM keeps no prefix cache of its own for MLA on the CPU: the same prompts again are loaded
+    out, loaded, failed = loads(a, batch, 4)
     assert (loaded, failed) == (full_chunks(batch), 0)
     close(out[:2], want[:2], MLA_TOL, first_tol=LOGPROB_TOL)   # computed as a prefill over the loaded latents
     close(out[2:], want[2:], MLA_TOL)                          # the last token computed as a decode step
     # What was stored is what an engine computes: an engine that computes its hits compares them, exactly.
-    pool.keep("mla-b", "mla-plain")
+    pool.keep("mla-plain", "a")
     checker = engine(pool, "mla", "verify", verify_fraction=1.0)
     before = checker.stats()
     close(checker.generate(batch, 4), want, 1e-5)
     assert wait_for(lambda: delta(checker.stats(), before, "worker", "chunks_verified") == full_chunks(batch))
     assert delta(checker.stats(), before, "worker", "verify_mismatches") == 0
     # A model of another family sent the same prompts loads none of these chunks.
-    pool.keep("mla-verify")
-    _, loaded, _ = loads(engine(pool, "sliding", "a"), batch, 1)
+    pool.keep("mla-verify", "a")
+    _, loaded, _ = loads(pool.get("a", connector=pool.connector()), batch, 1)
     assert loaded == 0
